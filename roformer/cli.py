@@ -1,0 +1,97 @@
+"""The `roformer` command line. Bad input ends with one line on stderr and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from roformer.errors import UserError
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (argparse prints the usage block first by default)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _convert(args: argparse.Namespace) -> None:
+    from roformer.checkpoint import load
+    from roformer.hf import from_hf, to_hf
+    from roformer.utils import copy_tokenizer_files, staged_output_dir
+
+    out = Path(args.out)
+    if args.from_hf:
+        model = from_hf(args.from_hf, architecture=args.architecture, rotary_layout=args.rotary_layout)
+        with staged_output_dir(out, args.overwrite) as staging:
+            model.save(staging)
+            copied = _export_tokenizer(args.from_hf, staging, copy_tokenizer_files)
+        kind = f"{model.config.position_encoding} {model.architecture}"
+    else:
+        source = Path(args.to_hf)
+        model = load(source, architecture=args.architecture)
+        hf_model = to_hf(model)
+        with staged_output_dir(out, args.overwrite) as staging:
+            hf_model.save_pretrained(staging)
+            copied = copy_tokenizer_files(source, staging)
+        kind = type(hf_model).__name__
+    tokenizer = f", tokenizer: {', '.join(copied)}" if copied else ", no tokenizer files found"
+    print(f"wrote {kind} ({model.num_parameters():,} parameters) to {out}{tokenizer}")
+
+
+def _export_tokenizer(source: str, target: Path, copy: Callable[[Path, Path], list[str]]) -> list[str]:
+    """Tokenizer of an HF source: the files of a local directory, or a hub tokenizer saved with save_pretrained."""
+    if Path(source).is_dir():
+        return copy(Path(source), target)
+    try:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(source).save_pretrained(target)
+    except Exception as e:  # a model without a tokenizer is still a valid conversion
+        logging.getLogger(__name__).warning("no tokenizer saved for %s: %s", source, e)
+        return []
+    return sorted(p.name for p in target.iterdir() if p.name not in ("model.yaml", "model.safetensors"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of all subcommands."""
+    parser = _Parser(prog="roformer", description="RoFormer and BERT baseline: convert, pretrain, fine-tune, compare.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    convert = sub.add_parser("convert", help="convert between HF transformers checkpoints and roformer models")
+    source = convert.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from-hf", metavar="DIR", help="HF save_pretrained directory (or hub name) to import")
+    source.add_argument("--to-hf", metavar="DIR", help="roformer model directory to export for transformers")
+    convert.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    convert.add_argument(
+        "--architecture",
+        choices=["backbone", "masked_lm", "sequence_classification"],
+        help="model class to build (default: the checkpoint's own)",
+    )
+    convert.add_argument(
+        "--rotary-layout", choices=["interleaved", "half"], default="interleaved", help="with --from-hf"
+    )
+    convert.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    convert.set_defaults(func=_convert)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except UserError as e:
+        print(f"roformer {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"roformer {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return 0

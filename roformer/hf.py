@@ -1,0 +1,398 @@
+"""Conversion to and from HF transformers' RoFormer and BERT, in both directions.
+
+One table of key patterns (`_BACKBONE_KEYS`, `_HEAD_KEYS`) serves both directions. HF's separate query/key/value
+projections become our fused `qkv`; HF RoFormer's sinusoidal table (`encoder.embed_positions`) is derived, not
+learned, so it is dropped on import and rebuilt on export. A BERT baseline with sinusoidal (or no) positions exports
+to HF BERT with the scaled table written into `position_embeddings`, exact up to `max_position_embeddings`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from roformer.config import ACTIVATION_NAMES, ModelConfig
+from roformer.errors import CheckpointError
+from roformer.model import ARCHITECTURES, Model
+
+# (HF pattern, our pattern) for backbone keys; {i} is a layer index, {p} a parameter name (weight/bias).
+_BACKBONE_KEYS = [
+    ("embeddings.word_embeddings.weight", "embeddings.word.weight"),
+    ("embeddings.token_type_embeddings.weight", "embeddings.token_type.weight"),
+    ("embeddings.position_embeddings.weight", "embeddings.position.weight"),
+    ("embeddings.LayerNorm.{p}", "embeddings.norm.{p}"),
+    ("embeddings_project.{p}", "embeddings.project.{p}"),
+    ("encoder.layer.{i}.attention.self.query.{p}", "layers.{i}.attn.q.{p}"),
+    ("encoder.layer.{i}.attention.self.key.{p}", "layers.{i}.attn.k.{p}"),
+    ("encoder.layer.{i}.attention.self.value.{p}", "layers.{i}.attn.v.{p}"),
+    ("encoder.layer.{i}.attention.output.dense.{p}", "layers.{i}.attn.proj.{p}"),
+    ("encoder.layer.{i}.attention.output.LayerNorm.{p}", "layers.{i}.attn_norm.{p}"),
+    ("encoder.layer.{i}.intermediate.dense.{p}", "layers.{i}.ffn_in.{p}"),
+    ("encoder.layer.{i}.output.dense.{p}", "layers.{i}.ffn_out.{p}"),
+    ("encoder.layer.{i}.output.LayerNorm.{p}", "layers.{i}.ffn_norm.{p}"),
+    ("pooler.dense.{p}", "pooler.{p}"),
+]
+# Head keys per (family, architecture), relative to the model root.
+_HEAD_KEYS = {
+    "masked_lm": [
+        ("cls.predictions.transform.dense.{p}", "transform.{p}"),
+        ("cls.predictions.transform.LayerNorm.{p}", "transform_norm.{p}"),
+        ("cls.predictions.bias", "decoder_bias"),
+        ("cls.predictions.decoder.weight", "decoder.weight"),
+    ],
+    "sequence_classification/mlp": [
+        ("classifier.dense.{p}", "dense.{p}"),
+        ("classifier.out_proj.{p}", "out.{p}"),
+    ],
+    "sequence_classification/pooler": [("classifier.{p}", "out.{p}")],
+}
+# HF keys that are derived from other weights and carry no information of their own.
+_DERIVED_HF_KEYS = re.compile(
+    r"(encoder\.embed_positions\.weight|cls\.predictions\.decoder\.bias|embeddings\.position_ids"
+    r"|embeddings\.token_type_ids|cls\.seq_relationship\.\w+)$"
+)
+
+_HF_CLASSES = {
+    ("roformer", "backbone"): "RoFormerModel",
+    ("roformer", "masked_lm"): "RoFormerForMaskedLM",
+    ("roformer", "sequence_classification"): "RoFormerForSequenceClassification",
+    ("bert", "backbone"): "BertModel",
+    ("bert", "masked_lm"): "BertForMaskedLM",
+    ("bert", "sequence_classification"): "BertForSequenceClassification",
+}
+_EXTRA_HF_IMPORTS = {"BertForPreTraining": ("bert", "masked_lm")}  # NSP head dropped, pooler kept
+_PREFIX = {"roformer": "roformer.", "bert": "bert."}
+
+
+def _compile(pattern: str) -> re.Pattern[str]:
+    regex = re.escape(pattern).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{p\}", r"(?P<p>\w+)")
+    return re.compile(regex + "$")
+
+
+def _rename(key: str, table: list[tuple[str, str]], reverse: bool) -> str | None:
+    for hf, ours in table:
+        source, target = (ours, hf) if reverse else (hf, ours)
+        match = _compile(source).match(key)
+        if match:
+            return target.format(**match.groupdict())
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# HF -> ours
+
+
+def from_hf(
+    source: Any,
+    architecture: str | None = None,
+    rotary_layout: str = "interleaved",
+    **hf_kwargs: Any,
+) -> Model:
+    """Convert an HF RoFormer or BERT model (an instance, a `save_pretrained` directory or a hub name) into ours.
+
+    Args:
+        source: A transformers `RoFormerModel`, `RoFormerForMaskedLM`, `RoFormerForSequenceClassification`,
+            `BertModel`, `BertForMaskedLM`, `BertForSequenceClassification` (or `BertForPreTraining`) instance, or a
+            path / hub name that `from_pretrained` accepts.
+        architecture: For a path: `backbone`, `masked_lm` or `sequence_classification` (None = the checkpoint's
+            `architectures` entry). Loading `sequence_classification` from an MLM checkpoint keeps BERT's pooler.
+        rotary_layout: `interleaved` (as HF) or `half`: q/k weights are permuted so that scores are unchanged.
+        **hf_kwargs: Passed to `from_pretrained` for a path (e.g. `num_labels=3`).
+
+    Returns:
+        Our model, in eval mode, with identical outputs.
+
+    Raises:
+        CheckpointError: the source cannot be loaded or has features we do not support.
+    """
+    if isinstance(source, str | Path):
+        source = _load_hf(str(source), architecture, hf_kwargs)
+    family, arch = _hf_kind(source)
+    config = _config_from_hf(source.config, family, arch, has_pooler=getattr(_hf_base(source), "pooler", None))
+    model = ARCHITECTURES[arch](config)
+    state = _state_from_hf(source.state_dict(), family, arch, config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(f"HF conversion left missing keys {missing[:5]} and unexpected keys {unexpected[:5]}")
+    if rotary_layout != config.rotary_layout:
+        model = convert_rotary_layout(model, rotary_layout)
+    return model.eval()
+
+
+def _load_hf(path: str, architecture: str | None, kwargs: dict[str, Any]) -> Any:
+    import transformers
+
+    try:
+        hf_config = transformers.AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot read an HF config ({str(e).splitlines()[0]})") from None
+    family = hf_config.model_type
+    if family not in _PREFIX:
+        raise CheckpointError(f"{path}: model_type {family!r} is not roformer or bert")
+    if architecture is None:
+        names = hf_config.architectures or []
+        known = [_hf_class_kind(n) for n in names if _hf_class_kind(n)]
+        architecture = known[0][1] if known else "backbone"
+    if (family, architecture) not in _HF_CLASSES:
+        raise CheckpointError(f"unknown architecture {architecture!r} (known: {', '.join(ARCHITECTURES)})")
+    cls = getattr(transformers, _HF_CLASSES[family, architecture])
+    try:
+        return cls.from_pretrained(path, **kwargs)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: cannot load HF weights ({str(e).splitlines()[0]})") from None
+
+
+def _hf_class_kind(name: str) -> tuple[str, str] | None:
+    for kind, cls_name in _HF_CLASSES.items():
+        if cls_name == name:
+            return kind
+    return _EXTRA_HF_IMPORTS.get(name)
+
+
+def _hf_kind(model: Any) -> tuple[str, str]:
+    kind = _hf_class_kind(type(model).__name__)
+    if kind is None:
+        supported = ", ".join(list(_HF_CLASSES.values()) + list(_EXTRA_HF_IMPORTS))
+        raise CheckpointError(f"cannot convert {type(model).__name__}; supported: {supported}")
+    return kind
+
+
+def _hf_base(model: Any) -> Any:
+    return getattr(model, model.config.model_type, model)
+
+
+def _config_from_hf(c: Any, family: str, arch: str, has_pooler: Any) -> ModelConfig:
+    if getattr(c, "is_decoder", False) or getattr(c, "add_cross_attention", False):
+        raise CheckpointError("decoder / cross-attention configs are not supported: this is an encoder")
+    if not isinstance(c.hidden_act, str) or c.hidden_act not in ACTIVATION_NAMES:
+        raise CheckpointError(f"unsupported hidden_act {c.hidden_act!r}")
+    position_type = getattr(c, "position_embedding_type", "absolute")
+    if family == "bert" and position_type not in (None, "absolute"):
+        raise CheckpointError(f"BERT position_embedding_type {position_type!r} is not supported (only absolute)")
+    embedding_size = getattr(c, "embedding_size", c.hidden_size)
+    problem_type = getattr(c, "problem_type", None)
+    if problem_type not in (None, "regression", "single_label_classification", "multi_label_classification"):
+        raise CheckpointError(f"unsupported problem_type {problem_type!r}")
+    return ModelConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        num_layers=c.num_hidden_layers,
+        num_heads=c.num_attention_heads,
+        intermediate_size=c.intermediate_size,
+        embedding_size=None if embedding_size == c.hidden_size else embedding_size,
+        hidden_act=c.hidden_act,
+        hidden_dropout=c.hidden_dropout_prob,
+        attention_dropout=c.attention_probs_dropout_prob,
+        layer_norm_eps=c.layer_norm_eps,
+        type_vocab_size=c.type_vocab_size,
+        pad_token_id=c.pad_token_id if c.pad_token_id is not None else 0,
+        initializer_range=c.initializer_range,
+        position_encoding="rotary" if family == "roformer" else "learned",
+        max_position_embeddings=c.max_position_embeddings,
+        rotary_value=bool(getattr(c, "rotary_value", False)),
+        tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", True)),
+        num_labels=c.num_labels,
+        classifier_head="mlp" if family == "roformer" else "pooler",
+        classifier_dropout=getattr(c, "classifier_dropout", None),
+        add_pooler=has_pooler is not None,
+    )
+
+
+def _head_table(arch: str, config: ModelConfig) -> list[tuple[str, str]]:
+    if arch == "sequence_classification":
+        return _HEAD_KEYS[f"{arch}/{config.classifier_head}"]
+    return _HEAD_KEYS.get(arch, [])
+
+
+def _state_from_hf(hf_state: dict[str, torch.Tensor], family: str, arch: str, config: ModelConfig) -> dict:
+    prefix = _PREFIX[family] if arch != "backbone" else ""
+    ours: dict[str, torch.Tensor] = {}
+    for key, value in hf_state.items():
+        if _DERIVED_HF_KEYS.search(key) or (config.tie_word_embeddings and key == "cls.predictions.decoder.weight"):
+            continue
+        if key.startswith(prefix) and (name := _rename(key.removeprefix(prefix), _BACKBONE_KEYS, False)):
+            name = name if arch == "backbone" else f"backbone.{name}"
+        elif (name := _rename(key, _head_table(arch, config), False)) is None:
+            raise CheckpointError(f"unexpected HF key {key!r} for {family} {arch}")
+        ours[name] = value.detach().clone()
+    return _fuse_qkv(ours)
+
+
+def _fuse_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    fused = {}
+    for key, value in state.items():
+        match = re.match(r"(.*\.attn\.)([qkv])\.(\w+)$", key)
+        if match is None:
+            fused[key] = value
+        elif match.group(2) == "q":
+            root, param = match.group(1), match.group(3)
+            parts = [state[f"{root}{n}.{param}"] for n in "qkv"]
+            fused[f"{root}qkv.{param}"] = torch.cat(parts, dim=0)
+    return fused
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# ours -> HF
+
+
+def to_hf(model: Model) -> Any:
+    """Convert our model into the matching HF transformers model (RoFormer for rotary, BERT otherwise).
+
+    Sinusoidal and `none` positions become a fixed BERT position table (exact up to max_position_embeddings).
+
+    Returns:
+        A transformers model in eval mode whose outputs equal ours.
+
+    Raises:
+        CheckpointError: features HF cannot express (e.g. a pooler head on RoFormer).
+    """
+    import transformers
+
+    config = model.config
+    if config.rotary_layout != "interleaved":
+        model = convert_rotary_layout(model, "interleaved")
+        config = model.config
+    family = "roformer" if config.position_encoding == "rotary" else "bert"
+    arch = model.architecture
+    hf_config = _config_to_hf(config, family)
+    hf_model = getattr(transformers, _HF_CLASSES[family, arch])(hf_config)
+    if family == "bert" and arch == "backbone" and model.pooler is None:
+        hf_model = transformers.BertModel(hf_config, add_pooling_layer=False)
+    hf_state = hf_model.state_dict()
+    prefix = _PREFIX[family] if arch != "backbone" else ""
+    new_state = {}
+    for key, value in _split_qkv(model.state_dict()).items():
+        if key.startswith("backbone.") or arch == "backbone":
+            name = _rename(key.removeprefix("backbone."), _BACKBONE_KEYS, True)
+            name = f"{prefix}{name}"
+            if name.endswith("pooler.dense.weight") or name.endswith("pooler.dense.bias"):
+                if not any(k.endswith("pooler.dense.weight") for k in hf_state):
+                    continue  # HF MLM classes have no pooler
+        else:
+            name = _rename(key, _head_table(arch, config), True)
+        if name is None:
+            raise CheckpointError(f"no HF equivalent for {key!r}")
+        new_state[name] = value.detach().clone()
+    _fill_derived(new_state, hf_state, model, family, prefix)
+    missing, unexpected = hf_model.load_state_dict(new_state, strict=False)
+    if unexpected or set(missing) - set(hf_state):
+        raise CheckpointError(f"HF export left missing keys {missing[:5]} and unexpected keys {unexpected[:5]}")
+    if missing:
+        raise CheckpointError(f"HF export left missing keys {missing[:5]}")
+    return hf_model.eval()
+
+
+def _config_to_hf(config: ModelConfig, family: str) -> Any:
+    import transformers
+
+    common = dict(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        intermediate_size=config.intermediate_size,
+        hidden_act=config.hidden_act,
+        hidden_dropout_prob=config.hidden_dropout,
+        attention_probs_dropout_prob=config.attention_dropout,
+        max_position_embeddings=config.max_position_embeddings,
+        type_vocab_size=config.type_vocab_size,
+        initializer_range=config.initializer_range,
+        layer_norm_eps=config.layer_norm_eps,
+        pad_token_id=config.pad_token_id,
+        tie_word_embeddings=config.tie_word_embeddings,
+        num_labels=config.num_labels,
+    )
+    if family == "roformer":
+        if config.classifier_head != "mlp":
+            raise CheckpointError("HF RoFormer has no pooler head: set classifier_head: mlp to export")
+        if config.rotary_base != 10000.0:
+            raise CheckpointError(f"HF RoFormer fixes rotary_base at 10000, this model uses {config.rotary_base}")
+        return transformers.RoFormerConfig(
+            embedding_size=config.embedding_dim, rotary_value=config.rotary_value, **common
+        )
+    if config.embedding_size is not None:
+        raise CheckpointError("HF BERT has no embedding projection: embedding_size must be null to export")
+    if config.classifier_head != "pooler":
+        raise CheckpointError("HF BERT classifies from its pooler: set classifier_head: pooler to export")
+    return transformers.BertConfig(classifier_dropout=config.classifier_dropout, **common)
+
+
+def _split_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    split = {}
+    for key, value in state.items():
+        match = re.match(r"(.*\.attn\.)qkv\.(\w+)$", key)
+        if match is None:
+            split[key] = value
+            continue
+        for name, part in zip("qkv", value.chunk(3, dim=0), strict=True):
+            split[f"{match.group(1)}{name}.{match.group(2)}"] = part
+    return split
+
+
+def _fill_derived(new: dict, hf_state: dict, model: Model, family: str, prefix: str) -> None:
+    """Add the HF keys that are derived from others: position tables, tied decoder weight and bias."""
+    config = model.config
+    backbone = model if model.architecture == "backbone" else model.backbone
+    if family == "roformer":
+        new[f"{prefix}encoder.embed_positions.weight"] = hf_state[f"{prefix}encoder.embed_positions.weight"]
+    elif config.position_encoding in ("sinusoidal", "none"):
+        table = torch.zeros(config.max_position_embeddings, config.hidden_size)
+        if config.position_encoding == "sinusoidal":
+            with torch.no_grad():
+                table = backbone.embeddings.sinusoidal(config.max_position_embeddings, torch.device("cpu"),
+                                                       torch.float32)
+        new[f"{prefix}embeddings.position_embeddings.weight"] = table.detach().clone()
+    if model.architecture == "masked_lm":
+        new["cls.predictions.decoder.bias"] = new["cls.predictions.bias"]
+        if config.tie_word_embeddings:
+            new["cls.predictions.decoder.weight"] = new[f"{prefix}embeddings.word_embeddings.weight"]
+    for key in ("embeddings.position_ids", "embeddings.token_type_ids"):
+        if f"{prefix}{key}" in hf_state:
+            new[f"{prefix}{key}"] = hf_state[f"{prefix}{key}"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rotary layouts
+
+
+def rotary_permutation(head_size: int) -> torch.Tensor:
+    """Index map from the interleaved to the half layout within one head: half[j] = interleaved[perm[j]].
+
+    Interleaved pairs are (2i, 2i+1), half pairs (i, i + d/2): row 2i goes to i and row 2i+1 to i + d/2, so that
+    R_half(P x) = P R_int(x) and attention scores are unchanged.
+    """
+    return torch.cat((torch.arange(0, head_size, 2), torch.arange(1, head_size, 2)))
+
+
+def convert_rotary_layout(model: Model, layout: str) -> Model:
+    """Return a copy of a rotary `model` using `layout`, with q/k (and v) weight rows permuted per head.
+
+    With `rotary_value` the values are rotated too, so the output projection's input columns are permuted back.
+    """
+    config = model.config
+    if config.position_encoding != "rotary":
+        raise ValueError("rotary layouts only apply to position_encoding: rotary")
+    if layout == config.rotary_layout:
+        return model
+    perm = rotary_permutation(config.head_size)
+    if layout == "interleaved":
+        perm = torch.argsort(perm)
+    H, D, C = config.num_heads, config.head_size, config.hidden_size
+    per_head = (torch.arange(H)[:, None] * D + perm[None, :]).reshape(-1)  # (C,)
+    n_rotated = 3 if config.rotary_value else 2
+    rows = torch.cat([per_head + i * C for i in range(n_rotated)] + [torch.arange(C) + i * C
+                                                                     for i in range(n_rotated, 3)])
+    state = {}
+    for key, value in model.state_dict().items():
+        if key.endswith("attn.qkv.weight") or key.endswith("attn.qkv.bias"):
+            value = value[rows]
+        elif config.rotary_value and key.endswith("attn.proj.weight"):
+            value = value[:, per_head]
+        state[key] = value.clone()
+    new = type(model)(replace(config, rotary_layout=layout))
+    new.load_state_dict(state)
+    return new.train(model.training)

@@ -1,0 +1,471 @@
+"""RoFormer and its BERT baseline: one post-LN encoder, position encoding chosen in the config.
+
+Read top to bottom: activations, position encodings (rotary, sinusoidal), embeddings, attention, block, backbone,
+task heads. Plain PyTorch: no training, logging or distributed code lives here.
+
+References:
+    Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding", arXiv 2104.09864 ("paper").
+    Devlin et al. 2019, BERT; Vaswani et al. 2017, "Attention is all you need" (sinusoidal positions).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from roformer.config import ModelConfig
+
+# ----------------------------------------------------------------------------------------------------------------
+# Activations: every parameter-free name HF BERT/RoFormer configs use (config.ACTIVATION_NAMES), written out here.
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _gelu_tanh(x: Tensor) -> Tensor:
+    # "gelu_new": Google BERT / OpenAI GPT tanh approximation.
+    return 0.5 * x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def _laplace(x: Tensor, mu: float = 0.707107, sigma: float = 0.282095) -> Tensor:
+    return 0.5 * (1.0 + torch.erf((x - mu) / (sigma * math.sqrt(2.0))))
+
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "gelu": F.gelu,
+    "gelu_python": lambda x: x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0))),
+    "gelu_new": _gelu_tanh,
+    "gelu_accurate": _gelu_tanh,
+    "gelu_fast": lambda x: 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x))),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_python_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_10": lambda x: torch.clamp(F.gelu(x), -10.0, 10.0),
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
+    "relu": F.relu,
+    "relu2": lambda x: torch.square(F.relu(x)),
+    "relu6": F.relu6,
+    "leaky_relu": F.leaky_relu,
+    "silu": F.silu,
+    "swish": F.silu,
+    "mish": F.mish,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "hardswish": F.hardswish,
+    "laplace": _laplace,
+    "sqrtsoftplus": lambda x: torch.sqrt(F.softplus(x)),
+    "linear": lambda x: x,
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Position encodings
+
+
+def rotary_angles(num_positions: int, dim: int, base: float = 10000.0) -> Tensor:
+    """Angles m * theta_i for positions m < num_positions, theta_i = base^(-2i/dim) (paper eq. 15).
+
+    Computed in float64: in float32, m * theta_i at m = 1e5 is off by ~1e-2 rad, a known bug class (GPT-NeoX,
+    Megatron). Callers cast the cos/sin tables to float32 and cast at use.
+
+    Returns:
+        (num_positions, dim // 2) float64 tensor on the CPU.
+    """
+    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,)
+    return torch.outer(torch.arange(num_positions, dtype=torch.float64), inv_freq)  # (T, dim/2)
+
+
+def _capacity(length: int) -> int:
+    """Cache size for a request of `length` positions: the next power of two, so growth happens rarely."""
+    return max(64, 1 << (length - 1).bit_length())
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (RoPE, paper sec. 3.2-3.4): rotates pairs of a head vector by position.
+
+    Pair i of the vector at position m is rotated by angle m * theta_i. In the `interleaved` layout (paper, HF
+    RoFormer) pair i is (x_2i, x_2i+1); in the `half` layout (GPT-NeoX, LLaMA) it is (x_i, x_i+d/2). cos/sin
+    tables are kept in float32 (never in the model dtype), grown on demand, so there is no length limit.
+    """
+
+    def __init__(self, head_size: int, base: float = 10000.0, layout: str = "interleaved") -> None:
+        super().__init__()
+        self.head_size = head_size
+        self.base = base
+        self.layout = layout
+        # A plain attribute, not a buffer: `model.to(bfloat16)` must not cast the tables.
+        self._cache: tuple[Tensor, Tensor] | None = None
+
+    def cos_sin(self, length: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """float32 cos and sin tables of shape (length, head_size // 2) on `device`."""
+        if self._cache is None or self._cache[0].shape[0] < length or self._cache[0].device != device:
+            angles = rotary_angles(_capacity(length), self.head_size, self.base)
+            self._cache = (angles.cos().float().to(device), angles.sin().float().to(device))
+        cos, sin = self._cache
+        return cos[:length], sin[:length]
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Rotate `x` of shape (B, T, ..., D) by the position of its dim-1 index; returns the input dtype."""
+        cos, sin = self.cos_sin(x.shape[1], x.device)
+        return apply_rotary(x, cos, sin, self.layout)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved") -> Tensor:
+    """Rotate pairs of the last dim of `x` (B, T, *, D) by the angles of cos/sin (T, D/2); math in float32.
+
+    Efficient form of paper eq. 34: x * cos + rotate(x) * sin. For the interleaved layout this is exactly a complex
+    multiplication of (x_2i + i x_2i+1) by e^{i m theta_i}, one fused kernel instead of stack + flatten per call.
+    """
+    shape = (x.shape[1],) + (1,) * (x.dim() - 3) + (cos.shape[-1],)  # (T, 1.., D/2), broadcast over B and heads
+    cos, sin = cos.view(shape), sin.view(shape)
+    xf = x.float()
+    if layout == "interleaved":
+        if xf.stride(-1) != 1:
+            xf = xf.contiguous()
+        rotated = torch.view_as_real(torch.view_as_complex(xf.unflatten(-1, (-1, 2))) * torch.complex(cos, sin))
+        return rotated.flatten(-2).to(x.dtype)
+    x1, x2 = xf.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+class SinusoidalPositions(nn.Module):
+    """Absolute sinusoidal positions (Vaswani et al. sec. 3.5): PE[m, 2i] = sin(m theta_i), PE[m, 2i+1] = cos(...).
+
+    The table is multiplied by `scale` before it is added to the token embeddings; see
+    `ModelConfig.resolved_sinusoidal_scale` for why a raw table is an unfair baseline. With `learned=True` the scale
+    is a trained scalar (as in Cramming, Geiping & Goldstein 2022).
+    """
+
+    def __init__(self, dim: int, scale: float, learned: bool = False, base: float = 10000.0) -> None:
+        super().__init__()
+        self.dim = dim
+        self.base = base
+        if learned:
+            self.scale = nn.Parameter(torch.tensor(float(scale)))
+        else:
+            self.scale = float(scale)
+        self._cache: Tensor | None = None
+
+    def table(self, length: int, device: torch.device) -> Tensor:
+        """Unscaled float32 table of shape (length, dim) on `device`."""
+        if self._cache is None or self._cache.shape[0] < length or self._cache.device != device:
+            angles = rotary_angles(_capacity(length), self.dim, self.base)
+            self._cache = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).float().to(device)
+        return self._cache[:length]
+
+    def forward(self, length: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """Scaled table (length, dim) in `dtype`."""
+        return (self.table(length, device) * self.scale).to(dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Encoder
+
+
+class Embeddings(nn.Module):
+    """Token + token-type (+ absolute position) embeddings, LayerNorm, dropout, optional projection to hidden."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        dim = config.embedding_dim
+        self.config = config
+        self.word = nn.Embedding(config.vocab_size, dim, padding_idx=config.pad_token_id)
+        self.token_type = nn.Embedding(config.type_vocab_size, dim)
+        self.position = (
+            nn.Embedding(config.max_position_embeddings, dim) if config.position_encoding == "learned" else None
+        )
+        self.sinusoidal = (
+            SinusoidalPositions(dim, config.resolved_sinusoidal_scale, config.sinusoidal_scale_learned)
+            if config.position_encoding == "sinusoidal"
+            else None
+        )
+        self.norm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.project = nn.Linear(dim, config.hidden_size) if dim != config.hidden_size else None
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """(B, T) ids -> (B, T, hidden_size)."""
+        T = input_ids.shape[1]
+        x = self.word(input_ids)  # (B, T, E)
+        if token_type_ids is None:
+            x = x + self.token_type.weight[0]  # same value and gradient as looking up type 0 everywhere
+        else:
+            x = x + self.token_type(token_type_ids)
+        if self.position is not None:
+            if T > self.position.num_embeddings:
+                raise ValueError(
+                    f"sequence length {T} exceeds max_position_embeddings={self.position.num_embeddings} of the "
+                    "learned position table; rotary and sinusoidal positions have no length limit"
+                )
+            x = x + self.position.weight[:T]
+        elif self.sinusoidal is not None:
+            x = x + self.sinusoidal(T, x.device, x.dtype)
+        x = self.dropout(self.norm(x))
+        if self.project is not None:
+            x = self.project(x)  # (B, T, C)
+        return x
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention through `scaled_dot_product_attention`, with RoPE on q and k (and v if asked)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.head_size = config.head_size
+        self.rotary_value = config.rotary_value
+        self.dropout = config.attention_dropout
+        # One fused projection: a single GEMM, and rotating q and k together is one kernel.
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.proj = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, x: Tensor, mask: Tensor | None, rotary: RotaryEmbedding | None) -> Tensor:
+        B, T, C = x.shape
+        qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_size)  # (B, T, 3, H, D)
+        if rotary is None:
+            q, k, v = qkv.unbind(2)
+        elif self.rotary_value:
+            q, k, v = rotary(qkv).unbind(2)
+        else:
+            q, k = rotary(qkv[:, :, :2]).unbind(2)  # positions enter only through q.k (paper eq. 16)
+            v = qkv[:, :, 2]
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+        dropout = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)  # (B, H, T, D)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class Block(nn.Module):
+    """Post-LN transformer block (BERT): x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attn = SelfAttention(config)
+        self.attn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.ffn_in = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.act = ACTIVATIONS[config.hidden_act]
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None, rotary: RotaryEmbedding | None) -> Tensor:
+        x = self.attn_norm(x + self.dropout(self.attn(x, mask, rotary)))
+        return self.ffn_norm(x + self.dropout(self.ffn_out(self.act(self.ffn_in(x)))))
+
+
+@dataclass
+class ModelOutput:
+    """What every model returns.
+
+    Attributes:
+        logits: (B, T, V) for masked LM ((N, V) for the N labelled positions with `masked_only=True`), (B, L) for
+            classification, (B, C) last hidden states for the bare backbone.
+        loss: Scalar loss when labels were given.
+        hidden_states: Embedding output and the output of every block, each (B, T, C), on request.
+    """
+
+    logits: Tensor
+    loss: Tensor | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
+
+
+class Model(nn.Module):
+    """Base of all models here: config, BERT init, `save`."""
+
+    architecture = ""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+
+    def init_weights(self) -> None:
+        """BERT init: normal(0, initializer_range) weights, zero biases, unit LayerNorm, zero padding embedding."""
+        std = self.config.initializer_range
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if module.padding_idx is not None:
+                    module.weight.data[module.padding_idx].zero_()
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+
+    def num_parameters(self) -> int:
+        """Number of distinct parameters (tied weights counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def save(self, directory: str | Path) -> None:
+        """Write `model.yaml` (architecture + config) and `model.safetensors` to `directory`."""
+        from roformer.checkpoint import save_model  # I/O lives outside the model file
+
+        save_model(self, directory)
+
+
+class Backbone(Model):
+    """Embeddings + post-LN blocks (+ optional BERT pooler). Returns the last hidden states as `logits`."""
+
+    architecture = "backbone"
+
+    def __init__(self, config: ModelConfig, init: bool = True) -> None:
+        super().__init__(config)
+        self.embeddings = Embeddings(config)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.rotary = (
+            RotaryEmbedding(config.head_size, config.rotary_base, config.rotary_layout)
+            if config.position_encoding == "rotary"
+            else None
+        )
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if config.add_pooler else None
+        if init:  # a head owning this backbone initialises everything once
+            self.init_weights()
+
+    def encode(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
+        """(B, T) ids -> last hidden states (B, T, C), and all hidden states when asked."""
+        x = self.embeddings(input_ids, token_type_ids)  # (B, T, C)
+        mask = None
+        if attention_mask is not None:
+            mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): True = attend
+        hidden = [x] if output_hidden_states else None
+        for block in self.layers:
+            x = block(x, mask, self.rotary)
+            if hidden is not None:
+                hidden.append(x)
+        return x, tuple(hidden) if hidden is not None else None
+
+    def pool(self, x: Tensor) -> Tensor:
+        """BERT pooler: tanh(dense(x[:, 0])) -> (B, C)."""
+        if self.pooler is None:
+            raise ValueError("this backbone has no pooler (config.add_pooler is false)")
+        return torch.tanh(self.pooler(x[:, 0]))
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: None = None,
+        output_hidden_states: bool = False,
+    ) -> ModelOutput:
+        """Encode; `logits` holds the last hidden states (B, T, C)."""
+        if labels is not None:
+            raise ValueError("a bare Backbone has no loss; use MaskedLM or SequenceClassifier")
+        x, hidden = self.encode(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        return ModelOutput(logits=x, hidden_states=hidden)
+
+
+class MaskedLM(Model):
+    """Backbone + MLM head: dense -> act -> LayerNorm -> decoder tied to the word embeddings (+ bias), as BERT."""
+
+    architecture = "masked_lm"
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.backbone = Backbone(config, init=False)
+        dim = config.embedding_dim
+        self.transform = nn.Linear(config.hidden_size, dim)
+        self.transform_norm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
+        self.act = ACTIVATIONS[config.hidden_act]
+        self.decoder = None if config.tie_word_embeddings else nn.Linear(dim, config.vocab_size, bias=False)
+        self.decoder_bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.init_weights()
+
+    @property
+    def decoder_weight(self) -> Tensor:
+        """(V, E) output projection: the word embeddings when tied."""
+        return self.backbone.embeddings.word.weight if self.decoder is None else self.decoder.weight
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_hidden_states: bool = False,
+        masked_only: bool = False,
+    ) -> ModelOutput:
+        """MLM logits and, with `labels` (-100 = ignore), the mean cross-entropy over labelled positions.
+
+        With `masked_only=True` the vocabulary projection runs only at labelled positions (logits (N, V)): the
+        decoder is the largest matmul of a small model and ~85% of its rows would be thrown away.
+        """
+        x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        if masked_only:
+            if labels is None:
+                raise ValueError("masked_only=True needs labels")
+            selected = labels != -100  # (B, T)
+            x, labels = x[selected], labels[selected]  # (N, C), (N,)
+        h = self.transform_norm(self.act(self.transform(x)))
+        logits = F.linear(h, self.decoder_weight, self.decoder_bias)  # (B, T, V) or (N, V)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100)
+        return ModelOutput(logits=logits, loss=loss, hidden_states=hidden)
+
+
+class SequenceClassifier(Model):
+    """Backbone + classification/regression head on x[:, 0].
+
+    `classifier_head: pooler` is BERT's: tanh pooler, dropout, linear. `mlp` is HF RoFormer's: dropout, dense,
+    hidden_act, dropout, linear. num_labels = 1 means regression with MSE loss.
+    """
+
+    architecture = "sequence_classification"
+
+    def __init__(self, config: ModelConfig) -> None:
+        if config.classifier_head == "pooler" and not config.add_pooler:
+            config = replace(config, add_pooler=True)
+        super().__init__(config)
+        self.backbone = Backbone(config, init=False)
+        C = config.hidden_size
+        self.dense = nn.Linear(C, C) if config.classifier_head == "mlp" else None
+        self.act = ACTIVATIONS[config.hidden_act]
+        p = config.hidden_dropout if config.classifier_dropout is None else config.classifier_dropout
+        self.dropout = nn.Dropout(p)
+        self.out = nn.Linear(C, config.num_labels)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> ModelOutput:
+        """(B, num_labels) logits; with labels: MSE (1 label), cross-entropy (int labels) or BCE (float labels)."""
+        x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        if self.dense is None:
+            h = self.dropout(self.backbone.pool(x))
+        else:
+            h = self.dropout(self.act(self.dense(self.dropout(x[:, 0]))))
+        logits = self.out(h)  # (B, L)
+        return ModelOutput(logits=logits, loss=self.loss(logits, labels), hidden_states=hidden)
+
+    def loss(self, logits: Tensor, labels: Tensor | None) -> Tensor | None:
+        """Regression, single-label or multi-label loss, chosen as HF does from num_labels and the label dtype."""
+        if labels is None:
+            return None
+        if self.config.num_labels == 1:
+            return F.mse_loss(logits.squeeze(-1).float(), labels.view(-1).float())
+        if labels.dtype.is_floating_point:
+            return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+        return F.cross_entropy(logits.float(), labels.view(-1))
+
+
+ARCHITECTURES: dict[str, type[Model]] = {
+    cls.architecture: cls for cls in (Backbone, MaskedLM, SequenceClassifier)
+}
