@@ -146,7 +146,9 @@ def _load_state(
     """Copy `state` into `module`, checking shapes; returns the missing keys (only the pooler's, unless strict)."""
     own = module.state_dict()
     mismatched = [
-        f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in state.items() if k in own and v.shape != own[k].shape
+        f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}"
+        for k, v in state.items()
+        if k in own and v.shape != own[k].shape
     ]
     if mismatched:
         raise CheckpointError(f"{where}: shape mismatch (checkpoint vs model): {'; '.join(mismatched[:5])}")

@@ -130,9 +130,7 @@ class ModelConfig:
         if self.embedding_size is not None and self.embedding_size <= 0:
             raise ConfigError(f"embedding_size must be > 0 or null, got {self.embedding_size}")
         if self.hidden_size % self.num_heads:
-            raise ConfigError(
-                f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
-            )
+            raise ConfigError(f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})")
         if self.position_encoding == "rotary" and self.head_size % 2:
             raise ConfigError(f"rotary needs an even head size, got hidden_size/num_heads = {self.head_size}")
         if self.position_encoding == "sinusoidal" and self.embedding_dim % 2:

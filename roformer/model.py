@@ -88,8 +88,9 @@ class RotaryEmbedding(nn.Module):
     """Rotary position embedding (RoPE, paper sec. 3.2-3.4): rotates pairs of a head vector by position.
 
     Pair i of the vector at position m is rotated by angle m * theta_i. In the `interleaved` layout (paper, HF
-    RoFormer) pair i is (x_2i, x_2i+1); in the `half` layout (GPT-NeoX, LLaMA) it is (x_i, x_i+d/2). cos/sin
-    tables are kept in float32 (never in the model dtype), grown on demand, so there is no length limit.
+    RoFormer) pair i is (x_2i, x_2i+1); in the `half` layout (GPT-NeoX, LLaMA) it is (x_i, x_i+d/2). The table
+    e^{i m theta_i} is kept in complex64 (float32 cos/sin, never the model dtype), grown on demand, so there is no
+    length limit.
     """
 
     def __init__(self, head_size: int, base: float = 10000.0, layout: str = "interleaved") -> None:
@@ -97,37 +98,42 @@ class RotaryEmbedding(nn.Module):
         self.head_size = head_size
         self.base = base
         self.layout = layout
-        # A plain attribute, not a buffer: `model.to(bfloat16)` must not cast the tables.
-        self._cache: tuple[Tensor, Tensor] | None = None
+        # A plain attribute, not a buffer: `model.to(bfloat16)` must not cast the table.
+        self._cache: Tensor | None = None
+
+    def rotations(self, length: int, device: torch.device) -> Tensor:
+        """complex64 table e^{i m theta_i} = cos + i sin of shape (length, head_size // 2) on `device`."""
+        if self._cache is None or self._cache.shape[0] < length or self._cache.device != device:
+            angles = rotary_angles(_capacity(length), self.head_size, self.base)
+            self._cache = torch.polar(torch.ones_like(angles), angles).to(torch.complex64).to(device)
+        return self._cache[:length]
 
     def cos_sin(self, length: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        """float32 cos and sin tables of shape (length, head_size // 2) on `device`."""
-        if self._cache is None or self._cache[0].shape[0] < length or self._cache[0].device != device:
-            angles = rotary_angles(_capacity(length), self.head_size, self.base)
-            self._cache = (angles.cos().float().to(device), angles.sin().float().to(device))
-        cos, sin = self._cache
-        return cos[:length], sin[:length]
+        """float32 cos and sin tables, each (length, head_size // 2)."""
+        table = self.rotations(length, device)
+        return table.real, table.imag
 
     def forward(self, x: Tensor) -> Tensor:
         """Rotate `x` of shape (B, T, ..., D) by the position of its dim-1 index; returns the input dtype."""
-        cos, sin = self.cos_sin(x.shape[1], x.device)
-        return apply_rotary(x, cos, sin, self.layout)
+        return apply_rotary(x, self.rotations(x.shape[1], x.device), self.layout)
 
 
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved") -> Tensor:
-    """Rotate pairs of the last dim of `x` (B, T, *, D) by the angles of cos/sin (T, D/2); math in float32.
+def apply_rotary(x: Tensor, rotations: Tensor, layout: str = "interleaved") -> Tensor:
+    """Rotate pairs of the last dim of `x` (B, T, *, D) by `rotations` (T, D/2) complex; math in float32.
 
-    Efficient form of paper eq. 34: x * cos + rotate(x) * sin. For the interleaved layout this is exactly a complex
-    multiplication of (x_2i + i x_2i+1) by e^{i m theta_i}, one fused kernel instead of stack + flatten per call.
+    Paper eq. 34 computes x * cos + rotate(x) * sin. For the interleaved layout that is exactly the complex product
+    (x_2i + i x_2i+1) * e^{i m theta_i}: one kernel forward and one backward, where the stack-and-flatten form
+    used by HF costs about twice as much (measured in scripts/bench_model.py).
     """
-    shape = (x.shape[1],) + (1,) * (x.dim() - 3) + (cos.shape[-1],)  # (T, 1.., D/2), broadcast over B and heads
-    cos, sin = cos.view(shape), sin.view(shape)
-    xf = x.float()
+    shape = (x.shape[1],) + (1,) * (x.dim() - 3) + (rotations.shape[-1],)  # (T, 1.., D/2): broadcast over B, heads
+    rotations = rotations.view(shape)
+    xf = x.float() if x.element_size() < 4 else x  # bf16/fp16 are rotated in float32 and cast back
     if layout == "interleaved":
         if xf.stride(-1) != 1:
             xf = xf.contiguous()
-        rotated = torch.view_as_real(torch.view_as_complex(xf.unflatten(-1, (-1, 2))) * torch.complex(cos, sin))
+        rotated = torch.view_as_real(torch.view_as_complex(xf.unflatten(-1, (-1, 2))) * rotations)
         return rotated.flatten(-2).to(x.dtype)
+    cos, sin = rotations.real, rotations.imag
     x1, x2 = xf.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
@@ -466,6 +472,4 @@ class SequenceClassifier(Model):
         return F.cross_entropy(logits.float(), labels.view(-1))
 
 
-ARCHITECTURES: dict[str, type[Model]] = {
-    cls.architecture: cls for cls in (Backbone, MaskedLM, SequenceClassifier)
-}
+ARCHITECTURES: dict[str, type[Model]] = {cls.architecture: cls for cls in (Backbone, MaskedLM, SequenceClassifier)}

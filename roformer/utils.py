@@ -11,8 +11,13 @@ from pathlib import Path
 from roformer.errors import UserError
 
 # Files that make up an HF tokenizer; copied along with a model so that the directory stays self-contained.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
-                   "added_tokens.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "added_tokens.json",
+)
 
 
 def check_output_dir(out: Path, overwrite: bool) -> None:

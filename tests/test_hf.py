@@ -1,0 +1,210 @@
+"""Parity with HF transformers' RoFormer and BERT: tiny random models (no download), both directions."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import transformers
+from conftest import padded_batch, tiny_config
+from torch.testing import assert_close
+from transformers.activations import ACT2FN
+
+import roformer
+from roformer.config import ACTIVATION_NAMES
+from roformer.model import ACTIVATIONS
+
+VOCAB = 101
+
+
+def hf_roformer_config(**kw) -> transformers.RoFormerConfig:
+    base = dict(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=64, type_vocab_size=2, num_labels=3,
+    )
+    return transformers.RoFormerConfig(**{**base, **kw})
+
+
+def hf_bert_config(**kw) -> transformers.BertConfig:
+    base = dict(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=64, type_vocab_size=2, num_labels=3,
+    )
+    return transformers.BertConfig(**{**base, **kw})
+
+
+CASES = {
+    "roformer-model": (transformers.RoFormerModel, hf_roformer_config),
+    "roformer-mlm": (transformers.RoFormerForMaskedLM, hf_roformer_config),
+    "roformer-cls": (transformers.RoFormerForSequenceClassification, hf_roformer_config),
+    "roformer-mlm-emb16-rotv": (
+        transformers.RoFormerForMaskedLM, lambda: hf_roformer_config(embedding_size=16, rotary_value=True)
+    ),
+    "roformer-cls-emb16-rotv": (
+        transformers.RoFormerForSequenceClassification, lambda: hf_roformer_config(embedding_size=16, rotary_value=True)
+    ),
+    "roformer-regression": (transformers.RoFormerForSequenceClassification, lambda: hf_roformer_config(num_labels=1)),
+    "bert-model": (transformers.BertModel, hf_bert_config),
+    "bert-mlm": (transformers.BertForMaskedLM, hf_bert_config),
+    "bert-cls": (transformers.BertForSequenceClassification, hf_bert_config),
+    "bert-mlm-gelu_new": (transformers.BertForMaskedLM, lambda: hf_bert_config(hidden_act="gelu_new")),
+}
+
+
+def hf_output(hf_model, batch) -> torch.Tensor:
+    with torch.no_grad():
+        out = hf_model(**batch)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def our_output(model, batch) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**batch).logits
+
+
+def make_hf(name: str, seed: int = 0):
+    cls, make_config = CASES[name]
+    torch.manual_seed(seed)
+    model = cls(make_config()).eval()
+    with torch.no_grad():  # HF inits biases and LayerNorms to constants: randomise so that a mix-up would show
+        for name, p in model.named_parameters():
+            if "embed_positions" not in name:  # the fixed sinusoidal table of HF RoFormer
+                p.add_(torch.randn_like(p) * 0.02)
+    return model
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_from_hf_logits_match(name: str) -> None:
+    hf_model = make_hf(name)
+    ours = roformer.from_hf(hf_model)
+    batch = padded_batch(VOCAB)
+    assert_close(our_output(ours, batch), hf_output(hf_model, batch))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_to_hf_round_trip(name: str, tmp_path) -> None:
+    hf_model = make_hf(name)
+    ours = roformer.from_hf(hf_model)
+    back = roformer.to_hf(ours)
+    assert type(back) is type(hf_model)
+    batch = padded_batch(VOCAB, seed=1)
+    assert_close(hf_output(back, batch), hf_output(hf_model, batch))
+    # what users do next: save_pretrained, then load with transformers
+    back.save_pretrained(tmp_path)
+    reloaded, info = type(hf_model).from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert_close(hf_output(reloaded.eval(), batch), hf_output(hf_model, batch))
+
+
+@pytest.mark.parametrize("name", ["roformer-mlm", "roformer-cls", "bert-mlm", "bert-cls"])
+def test_loss_matches_hf(name: str) -> None:
+    hf_model = make_hf(name)
+    ours = roformer.from_hf(hf_model)
+    batch = padded_batch(VOCAB)
+    if "mlm" in name:
+        labels = batch["input_ids"].masked_fill(torch.rand(batch["input_ids"].shape) > 0.3, -100)
+    else:
+        labels = torch.tensor([0, 2, 1])
+    with torch.no_grad():
+        assert_close(ours(**batch, labels=labels).loss, hf_model(**batch, labels=labels).loss)
+
+
+def test_rotary_runs_past_hf_max_position_embeddings() -> None:
+    hf_small = make_hf("roformer-mlm")  # max_position_embeddings=64
+    ours = roformer.from_hf(hf_small)
+    hf_big = transformers.RoFormerForMaskedLM(hf_roformer_config(max_position_embeddings=256)).eval()
+    hf_big.load_state_dict(
+        {k: v for k, v in hf_small.state_dict().items() if "embed_positions" not in k}, strict=False
+    )
+    batch = padded_batch(VOCAB, batch=2, length=150)
+    assert_close(our_output(ours, batch), hf_output(hf_big, batch))
+
+
+def test_sinusoidal_baseline_exports_to_hf_bert_exactly() -> None:
+    for learned in (False, True):
+        ours = roformer.MaskedLM(tiny_config(position_encoding="sinusoidal", sinusoidal_scale_learned=learned)).eval()
+        hf_model = roformer.to_hf(ours)
+        assert isinstance(hf_model, transformers.BertForMaskedLM)
+        batch = padded_batch(101, length=40)
+        assert_close(hf_output(hf_model, batch), our_output(ours, batch))
+
+
+def test_half_layout_import_export() -> None:
+    hf_model = make_hf("roformer-mlm-emb16-rotv")
+    ours = roformer.from_hf(hf_model, rotary_layout="half")
+    assert ours.config.rotary_layout == "half"
+    batch = padded_batch(VOCAB)
+    assert_close(our_output(ours, batch), hf_output(hf_model, batch))
+    assert_close(hf_output(roformer.to_hf(ours), batch), hf_output(hf_model, batch))
+
+
+def test_from_hf_directory_and_architecture_switch(tmp_path) -> None:
+    hf_model = make_hf("bert-cls")
+    hf_model.save_pretrained(tmp_path)
+    ours = roformer.from_hf(tmp_path)
+    assert isinstance(ours, roformer.SequenceClassifier)
+    batch = padded_batch(VOCAB)
+    assert_close(our_output(ours, batch), hf_output(hf_model, batch))
+    # a sequence-classification checkpoint read as a backbone: same hidden states as HF BertModel
+    backbone = roformer.from_hf(tmp_path, architecture="backbone")
+    assert_close(our_output(backbone, batch), hf_output(hf_model.bert, batch))
+    assert backbone.pooler is not None  # BERT's pretrained pooler is kept for fine-tuning
+
+
+def test_unsupported_hf_models_give_clear_errors(tmp_path) -> None:
+    with pytest.raises(roformer.CheckpointError, match="relative_key"):
+        roformer.from_hf(transformers.BertModel(hf_bert_config(position_embedding_type="relative_key")))
+    with pytest.raises(roformer.CheckpointError, match="cannot convert"):
+        roformer.from_hf(transformers.BertForTokenClassification(hf_bert_config()))
+    with pytest.raises(roformer.CheckpointError, match="cannot read an HF config"):
+        roformer.from_hf(tmp_path)
+    rotary_with_pooler = roformer.SequenceClassifier(tiny_config(classifier_head="pooler"))
+    with pytest.raises(roformer.CheckpointError, match="no pooler head"):
+        roformer.to_hf(rotary_with_pooler)
+
+
+@pytest.mark.parametrize("name", ACTIVATION_NAMES)
+def test_activations_match_hf(name: str) -> None:
+    x = torch.linspace(-12, 12, 2001)
+    assert_close(ACTIVATIONS[name](x), ACT2FN[name](x))
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "roformer", *args], capture_output=True, text=True)
+
+
+def test_convert_cli_round_trip(tmp_path) -> None:
+    hf_model = make_hf("roformer-mlm")
+    hf_dir, ours_dir, back_dir = tmp_path / "hf", tmp_path / "ours", tmp_path / "back"
+    hf_model.save_pretrained(hf_dir)
+    (hf_dir / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")
+    result = run_cli("convert", "--from-hf", str(hf_dir), "--out", str(ours_dir))
+    assert result.returncode == 0, result.stderr
+    assert (ours_dir / "vocab.txt").is_file()
+    ours = roformer.load(ours_dir)
+    batch = padded_batch(VOCAB)
+    assert_close(our_output(ours, batch), hf_output(hf_model, batch))
+    result = run_cli("convert", "--to-hf", str(ours_dir), "--out", str(back_dir))
+    assert result.returncode == 0, result.stderr
+    back = transformers.AutoModelForMaskedLM.from_pretrained(back_dir).eval()
+    assert_close(hf_output(back, batch), hf_output(hf_model, batch))
+    assert (back_dir / "vocab.txt").is_file()
+
+
+def test_convert_cli_bad_input(tmp_path) -> None:
+    result = run_cli("convert", "--to-hf", str(tmp_path / "missing"), "--out", str(tmp_path / "o"))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "model directory not found" in result.stderr
+    assert "Traceback" not in result.stderr
+    # a non-empty output directory is refused and left untouched
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    roformer.MaskedLM(tiny_config()).save(tmp_path / "m")
+    result = run_cli("convert", "--to-hf", str(tmp_path / "m"), "--out", str(out))
+    assert result.returncode == 2 and "not empty" in result.stderr and result.stderr.count("\n") == 1
+    assert (out / "keep.txt").read_text() == "precious" and len(list(out.iterdir())) == 1
+    result = run_cli("convert", "--out", str(out))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1

@@ -1,0 +1,125 @@
+"""RoPE against the paper's explicit rotation matrix and its defining properties."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from roformer.hf import rotary_permutation
+from roformer.model import RotaryEmbedding, SinusoidalPositions, apply_rotary
+
+
+def paper_rotation_matrix(d: int, m: int, base: float = 10000.0) -> torch.Tensor:
+    """R^d_{Theta,m} of paper eq. 15: block-diagonal 2x2 rotations by m * theta_i, theta_i = base^(-2(i-1)/d)."""
+    R = torch.zeros(d, d, dtype=torch.float64)
+    for i in range(d // 2):
+        theta = base ** (-2.0 * i / d)
+        c, s = math.cos(m * theta), math.sin(m * theta)
+        R[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[c, -s], [s, c]], dtype=torch.float64)
+    return R
+
+
+def rotate_at(x: torch.Tensor, positions: list[int], layout: str = "interleaved") -> torch.Tensor:
+    """Rotate each row x[i] (N, d) as the vector at position positions[i] of a sequence."""
+    rope = RotaryEmbedding(x.shape[-1], layout=layout)
+    rows = []
+    for row, p in zip(x, positions, strict=True):
+        seq = torch.zeros(1, p + 1, x.shape[-1], dtype=x.dtype)
+        seq[0, p] = row
+        rows.append(rope(seq)[0, p])
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("d", [2, 8, 64, 128])
+@pytest.mark.parametrize("m", [0, 1, 7, 100, 511])
+def test_equals_paper_rotation_matrix(d: int, m: int) -> None:
+    x = torch.randn(3, d, dtype=torch.float64)
+    expected = x @ paper_rotation_matrix(d, m).T  # R x for each row
+    assert_close(rotate_at(x.float(), [m, m, m]), expected.float())
+
+
+def test_preserves_norm() -> None:
+    x = torch.randn(1, 300, 2, 64)
+    y = RotaryEmbedding(64)(x)
+    assert_close(y.norm(dim=-1), x.norm(dim=-1))
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_scores_depend_only_on_relative_position(layout: str) -> None:
+    """<R_m q, R_n k> = g(q, k, m - n) (paper eq. 11/16): shift both positions, the score stays (to fp32 tables)."""
+    q, k = torch.randn(2, 64, dtype=torch.float64).unbind(0)
+    scores = {}
+    for m, n in [(5, 2), (105, 102), (1000, 997), (3, 7), (503, 507)]:
+        rq, rk = rotate_at(torch.stack([q, k]), [m, n], layout)
+        scores[(m, n)] = float(rq @ rk)
+    assert scores[(5, 2)] == pytest.approx(scores[(105, 102)], rel=1e-6)
+    assert scores[(5, 2)] == pytest.approx(scores[(1000, 997)], rel=1e-6)
+    assert scores[(3, 7)] == pytest.approx(scores[(503, 507)], rel=1e-6)
+    assert scores[(5, 2)] != pytest.approx(scores[(3, 7)])
+
+
+def test_layouts_give_identical_scores_after_permutation() -> None:
+    T, d = 50, 32
+    q, k = torch.randn(2, 1, T, d).unbind(0)
+    perm = rotary_permutation(d)
+    inter = RotaryEmbedding(d, layout="interleaved")
+    half = RotaryEmbedding(d, layout="half")
+    scores_inter = inter(q) @ inter(k).transpose(-1, -2)
+    scores_half = half(q[..., perm]) @ half(k[..., perm]).transpose(-1, -2)
+    assert_close(scores_half, scores_inter)
+    assert not torch.allclose(half(q) @ half(k).transpose(-1, -2), scores_inter)  # the permutation is needed
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_input_uses_float32_tables(dtype: torch.dtype) -> None:
+    d, m = 64, 100_000
+    rope = RotaryEmbedding(d)
+    cos, sin = rope.cos_sin(m + 1, torch.device("cpu"))
+    assert cos.dtype == torch.float32
+    theta = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = m * theta
+    assert (cos[m].double() - angles.cos()).abs().max() < 1e-6
+    assert (sin[m].double() - angles.sin()).abs().max() < 1e-6
+    # the rotated low-precision vector equals the float64 rotation, rounded once to the input dtype
+    x = torch.randn(1, m + 1, d).to(dtype)
+    y = rope(x)[0, m]
+    assert y.dtype == dtype
+    expected = (x[0, m].double() @ paper_rotation_matrix(d, m).T).to(dtype)
+    assert_close(y, expected, atol=0, rtol=0) if dtype == torch.float16 else assert_close(y, expected)
+
+
+def test_model_cast_does_not_cast_tables() -> None:
+    rope = RotaryEmbedding(16).to(torch.bfloat16)
+    assert rope.rotations(10, torch.device("cpu")).dtype == torch.complex64
+    assert list(rope.state_dict()) == []  # nothing to save: derived from config
+
+
+def test_no_length_limit_and_growth_keeps_values() -> None:
+    rope = RotaryEmbedding(16)
+    short = rope.rotations(10, torch.device("cpu")).clone()
+    long = rope.rotations(5000, torch.device("cpu"))
+    assert long.shape == (5000, 8)
+    assert_close(long[:10], short)
+    table = SinusoidalPositions(16, scale=1.0)
+    assert table(9000, torch.device("cpu"), torch.float32).shape == (9000, 16)
+
+
+def test_sinusoidal_table_is_vaswani() -> None:
+    table = SinusoidalPositions(8, scale=1.0).table(20, torch.device("cpu"))
+    pos, i = 13, 2
+    angle = pos / 10000 ** (2 * i / 8)
+    assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-7)
+    assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-7)
+
+
+def test_apply_rotary_half_layout_matches_neox_formula() -> None:
+    x = torch.randn(2, 9, 3, 16)
+    rot = RotaryEmbedding(16).rotations(9, torch.device("cpu"))
+    cos = torch.cat([rot.real, rot.real], -1)[None, :, None]
+    sin = torch.cat([rot.imag, rot.imag], -1)[None, :, None]
+    x1, x2 = x.chunk(2, -1)
+    expected = x * cos + torch.cat([-x2, x1], -1) * sin  # GPT-NeoX rotate_half
+    assert_close(apply_rotary(x, rot, "half"), expected)
