@@ -1,0 +1,98 @@
+"""Configs: every shipped YAML loads; bad keys, types and values fail naming the field and the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+import roformer
+from roformer.config import ModelConfig
+
+CONFIG_LOADERS = {"model": ModelConfig.from_yaml}
+
+
+def shipped_configs() -> list[Path]:
+    return sorted((REPO / "configs").rglob("*.yaml"))
+
+
+def test_configs_exist() -> None:
+    names = {p.name for p in (REPO / "configs" / "model").glob("*.yaml")}
+    assert names == {f"{arm}-{size}.yaml" for arm in ("roformer", "bert") for size in ("tiny", "small", "base")}
+
+
+@pytest.mark.parametrize("path", shipped_configs(), ids=lambda p: str(p.relative_to(REPO / "configs")))
+def test_every_shipped_yaml_loads(path: Path) -> None:
+    kind = path.relative_to(REPO / "configs").parts[0]
+    assert kind in CONFIG_LOADERS, f"no loader registered for configs/{kind}/: add one to this test"
+    CONFIG_LOADERS[kind](path)
+
+
+def test_model_config_pairs_differ_only_in_position_encoding() -> None:
+    for size in ("tiny", "small", "base"):
+        rope = ModelConfig.from_yaml(REPO / "configs" / "model" / f"roformer-{size}.yaml").to_dict()
+        bert = ModelConfig.from_yaml(REPO / "configs" / "model" / f"bert-{size}.yaml").to_dict()
+        differ = {k for k in rope if rope[k] != bert[k]}
+        assert differ == {"position_encoding", "classifier_head"}, differ
+        assert rope["position_encoding"] == "rotary" and bert["position_encoding"] == "sinusoidal"
+    base = ModelConfig.from_yaml(REPO / "configs" / "model" / "roformer-base.yaml")
+    assert (base.num_layers, base.hidden_size, base.num_heads, base.intermediate_size) == (12, 768, 12, 3072)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("hiden_size: 64\n", "unknown key 'hiden_size'"),
+        ("hidden_size: sixty\n", "key 'hidden_size' must be an integer"),
+        ("hidden_size: 64.5\n", "key 'hidden_size' must be an integer"),
+        ("rotary_value: 'yes'\n", "key 'rotary_value' must be true or false"),
+        ("position_encoding: alibi\n", "key 'position_encoding' must be one of 'rotary'"),
+        ("hidden_size: 30\nnum_heads: 4\n", "hidden_size (30) must be divisible by num_heads (4)"),
+        ("hidden_size: 36\nnum_heads: 4\n", "rotary needs an even head size"),
+        ("hidden_act: gelu_magic\n", "hidden_act 'gelu_magic' is not one of"),
+        ("hidden_dropout: 1.5\n", "hidden_dropout must be in [0, 1)"),
+        ("num_layers: 0\n", "num_layers must be > 0"),
+        ("rotary_value: true\nposition_encoding: learned\n", "rotary_value is only meaningful"),
+        ("pad_token_id: 5000\nvocab_size: 100\n", "pad_token_id (5000) must be in [0, vocab_size=100)"),
+        ("- a\n- b\n", "expected a mapping"),
+        ("hidden_size: [64\n", "not valid YAML"),
+    ],
+)
+def test_bad_model_configs_name_field_and_file(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(roformer.ConfigError) as info:
+        ModelConfig.from_yaml(path)
+    assert message in str(info.value)
+    assert str(path) in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(roformer.ConfigError, match="config file not found"):
+        ModelConfig.from_yaml(tmp_path / "none.yaml")
+
+
+def test_yaml_round_trip_and_python_construction(tmp_path: Path) -> None:
+    config = ModelConfig(hidden_size=64, num_heads=2, num_layers=1, intermediate_size=128, embedding_size=32)
+    config.to_yaml(tmp_path / "c.yaml")
+    assert ModelConfig.from_yaml(tmp_path / "c.yaml") == config
+    assert ModelConfig(layer_norm_eps=1).layer_norm_eps == 1.0  # int accepted as float
+    with pytest.raises(roformer.ConfigError, match="ModelConfig: key 'num_heads'"):
+        ModelConfig(num_heads="12")
+    # YAML 1.1 reads 1e-5 without a dot as a string; a float field still accepts it
+    assert ModelConfig.from_yaml(write(tmp_path, "layer_norm_eps: 1e-5\n")).layer_norm_eps == 1e-5
+    nested = write(tmp_path, "model:\n  hidden_size: 64\n  num_heads: 2\n")
+    assert ModelConfig.from_yaml(nested).hidden_size == 64
+
+
+def test_sinusoidal_scale_default_matches_embedding_init() -> None:
+    config = ModelConfig(position_encoding="sinusoidal")
+    assert config.resolved_sinusoidal_scale == pytest.approx(0.02 * 2**0.5)
+    assert ModelConfig(position_encoding="sinusoidal", sinusoidal_scale=1.0).resolved_sinusoidal_scale == 1.0

@@ -1,0 +1,163 @@
+"""Model behaviour: padding invariance, heads, losses, save/load, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import padded_batch, tiny_config
+from torch.testing import assert_close
+
+import roformer
+from roformer.errors import CheckpointError
+
+ENCODINGS = ["rotary", "sinusoidal", "learned", "none"]
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_padding_invariance(encoding: str) -> None:
+    """Appending padding (with any ids) changes nothing at the real positions."""
+    model = roformer.MaskedLM(tiny_config(position_encoding=encoding)).eval()
+    ids = torch.randint(1, 101, (2, 12))
+    types = torch.randint(0, 2, (2, 12))
+    padded_ids = torch.cat([ids, torch.randint(0, 101, (2, 7))], dim=1)
+    padded_types = torch.cat([types, torch.zeros(2, 7, dtype=torch.long)], dim=1)
+    mask = torch.cat([torch.ones(2, 12), torch.zeros(2, 7)], dim=1).long()
+    with torch.no_grad():
+        plain = model(ids, token_type_ids=types).logits
+        padded = model(padded_ids, attention_mask=mask, token_type_ids=padded_types).logits
+    assert_close(padded[:, :12], plain)
+
+
+def test_position_encodings_differ_and_none_is_permutation_equivariant() -> None:
+    ids = torch.randint(1, 101, (1, 10))
+    perm = torch.randperm(10)
+    for encoding in ENCODINGS:
+        torch.manual_seed(0)
+        model = roformer.Backbone(tiny_config(position_encoding=encoding)).eval()
+        with torch.no_grad():
+            out, shuffled = model(ids).logits, model(ids[:, perm]).logits
+        equivariant = torch.allclose(out[:, perm], shuffled, atol=1e-5)
+        assert equivariant == (encoding == "none"), encoding
+
+
+def test_masked_only_equals_full_logits_at_masked_positions() -> None:
+    model = roformer.MaskedLM(tiny_config()).eval()
+    batch = padded_batch()
+    labels = batch["input_ids"].masked_fill(torch.rand(batch["input_ids"].shape) > 0.3, -100)
+    with torch.no_grad():
+        full = model(**batch, labels=labels)
+        sparse = model(**batch, labels=labels, masked_only=True)
+    assert_close(sparse.logits, full.logits[labels != -100])
+    assert_close(sparse.loss, full.loss)
+    with pytest.raises(ValueError, match="needs labels"):
+        model(**batch, masked_only=True)
+
+
+def test_heads_and_losses() -> None:
+    batch = padded_batch()
+    reg = roformer.SequenceClassifier(tiny_config(num_labels=1)).eval()
+    target = torch.tensor([0.5, 2.0, -1.0])
+    out = reg(**batch, labels=target)
+    assert out.logits.shape == (3, 1)
+    assert_close(out.loss, F.mse_loss(out.logits.squeeze(-1), target))
+    cls = roformer.SequenceClassifier(tiny_config(num_labels=3)).eval()
+    labels = torch.tensor([2, 0, 1])
+    out = cls(**batch, labels=labels)
+    assert_close(out.loss, F.cross_entropy(out.logits, labels))
+    multi = cls(**batch, labels=torch.tensor([[1.0, 0, 1], [0, 0, 1], [1, 1, 0]]))
+    assert multi.loss is not None and multi.loss.ndim == 0
+    # the HF head of each architecture unless asked otherwise
+    assert cls.config.classifier_head == "mlp" and cls.backbone.pooler is None
+    bert = roformer.SequenceClassifier(tiny_config(position_encoding="learned"))
+    assert bert.config.classifier_head == "pooler" and bert.backbone.pooler is not None and bert.dense is None
+
+
+def test_hidden_states_and_backbone_output() -> None:
+    model = roformer.MaskedLM(tiny_config(num_layers=3))
+    out = model(**padded_batch(), output_hidden_states=True)
+    assert len(out.hidden_states) == 4 and out.hidden_states[-1].shape == (3, 19, 32)
+    assert model(**padded_batch()).hidden_states is None
+
+
+def test_tied_decoder_and_init() -> None:
+    model = roformer.MaskedLM(tiny_config())
+    assert model.decoder_weight is model.backbone.embeddings.word.weight
+    assert model.backbone.embeddings.word.weight[0].abs().sum() == 0  # padding row
+    std = model.backbone.layers[0].ffn_in.weight.std().item()
+    assert 0.015 < std < 0.025
+    untied = roformer.MaskedLM(tiny_config(tie_word_embeddings=False))
+    assert untied.decoder_weight is not untied.backbone.embeddings.word.weight
+
+
+def test_learned_positions_beyond_table_fail_clearly() -> None:
+    model = roformer.Backbone(tiny_config(position_encoding="learned", max_position_embeddings=16))
+    with pytest.raises(ValueError, match="exceeds max_position_embeddings=16"):
+        model(torch.ones(1, 17, dtype=torch.long))
+    for encoding in ("rotary", "sinusoidal"):  # no length limit
+        model = roformer.Backbone(tiny_config(position_encoding=encoding, max_position_embeddings=16))
+        assert model(torch.ones(1, 300, dtype=torch.long)).logits.shape == (1, 300, 32)
+
+
+def test_bf16_forward_keeps_dtype() -> None:
+    model = roformer.MaskedLM(tiny_config()).to(torch.bfloat16)
+    out = model(**padded_batch())
+    assert out.logits.dtype == torch.bfloat16 and torch.isfinite(out.logits).all()
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_save_load_round_trip_is_exact(encoding: str, tmp_path) -> None:
+    model = roformer.MaskedLM(tiny_config(position_encoding=encoding, sinusoidal_scale_learned=encoding == "sinusoidal"))
+    model.save(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "model.yaml"]
+    loaded = roformer.load(tmp_path)
+    assert type(loaded) is roformer.MaskedLM and loaded.config == model.config
+    for (k, a), (k2, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
+        assert k == k2 and torch.equal(a, b)
+    batch = padded_batch()
+    assert torch.equal(model.eval()(**batch).logits, loaded(**batch).logits)
+
+
+def test_load_as_another_architecture(tmp_path) -> None:
+    mlm = roformer.MaskedLM(tiny_config(position_encoding="learned"))
+    mlm.save(tmp_path)
+    cls = roformer.load(tmp_path, architecture="sequence_classification", num_labels=5)
+    assert isinstance(cls, roformer.SequenceClassifier) and cls.out.out_features == 5
+    assert torch.equal(cls.backbone.layers[1].ffn_in.weight, mlm.backbone.layers[1].ffn_in.weight)
+    assert cls.backbone.pooler is not None  # BERT head: pooler freshly initialised
+    backbone = roformer.load(tmp_path, architecture="backbone")
+    assert torch.equal(backbone.embeddings.word.weight, mlm.backbone.embeddings.word.weight)
+
+
+def test_load_errors(tmp_path) -> None:
+    with pytest.raises(CheckpointError, match="not found"):
+        roformer.load(tmp_path / "nope")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="from_hf"):
+        roformer.load(tmp_path / "hf")
+    model = roformer.MaskedLM(tiny_config())
+    model.save(tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="corrupt"):
+        roformer.load(tmp_path / "m")
+    weights.unlink()
+    with pytest.raises(CheckpointError, match="weights file not found"):
+        roformer.load(tmp_path / "m")
+    model.save(tmp_path / "m2")
+    cfg = tmp_path / "m2" / "model.yaml"
+    cfg.write_text(cfg.read_text().replace("hidden_size: 32", "hidden_size: 64"))
+    with pytest.raises(CheckpointError, match="shape mismatch"):
+        roformer.load(tmp_path / "m2")
+    cfg.write_text(cfg.read_text().replace("hidden_size: 64", "hiden_size: 32"))
+    with pytest.raises(CheckpointError, match="unknown key 'config.hiden_size'"):
+        roformer.load(tmp_path / "m2")
+    with pytest.raises(roformer.ConfigError, match="unknown ModelConfig field 'nope'"):
+        roformer.load(tmp_path / "m", nope=1)
+
+
+def test_state_dict_names_are_readable() -> None:
+    keys = set(roformer.MaskedLM(tiny_config(embedding_size=16)).state_dict())
+    assert "backbone.layers.0.attn.qkv.weight" in keys and "backbone.embeddings.project.weight" in keys
+    assert not any("LayerNorm" in k for k in keys)
