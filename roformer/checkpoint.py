@@ -116,7 +116,7 @@ def load(
 
 def _override(config: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
     fields = config.to_dict()
-    for key, value in overrides.items():
+    for key in overrides:
         if key not in fields:
             raise ConfigError(f"unknown ModelConfig field '{key}'")
     try:

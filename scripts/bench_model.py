@@ -98,7 +98,7 @@ def throughput(args: argparse.Namespace, batch: int, length: int) -> dict[str, f
     dtype = getattr(torch, args.dtype)
     runs = {name: setup(name, args, length) for name in MODELS}
     batches = [make_batch(args, batch, length, seed) for seed in range(args.steps)]
-    for name, (model, opt) in runs.items():  # warm-up: allocator, kernels, AdamW state
+    for model, opt in runs.values():  # warm-up: allocator, kernels, AdamW state
         for b in batches[:2]:
             train_step(model, opt, b, args.device, dtype, args.decoder == "masked")
     samples: dict[str, list[float]] = {name: [] for name in MODELS}
@@ -205,7 +205,8 @@ def main() -> None:
     print(
         f"torch {torch.__version__}, transformers {transformers.__version__}, device {args.device}, "
         f"{args.dtype}, threads {torch.get_num_threads()}; L{args.layers} H{args.hidden} A{args.heads} "
-        f"FF{args.ffn} V{args.vocab}, dropout {args.dropout}, {args.decoder} decoder; median of {args.repeats} x {args.steps} steps"
+        f"FF{args.ffn} V{args.vocab}, dropout {args.dropout}, {args.decoder} decoder; "
+        f"median of {args.repeats} x {args.steps} steps"
     )
     results = []
     for length, batch in zip(lens, batches):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download; fail fast instead of hanging
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,9 @@ SHARED_DATA = Path(os.environ.get("ROFORMER_SHARED_DATA", REPO.parent / "shared"
 def shared_data() -> Path:
     """../shared/data, or skip: a fresh clone does not have it."""
     if not SHARED_DATA.is_dir():
-        pytest.skip(f"real data not found at {SHARED_DATA} (set ROFORMER_SHARED_DATA or place ../shared beside the repo)")
+        pytest.skip(
+            f"real data not found at {SHARED_DATA} (set ROFORMER_SHARED_DATA or place ../shared beside the repo)"
+        )
     return SHARED_DATA
 
 

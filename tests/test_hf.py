@@ -21,16 +21,28 @@ VOCAB = 101
 
 def hf_roformer_config(**kw) -> transformers.RoFormerConfig:
     base = dict(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-        max_position_embeddings=64, type_vocab_size=2, num_labels=3,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+        type_vocab_size=2,
+        num_labels=3,
     )
     return transformers.RoFormerConfig(**{**base, **kw})
 
 
 def hf_bert_config(**kw) -> transformers.BertConfig:
     base = dict(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-        max_position_embeddings=64, type_vocab_size=2, num_labels=3,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+        type_vocab_size=2,
+        num_labels=3,
     )
     return transformers.BertConfig(**{**base, **kw})
 
@@ -40,10 +52,12 @@ CASES = {
     "roformer-mlm": (transformers.RoFormerForMaskedLM, hf_roformer_config),
     "roformer-cls": (transformers.RoFormerForSequenceClassification, hf_roformer_config),
     "roformer-mlm-emb16-rotv": (
-        transformers.RoFormerForMaskedLM, lambda: hf_roformer_config(embedding_size=16, rotary_value=True)
+        transformers.RoFormerForMaskedLM,
+        lambda: hf_roformer_config(embedding_size=16, rotary_value=True),
     ),
     "roformer-cls-emb16-rotv": (
-        transformers.RoFormerForSequenceClassification, lambda: hf_roformer_config(embedding_size=16, rotary_value=True)
+        transformers.RoFormerForSequenceClassification,
+        lambda: hf_roformer_config(embedding_size=16, rotary_value=True),
     ),
     "roformer-regression": (transformers.RoFormerForSequenceClassification, lambda: hf_roformer_config(num_labels=1)),
     "bert-model": (transformers.BertModel, hf_bert_config),
@@ -115,9 +129,7 @@ def test_rotary_runs_past_hf_max_position_embeddings() -> None:
     hf_small = make_hf("roformer-mlm")  # max_position_embeddings=64
     ours = roformer.from_hf(hf_small)
     hf_big = transformers.RoFormerForMaskedLM(hf_roformer_config(max_position_embeddings=256)).eval()
-    hf_big.load_state_dict(
-        {k: v for k, v in hf_small.state_dict().items() if "embed_positions" not in k}, strict=False
-    )
+    hf_big.load_state_dict({k: v for k, v in hf_small.state_dict().items() if "embed_positions" not in k}, strict=False)
     batch = padded_batch(VOCAB, batch=2, length=150)
     assert_close(our_output(ours, batch), hf_output(hf_big, batch))
 

@@ -107,7 +107,9 @@ def test_bf16_forward_keeps_dtype() -> None:
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_save_load_round_trip_is_exact(encoding: str, tmp_path) -> None:
-    model = roformer.MaskedLM(tiny_config(position_encoding=encoding, sinusoidal_scale_learned=encoding == "sinusoidal"))
+    model = roformer.MaskedLM(
+        tiny_config(position_encoding=encoding, sinusoidal_scale_learned=encoding == "sinusoidal")
+    )
     model.save(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "model.yaml"]
     loaded = roformer.load(tmp_path)
