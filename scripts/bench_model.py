@@ -33,7 +33,9 @@ MODELS = ("ours-rotary", "ours-sinusoidal", "hf-roformer", "hf-bert")
 
 
 def build(name: str, args: argparse.Namespace, max_len: int) -> torch.nn.Module:
-    shape = dict(
+    """The four models with the same shapes; HF ones are built from our configs through `to_hf`."""
+    encoding = {"ours-rotary": "rotary", "hf-roformer": "rotary", "ours-sinusoidal": "sinusoidal"}.get(name, "learned")
+    config = roformer.ModelConfig(
         vocab_size=args.vocab,
         hidden_size=args.hidden,
         num_layers=args.layers,
@@ -41,24 +43,14 @@ def build(name: str, args: argparse.Namespace, max_len: int) -> torch.nn.Module:
         intermediate_size=args.ffn,
         hidden_dropout=args.dropout,
         attention_dropout=args.dropout,
+        position_encoding=encoding,
+        max_position_embeddings=max(max_len, 512),  # HF RoFormer's table size
     )
-    hf_shape = dict(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        intermediate_size=args.ffn,
-        max_position_embeddings=max(max_len, 512),
-        hidden_dropout_prob=args.dropout,
-        attention_probs_dropout_prob=args.dropout,
-    )
-    if name == "ours-rotary":
-        return roformer.MaskedLM(roformer.ModelConfig(position_encoding="rotary", **shape))
-    if name == "ours-sinusoidal":
-        return roformer.MaskedLM(roformer.ModelConfig(position_encoding="sinusoidal", **shape))
-    if name == "hf-roformer":
-        return transformers.RoFormerForMaskedLM(transformers.RoFormerConfig(**hf_shape))
-    return transformers.BertForMaskedLM(transformers.BertConfig(attn_implementation="sdpa", **hf_shape))
+    model = roformer.MaskedLM(config)
+    if name.startswith("hf-"):
+        model = roformer.to_hf(model)  # RoFormerForMaskedLM / BertForMaskedLM (sdpa attention)
+        assert name == "hf-roformer" or model.config._attn_implementation == "sdpa"
+    return model
 
 
 def make_batch(args: argparse.Namespace, batch: int, length: int, seed: int) -> dict[str, torch.Tensor]:

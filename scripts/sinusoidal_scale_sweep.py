@@ -8,6 +8,7 @@ Arms (same data, tokenizer, batch order, initial weights where shared, schedule 
     learned      Cramming-style learned scalar, initialised at init-matched
     learned-pos  BERT's learned table (reference)
     rotary       RoFormer (reference)
+    none         no positions at all (what a collapsed learned scale amounts to)
 
     python scripts/sinusoidal_scale_sweep.py --corpus ../shared/data/corpus/gutenberg --steps 400
 
@@ -64,6 +65,7 @@ ARMS = {
     "learned-scale": dict(position_encoding="sinusoidal", sinusoidal_scale_learned=True),
     "learned-pos": dict(position_encoding="learned"),
     "rotary": dict(position_encoding="rotary"),
+    "none": dict(position_encoding="none"),
 }
 
 
@@ -128,7 +130,7 @@ def run_arm(arm: str, args: argparse.Namespace, train: torch.Tensor, eval_batche
         if step % args.eval_every == 0 or step == args.steps:
             curve[step] = evaluate(model, eval_batches)
             scale = model.backbone.embeddings.sinusoidal
-            extra = f" scale={float(scale.scale):.4f}" if scale is not None else ""
+            extra = f" scale={float(torch.as_tensor(scale.scale).detach()):.4f}" if scale is not None else ""
             print(
                 f"{arm:>13} step {step:4d} eval_loss {curve[step]:.3f} ({time.time() - start:.0f}s){extra}", flush=True
             )

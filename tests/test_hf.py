@@ -19,8 +19,8 @@ from roformer.model import ACTIVATIONS
 VOCAB = 101
 
 
-def hf_roformer_config(**kw) -> transformers.RoFormerConfig:
-    base = dict(
+def hf_config(family: str, **kw):
+    fields = dict(
         vocab_size=VOCAB,
         hidden_size=32,
         num_hidden_layers=2,
@@ -30,21 +30,16 @@ def hf_roformer_config(**kw) -> transformers.RoFormerConfig:
         type_vocab_size=2,
         num_labels=3,
     )
-    return transformers.RoFormerConfig(**{**base, **kw})
+    cls = transformers.RoFormerConfig if family == "roformer" else transformers.BertConfig
+    return cls(**{**fields, **kw})
+
+
+def hf_roformer_config(**kw) -> transformers.RoFormerConfig:
+    return hf_config("roformer", **kw)
 
 
 def hf_bert_config(**kw) -> transformers.BertConfig:
-    base = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=37,
-        max_position_embeddings=64,
-        type_vocab_size=2,
-        num_labels=3,
-    )
-    return transformers.BertConfig(**{**base, **kw})
+    return hf_config("bert", **kw)
 
 
 CASES = {
