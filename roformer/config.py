@@ -349,3 +349,46 @@ def _type_name(tp: Any) -> str:
     if tp is type(None):
         return "null"
     return getattr(tp, "__name__", str(tp))
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "--set") -> dict[str, Any]:
+    """Apply `KEY=VALUE` overrides with dotted keys (`train.lr=3e-4`) to a parsed YAML mapping, in place.
+
+    Values are parsed as YAML (`true`, `3e-4`, `[a, b]`, `null`); the types are checked later, against the
+    dataclass, like values from the file.
+
+    Raises:
+        ConfigError: a malformed override.
+    """
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{source}: expected KEY=VALUE, got {item!r}")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{source}: '{key}' goes through '{part}', which is not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def load_config(cls: type[T], path: str | Path, overrides: list[str] | None = None) -> T:
+    """Read a YAML config file into dataclass `cls`, with `--set` style overrides applied first.
+
+    Raises:
+        ConfigError: naming the file (or `--set`) and the key for every kind of bad input.
+    """
+    data = read_yaml(path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
+    apply_overrides(data, overrides or [])
+    return from_dict(cls, data, source=str(path))

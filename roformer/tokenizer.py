@@ -1,0 +1,134 @@
+"""WordPiece tokenizers: train one on the training text, or load one (tokenizer.json, a model dir, a vocab.txt).
+
+A trained tokenizer is a BERT tokenizer: BERT normalisation (optional lower-casing), BERT pre-tokenisation,
+WordPiece with `##` continuations, and the `[CLS] A [SEP] B [SEP]` template with token types. It is saved with
+`save_pretrained` (loadable by `transformers.AutoTokenizer`) plus a `vocab.txt`, so HF BERT/RoFormer tools read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from roformer.errors import UserError
+
+SPECIAL_TOKENS = {
+    "pad_token": "[PAD]",
+    "unk_token": "[UNK]",
+    "cls_token": "[CLS]",
+    "sep_token": "[SEP]",
+    "mask_token": "[MASK]",
+}
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int, lowercase: bool = True, min_frequency: int = 2):
+    """Train a BERT WordPiece tokenizer on `texts`.
+
+    Returns:
+        A `transformers` fast tokenizer with [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
+    """
+    from tokenizers import trainers
+
+    tok = _bert_wordpiece(None, lowercase)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS.values())
+    )
+    tok.train_from_iterator(texts, trainer)
+    return _wrap(tok, lowercase)
+
+
+def _bert_wordpiece(vocab: dict[str, int] | None, lowercase: bool):
+    """A `tokenizers` BERT pipeline around a WordPiece model (untrained when vocab is None)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    tok = Tokenizer(models.WordPiece(vocab, unk_token=SPECIAL_TOKENS["unk_token"]))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=None if lowercase else False)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok
+
+
+def _wrap(tok, lowercase: bool):
+    """Add the [CLS] A [SEP] B [SEP] template and wrap as a transformers fast tokenizer."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    cls, sep = SPECIAL_TOKENS["cls_token"], SPECIAL_TOKENS["sep_token"]
+    if tok.token_to_id(cls) is None or tok.token_to_id(sep) is None:
+        raise UserError(f"tokenizer vocabulary has no {cls} / {sep}")
+    if tok.post_processor is None:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{cls}:0 $A:0 {sep}:0",
+            pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+            special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))],
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        do_lower_case=lowercase,
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+        **SPECIAL_TOKENS,
+    )
+
+
+def load_tokenizer(path: str | Path, lowercase: bool = True):
+    """Load a tokenizer: a directory (`save_pretrained` layout or a `vocab.txt`), a tokenizer.json or a vocab.txt.
+
+    Raises:
+        UserError: nothing usable at `path`, or no [MASK] token.
+    """
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    try:
+        if path.is_dir():
+            if not any((path / name).is_file() for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
+                raise UserError(f"{path}: no tokenizer files (tokenizer.json or vocab.txt)")
+            if (path / "tokenizer_config.json").is_file() or (path / "tokenizer.json").is_file():
+                tokenizer = AutoTokenizer.from_pretrained(str(path))
+            else:
+                tokenizer = _from_vocab(path / "vocab.txt", lowercase)
+        elif path.name.endswith(".json") and path.is_file():
+            from tokenizers import Tokenizer
+
+            tokenizer = _wrap(Tokenizer.from_file(str(path)), lowercase)
+        elif path.is_file():
+            tokenizer = _from_vocab(path, lowercase)
+        else:
+            raise UserError(f"{path}: tokenizer not found")
+    except UserError:
+        raise
+    except Exception as e:  # tokenizers/transformers raise many types for malformed files
+        raise UserError(f"{path}: cannot load tokenizer ({str(e).splitlines()[0]})") from None
+    if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
+        raise UserError(f"{path}: tokenizer has no [MASK] or [PAD] token, needed for MLM")
+    return tokenizer
+
+
+def _from_vocab(vocab_file: Path, lowercase: bool):
+    vocab: dict[str, int] = {}
+    for index, line in enumerate(vocab_file.read_text(encoding="utf-8").splitlines()):
+        vocab.setdefault(line, index)
+    return _wrap(_bert_wordpiece(vocab, lowercase), lowercase)
+
+
+def save_tokenizer(tokenizer, directory: str | Path) -> None:
+    """`save_pretrained` plus a `vocab.txt` (one token per line, in id order) for tools that expect BERT's file."""
+    directory = Path(directory)
+    tokenizer.save_pretrained(str(directory))
+    vocab = tokenizer.get_vocab()
+    ordered = sorted(vocab, key=vocab.__getitem__)
+    (directory / "vocab.txt").write_text("".join(token + "\n" for token in ordered), encoding="utf-8")
+
+
+def jieba_presegmenter() -> Callable[[str], str]:
+    """WoBERT-style word-level pre-segmentation of Chinese text with jieba (words joined by spaces).
+
+    Raises:
+        UserError: jieba is not installed.
+    """
+    try:
+        import jieba
+    except ImportError:
+        raise UserError("data.jieba: true needs the jieba package (pip install jieba)") from None
+    jieba.setLogLevel(60)
+    return lambda text: " ".join(jieba.cut(text, HMM=False))

@@ -1,0 +1,176 @@
+"""Pretraining data: the built-in corpus and its rules, text reading, tokenizers, packing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from roformer.builtin_corpus import AGREEMENT_DISTANCE, BRACKETS, NUMBERS, BuiltinCorpus, generate_documents
+from roformer.errors import UserError
+from roformer.packing import pack_blocks, split_documents, tokenize_documents
+from roformer.text_data import decode, expand_paths, paragraphs, read_documents
+from roformer.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
+
+
+def test_builtin_corpus_is_deterministic_and_prefix_stable() -> None:
+    a = list(generate_documents(50, seed=3))
+    assert a == list(generate_documents(50, seed=3))
+    assert a[:10] == list(generate_documents(10, seed=3))
+    assert a != list(generate_documents(50, seed=4))
+
+
+def test_builtin_corpus_rules_hold() -> None:
+    corpus = BuiltinCorpus(seed=0)
+    marker_of = dict(zip(corpus.subjects, corpus.markers, strict=True))
+    openers = {o: c for o, c in BRACKETS}
+    closers = set(openers.values())
+    counts = {"agreement": 0, "brackets": 0, "copy": 0, "counting": 0}
+    for doc in generate_documents(300, seed=0):
+        for sentence in doc.split(" . "):
+            words = sentence.replace(" .", "").split()
+            for i, w in enumerate(words):
+                if w in marker_of:
+                    assert words[i + AGREEMENT_DISTANCE] == marker_of[w]
+                    counts["agreement"] += 1
+            if any(w in openers for w in words):
+                stack = []
+                for w in words:
+                    if w in openers:
+                        stack.append(openers[w])
+                    elif w in closers:
+                        assert stack.pop() == w
+                assert not stack
+                counts["brackets"] += 1
+            if "echo" in words:
+                k = words.index("echo")
+                assert words[:k] == words[k + 1 :]
+                counts["copy"] += 1
+            if words and all(w in NUMBERS for w in words):
+                positions = [NUMBERS.index(w) for w in words]
+                assert positions == list(range(positions[0], positions[0] + len(words)))
+                counts["counting"] += 1
+    assert min(counts.values()) > 50, counts
+
+
+def test_builtin_vocabulary_is_zipfian() -> None:
+    words = " ".join(generate_documents(400)).split()
+    corpus = BuiltinCorpus()
+    freq = {w: 0 for w in corpus.fillers[:100]}
+    for w in words:
+        if w in freq:
+            freq[w] += 1
+    ranks = [freq[w] for w in corpus.fillers[:100]]
+    assert ranks[0] > 5 * ranks[9] > 0 and ranks[0] > 40 * ranks[99]
+
+
+def test_expand_paths_and_errors(tmp_path) -> None:
+    (tmp_path / "a.txt").write_text("x")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.jsonl").write_text('{"text": "y"}\n')
+    (tmp_path / "sub" / "ignored.bin").write_bytes(b"\0")
+    assert [p.name for p in expand_paths([str(tmp_path)])] == ["a.txt", "b.jsonl"]
+    assert [p.name for p in expand_paths([str(tmp_path / "*.txt")])] == ["a.txt"]
+    with pytest.raises(UserError, match="no such file or folder"):
+        expand_paths([str(tmp_path / "missing.txt")])
+    with pytest.raises(UserError, match="glob matches no file"):
+        expand_paths([str(tmp_path / "*.csv")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="folder has no"):
+        expand_paths([str(tmp_path / "empty")])
+
+
+def test_decoding_errors_strict_and_replace(tmp_path) -> None:
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("Caesar said: ¿qué?\n".encode("latin-1"))
+    with pytest.raises(UserError, match=r"latin1.txt: not UTF-8 \(byte 0xbf at offset 13\)"):
+        list(read_documents(path))
+    docs = list(read_documents(path, decode_errors="replace"))
+    assert docs == ["Caesar said: \ufffdqu\ufffd?"]
+    assert decode(path, path.read_bytes(), "replace")[1] == 2
+    assert decode(path, b"\xef\xbb\xbfhi", "strict") == ("hi", 0)  # byte-order mark dropped
+
+
+def test_real_latin1_file_is_reported(shared_data) -> None:
+    path = shared_data / "corpus" / "gutenberg" / "shakespeare-caesar.txt"
+    with pytest.raises(UserError, match="shakespeare-caesar.txt: not UTF-8"):
+        list(read_documents(path))
+    crlf = list(read_documents(shared_data / "corpus" / "gutenberg" / "melville-moby_dick.txt"))
+    assert len(crlf) > 1000 and not any("\r" in d for d in crlf)
+
+
+def test_paragraphs_and_jsonl(tmp_path) -> None:
+    assert list(paragraphs("a\r\nb\r\n\r\n\r\nc\n")) == ["a b", "c"]
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "one"}\n\n{"text": "two"}\n')
+    assert list(read_documents(path)) == ["one", "two"]
+    path.write_text('{"body": "one"}\n')
+    with pytest.raises(UserError, match="d.jsonl:1: no 'text' field"):
+        list(read_documents(path))
+    path.write_text("{oops\n")
+    with pytest.raises(UserError, match="d.jsonl:1: not a JSON line"):
+        list(read_documents(path))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(generate_documents(300), vocab_size=600)
+
+
+def test_tokenizer_training_and_special_ids(tokenizer) -> None:
+    assert [
+        tokenizer.pad_token_id,
+        tokenizer.unk_token_id,
+        tokenizer.cls_token_id,
+        tokenizer.sep_token_id,
+        tokenizer.mask_token_id,
+    ] == [0, 1, 2, 3, 4]
+    assert 300 < len(tokenizer) <= 600
+    enc = tokenizer("Tri tet pen", "un duo")
+    assert enc["input_ids"][0] == 2 and enc["input_ids"][-1] == 3
+    assert set(enc["token_type_ids"]) == {0, 1}
+    assert tokenizer.decode(tokenizer("tri tet pen", add_special_tokens=False)["input_ids"]) == "tri tet pen"
+
+
+def test_tokenizer_save_and_load_three_ways(tokenizer, tmp_path) -> None:
+    save_tokenizer(tokenizer, tmp_path / "tok")
+    assert (tmp_path / "tok" / "vocab.txt").is_file() and (tmp_path / "tok" / "tokenizer.json").is_file()
+    text = "kra pen echo pen akr ."
+    expected = tokenizer(text)["input_ids"]
+    assert load_tokenizer(tmp_path / "tok")(text)["input_ids"] == expected
+    assert load_tokenizer(tmp_path / "tok")(text, "pen")["token_type_ids"][-1] == 1
+    assert load_tokenizer(tmp_path / "tok" / "tokenizer.json")(text)["input_ids"] == expected
+    assert load_tokenizer(tmp_path / "tok" / "vocab.txt")(text)["input_ids"] == expected
+    (tmp_path / "vocab_only").mkdir()
+    (tmp_path / "vocab_only" / "vocab.txt").write_text((tmp_path / "tok" / "vocab.txt").read_text())
+    assert load_tokenizer(tmp_path / "vocab_only")(text)["input_ids"] == expected
+    with pytest.raises(UserError, match="tokenizer not found"):
+        load_tokenizer(tmp_path / "nothing")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(UserError, match="cannot load tokenizer"):
+        load_tokenizer(tmp_path / "bad.json")
+
+
+def test_packing_loses_no_token_but_the_remainder(tokenizer) -> None:
+    docs = list(generate_documents(40, seed=1))
+    ids = tokenize_documents(docs, tokenizer)
+    assert [list(x) for x in ids[:3]] == [tokenizer(d, add_special_tokens=False)["input_ids"] for d in docs[:3]]
+    blocks = pack_blocks(ids, 32, cls_id=2, sep_id=3)
+    assert blocks.shape[1] == 32 and blocks.dtype == torch.long
+    assert (blocks[:, 0] == 2).all() and (blocks[:, -1] == 3).all()
+    stream = np.concatenate([np.concatenate([x, [3]]) for x in ids])[:-1]
+    body = blocks[:, 1:-1].reshape(-1).numpy()
+    assert np.array_equal(body, stream[: len(body)])
+    assert len(stream) - len(body) < 30  # only the final remainder is dropped
+    with pytest.raises(UserError, match="corpus too small"):
+        pack_blocks([np.arange(5)], 32, 2, 3)
+
+
+def test_validation_split_is_fixed() -> None:
+    docs = [f"doc {i}" for i in range(100)]
+    train, val = split_documents(docs, 0.1, seed=0)
+    assert len(val) == 10 and len(train) == 90 and not set(train) & set(val)
+    assert split_documents(docs, 0.1, seed=0) == (train, val)
+    assert split_documents(docs, 0.1, seed=1)[1] != val
+    with pytest.raises(UserError, match="validation_fraction"):
+        split_documents(docs, 1.0, seed=0)
