@@ -1,0 +1,166 @@
+"""The `data:` section of a pretraining config, and turning it into packed train/validation blocks.
+
+Sources: `builtin` (the generated corpus, no file), `text` (local files, folders, globs) and `hub` (a `datasets`
+name/config/split). The tokenizer is trained on the training documents (vocab size and lower-casing from the
+config) unless `tokenizer` names one to load. Validation is a fixed, seeded document-level split (or its own files),
+so eval blocks never share text with training blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from roformer.builtin_corpus import generate_documents
+from roformer.config import check_types
+from roformer.errors import ConfigError, UserError
+from roformer.packing import pack_blocks, split_documents, tokenize_documents
+from roformer.text_data import expand_paths, read_documents
+from roformer.tokenizer import jieba_presegmenter, load_tokenizer, train_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DataConfig:
+    """Where the text comes from and how it becomes MLM blocks.
+
+    Attributes:
+        source: `builtin` (generated, see roformer.builtin_corpus), `text` (local files) or `hub` (datasets).
+        paths: Files, folders or globs for `text` (relative paths are resolved against the config file's folder).
+        validation_paths: Files for validation instead of a fraction of `paths`.
+        validation_fraction: Fraction of documents held out for evaluation (fixed by `split_seed`).
+        split_seed: Seed of the document-level train/validation split.
+        text_column: Field holding the text in .jsonl/.csv/.parquet files and hub datasets.
+        decode_errors: `strict` (a non-UTF-8 file is an error naming it) or `replace` (U+FFFD, counted in the log).
+        hub_name: `datasets` name for `hub`, e.g. `wikitext`.
+        hub_config: Its configuration, e.g. `wikitext-103-raw-v1`.
+        hub_split: Its split.
+        builtin_documents: Number of generated documents for `builtin` (~85 words each).
+        builtin_seed: Seed of the generated corpus.
+        tokenizer: A tokenizer to load (a directory, tokenizer.json or vocab.txt); null = train one.
+        vocab_size: Size of a trained tokenizer.
+        lowercase: Lower-case (and strip accents) in a trained tokenizer.
+        jieba: Pre-segment Chinese text into words with jieba (WoBERT-style) before WordPiece.
+        max_seq_len: Block length including [CLS] and [SEP].
+        mask_rate: Fraction of tokens selected for MLM (80% [MASK], 10% random, 10% kept).
+        eval_mask_seed: Seed of the one fixed evaluation mask.
+        max_eval_blocks: Cap on validation blocks (null = all).
+        num_proc: Processes for tokenization (`datasets.map`); null = 1.
+    """
+
+    source: Literal["builtin", "text", "hub"] = "builtin"
+    paths: list[str] = field(default_factory=list)
+    validation_paths: list[str] = field(default_factory=list)
+    validation_fraction: float = 0.05
+    split_seed: int = 0
+    text_column: str = "text"
+    decode_errors: Literal["strict", "replace"] = "strict"
+    hub_name: str | None = None
+    hub_config: str | None = None
+    hub_split: str = "train"
+    builtin_documents: int = 20000
+    builtin_seed: int = 0
+    tokenizer: str | None = None
+    vocab_size: int = 8000
+    lowercase: bool = True
+    jieba: bool = False
+    max_seq_len: int = 128
+    mask_rate: float = 0.15
+    eval_mask_seed: int = 1234
+    max_eval_blocks: int | None = None
+    num_proc: int | None = None
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if self.source == "text" and not self.paths:
+            raise ConfigError("source: text needs paths (files, folders or globs)")
+        if self.source == "hub" and not self.hub_name:
+            raise ConfigError("source: hub needs hub_name")
+        if not 0.0 < self.mask_rate < 1.0:
+            raise ConfigError(f"mask_rate must be in (0, 1), got {self.mask_rate}")
+        if self.max_seq_len < 8:
+            raise ConfigError(f"max_seq_len must be >= 8, got {self.max_seq_len}")
+        if self.builtin_documents <= 0 or self.vocab_size < 10:
+            raise ConfigError("builtin_documents must be > 0 and vocab_size >= 10")
+
+
+@dataclass
+class MLMData:
+    """Packed blocks and the tokenizer that made them."""
+
+    train: torch.Tensor  # (N, max_seq_len) token ids
+    validation: torch.Tensor  # (M, max_seq_len)
+    tokenizer: Any
+
+
+def load_documents(config: DataConfig, base: Path | None = None) -> tuple[list[str], list[str]]:
+    """Training and validation documents of the configured source."""
+    if config.source == "builtin":
+        documents = list(generate_documents(config.builtin_documents, config.builtin_seed))
+    elif config.source == "text":
+        documents = list(_read_files(config.paths, config, base))
+    else:
+        documents = _read_hub(config)
+    if not documents:
+        raise UserError(f"the {config.source} corpus has no text (empty files?)")
+    if config.validation_paths:
+        return documents, list(_read_files(config.validation_paths, config, base))
+    return split_documents(documents, config.validation_fraction, config.split_seed)
+
+
+def _read_files(patterns: list[str], config: DataConfig, base: Path | None) -> Iterator[str]:
+    for path in expand_paths(patterns, base):
+        yield from read_documents(path, config.text_column, config.decode_errors)
+
+
+def _read_hub(config: DataConfig) -> list[str]:
+    import datasets
+
+    try:
+        table = datasets.load_dataset(config.hub_name, config.hub_config, split=config.hub_split)
+    except Exception as e:  # offline, unknown name, bad split: datasets raises many types
+        raise UserError(f"cannot load hub dataset {config.hub_name!r}: {str(e).splitlines()[0]}") from None
+    if config.text_column not in table.column_names:
+        raise UserError(f"hub dataset {config.hub_name!r} has no column '{config.text_column}'")
+    return [t for t in table[config.text_column] if t and t.strip()]
+
+
+def build_mlm_data(config: DataConfig, base: Path | None = None) -> MLMData:
+    """Read, split, tokenize (training or loading the tokenizer) and pack the configured corpus.
+
+    Raises:
+        UserError: bad paths, encodings, an empty or too small corpus, an unusable tokenizer.
+    """
+    train_docs, val_docs = load_documents(config, base)
+    transform: Callable[[str], str] | None = jieba_presegmenter() if config.jieba else None
+    if config.tokenizer:
+        path = Path(config.tokenizer)
+        tokenizer = load_tokenizer(path if path.is_absolute() or base is None else base / path, config.lowercase)
+    else:
+        texts = train_docs if transform is None else (transform(t) for t in train_docs)
+        tokenizer = train_tokenizer(texts, config.vocab_size, config.lowercase)
+
+    def pack(documents: list[str], split: str) -> torch.Tensor:
+        ids = tokenize_documents(documents, tokenizer, config.num_proc, transform)
+        try:
+            return pack_blocks(ids, config.max_seq_len, tokenizer.cls_token_id, tokenizer.sep_token_id)
+        except UserError as e:
+            raise UserError(f"{split} split: {e}") from None
+
+    train, validation = pack(train_docs, "train"), pack(val_docs, "validation")
+    if config.max_eval_blocks is not None:
+        validation = validation[: config.max_eval_blocks]
+    logger.info(
+        "%d train blocks, %d validation blocks of %d tokens, vocabulary %d",
+        len(train),
+        len(validation),
+        config.max_seq_len,
+        len(tokenizer),
+    )
+    return MLMData(train=train, validation=validation, tokenizer=tokenizer)

@@ -1,0 +1,92 @@
+"""The `data:` section end to end: sources, tokenizer, split, packing, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from roformer.config import from_dict
+from roformer.errors import ConfigError, UserError
+from roformer.packing import split_documents
+from roformer.pretrain_data import DataConfig, build_mlm_data
+from roformer.tokenizer import save_tokenizer
+
+
+def test_builtin_end_to_end() -> None:
+    config = DataConfig(builtin_documents=300, vocab_size=500, max_seq_len=64, validation_fraction=0.1)
+    data = build_mlm_data(config)
+    assert data.train.shape[1] == 64 and data.validation.shape[1] == 64
+    assert len(data.train) > 5 * len(data.validation) > 0
+    assert (data.train[:, 0] == data.tokenizer.cls_token_id).all()
+    again = build_mlm_data(config)
+    assert torch.equal(again.train, data.train) and torch.equal(again.validation, data.validation)
+
+
+def test_validation_blocks_are_exactly_the_held_out_documents(tmp_path) -> None:
+    lines = [f"document {chr(97 + i % 26)} says {' '.join(['word'] * (i % 7 + 3))} and ends" for i in range(200)]
+    (tmp_path / "c.jsonl").write_text("".join(f'{{"text": "{t}"}}\n' for t in lines))
+    config = DataConfig(source="text", paths=["c.jsonl"], vocab_size=100, max_seq_len=16, validation_fraction=0.2)
+    data = build_mlm_data(config, base=tmp_path)
+    _, held_out = split_documents(lines, 0.2, seed=0)
+    sep = data.tokenizer.sep_token_id
+    stream = []
+    for doc in held_out:
+        stream += data.tokenizer(doc, add_special_tokens=False)["input_ids"] + [sep]
+    body = data.validation[:, 1:-1].reshape(-1).tolist()
+    assert body == stream[: len(body)] and len(stream) - 1 - len(body) < 14
+
+
+def test_loaded_tokenizer_and_validation_paths(tmp_path) -> None:
+    first = build_mlm_data(DataConfig(builtin_documents=100, vocab_size=300, max_seq_len=32))
+    save_tokenizer(first.tokenizer, tmp_path / "tok")
+    (tmp_path / "train.txt").write_text("un duo tri tet pen hex .\n\n" * 40)
+    (tmp_path / "val.txt").write_text("tri tet pen hex sep okt .\n\n" * 10)
+    config = DataConfig(
+        source="text", paths=["train.txt"], validation_paths=["val.txt"], tokenizer="tok", max_seq_len=16
+    )
+    data = build_mlm_data(config, base=tmp_path)
+    assert data.tokenizer.get_vocab() == first.tokenizer.get_vocab()
+    assert "sep okt" in data.tokenizer.decode(data.validation[0])
+
+
+def test_gutenberg_with_replaced_bytes(shared_data) -> None:
+    folder = shared_data / "corpus" / "gutenberg"
+    strict = DataConfig(source="text", paths=[str(folder / "shakespeare-*.txt")], vocab_size=2000)
+    with pytest.raises(UserError, match="shakespeare-caesar.txt: not UTF-8"):
+        build_mlm_data(strict)
+    relaxed = DataConfig(
+        source="text",
+        paths=[str(folder / "shakespeare-*.txt")],
+        vocab_size=2000,
+        decode_errors="replace",
+        max_seq_len=128,
+    )
+    data = build_mlm_data(relaxed)
+    assert len(data.train) > 100 and len(data.validation) > 2
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"source": "text"}, "source: text needs paths"),
+        ({"source": "hub"}, "source: hub needs hub_name"),
+        ({"mask_rate": 1.5}, "mask_rate must be in (0, 1)"),
+        ({"max_seq_lenn": 12}, "unknown key 'data.max_seq_lenn'"),
+        ({"decode_errors": "ignore"}, "key 'data.decode_errors' must be one of 'strict', 'replace'"),
+    ],
+)
+def test_bad_data_configs(fields: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        from_dict(DataConfig, fields, source="run.yaml", prefix="data.")
+    assert message in str(info.value) and "run.yaml" in str(info.value)
+
+
+def test_small_corpus_and_missing_files(tmp_path) -> None:
+    (tmp_path / "tiny.txt").write_text("just a few words\n\nand another few\n")
+    with pytest.raises(UserError, match="corpus too small"):
+        build_mlm_data(DataConfig(source="text", paths=[str(tmp_path / "tiny.txt")], vocab_size=50), base=tmp_path)
+    with pytest.raises(UserError, match="no such file or folder"):
+        build_mlm_data(DataConfig(source="text", paths=["missing/"]), base=tmp_path)
+    (tmp_path / "empty.txt").write_text("\n\n")
+    with pytest.raises(UserError, match="has no text"):
+        build_mlm_data(DataConfig(source="text", paths=[str(tmp_path / "empty.txt")]))
