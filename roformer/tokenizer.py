@@ -34,7 +34,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, lowercase: bool = Tru
         vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS.values())
     )
     tok.train_from_iterator(texts, trainer)
-    return _wrap(tok, lowercase)
+    # The trainer breaks frequency ties in a run-dependent order, so ids differ between runs on the same text.
+    # Renumber canonically (special tokens first, then by string) so that one corpus always gives one tokenizer.
+    specials = list(SPECIAL_TOKENS.values())
+    rest = sorted(set(tok.get_vocab()) - set(specials))
+    vocab = {token: index for index, token in enumerate(specials + rest)}
+    return _wrap(_bert_wordpiece(vocab, lowercase), lowercase)
 
 
 def _bert_wordpiece(vocab: dict[str, int] | None, lowercase: bool):

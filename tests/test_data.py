@@ -174,3 +174,8 @@ def test_validation_split_is_fixed() -> None:
     assert split_documents(docs, 0.1, seed=1)[1] != val
     with pytest.raises(UserError, match="validation_fraction"):
         split_documents(docs, 1.0, seed=0)
+
+
+def test_tokenizer_training_is_deterministic() -> None:
+    docs = list(generate_documents(200, seed=5))
+    assert train_tokenizer(docs, 400).get_vocab() == train_tokenizer(docs, 400).get_vocab()
