@@ -1,0 +1,97 @@
+"""Shared training utilities: optimizer groups, schedules, atomic checkpoints, metrics files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from conftest import tiny_config
+
+import roformer
+from roformer.errors import UserError
+from roformer.training import CheckpointManager, MetricsWriter, lr_multiplier, param_groups, read_metrics
+
+
+def test_weight_decay_only_on_matrices() -> None:
+    model = roformer.MaskedLM(tiny_config(position_encoding="sinusoidal", sinusoidal_scale_learned=True))
+    decay, no_decay = param_groups(model, 0.01)
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    assert "backbone.embeddings.word.weight" in decayed and "backbone.layers.0.attn.qkv.weight" in decayed
+    assert "backbone.embeddings.sinusoidal.scale" not in decayed and "decoder_bias" not in decayed
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine", "constant"])
+def test_schedules(schedule: str) -> None:
+    values = [lr_multiplier(s, 10, 100, schedule) for s in range(100)]
+    assert values[0] == pytest.approx(0.1) and values[9] == pytest.approx(1.0)
+    assert max(values) == pytest.approx(1.0)
+    if schedule == "constant":
+        assert values[-1] == 1.0
+    else:
+        assert values[10] == pytest.approx(1.0) and values[-1] < 0.05
+        assert all(a >= b for a, b in zip(values[10:], values[11:]))
+    assert lr_multiplier(55, 10, 100, "linear") == pytest.approx(0.5)
+    assert lr_multiplier(55, 10, 100, "cosine") == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        lr_multiplier(0, 1, 10, "step")
+
+
+def test_checkpoints_keep_last_k(tmp_path) -> None:
+    manager = CheckpointManager(tmp_path / "checkpoints", keep=2)
+    assert manager.latest() is None
+    for step in (10, 20, 30):
+        manager.save(step, lambda d, s=step: (d / "state.json").write_text(json.dumps({"step": s})))
+    assert [s for s, _ in manager.complete()] == [20, 30]
+    step, path = manager.latest()
+    assert step == 30 and json.loads((path / "state.json").read_text()) == {"step": 30}
+
+
+def test_killed_checkpoint_write_is_ignored(tmp_path) -> None:
+    """A process killed while writing a checkpoint leaves nothing that `latest()` picks up."""
+    directory = tmp_path / "checkpoints"
+    CheckpointManager(directory).save(10, lambda d: (d / "state.json").write_text("{}"))
+    script = textwrap.dedent(f"""
+        import os, signal, time
+        from pathlib import Path
+        from roformer.training import CheckpointManager
+        def write(d: Path) -> None:
+            (d / "part1").write_text("x")
+            os.kill(os.getpid(), signal.SIGKILL)
+        CheckpointManager({str(directory)!r}).save(20, write)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True)
+    assert result.returncode == -signal.SIGKILL
+    assert (directory / ".tmp-step-20").is_dir()  # the torn write is there ...
+    manager = CheckpointManager(directory)
+    assert manager.latest()[0] == 10  # ... and ignored
+    (directory / "step-30").mkdir()  # a directory without the completion marker is ignored too
+    assert manager.latest()[0] == 10
+    manager.save(40, lambda d: None)
+    assert not (directory / ".tmp-step-20").exists() and manager.latest()[0] == 40
+
+
+def test_metrics_jsonl(tmp_path) -> None:
+    path = tmp_path / "run" / "metrics.jsonl"
+    with MetricsWriter(path) as writer:
+        writer.write({"step": 1, "loss": torch.tensor(2.5)})
+        writer.write({"step": 2, "eval_loss": 2.0})
+    with MetricsWriter(path) as writer:  # appends (resume)
+        writer.write({"step": 3, "loss": 1.5})
+    assert [e["step"] for e in read_metrics(path)] == [1, 2, 3]
+    with path.open("a") as f:
+        f.write('{"step": 4, "lo')  # torn by a kill
+    assert len(read_metrics(path)) == 3
+    path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(UserError, match="metrics.jsonl:2: not a JSON line"):
+        read_metrics(path)
+    assert os.path.getsize(path) > 0
