@@ -59,6 +59,21 @@ def _export_tokenizer(source: str, target: Path, copy: Callable[[Path, Path], li
     return sorted(p.name for p in target.iterdir() if p.name not in ("model.yaml", "model.safetensors"))
 
 
+def _pretrain(args: argparse.Namespace) -> None:
+    from roformer.pretrain import Pretrainer, load_pretrain_config
+    from roformer.training import CONFIG_FILE
+
+    if args.config is None and not args.resume:
+        raise UserError("--config is required (unless --resume continues a run from its own config.yaml)")
+    out = Path(args.output_dir) if args.output_dir else Path("runs") / Path(args.config).stem
+    config_path = Path(args.config) if args.config else out / CONFIG_FILE
+    config = load_pretrain_config(config_path, args.set)
+    trainer = Pretrainer(config, out, resume=args.resume, overwrite=args.overwrite)
+    run = trainer.run()
+    if trainer.accelerator.is_main_process:
+        print(f"pretraining finished: {run} (model in {run / 'final'})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of all subcommands."""
     parser = _Parser(prog="roformer", description="RoFormer and BERT baseline: convert, pretrain, fine-tune, compare.")
@@ -79,12 +94,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
     convert.set_defaults(func=_convert)
+
+    pretrain = sub.add_parser("pretrain", help="MLM pretraining from a YAML config (also under accelerate launch)")
+    pretrain.add_argument("--config", metavar="FILE", help="pretraining YAML (configs/pretrain/*.yaml)")
+    pretrain.add_argument("--output-dir", metavar="DIR", help="run directory (default: runs/<config name>)")
+    pretrain.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. train.lr=3e-4"
+    )
+    pretrain.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
+    pretrain.add_argument("--overwrite", action="store_true", help="replace a non-empty run directory")
+    pretrain.set_defaults(func=_pretrain)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("accelerate").setLevel(logging.WARNING)  # per-file "saved ..." lines at every checkpoint
     args = build_parser().parse_args(argv)
     try:
         args.func(args)

@@ -15,6 +15,7 @@ def mask_tokens(
     special_ids: Tensor | list[int],
     rate: float = 0.15,
     generator: torch.Generator | None = None,
+    continuation: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Corrupt a batch for MLM as in BERT (Devlin et al. 2019, sec. 3.1).
 
@@ -29,6 +30,9 @@ def mask_tokens(
         special_ids: Ids that are never selected (and never drawn as random replacements).
         rate: Selection probability.
         generator: Random generator; a fixed seed gives a fixed mask (used for evaluation).
+        continuation: Optional (V,) bool table, True for word-continuation tokens (WordPiece `##...`). When given,
+            whole words are selected (whole-word masking, as in the later BERT release and Chinese BERT-wwm):
+            a word's tokens are all selected or all left alone; the 80/10/10 split stays per token.
 
     Returns:
         (corrupted ids, labels) where labels hold the original id at selected positions and -100 elsewhere.
@@ -37,6 +41,8 @@ def mask_tokens(
     special = torch.as_tensor(special_ids, device=device)
     candidates = ~torch.isin(input_ids, special)
     probs = torch.rand(input_ids.shape, generator=generator, device=device)
+    if continuation is not None:
+        probs = probs.gather(1, word_start_index(input_ids, continuation.to(device), candidates))
     selected = (probs < rate) & candidates
     labels = torch.where(selected, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
     action = torch.rand(input_ids.shape, generator=generator, device=device)
@@ -48,3 +54,26 @@ def mask_tokens(
     corrupted = torch.where(to_mask, torch.full_like(input_ids, mask_token_id), input_ids)
     corrupted = torch.where(to_random, random_ids, corrupted)
     return corrupted, labels
+
+
+def word_start_index(input_ids: Tensor, continuation: Tensor, candidates: Tensor) -> Tensor:
+    """(B, T) index of the first token of the word each position belongs to.
+
+    A word starts at every non-continuation token and at a continuation token that follows a special token (a block
+    may begin in the middle of a word: its first piece then stands alone).
+    """
+    is_cont = continuation[input_ids] & candidates  # (B, T)
+    previous_candidate = torch.ones_like(candidates)
+    previous_candidate[:, 1:] = candidates[:, :-1]
+    starts = ~(is_cont & previous_candidate)
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    return torch.where(starts, positions, torch.zeros_like(positions)).cummax(dim=1).values
+
+
+def continuation_table(tokenizer) -> Tensor:
+    """(V,) bool: True for WordPiece continuation tokens (`##` prefix) of a tokenizer's vocabulary."""
+    table = torch.zeros(len(tokenizer), dtype=torch.bool)
+    for token, index in tokenizer.get_vocab().items():
+        if token.startswith("##") and index < len(table):
+            table[index] = True
+    return table

@@ -8,20 +8,26 @@ so eval blocks never share text with training blocks.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
+import roformer
 from roformer.builtin_corpus import generate_documents
 from roformer.config import check_types
 from roformer.errors import ConfigError, UserError
 from roformer.packing import pack_blocks, split_documents, tokenize_documents
 from roformer.text_data import expand_paths, read_documents
-from roformer.tokenizer import jieba_presegmenter, load_tokenizer, train_tokenizer
+from roformer.tokenizer import jieba_presegmenter, load_tokenizer, save_tokenizer, train_tokenizer
+from roformer.utils import staged_output_dir
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +58,10 @@ class DataConfig:
         eval_mask_seed: Seed of the one fixed evaluation mask.
         max_eval_blocks: Cap on validation blocks (null = all).
         num_proc: Processes for tokenization (`datasets.map`); null = 1.
+        whole_word_mask: Mask whole words (all WordPiece pieces of a word together) instead of single tokens.
+        cache: Keep the tokenizer and packed blocks on disk, keyed by everything they depend on (the config's data
+            fields and the size and modification time of every input file), so a second run starts at once.
+        cache_dir: Where; null = `$ROFORMER_CACHE` or `~/.cache/roformer`.
     """
 
     source: Literal["builtin", "text", "hub"] = "builtin"
@@ -75,6 +85,9 @@ class DataConfig:
     eval_mask_seed: int = 1234
     max_eval_blocks: int | None = None
     num_proc: int | None = None
+    whole_word_mask: bool = False
+    cache: bool = True
+    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -132,11 +145,93 @@ def _read_hub(config: DataConfig) -> list[str]:
 
 
 def build_mlm_data(config: DataConfig, base: Path | None = None) -> MLMData:
-    """Read, split, tokenize (training or loading the tokenizer) and pack the configured corpus.
+    """Read, split, tokenize (training or loading the tokenizer) and pack the configured corpus, through the cache.
 
     Raises:
         UserError: bad paths, encodings, an empty or too small corpus, an unusable tokenizer.
     """
+    if not config.cache:
+        data = _build(config, base)
+    else:
+        directory = cache_root(config) / "mlm" / data_fingerprint(config, base)
+        data = _read_cache(directory)
+        if data is None:
+            data = _build(config, base)
+            _write_cache(directory, data)
+        else:
+            logger.info("packed data from the cache: %s", directory)
+    if config.max_eval_blocks is not None:
+        data.validation = data.validation[: config.max_eval_blocks]
+    logger.info(
+        "%d train blocks, %d validation blocks of %d tokens, vocabulary %d",
+        len(data.train),
+        len(data.validation),
+        config.max_seq_len,
+        len(data.tokenizer),
+    )
+    return data
+
+
+# Fields that do not change the tokenizer or the packed blocks, left out of the cache key.
+_NOT_IN_KEY = ("mask_rate", "eval_mask_seed", "max_eval_blocks", "num_proc", "whole_word_mask", "cache", "cache_dir")
+_CACHE_VERSION = 1  # bump when tokenization or packing changes what they produce
+
+
+def cache_root(config: DataConfig) -> Path:
+    """The cache directory of a data config."""
+    if config.cache_dir:
+        return Path(config.cache_dir).expanduser()
+    return Path(os.environ.get("ROFORMER_CACHE", "~/.cache/roformer")).expanduser()
+
+
+def data_fingerprint(config: DataConfig, base: Path | None = None) -> str:
+    """A hash of everything the packed blocks depend on: data fields, input files (path, size, mtime), versions."""
+    fields = {k: v for k, v in vars(config).items() if k not in _NOT_IN_KEY}
+    files = []
+    if config.source == "text":
+        for pattern_list in (config.paths, config.validation_paths):
+            files += [_file_stamp(p) for p in expand_paths(pattern_list, base)] if pattern_list else []
+    if config.tokenizer:
+        path = Path(config.tokenizer)
+        path = path if path.is_absolute() or base is None else base / path
+        files += [_file_stamp(p) for p in sorted(path.iterdir())] if path.is_dir() else [_file_stamp(path)]
+    key = {"fields": fields, "files": files, "version": [_CACHE_VERSION, roformer.__version__]}
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def _file_stamp(path: Path) -> list[Any]:
+    stat = path.stat() if path.exists() else None
+    return [str(path.resolve()), stat.st_size if stat else None, stat.st_mtime_ns if stat else None]
+
+
+def _read_cache(directory: Path) -> MLMData | None:
+    if not (directory / "info.json").is_file():
+        return None
+    try:
+        tokenizer = load_tokenizer(directory / "tokenizer")
+        train = torch.from_numpy(np.load(directory / "train.npy").astype(np.int64))
+        validation = torch.from_numpy(np.load(directory / "validation.npy").astype(np.int64))
+    except (OSError, ValueError, UserError) as e:  # a damaged cache entry is rebuilt, not fatal
+        logger.warning("ignoring damaged data cache %s: %s", directory, e)
+        return None
+    return MLMData(train=train, validation=validation, tokenizer=tokenizer)
+
+
+def _write_cache(directory: Path, data: MLMData) -> None:
+    dtype = np.uint16 if len(data.tokenizer) <= np.iinfo(np.uint16).max else np.int32
+    try:
+        with staged_output_dir(directory, overwrite=True) as staging:
+            save_tokenizer(data.tokenizer, staging / "tokenizer")
+            np.save(staging / "train.npy", data.train.numpy().astype(dtype))
+            np.save(staging / "validation.npy", data.validation.numpy().astype(dtype))
+            info = {"train_blocks": len(data.train), "validation_blocks": len(data.validation)}
+            (staging / "info.json").write_text(json.dumps(info))
+    except OSError as e:  # a read-only or full disk costs the next run time, not this run
+        logger.warning("could not write the data cache %s: %s", directory, e)
+
+
+def _build(config: DataConfig, base: Path | None = None) -> MLMData:
+    """Read, split, tokenize and pack, without the cache."""
     train_docs, val_docs = load_documents(config, base)
     transform: Callable[[str], str] | None = jieba_presegmenter() if config.jieba else None
     if config.tokenizer:
@@ -154,13 +249,4 @@ def build_mlm_data(config: DataConfig, base: Path | None = None) -> MLMData:
             raise UserError(f"{split} split: {e}") from None
 
     train, validation = pack(train_docs, "train"), pack(val_docs, "validation")
-    if config.max_eval_blocks is not None:
-        validation = validation[: config.max_eval_blocks]
-    logger.info(
-        "%d train blocks, %d validation blocks of %d tokens, vocabulary %d",
-        len(train),
-        len(validation),
-        config.max_seq_len,
-        len(tokenizer),
-    )
     return MLMData(train=train, validation=validation, tokenizer=tokenizer)

@@ -21,6 +21,13 @@ from roformer.errors import UserError
 
 SCHEDULES = ("linear", "cosine", "constant")
 
+# Run-directory layout shared by `roformer pretrain`, `roformer finetune` and `roformer compare`.
+CONFIG_FILE = "config.yaml"  # the fully resolved config of the run
+METRICS_FILE = "metrics.jsonl"  # one JSON object per event
+CHECKPOINTS_DIR = "checkpoints"  # complete training states, `step-N`
+FINAL_DIR = "final"  # model + tokenizer, loadable with roformer.load
+TOKENIZER_DIR = "tokenizer"  # the run's tokenizer
+
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """AdamW groups: weight decay on >= 2-D weights (matrices, embeddings) only; none on biases, LayerNorm, scalars.
@@ -87,12 +94,22 @@ class CheckpointManager:
 
     def save(self, step: int, write: Callable[[Path], None]) -> Path:
         """Call `write(tmp_dir)` to fill a new checkpoint for `step`, then publish it and prune old ones."""
+        tmp = self.begin(step)
+        write(tmp)
+        return self.commit(step)
+
+    def begin(self, step: int) -> Path:
+        """Remove leftovers of interrupted saves and create the hidden directory a checkpoint is written into."""
         self.directory.mkdir(parents=True, exist_ok=True)
         for stale in self.directory.glob(".tmp-step-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        tmp = self.directory / f".tmp-step-{step}"
+        tmp = self.tmp_path(step)
         tmp.mkdir()
-        write(tmp)
+        return tmp
+
+    def commit(self, step: int) -> Path:
+        """Mark the written checkpoint complete, rename it to `step-N` and prune all but the last `keep`."""
+        tmp = self.tmp_path(step)
         (tmp / self.MARKER).write_text(json.dumps({"step": step, "time": time.time()}))
         final = self.directory / f"step-{step}"
         if final.exists():
@@ -101,6 +118,10 @@ class CheckpointManager:
         for _, old in self.complete()[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final
+
+    def tmp_path(self, step: int) -> Path:
+        """The hidden directory the checkpoint of `step` is written into before it is published."""
+        return self.directory / f".tmp-step-{step}"
 
 
 class MetricsWriter:

@@ -1,0 +1,236 @@
+"""`roformer pretrain`: end-to-end tiny runs, exact resume, launch equivalence, run directory, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import roformer
+from roformer.cli import main
+from roformer.pretrain import PretrainConfig, Pretrainer, StepBatches, load_pretrain_config, pretrain
+from roformer.pretrain_data import DataConfig
+from roformer.training import read_metrics
+
+from conftest import REPO
+
+TINY_MODEL = dict(
+    vocab_size=300, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=64,
+    hidden_dropout=0.0, attention_dropout=0.0,
+)
+TINY_DATA = dict(builtin_documents=300, vocab_size=300, max_seq_len=32, validation_fraction=0.05)
+
+
+def tiny_run_config(path: Path, model: dict | None = None, data: dict | None = None, **train) -> Path:
+    """Write a tiny pretraining YAML to `path` and return it."""
+    config = {
+        "model": {**TINY_MODEL, **(model or {})},
+        "data": {**TINY_DATA, **(data or {})},
+        "train": {"max_steps": 8, "log_every": 1, "eval_every": 4, "save_every": 4, "batch_size": 4, "lr": 1e-3,
+                  "progress": False, **train},
+    }
+    roformer.config.write_yaml(path, config)
+    return path
+
+
+def train_losses(run: Path) -> list[tuple[int, float]]:
+    return [(e["step"], e["loss"]) for e in read_metrics(run / "metrics.jsonl") if e["event"] == "train"]
+
+
+def test_tiny_run_end_to_end(tmp_path: Path) -> None:
+    config = load_pretrain_config(tiny_run_config(tmp_path / "c.yaml", max_steps=30, eval_every=10, save_every=10, lr=3e-3))
+    run = pretrain(config, tmp_path / "run")
+    assert {p.name for p in run.iterdir()} == {"config.yaml", "metrics.jsonl", "checkpoints", "final", "tokenizer"}
+    events = read_metrics(run / "metrics.jsonl")
+    train = [e for e in events if e["event"] == "train"]
+    evals = [e for e in events if e["event"] == "eval"]
+    assert [e["step"] for e in train] == list(range(1, 31))
+    assert [e["step"] for e in evals] == [10, 20, 30]
+    for key in ("step", "loss", "lr", "grad_norm", "tokens_seen", "tokens_per_sec", "elapsed_sec"):
+        assert all(isinstance(e[key], int | float) for e in train), key
+    for key in ("eval_loss", "eval_accuracy"):
+        assert all(isinstance(e[key], float) for e in evals), key
+    assert train[-1]["tokens_seen"] == 30 * 4 * 32
+    assert sum(e["loss"] for e in train[-5:]) / 5 < sum(e["loss"] for e in train[:5]) / 5 - 0.3
+    assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-20", "step-30"]  # keep 2
+    saved = roformer.config.read_yaml(run / "config.yaml")
+    assert saved["model"]["vocab_size"] == len(roformer.tokenizer.load_tokenizer(run / "tokenizer"))
+    model = roformer.load(run / "final")
+    assert isinstance(model, roformer.MaskedLM)
+    assert (run / "final" / "tokenizer.json").is_file() and (run / "final" / "vocab.txt").is_file()
+    hf = roformer.to_hf(model)
+    ids = torch.randint(5, 300, (2, 16))
+    torch.testing.assert_close(hf(input_ids=ids).logits, model(ids).logits)
+
+
+def test_resume_reproduces_the_uninterrupted_losses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # dropout on, so the per-step RNG (dropout masks) must be restored too
+    yaml = tiny_run_config(tmp_path / "c.yaml", model={"hidden_dropout": 0.1, "attention_dropout": 0.1}, max_steps=10)
+    config = load_pretrain_config(yaml)
+    reference = train_losses(pretrain(config, tmp_path / "full"))
+
+    original = Pretrainer._train_step
+
+    def crash_at_step_6(self, step):
+        if step == 6:
+            raise KeyboardInterrupt
+        return original(self, step)
+
+    monkeypatch.setattr(Pretrainer, "_train_step", crash_at_step_6)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(config, tmp_path / "cut")
+    monkeypatch.undo()
+    checkpoints = tmp_path / "cut" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-4"]
+    # a write killed half-way (hidden tmp dir) and a renamed one without the COMPLETE marker are both ignored
+    (checkpoints / ".tmp-step-6").mkdir()
+    (checkpoints / ".tmp-step-6" / "model.safetensors").write_bytes(b"torn")
+    (checkpoints / "step-5").mkdir()
+    assert main(["pretrain", "--config", str(yaml), "--output-dir", str(tmp_path / "cut"), "--resume"]) == 0
+    assert train_losses(tmp_path / "cut") == reference  # exact, step for step
+    first = load_file(tmp_path / "full" / "final" / "model.safetensors")
+    second = load_file(tmp_path / "cut" / "final" / "model.safetensors")
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_grad_accum_equals_a_larger_batch(tmp_path: Path) -> None:
+    one = load_pretrain_config(tiny_run_config(tmp_path / "a.yaml", max_steps=3, batch_size=8))
+    two = load_pretrain_config(tiny_run_config(tmp_path / "b.yaml", max_steps=3, batch_size=4, grad_accum=2))
+    a, b = pretrain(one, tmp_path / "a"), pretrain(two, tmp_path / "b")
+    for (sa, la), (sb, lb) in zip(train_losses(a), train_losses(b), strict=True):
+        assert sa == sb and la == pytest.approx(lb, rel=1e-5)
+    wa, wb = load_file(a / "final" / "model.safetensors"), load_file(b / "final" / "model.safetensors")
+    for key in wa:
+        torch.testing.assert_close(wa[key], wb[key], rtol=1e-4, atol=1e-5)
+
+
+def test_two_cpu_processes_match_one(tmp_path: Path) -> None:
+    """accelerate launch with 2 CPU processes (gloo, configs/accelerate/multi-cpu.yaml), batch 4 each == one with 8."""
+    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=1, save_every=0, eval_every=0)
+    single = pretrain(load_pretrain_config(yaml, ["train.batch_size=8"]), tmp_path / "one")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    launcher = REPO / "configs" / "accelerate" / "multi-cpu.yaml"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(launcher), "-m", "roformer", "pretrain", "--config", str(yaml), "--output-dir", str(tmp_path / "two")]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one_events, two_events = read_metrics(single / "metrics.jsonl"), read_metrics(tmp_path / "two" / "metrics.jsonl")
+    assert one_events[0]["loss"] == pytest.approx(two_events[0]["loss"], rel=1e-6)
+    assert one_events[0]["grad_norm"] == pytest.approx(two_events[0]["grad_norm"], rel=1e-5)
+    assert one_events[1]["eval_loss"] == pytest.approx(two_events[1]["eval_loss"], rel=1e-6)  # sharded eval
+    # after one AdamW step from the same init, equal weights mean equal gradients
+    wa = load_file(single / "final" / "model.safetensors")
+    wb = load_file(tmp_path / "two" / "final" / "model.safetensors")
+    for key in wa:
+        torch.testing.assert_close(wa[key], wb[key])
+
+
+def test_step_batches_split_one_global_batch() -> None:
+    blocks = torch.arange(40 * 8).view(40, 8)
+    tokenizer = roformer.tokenizer.train_tokenizer(["a b c d e f g"] * 5, 50)
+    data = DataConfig()
+    one = StepBatches(blocks, tokenizer, data, seed=3, batch_size=8)
+    two = StepBatches(blocks, tokenizer, data, seed=3, batch_size=2, num_processes=2, grad_accum=2)
+    for step in (0, 4, 5, 9):  # 40 blocks / 8 per step: step 5 starts a new epoch
+        ids, labels = one.step(step)
+        ids2, labels2 = two.step(step)
+        assert torch.equal(ids, ids2) and torch.equal(labels, labels2)
+        shares = [two.share(ids2, m, r) for m in range(2) for r in range(2)]
+        assert torch.equal(torch.cat(shares), ids)
+    epoch = torch.cat([one.indices(s) for s in range(5)])
+    assert sorted(epoch.tolist()) == list(range(40))  # an epoch visits every block once
+    assert not torch.equal(one.indices(0), one.indices(5))  # and the next epoch is reshuffled
+
+
+def test_tensorboard_tracker(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2, report_to=["tensorboard"])
+    run = pretrain(load_pretrain_config(yaml), tmp_path / "run")
+    assert list(run.rglob("events.out.tfevents.*"))
+
+
+def test_shipped_tiny_config_resolves() -> None:
+    config = load_pretrain_config(REPO / "configs" / "pretrain" / "roformer-tiny.yaml")
+    assert isinstance(config, PretrainConfig)
+    assert config.model.position_encoding == "rotary" and config.data.source == "builtin"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad input: one line, exit code 2, nothing overwritten
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str]:
+    code = main(["pretrain", *args])
+    return code, capsys.readouterr().err
+
+
+def test_occupied_run_dir_is_refused_and_kept(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("precious")
+    code, err = run_cli(["--config", str(yaml), "--output-dir", str(out)], capsys)
+    assert code == 2 and "not empty" in err and "--overwrite" in err and len(err.strip().splitlines()) == 1
+    assert (out / "notes.txt").read_text() == "precious"
+    assert run_cli(["--config", str(yaml), "--output-dir", str(out), "--overwrite"], capsys)[0] == 0
+    assert not (out / "notes.txt").exists() and (out / "final").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "data", "expected"),
+    [
+        (["train.max_stepz=3"], None, "unknown key 'train.max_stepz'"),
+        (["train.lr=fast"], None, "'train.lr' must be a number"),
+        (["train.batch_size=0"], None, "batch_size must be >= 1"),
+        (["train.report_to=[nosuchtracker]"], None, "unknown tracker 'nosuchtracker'"),
+        (["model.position_encoding=learned", "model.max_position_embeddings=16"], None, "shorter than"),
+        ([], {"source": "text", "paths": ["missing-dir/"]}, "missing-dir"),
+        ([], {"source": "text", "paths": ["empty.txt"]}, "no text"),
+        ([], {"source": "text", "paths": ["latin1.txt"]}, "latin1.txt"),
+        (["noequals"], None, "expected KEY=VALUE"),
+    ],
+)
+def test_bad_input_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture, overrides: list[str], data: dict | None, expected: str
+) -> None:
+    (tmp_path / "empty.txt").write_text("  \n")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1") * 50)
+    yaml = tiny_run_config(tmp_path / "c.yaml", data=data, max_steps=2)
+    args = ["--config", str(yaml), "--output-dir", str(tmp_path / "run")]
+    for item in overrides:
+        args += ["--set", item]
+    code, err = run_cli(args, capsys)
+    assert code == 2, err
+    assert expected in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2)
+    code, err = run_cli(["--config", str(yaml), "--output-dir", str(tmp_path / "none"), "--resume"], capsys)
+    assert code == 2 and "nothing to resume" in err
+    assert run_cli(["--config", str(yaml), "--output-dir", str(tmp_path / "run")], capsys)[0] == 0
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    args = ["--config", str(yaml), "--output-dir", str(tmp_path / "run"), "--resume", "--set", "model.hidden_size=64"]
+    code, err = run_cli(args, capsys)
+    assert code == 2 and "model.hidden_size" in err
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
+    code, err = run_cli(["--output-dir", str(tmp_path / "run"), "--resume"], capsys)  # config from the run dir
+    assert code == 0, err
+
+
+def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code, err = run_cli(["--config", str(tmp_path / "nope.yaml")], capsys)
+    assert code == 2 and "nope.yaml" in err and "not found" in err
+
+
+def test_metrics_are_json_lines(tmp_path: Path) -> None:
+    run = pretrain(load_pretrain_config(tiny_run_config(tmp_path / "c.yaml", max_steps=2)), tmp_path / "run")
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        assert isinstance(json.loads(line), dict)
