@@ -697,9 +697,7 @@ def _check_trackers(report_to: list[str]) -> None:
             raise UserError(f"train.report_to: {name} is not installed (pip install {name})")
 
 
-def pretrain(
-    config: PretrainConfig, output_dir: str | Path, resume: bool = False, overwrite: bool = False
-) -> Path:
+def pretrain(config: PretrainConfig, output_dir: str | Path, resume: bool = False, overwrite: bool = False) -> Path:
     """Run MLM pretraining; returns the run directory. See the module docstring for the layout.
 
     Raises:

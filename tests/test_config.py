@@ -9,8 +9,21 @@ from conftest import REPO
 
 import roformer
 from roformer.config import ModelConfig
+from roformer.pretrain import load_pretrain_config
 
-CONFIG_LOADERS = {"model": ModelConfig.from_yaml}
+
+def _load_accelerate_config(path: Path) -> None:
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(path))  # accelerate's own parser: unknown keys are errors
+    assert config.num_processes >= 1
+
+
+CONFIG_LOADERS = {
+    "model": ModelConfig.from_yaml,
+    "pretrain": load_pretrain_config,
+    "accelerate": _load_accelerate_config,
+}
 
 
 def shipped_configs() -> list[Path]:
@@ -27,6 +40,22 @@ def test_every_shipped_yaml_loads(path: Path) -> None:
     kind = path.relative_to(REPO / "configs").parts[0]
     assert kind in CONFIG_LOADERS, f"no loader registered for configs/{kind}/: add one to this test"
     CONFIG_LOADERS[kind](path)
+
+
+def test_pretrain_config_pairs_differ_only_in_the_model() -> None:
+    for size in ("tiny", "small", "base"):
+        rope = load_pretrain_config(REPO / "configs" / "pretrain" / f"roformer-{size}.yaml").to_dict()
+        bert = load_pretrain_config(REPO / "configs" / "pretrain" / f"bert-{size}.yaml").to_dict()
+        assert rope["data"] == bert["data"] and rope["train"] == bert["train"], size
+        assert (rope["label"], bert["label"]) == ("roformer", "bert")
+        assert rope["model"]["position_encoding"] == "rotary" and bert["model"]["position_encoding"] == "sinusoidal"
+    base = load_pretrain_config(REPO / "configs" / "pretrain" / "roformer-base.yaml")
+    assert (base.data.max_seq_len, base.train.batch_size * 8) == (512, 64)  # the paper's 64 x 512 on 8 devices
+
+
+def test_accelerate_examples_exist() -> None:
+    names = {p.stem for p in (REPO / "configs" / "accelerate").glob("*.yaml")}
+    assert names == {"single-gpu", "multi-gpu", "fsdp", "deepspeed-zero2", "multi-cpu"}
 
 
 def test_model_config_pairs_differ_only_in_position_encoding() -> None:

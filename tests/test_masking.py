@@ -54,3 +54,40 @@ def test_fixed_seed_gives_fixed_mask() -> None:
     c = mask_tokens(ids, MASK, VOCAB, SPECIALS, generator=torch.Generator().manual_seed(8))
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert not torch.equal(a[1], c[1])
+
+
+def test_whole_word_masking_selects_all_pieces_of_a_word() -> None:
+    from roformer.masking import continuation_table
+    from roformer.tokenizer import train_tokenizer
+
+    words = ["unbelievable", "transformers", "rotation", "positional", "embedding", "a", "the"]
+    tokenizer = train_tokenizer([" ".join(words)] * 3, vocab_size=60, min_frequency=1)  # small: words split
+    text = " ".join(words * 40)
+    ids = torch.tensor([tokenizer(text)["input_ids"]])
+    table = continuation_table(tokenizer)
+    assert table[ids].any(), "the test needs words split into pieces"
+    specials = sorted(set(tokenizer.all_special_ids))
+    corrupted, labels = mask_tokens(
+        ids,
+        tokenizer.mask_token_id,
+        len(tokenizer),
+        specials,
+        0.3,
+        torch.Generator().manual_seed(0),
+        continuation=table,
+    )
+    selected = (labels != -100)[0].tolist()
+    cont = table[ids][0].tolist()
+    for position in range(2, len(selected) - 1):
+        if cont[position]:  # a continuation piece is selected exactly when the piece before it is
+            assert selected[position] == selected[position - 1]
+    rate = sum(selected) / (len(selected) - 2)
+    assert 0.2 < rate < 0.4
+    # token-level masking splits words
+    _, token_labels = mask_tokens(
+        ids, tokenizer.mask_token_id, len(tokenizer), specials, 0.3, torch.Generator().manual_seed(0)
+    )
+    split = [
+        (token_labels[0, p] != -100) != (token_labels[0, p - 1] != -100) for p in range(2, ids.shape[1] - 1) if cont[p]
+    ]
+    assert any(split)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -90,3 +92,33 @@ def test_small_corpus_and_missing_files(tmp_path) -> None:
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(UserError, match="has no text"):
         build_mlm_data(DataConfig(source="text", paths=[str(tmp_path / "empty.txt")]))
+
+
+def test_second_build_comes_from_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import roformer.pretrain_data as pretrain_data
+
+    config = DataConfig(builtin_documents=120, vocab_size=200, max_seq_len=32, cache_dir=str(tmp_path))
+    first = build_mlm_data(config)
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the tokenizer was trained again")
+
+    monkeypatch.setattr(pretrain_data, "train_tokenizer", no_training)
+    second = build_mlm_data(config)
+    assert torch.equal(first.train, second.train) and torch.equal(first.validation, second.validation)
+    assert first.tokenizer.get_vocab() == second.tokenizer.get_vocab()
+    changed = DataConfig(builtin_documents=120, vocab_size=200, max_seq_len=48, cache_dir=str(tmp_path))
+    with pytest.raises(AssertionError, match="trained again"):  # a different key misses the cache
+        build_mlm_data(changed)
+
+
+def test_cache_key_follows_the_input_files(tmp_path: Path) -> None:
+    from roformer.pretrain_data import data_fingerprint
+
+    corpus = tmp_path / "a.txt"
+    corpus.write_text("one two three\n")
+    config = DataConfig(source="text", paths=[str(corpus)])
+    before = data_fingerprint(config)
+    assert data_fingerprint(DataConfig(source="text", paths=[str(corpus)], mask_rate=0.3)) == before
+    corpus.write_text("one two three four\n")
+    assert data_fingerprint(config) != before
