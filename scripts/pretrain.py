@@ -1,0 +1,8 @@
+"""`roformer pretrain` as a script, for launchers that want a file: `accelerate launch scripts/pretrain.py --config ...`."""
+
+import sys
+
+from roformer.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["pretrain", *sys.argv[1:]]))
