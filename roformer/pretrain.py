@@ -35,8 +35,9 @@ from roformer.config import ConfigError, ModelConfig, apply_overrides, check_typ
 from roformer.errors import UserError
 from roformer.masking import IGNORE_INDEX, continuation_table, mask_tokens
 from roformer.model import MaskedLM
-from roformer.pretrain_data import DataConfig, MLMData, build_mlm_data
-from roformer.tokenizer import save_tokenizer
+from roformer.pretrain_data import DataConfig, build_mlm_data, build_streaming_mlm_data
+from roformer.streaming import StreamPacker
+from roformer.tokenizer import jieba_presegmenter, save_tokenizer
 from roformer.training import (
     CHECKPOINTS_DIR,
     CONFIG_FILE,
@@ -201,7 +202,7 @@ def _absolute_paths(data: DataConfig, base: Path) -> DataConfig:
 
 
 class StepBatches:
-    """The masked global batch of every optimizer step, and each process's share of it.
+    """The masked global batch of every optimizer step, and each process's share of it (in-memory blocks).
 
     Args:
         blocks: (N, T) training blocks.
@@ -232,6 +233,10 @@ class StepBatches:
         self.mask_args = mlm_mask_args(tokenizer, data)
         self._epoch: tuple[int, torch.Tensor] | None = None
 
+    def describe(self) -> str:
+        """A few words on the data for the log."""
+        return f"{len(self.blocks)} train blocks"
+
     def epoch_of(self, step: int) -> float:
         """Epochs completed at the start of `step` (fractional)."""
         return step * self.global_batch / len(self.blocks)
@@ -252,15 +257,60 @@ class StepBatches:
             self._epoch = (epoch, torch.randperm(len(self.blocks), generator=generator))
         return self._epoch[1]
 
+    def blocks_of(self, step: int) -> torch.Tensor:
+        """(G, T) unmasked blocks of `step`."""
+        return self.blocks[self.indices(step)]
+
     def step(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Masked (G, T) ids and labels of `step`, identical in every process."""
         generator = torch.Generator().manual_seed((self.seed << 32) + step)
-        return mask_tokens(self.blocks[self.indices(step)], generator=generator, **self.mask_args)
+        return mask_tokens(self.blocks_of(step), generator=generator, **self.mask_args)
 
     def share(self, batch: torch.Tensor, micro: int, rank: int) -> torch.Tensor:
         """Rows of micro-batch `micro` for process `rank` (chunk micro * processes + rank of the global batch)."""
         chunk = micro * self.num_processes + rank
         return batch[chunk * self.batch_size : (chunk + 1) * self.batch_size]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing to save: the data position is a function of the step."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
+        """Nothing to restore (see state_dict)."""
+
+
+class StreamBatches(StepBatches):
+    """Global batches read from a stream (data.streaming): steps come in order; the position is checkpointed."""
+
+    def __init__(self, packer: StreamPacker, tokenizer: Any, data: DataConfig, seed: int, batch_size: int,
+                 num_processes: int = 1, grad_accum: int = 1) -> None:  # fmt: skip
+        super().__init__(torch.zeros(0, 0), tokenizer, data, seed, batch_size, num_processes, grad_accum)
+        self.packer = packer
+        self.next_step = 0
+
+    def describe(self) -> str:
+        """A few words on the data for the log."""
+        return "streamed training blocks"
+
+    def epoch_of(self, step: int) -> float:
+        """The epoch the stream is in (whole number: a stream's length is unknown)."""
+        return float(self.packer.epoch)
+
+    def blocks_of(self, step: int) -> torch.Tensor:
+        """The next G blocks of the stream; `step` must be the next step."""
+        if step != self.next_step:
+            raise RuntimeError(f"streamed batches come in order: expected step {self.next_step}, got {step}")
+        self.next_step += 1
+        return self.packer.blocks(self.global_batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stream position after the last step taken."""
+        return self.packer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
+        """Continue the stream after `step` steps."""
+        self.packer.load_state_dict(state)
+        self.next_step = step
 
 
 def mlm_mask_args(tokenizer: Any, data: DataConfig) -> dict[str, Any]:
@@ -393,19 +443,20 @@ class Pretrainer:
 
             datasets.disable_progress_bars()
         with self.accelerator.main_process_first():
-            self.data: MLMData = build_mlm_data(config.data)
+            build = build_streaming_mlm_data if config.data.streaming else build_mlm_data
+            self.data = build(config.data)
         self.config = resolve_config(config, self.data.tokenizer)
         if resume:
             self._check_resumable()
-        self.batches = StepBatches(
-            self.data.train,
-            self.data.tokenizer,
-            config.data,
-            train.seed,
-            train.batch_size,
-            self.accelerator.num_processes,
-            train.grad_accum,
-        )
+        shape = (train.seed, train.batch_size, self.accelerator.num_processes, train.grad_accum)
+        if config.data.streaming:
+            transform = jieba_presegmenter() if config.data.jieba else None
+            packer = StreamPacker(
+                self.data.documents, train.seed, self.data.tokenizer, config.data.max_seq_len, transform
+            )
+            self.batches: StepBatches = StreamBatches(packer, self.data.tokenizer, config.data, *shape)
+        else:
+            self.batches = StepBatches(self.data.train, self.data.tokenizer, config.data, *shape)
         self.eval_ids, self.eval_labels = eval_batch(self.data.validation, self.data.tokenizer, config.data)
 
     # -- set-up ------------------------------------------------------------------------------------------------
@@ -466,6 +517,7 @@ class Pretrainer:
         step, path = latest
         self.accelerator.load_state(str(path))
         state.update(json.loads((path / TRAINER_STATE).read_text()))
+        self.batches.load_state_dict(state.pop("data_state", {}), step)
         if state.get("global_batch", self.batches.global_batch) != self.batches.global_batch:
             raise UserError(
                 f"{path}: saved with a global batch of {state['global_batch']} blocks, now "
@@ -492,17 +544,17 @@ class Pretrainer:
         acc.init_trackers("roformer-pretrain", config=_flat(self.config.to_dict()))
         start = state["step"]
         logger.info(
-            "%s: %s parameters, %d train blocks, global batch %d x %d tokens, %d processes",
+            "%s: %s parameters, %s, global batch %d x %d tokens, %d processes",
             self.config.arm,
             f"{self.num_parameters:,}",
-            len(self.data.train),
+            self.batches.describe(),
             self.batches.global_batch,
             self.config.data.max_seq_len,
             acc.num_processes,
         )
         bar = tqdm(total=train.max_steps, initial=start, disable=not (acc.is_main_process and train.progress))
         interval = _Interval()
-        tokens_per_step = self.batches.global_batch * self.data.train.shape[1]
+        tokens_per_step = self.batches.global_batch * self.config.data.max_seq_len
         for step in range(start, train.max_steps):
             loss, grad_norm, data_sec, step_sec = self._train_step(step)
             state["tokens_seen"] += tokens_per_step
@@ -593,7 +645,12 @@ class Pretrainer:
         tmp = self.checkpoints.tmp_path(step)
         acc.save_state(str(tmp))
         if acc.is_main_process:
-            trainer_state = {**state, "step": step, "global_batch": self.batches.global_batch}
+            trainer_state = {
+                **state,
+                "step": step,
+                "global_batch": self.batches.global_batch,
+                "data_state": self.batches.state_dict(),
+            }
             (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state))
             self.checkpoints.commit(step)
         acc.wait_for_everyone()

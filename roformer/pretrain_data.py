@@ -9,10 +9,11 @@ so eval blocks never share text with training blocks.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +26,7 @@ from roformer.builtin_corpus import generate_documents
 from roformer.config import check_types
 from roformer.errors import ConfigError, UserError
 from roformer.packing import pack_blocks, split_documents, tokenize_documents
+from roformer.streaming import StreamingMLMData, pack_validation, split_stream
 from roformer.text_data import expand_paths, read_documents
 from roformer.tokenizer import jieba_presegmenter, load_tokenizer, save_tokenizer, train_tokenizer
 from roformer.utils import staged_output_dir
@@ -62,6 +64,11 @@ class DataConfig:
         cache: Keep the tokenizer and packed blocks on disk, keyed by everything they depend on (the config's data
             fields and the size and modification time of every input file), so a second run starts at once.
         cache_dir: Where; null = `$ROFORMER_CACHE` or `~/.cache/roformer`.
+        streaming: Read the corpus as it is trained on instead of packing it in memory first (corpora larger than
+            RAM; `hub` with `datasets` streaming, or `text` files read one at a time). See roformer.streaming.
+        stream_validation_documents: With streaming, the first N documents of the stream are the validation set.
+        stream_tokenizer_documents: With streaming, a trained tokenizer learns from the first N training documents.
+        shuffle_buffer: With streaming, documents pass through a seeded shuffle buffer of this size each epoch.
     """
 
     source: Literal["builtin", "text", "hub"] = "builtin"
@@ -88,6 +95,10 @@ class DataConfig:
     whole_word_mask: bool = False
     cache: bool = True
     cache_dir: str | None = None
+    streaming: bool = False
+    stream_validation_documents: int = 1000
+    stream_tokenizer_documents: int = 100_000
+    shuffle_buffer: int = 10_000
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -99,6 +110,10 @@ class DataConfig:
             raise ConfigError(f"mask_rate must be in (0, 1), got {self.mask_rate}")
         if self.max_seq_len < 8:
             raise ConfigError(f"max_seq_len must be >= 8, got {self.max_seq_len}")
+        if self.streaming and self.source == "builtin":
+            raise ConfigError("streaming is for text and hub sources (the builtin corpus is generated in memory)")
+        if self.streaming and self.validation_paths:
+            raise ConfigError("streaming holds out the head of the stream: use stream_validation_documents")
         if self.builtin_documents <= 0 or self.vocab_size < 10:
             raise ConfigError("builtin_documents must be > 0 and vocab_size >= 10")
 
@@ -133,15 +148,77 @@ def _read_files(patterns: list[str], config: DataConfig, base: Path | None) -> I
 
 
 def _read_hub(config: DataConfig) -> list[str]:
-    import datasets
-
-    try:
-        table = datasets.load_dataset(config.hub_name, config.hub_config, split=config.hub_split)
-    except Exception as e:  # offline, unknown name, bad split: datasets raises many types
-        raise UserError(f"cannot load hub dataset {config.hub_name!r}: {str(e).splitlines()[0]}") from None
+    table = _load_hub(config, streaming=False)
     if config.text_column not in table.column_names:
         raise UserError(f"hub dataset {config.hub_name!r} has no column '{config.text_column}'")
     return [t for t in table[config.text_column] if t and t.strip()]
+
+
+def _load_hub(config: DataConfig, streaming: bool) -> Any:
+    import datasets
+
+    try:
+        return datasets.load_dataset(config.hub_name, config.hub_config, split=config.hub_split, streaming=streaming)
+    except Exception as e:  # offline, unknown name, bad split: datasets raises many types
+        raise UserError(f"cannot load hub dataset {config.hub_name!r}: {str(e).splitlines()[0]}") from None
+
+
+def _stream_hub(config: DataConfig) -> Iterator[str]:
+    for number, row in enumerate(_load_hub(config, streaming=True)):
+        if config.text_column not in row:
+            raise UserError(f"hub dataset {config.hub_name!r} row {number} has no column '{config.text_column}'")
+        text = row[config.text_column]
+        if text and text.strip():
+            yield text
+
+
+def _make_tokenizer(config: DataConfig, base: Path | None, texts: Iterable[str], transform: Any) -> Any:
+    """Load the configured tokenizer, or train one on `texts`."""
+    if config.tokenizer:
+        path = Path(config.tokenizer)
+        return load_tokenizer(path if path.is_absolute() or base is None else base / path, config.lowercase)
+    if transform is not None:
+        texts = (transform(t) for t in texts)
+    return train_tokenizer(texts, config.vocab_size, config.lowercase)
+
+
+def build_streaming_mlm_data(config: DataConfig, base: Path | None = None) -> StreamingMLMData:
+    """The streaming counterpart of build_mlm_data: validation blocks and tokenizer (cached), training stream.
+
+    Raises:
+        UserError: bad paths or hub names, an empty stream, an unusable tokenizer.
+    """
+    files = expand_paths(config.paths, base) if config.source == "text" else []  # path errors now, not at step 1
+
+    def open_stream() -> Iterator[str]:
+        if config.source == "hub":
+            return _stream_hub(config)
+        return (d for f in files for d in read_documents(f, config.text_column, config.decode_errors))
+
+    validation_docs, training = split_stream(open_stream, config.stream_validation_documents, config.shuffle_buffer)
+    if not validation_docs:
+        raise UserError(f"the streamed {config.source} corpus has no documents")
+    if next(itertools.islice(open_stream(), len(validation_docs), None), None) is None:
+        raise UserError(
+            f"the streamed corpus has only {len(validation_docs)} documents, all taken for validation "
+            "(lower data.stream_validation_documents)"
+        )
+    transform = jieba_presegmenter() if config.jieba else None
+    directory = cache_root(config) / "mlm" / data_fingerprint(config, base)
+    cached = _read_cache(directory) if config.cache else None
+    if cached is not None:
+        tokenizer, validation = cached.tokenizer, cached.validation
+    else:
+        start = len(validation_docs)
+        head = itertools.islice(open_stream(), start, start + config.stream_tokenizer_documents)
+        tokenizer = _make_tokenizer(config, base, head, transform)
+        validation = pack_validation(validation_docs, tokenizer, config.max_seq_len, transform)
+        if config.cache:
+            no_train = torch.zeros(0, config.max_seq_len, dtype=torch.long)  # only tokenizer and validation cached
+            _write_cache(directory, MLMData(no_train, validation, tokenizer))
+    if config.max_eval_blocks is not None:
+        validation = validation[: config.max_eval_blocks]
+    return StreamingMLMData(validation=validation, tokenizer=tokenizer, documents=training)
 
 
 def build_mlm_data(config: DataConfig, base: Path | None = None) -> MLMData:
@@ -234,12 +311,7 @@ def _build(config: DataConfig, base: Path | None = None) -> MLMData:
     """Read, split, tokenize and pack, without the cache."""
     train_docs, val_docs = load_documents(config, base)
     transform: Callable[[str], str] | None = jieba_presegmenter() if config.jieba else None
-    if config.tokenizer:
-        path = Path(config.tokenizer)
-        tokenizer = load_tokenizer(path if path.is_absolute() or base is None else base / path, config.lowercase)
-    else:
-        texts = train_docs if transform is None else (transform(t) for t in train_docs)
-        tokenizer = train_tokenizer(texts, config.vocab_size, config.lowercase)
+    tokenizer = _make_tokenizer(config, base, train_docs, transform)
 
     def pack(documents: list[str], split: str) -> torch.Tensor:
         ids = tokenize_documents(documents, tokenizer, config.num_proc, transform)

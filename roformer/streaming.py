@@ -1,0 +1,140 @@
+"""Streaming pretraining data (`data.streaming: true`): corpora larger than RAM, read as they are trained on.
+
+The document stream (a hub dataset loaded with `streaming=True`, or local files read one at a time) is split into:
+the first `stream_validation_documents` documents (packed once, the fixed validation set) and the rest (training).
+The tokenizer is trained on the first `stream_tokenizer_documents` training documents (or loaded). Each epoch the
+training documents pass through a seeded shuffle buffer, are tokenized as they come, joined with [SEP] and cut into
+`[CLS] ... [SEP]` blocks: the same packing as the in-memory path, with nothing lost but the epoch's last remainder.
+
+The position in the stream (epoch, documents consumed, the tokens carried into the next block) is small and goes
+into every checkpoint; resuming re-reads the consumed documents without tokenizing them and continues exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from roformer.errors import UserError
+from roformer.packing import pack_blocks, tokenize_documents
+
+
+@dataclass
+class StreamingMLMData:
+    """The validation blocks, the tokenizer, and a factory of each epoch's training documents."""
+
+    validation: torch.Tensor  # (M, max_seq_len)
+    tokenizer: Any
+    documents: Callable[[int, int], Iterator[str]]  # (epoch, seed) -> shuffled training documents
+
+
+def shuffled(documents: Iterator[str], buffer_size: int, seed: int) -> Iterator[str]:
+    """A seeded buffer shuffle: fill a buffer, then emit a random element and replace it with the next document."""
+    if buffer_size <= 1:
+        yield from documents
+        return
+    rng = random.Random(seed)
+    buffer = list(itertools.islice(documents, buffer_size))
+    for document in documents:
+        index = rng.randrange(len(buffer))
+        yield buffer[index]
+        buffer[index] = document
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def split_stream(
+    open_stream: Callable[[], Iterator[str]], validation_documents: int, shuffle_buffer: int
+) -> tuple[list[str], Callable[[int, int], Iterator[str]]]:
+    """(the validation documents, (epoch, seed) -> training documents): validation is the head of the raw stream."""
+    validation = list(itertools.islice(open_stream(), validation_documents))
+
+    def training(epoch: int, seed: int) -> Iterator[str]:
+        rest = itertools.islice(open_stream(), validation_documents, None)
+        return shuffled(rest, shuffle_buffer, seed * 1_000_003 + epoch)
+
+    return validation, training
+
+
+class StreamPacker:
+    """Cuts a stream of documents into blocks, remembering where it is.
+
+    Args:
+        documents: (epoch, seed) -> training documents.
+        seed: Seed of the per-epoch document shuffle.
+        tokenizer: Fast tokenizer (no special tokens are added to documents).
+        max_seq_len: Block length including [CLS] and [SEP].
+        transform: Optional text transform before tokenization (jieba pre-segmentation).
+    """
+
+    def __init__(
+        self,
+        documents: Callable[[int, int], Iterator[str]],
+        seed: int,
+        tokenizer: Any,
+        max_seq_len: int,
+        transform: Callable[[str], str] | None = None,
+    ) -> None:
+        self.documents = documents
+        self.seed = seed
+        self.tokenizer = tokenizer
+        self.body = max_seq_len - 2
+        self.transform = transform
+        self.epoch = 0
+        self.consumed = 0  # documents of this epoch already tokenized into `carry` or emitted blocks
+        self.carry: list[int] = []
+        self.pending_sep = False  # a document ended: the next one starts after a [SEP]
+        self._iterator: Iterator[str] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position in the stream: JSON-serialisable."""
+        return {"epoch": self.epoch, "consumed": self.consumed, "carry": list(self.carry), "sep": self.pending_sep}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved position (the consumed documents are skipped, not tokenized)."""
+        self.epoch, self.consumed, self.carry = state["epoch"], state["consumed"], list(state["carry"])
+        self.pending_sep = state["sep"]
+        self._iterator = None
+
+    def _next_document(self) -> list[int]:
+        if self._iterator is None:
+            self._iterator = itertools.islice(self.documents(self.epoch, self.seed), self.consumed, None)
+        for text in self._iterator:
+            self.consumed += 1
+            if self.transform is not None:
+                text = self.transform(text)
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            if ids:
+                return ids
+        if self.consumed == 0:
+            raise UserError("the streamed training corpus has no documents")
+        # end of the epoch: its remainder (< one block) is dropped, as in the in-memory packing
+        self.epoch, self.consumed, self.carry, self.pending_sep, self._iterator = self.epoch + 1, 0, [], False, None
+        return self._next_document()
+
+    def blocks(self, n: int) -> torch.Tensor:
+        """The next `n` blocks (n, max_seq_len) of the stream."""
+        need = n * self.body
+        while len(self.carry) < need:
+            ids = self._next_document()
+            self.carry += [self.tokenizer.sep_token_id, *ids] if self.pending_sep else ids
+            self.pending_sep = True
+        body = torch.tensor(self.carry[:need], dtype=torch.long).view(n, self.body)
+        self.carry = self.carry[need:]
+        cls = torch.full((n, 1), self.tokenizer.cls_token_id, dtype=torch.long)
+        sep = torch.full((n, 1), self.tokenizer.sep_token_id, dtype=torch.long)
+        return torch.cat([cls, body, sep], dim=1)
+
+
+def pack_validation(documents: list[str], tokenizer: Any, max_seq_len: int, transform: Any = None) -> torch.Tensor:
+    """The validation blocks of the held-out head of the stream."""
+    ids = tokenize_documents(documents, tokenizer, None, transform)
+    try:
+        return pack_blocks(ids, max_seq_len, tokenizer.cls_token_id, tokenizer.sep_token_id)
+    except UserError as e:
+        raise UserError(f"validation split of the stream (data.stream_validation_documents): {e}") from None

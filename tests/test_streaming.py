@@ -1,0 +1,123 @@
+"""Streaming data (data.streaming): packing equals the in-memory packing, shuffling is seeded, runs resume exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_pretrain import tiny_run_config, train_losses
+
+from roformer.builtin_corpus import generate_documents
+from roformer.packing import pack_blocks, tokenize_documents
+from roformer.pretrain import Pretrainer, load_pretrain_config, pretrain
+from roformer.streaming import StreamPacker, shuffled
+from roformer.tokenizer import train_tokenizer
+
+
+def test_shuffle_buffer_is_a_seeded_permutation() -> None:
+    items = [str(i) for i in range(1000)]
+    a = list(shuffled(iter(items), 64, seed=1))
+    assert sorted(a, key=int) == items and a != items
+    assert a == list(shuffled(iter(items), 64, seed=1))
+    assert a != list(shuffled(iter(items), 64, seed=2))
+    assert list(shuffled(iter(items), 0, seed=1)) == items
+
+
+def test_stream_packing_equals_in_memory_packing() -> None:
+    documents = list(generate_documents(60, seed=3))
+    tokenizer = train_tokenizer(documents, 300)
+    packer = StreamPacker(lambda epoch, seed: iter(documents), 0, tokenizer, max_seq_len=24)
+    expected = pack_blocks(tokenize_documents(documents, tokenizer), 24, tokenizer.cls_token_id, tokenizer.sep_token_id)
+    streamed = torch.cat([packer.blocks(1) for _ in range(len(expected))])
+    assert torch.equal(streamed, expected)
+    assert packer.epoch == 0
+    packer.blocks(1)  # the epoch's remainder is dropped and the stream starts over
+    assert packer.epoch == 1
+
+
+def test_stream_state_round_trip() -> None:
+    documents = list(generate_documents(40, seed=4))
+    tokenizer = train_tokenizer(documents, 300)
+    first = StreamPacker(lambda epoch, seed: iter(shuffled(iter(documents), 8, seed + epoch)), 5, tokenizer, 16)
+    first.blocks(7)
+    state = first.state_dict()
+    expected = first.blocks(30)
+    second = StreamPacker(lambda epoch, seed: iter(shuffled(iter(documents), 8, seed + epoch)), 5, tokenizer, 16)
+    second.load_state_dict(state)
+    assert torch.equal(second.blocks(30), expected)
+
+
+def stream_config(tmp_path: Path, **train) -> Path:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in generate_documents(300, seed=5)))
+    data = {
+        "source": "text",
+        "paths": [str(corpus)],
+        "streaming": True,
+        "stream_validation_documents": 20,
+        "shuffle_buffer": 50,
+    }
+    return tiny_run_config(tmp_path / "stream.yaml", data=data, **train)
+
+
+def test_streaming_run_resumes_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    yaml = stream_config(tmp_path, max_steps=10, model={"hidden_dropout": 0.1})
+    config = load_pretrain_config(yaml)
+    reference = train_losses(pretrain(config, tmp_path / "full"))
+    assert reference[-1][1] < reference[0][1]
+    original = Pretrainer._train_step
+
+    def crash_at_step_6(self, step):
+        if step == 6:
+            raise KeyboardInterrupt
+        return original(self, step)
+
+    monkeypatch.setattr(Pretrainer, "_train_step", crash_at_step_6)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(config, tmp_path / "cut")
+    monkeypatch.undo()
+    pretrain(config, tmp_path / "cut", resume=True)
+    assert train_losses(tmp_path / "cut") == reference
+
+
+def test_streaming_config_errors(tmp_path: Path) -> None:
+    from roformer.errors import ConfigError, UserError
+
+    with pytest.raises(ConfigError, match="streaming"):
+        load_pretrain_config(tiny_run_config(tmp_path / "c.yaml", data={"streaming": True}))
+    one_document = tmp_path / "one.txt"
+    one_document.write_text("a single paragraph of text\n")
+    data = {"source": "text", "paths": [str(one_document)], "streaming": True}
+    with pytest.raises(UserError, match="all taken for validation"):
+        pretrain(load_pretrain_config(tiny_run_config(tmp_path / "d.yaml", data=data)), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_hub_source_streams_through_datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hub path (no network here): datasets.load_dataset is asked for a streaming split and iterated."""
+    import datasets
+
+    documents = list(generate_documents(200, seed=6))
+    calls = []
+
+    def fake_load_dataset(name, config=None, split=None, streaming=False):
+        calls.append((name, config, split, streaming))
+        rows = [{"text": d} for d in documents] + [{"text": "  "}]  # blank rows are skipped
+        if streaming:
+            return datasets.IterableDataset.from_generator(lambda: iter(rows))
+        return datasets.Dataset.from_list(rows)
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    data = {
+        "source": "hub",
+        "hub_name": "someone/corpus",
+        "hub_config": "en",
+        "streaming": True,
+        "stream_validation_documents": 10,
+        "cache": False,
+    }
+    run = pretrain(load_pretrain_config(tiny_run_config(tmp_path / "c.yaml", data=data, max_steps=3)), tmp_path / "r")
+    assert calls and all(c == ("someone/corpus", "en", "train", True) for c in calls)
+    assert len(train_losses(run)) == 3
