@@ -1,4 +1,4 @@
-"""`roformer pretrain` as a script, for launchers that want a file: `accelerate launch scripts/pretrain.py --config ...`."""
+"""`roformer pretrain` as a script for launchers that want a file: `accelerate launch scripts/pretrain.py --config ...`."""
 
 import sys
 
