@@ -1,4 +1,7 @@
-"""`roformer pretrain` as a script for launchers that want a file: `accelerate launch scripts/pretrain.py --config ...`."""
+"""`roformer pretrain` as a script, for launchers that want a file.
+
+    accelerate launch scripts/pretrain.py --config configs/pretrain/roformer-tiny.yaml
+"""
 
 import sys
 
