@@ -98,8 +98,9 @@ class RotaryEmbedding(nn.Module):
         self.head_size = head_size
         self.base = base
         self.layout = layout
-        # A plain attribute, not a buffer: `model.to(bfloat16)` must not cast the table.
+        # Plain attributes, not buffers: `model.to(bfloat16)` must not cast the tables.
         self._cache: Tensor | None = None
+        self._real_cache: tuple[Tensor, Tensor] | None = None
 
     def rotations(self, length: int, device: torch.device) -> Tensor:
         """complex64 table e^{i m theta_i} = cos + i sin of shape (length, head_size // 2) on `device`."""
@@ -109,12 +110,17 @@ class RotaryEmbedding(nn.Module):
         return self._cache[:length]
 
     def cos_sin(self, length: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        """float32 cos and sin tables, each (length, head_size // 2)."""
-        table = self.rotations(length, device)
-        return table.real, table.imag
+        """float32 cos and sin tables, each (length, head_size // 2) (real copies, no complex views)."""
+        cached = self._real_cache
+        if cached is None or cached[0].shape[0] < length or cached[0].device != device:
+            angles = rotary_angles(_capacity(length), self.head_size, self.base)  # float64, as the complex table
+            self._real_cache = cached = (angles.cos().float().to(device), angles.sin().float().to(device))
+        return cached[0][:length], cached[1][:length]
 
     def forward(self, x: Tensor) -> Tensor:
         """Rotate `x` of shape (B, T, ..., D) by the position of its dim-1 index; returns the input dtype."""
+        if torch.compiler.is_compiling():
+            return apply_rotary_real(x, *self.cos_sin(x.shape[1], x.device), self.layout)
         return apply_rotary(x, self.rotations(x.shape[1], x.device), self.layout)
 
 
@@ -133,7 +139,21 @@ def apply_rotary(x: Tensor, rotations: Tensor, layout: str = "interleaved") -> T
             xf = xf.contiguous()
         rotated = torch.view_as_real(torch.view_as_complex(xf.unflatten(-1, (-1, 2))) * rotations)
         return rotated.flatten(-2).to(x.dtype)
-    cos, sin = rotations.real, rotations.imag
+    return apply_rotary_real(x, rotations.real, rotations.imag, layout)
+
+
+def apply_rotary_real(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved") -> Tensor:
+    """The rotation of `apply_rotary` in real arithmetic: `cos`, `sin` float32 (T, D/2) or broadcastable to it.
+
+    Used for the `half` layout and under torch.compile, whose Inductor backend generates no code for complex ops
+    (it would fall back to eager kernels); in real form the rotation fuses with its neighbours.
+    """
+    shape = (x.shape[1],) + (1,) * (x.dim() - 3) + (cos.shape[-1],)  # (T, 1.., D/2)
+    cos, sin = cos.reshape(shape), sin.reshape(shape)
+    xf = x.float() if x.element_size() < 4 else x
+    if layout == "interleaved":
+        x1, x2 = xf.unflatten(-1, (-1, 2)).unbind(-1)
+        return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2).to(x.dtype)
     x1, x2 = xf.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 

@@ -428,6 +428,7 @@ class Pretrainer:
         _check_trackers(train.report_to)
         if train.mixed_precision == "fp16" and not torch.cuda.is_available():
             raise UserError("train.mixed_precision: fp16 needs a GPU (use bf16 or no on CPU)")
+        _reset_accelerator_state()
         self.accelerator = Accelerator(
             # On a machine without GPUs, processes started by torchrun / `accelerate launch --multi_gpu` must still
             # form a group (gloo); accelerate only does that for CPU when told so.
@@ -729,6 +730,20 @@ def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value if isinstance(value, int | float | str | bool) else str(value)
     return out
+
+
+def _reset_accelerator_state() -> None:
+    """Forget the settings of an earlier run in this process (accelerate keeps one global state per process).
+
+    Several runs in one process (the experiment runner, notebooks, tests) may differ in mixed precision or
+    accumulation; the process group (PartialState) is kept.
+    """
+    from accelerate.state import AcceleratorState, GradientState
+
+    for state in (AcceleratorState, GradientState):
+        reset = getattr(state, "_reset_state", None)
+        if reset is not None:
+            reset()
 
 
 def _has_accelerator_device() -> bool:

@@ -315,3 +315,40 @@ def test_gutenberg_run(tmp_path: Path, shared_data: Path, capsys: pytest.Capture
     losses = [loss for _, loss in train_losses(run)]
     assert losses[-1] < losses[0] - 0.5, losses
     assert roformer.load(run / "final").config.vocab_size == 4000
+
+
+def test_bf16_autocast_run(tmp_path: Path) -> None:
+    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=4)
+    fp32 = train_losses(pretrain(load_pretrain_config(yaml), tmp_path / "fp32"))
+    bf16 = train_losses(pretrain(load_pretrain_config(yaml, ["train.mixed_precision=bf16"]), tmp_path / "bf16"))
+    for (_, a), (_, b) in zip(fp32, bf16, strict=True):
+        assert b == pytest.approx(a, abs=0.05)
+
+
+@pytest.mark.slow
+def test_compiled_run_matches_eager(tmp_path: Path) -> None:
+    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=4)
+    eager = train_losses(pretrain(load_pretrain_config(yaml), tmp_path / "eager"))
+    compiled = train_losses(pretrain(load_pretrain_config(yaml, ["train.compile=true"]), tmp_path / "compiled"))
+    for (_, a), (_, b) in zip(eager, compiled, strict=True):
+        assert b == pytest.approx(a, rel=1e-4)
+    assert roformer.load(tmp_path / "compiled" / "final").config.position_encoding == "rotary"
+
+
+def test_pretrain_script_entry(tmp_path: Path) -> None:
+    """scripts/pretrain.py is the same command, for `accelerate launch scripts/pretrain.py ...`."""
+    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    args = [
+        sys.executable,
+        str(REPO / "scripts" / "pretrain.py"),
+        "--config",
+        str(yaml),
+        "--output-dir",
+        str(tmp_path / "r"),
+    ]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "r" / "final" / "model.safetensors").is_file()
+    bad = subprocess.run([*args[:-1], str(tmp_path / "r")], env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "not empty" in bad.stderr and "Traceback" not in bad.stderr

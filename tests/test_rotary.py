@@ -123,3 +123,16 @@ def test_apply_rotary_half_layout_matches_neox_formula() -> None:
     x1, x2 = x.chunk(2, -1)
     expected = x * cos + torch.cat([-x2, x1], -1) * sin  # GPT-NeoX rotate_half
     assert_close(apply_rotary(x, rot, "half"), expected)
+
+
+def test_compiled_rotary_matches_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torch.compile the rotation takes a real-arithmetic path; it must equal the complex one in both layouts."""
+    from roformer.model import RotaryEmbedding
+
+    for layout in ("interleaved", "half"):
+        rotary = RotaryEmbedding(16, layout=layout)
+        x = torch.randn(2, 10, 3, 16)
+        eager = rotary(x)
+        with monkeypatch.context() as m:
+            m.setattr(torch.compiler, "is_compiling", lambda: True)
+            torch.testing.assert_close(rotary(x), eager)
