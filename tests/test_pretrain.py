@@ -56,6 +56,27 @@ def train_losses(run: Path) -> list[tuple[int, float]]:
     return [(e["step"], e["loss"]) for e in read_metrics(run / "metrics.jsonl") if e["event"] == "train"]
 
 
+def interrupted_run(config: PretrainConfig, out: Path, crash_step: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run `config` into `out` and kill it (KeyboardInterrupt) when it reaches `crash_step`."""
+    original = Pretrainer._train_step
+
+    def crash(self, step):
+        if step == crash_step:
+            raise KeyboardInterrupt
+        return original(self, step)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Pretrainer, "_train_step", crash)
+        with pytest.raises(KeyboardInterrupt):
+            pretrain(config, out)
+
+
+def run_python(args: list[str]) -> subprocess.CompletedProcess:
+    """Run `python ARGS` with the repository importable; returns the finished process (text output)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=300)
+
+
 def test_tiny_run_end_to_end(tmp_path: Path) -> None:
     config = load_pretrain_config(
         tiny_run_config(tmp_path / "c.yaml", max_steps=30, eval_every=10, save_every=10, lr=3e-3)
@@ -91,17 +112,7 @@ def test_resume_reproduces_the_uninterrupted_losses(tmp_path: Path, monkeypatch:
     config = load_pretrain_config(yaml)
     reference = train_losses(pretrain(config, tmp_path / "full"))
 
-    original = Pretrainer._train_step
-
-    def crash_at_step_6(self, step):
-        if step == 6:
-            raise KeyboardInterrupt
-        return original(self, step)
-
-    monkeypatch.setattr(Pretrainer, "_train_step", crash_at_step_6)
-    with pytest.raises(KeyboardInterrupt):
-        pretrain(config, tmp_path / "cut")
-    monkeypatch.undo()
+    interrupted_run(config, tmp_path / "cut", 6, monkeypatch)
     checkpoints = tmp_path / "cut" / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-4"]
     # a write killed half-way (hidden tmp dir) and a renamed one without the COMPLETE marker are both ignored
@@ -130,23 +141,10 @@ def test_two_cpu_processes_match_one(tmp_path: Path) -> None:
     """accelerate launch with 2 CPU processes (gloo, configs/accelerate/multi-cpu.yaml), batch 4 each == one with 8."""
     yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=1, save_every=0, eval_every=0)
     single = pretrain(load_pretrain_config(yaml, ["train.batch_size=8"]), tmp_path / "one")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     launcher = REPO / "configs" / "accelerate" / "multi-cpu.yaml"
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(launcher),
-        "-m",
-        "roformer",
-        "pretrain",
-        "--config",
-        str(yaml),
-        "--output-dir",
-        str(tmp_path / "two"),
-    ]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    out = str(tmp_path / "two")
+    done = run_python(["-m", "accelerate.commands.launch", "--config_file", str(launcher), "-m", "roformer", "pretrain",
+                       "--config", str(yaml), "--output-dir", out])  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     one_events, two_events = read_metrics(single / "metrics.jsonl"), read_metrics(tmp_path / "two" / "metrics.jsonl")
     assert one_events[0]["loss"] == pytest.approx(two_events[0]["loss"], rel=1e-6)
@@ -338,17 +336,20 @@ def test_compiled_run_matches_eager(tmp_path: Path) -> None:
 def test_pretrain_script_entry(tmp_path: Path) -> None:
     """scripts/pretrain.py is the same command, for `accelerate launch scripts/pretrain.py ...`."""
     yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    args = [
-        sys.executable,
-        str(REPO / "scripts" / "pretrain.py"),
-        "--config",
-        str(yaml),
-        "--output-dir",
-        str(tmp_path / "r"),
-    ]
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    args = [str(REPO / "scripts" / "pretrain.py"), "--config", str(yaml), "--output-dir", str(tmp_path / "r")]
+    done = run_python(args)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "r" / "final" / "model.safetensors").is_file()
-    bad = subprocess.run([*args[:-1], str(tmp_path / "r")], env=env, capture_output=True, text=True, timeout=300)
+    bad = run_python(args)  # the run directory is now occupied
     assert bad.returncode == 2 and "not empty" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_whole_word_masking_run(tmp_path: Path) -> None:
+    yaml = tiny_run_config(tmp_path / "c.yaml", data={"whole_word_mask": True, "vocab_size": 120}, max_steps=3)
+    trainer = Pretrainer(load_pretrain_config(yaml), tmp_path / "run")
+    ids, labels = trainer.batches.step(0)
+    table = roformer.masking.continuation_table(trainer.data.tokenizer)
+    selected, cont = labels != -100, table[trainer.batches.blocks_of(0)]
+    follows = cont[:, 1:] & ~torch.isin(trainer.batches.blocks_of(0)[:, :-1], torch.tensor([2, 3]))
+    assert follows.any() and torch.equal(selected[:, 1:][follows], selected[:, :-1][follows])
+    assert trainer.run().joinpath("final").is_dir()

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_pretrain import tiny_run_config, train_losses
+from test_pretrain import interrupted_run, tiny_run_config, train_losses
 
 from roformer.builtin_corpus import generate_documents
 from roformer.packing import pack_blocks, tokenize_documents
-from roformer.pretrain import Pretrainer, load_pretrain_config, pretrain
+from roformer.pretrain import load_pretrain_config, pretrain
 from roformer.streaming import StreamPacker, shuffled
 from roformer.tokenizer import train_tokenizer
 
@@ -67,17 +67,7 @@ def test_streaming_run_resumes_exactly(tmp_path: Path, monkeypatch: pytest.Monke
     config = load_pretrain_config(yaml)
     reference = train_losses(pretrain(config, tmp_path / "full"))
     assert reference[-1][1] < reference[0][1]
-    original = Pretrainer._train_step
-
-    def crash_at_step_6(self, step):
-        if step == 6:
-            raise KeyboardInterrupt
-        return original(self, step)
-
-    monkeypatch.setattr(Pretrainer, "_train_step", crash_at_step_6)
-    with pytest.raises(KeyboardInterrupt):
-        pretrain(config, tmp_path / "cut")
-    monkeypatch.undo()
+    interrupted_run(config, tmp_path / "cut", 6, monkeypatch)
     pretrain(config, tmp_path / "cut", resume=True)
     assert train_losses(tmp_path / "cut") == reference
 
