@@ -1,0 +1,97 @@
+"""GLUE data: the official TSV layout (row counts of the local tasks), the hub path, local files, bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from roformer.errors import UserError
+from roformer.glue_tasks import TASKS, get_task, read_files, read_glue_dir, read_hub
+
+ROW_COUNTS = {
+    "cola": (8551, 1043, 1063),
+    "mrpc": (3668, 408, 1725),
+    "stsb": (5749, 1500, 1379),
+    "rte": (2490, 277, 3000),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROW_COUNTS))
+def test_local_glue_tasks_load_with_exact_row_counts(name: str, shared_data: Path) -> None:
+    task = get_task(name)
+    splits = read_glue_dir(task, shared_data / "glue")
+    assert (len(splits["train"]), len(splits["dev"]), len(splits["test"])) == ROW_COUNTS[name]
+    assert all(e.label is not None for e in splits["train"] + splits["dev"])
+    assert all(e.label is None for e in splits["test"])
+    assert [e.index for e in splits["test"][:3]] == ["0", "1", "2"]
+    assert all(len(e.texts) == len(task.text_columns) and all(e.texts) for e in splits["train"])
+
+
+def test_tsv_quirks(shared_data: Path) -> None:
+    cola = read_glue_dir(get_task("cola"), shared_data / "glue")
+    assert cola["train"][0].texts == ("Our friends won't buy this analysis, let alone the next one we propose.",)
+    assert {e.label for e in cola["train"]} == {0, 1}
+    mrpc = read_glue_dir(get_task("MRPC"), shared_data / "glue")  # header behind a byte-order mark
+    assert mrpc["train"][0].label == 1 and mrpc["train"][0].texts[0].startswith("Amrozi accused his brother")
+    assert any('"' in t for e in mrpc["train"] for t in e.texts)  # quotes kept as text, not quoting
+    stsb = read_glue_dir(get_task("sts-b"), shared_data / "glue")
+    assert stsb["train"][0].label == 5.0 and all(0.0 <= e.label <= 5.0 for e in stsb["dev"])
+    rte = read_glue_dir(get_task("rte"), shared_data / "glue")
+    assert rte["train"][0].label == TASKS["rte"].labels.index("not_entailment")
+
+
+def test_every_task_has_consistent_metadata() -> None:
+    assert set(TASKS) == {"cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"}
+    for task in TASKS.values():
+        assert len(task.text_columns) == len(task.hub_text_columns) in (1, 2)
+        assert all(split.submission for split in task.test)
+    assert [s.submission for s in TASKS["mnli"].test + TASKS["mnli"].extra_tests] == [
+        "MNLI-m.tsv",
+        "MNLI-mm.tsv",
+        "AX.tsv",
+    ]
+    assert TASKS["stsb"].is_regression and TASKS["stsb"].num_labels == 1 and TASKS["mnli"].num_labels == 3
+
+
+def test_bad_glue_input(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="unknown GLUE task 'sst3'"):
+        get_task("sst3")
+    with pytest.raises(UserError, match="no RTE directory"):
+        read_glue_dir(get_task("rte"), tmp_path)
+    rte = tmp_path / "RTE"
+    rte.mkdir()
+    (rte / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\tc\td\tmaybe\n")
+    with pytest.raises(UserError, match=r"train.tsv:3: label 'maybe' is not one of the rte labels"):
+        read_glue_dir(get_task("rte"), tmp_path)
+    (rte / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n")
+    with pytest.raises(UserError, match="dev.tsv: GLUE split file not found"):
+        read_glue_dir(get_task("rte"), tmp_path)
+    (rte / "dev.tsv").write_text("index\tsentence1\tsentence2\n0\ta\tb\n")  # a test-style file used as dev
+    with pytest.raises(UserError, match="no column 'label'"):
+        read_glue_dir(get_task("rte"), tmp_path)
+
+
+def test_local_files_with_named_columns(tmp_path: Path) -> None:
+    train = tmp_path / "train.csv"
+    train.write_text('sentence,label\n"a fine, warm film",1\nawful,0\n')
+    test = tmp_path / "test.jsonl"
+    test.write_text('{"sentence": "great", "idx": 7}\n')
+    splits = read_files(get_task("sst2"), {"train": str(train), "test": str(test)})
+    assert [(e.texts, e.label) for e in splits["train"]] == [(("a fine, warm film",), 1), (("awful",), 0)]
+    assert splits["test"][0].index == "7" and splits["test"][0].label is None
+    with pytest.raises(UserError, match="no label column 'label'"):
+        read_files(get_task("sst2"), {"train": str(test)})
+
+
+def test_hub_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets
+
+    def fake_load(name, config, split):
+        rows = [{"premise": "p", "hypothesis": "h", "label": -1 if split.startswith("test") else 2, "idx": 3}]
+        return datasets.Dataset.from_list(rows)
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    splits = read_hub(get_task("mnli"))
+    assert set(splits) == {"train", "dev_matched", "dev_mismatched", "test_matched", "test_mismatched", "ax"}
+    assert splits["train"][0].label == 2 and splits["ax"][0].label is None and splits["ax"][0].index == "3"
