@@ -46,10 +46,14 @@ from roformer.training import (
     SCHEDULES,
     TOKENIZER_DIR,
     CheckpointManager,
+    EpochSampler,
     MetricsWriter,
+    flat_config,
     lr_multiplier,
+    make_accelerator,
     param_groups,
     read_metrics,
+    share,
 )
 from roformer.utils import check_output_dir, staged_output_dir
 
@@ -231,7 +235,7 @@ class StepBatches:
         self.grad_accum = grad_accum
         self.global_batch = batch_size * num_processes * grad_accum
         self.mask_args = mlm_mask_args(tokenizer, data)
-        self._epoch: tuple[int, torch.Tensor] | None = None
+        self.sampler = EpochSampler(max(len(blocks), 1), self.global_batch, seed)
 
     def describe(self) -> str:
         """A few words on the data for the log."""
@@ -242,20 +246,8 @@ class StepBatches:
         return step * self.global_batch / len(self.blocks)
 
     def indices(self, step: int) -> torch.Tensor:
-        """(G,) block indices of `step`: positions [step*G, (step+1)*G) of the per-epoch permutations."""
-        n = len(self.blocks)
-        positions = torch.arange(step * self.global_batch, (step + 1) * self.global_batch)
-        out = torch.empty_like(positions)
-        for epoch in positions.div(n, rounding_mode="floor").unique().tolist():
-            in_epoch = positions // n == epoch
-            out[in_epoch] = self._permutation(epoch)[positions[in_epoch] % n]
-        return out
-
-    def _permutation(self, epoch: int) -> torch.Tensor:
-        if self._epoch is None or self._epoch[0] != epoch:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._epoch = (epoch, torch.randperm(len(self.blocks), generator=generator))
-        return self._epoch[1]
+        """(G,) block indices of `step` (see EpochSampler)."""
+        return self.sampler.indices(step)
 
     def blocks_of(self, step: int) -> torch.Tensor:
         """(G, T) unmasked blocks of `step`."""
@@ -268,8 +260,7 @@ class StepBatches:
 
     def share(self, batch: torch.Tensor, micro: int, rank: int) -> torch.Tensor:
         """Rows of micro-batch `micro` for process `rank` (chunk micro * processes + rank of the global batch)."""
-        chunk = micro * self.num_processes + rank
-        return batch[chunk * self.batch_size : (chunk + 1) * self.batch_size]
+        return share(batch, micro, rank, self.num_processes, self.batch_size)
 
     def state_dict(self) -> dict[str, Any]:
         """Nothing to save: the data position is a function of the step."""
@@ -414,7 +405,6 @@ class Pretrainer:
         resume: bool = False,
         overwrite: bool = False,
     ) -> None:
-        from accelerate import Accelerator
 
         self.out = Path(output_dir)
         self.resume = resume
@@ -425,24 +415,7 @@ class Pretrainer:
         if not resume:
             check_output_dir(self.out, overwrite)
         train = config.train
-        _check_trackers(train.report_to)
-        if train.mixed_precision == "fp16" and not torch.cuda.is_available():
-            raise UserError("train.mixed_precision: fp16 needs a GPU (use bf16 or no on CPU)")
-        _reset_accelerator_state()
-        self.accelerator = Accelerator(
-            # On a machine without GPUs, processes started by torchrun / `accelerate launch --multi_gpu` must still
-            # form a group (gloo); accelerate only does that for CPU when told so.
-            cpu=not _has_accelerator_device(),
-            mixed_precision=train.mixed_precision,
-            gradient_accumulation_steps=train.grad_accum,
-            log_with=train.report_to or None,
-            project_dir=str(self.out),
-        )
-        if not self.accelerator.is_main_process:  # one process speaks for all
-            logging.getLogger().setLevel(logging.WARNING)
-            import datasets
-
-            datasets.disable_progress_bars()
+        self.accelerator = make_accelerator(train.mixed_precision, train.grad_accum, train.report_to, self.out)
         with self.accelerator.main_process_first():
             build = build_streaming_mlm_data if config.data.streaming else build_mlm_data
             self.data = build(config.data)
@@ -542,7 +515,7 @@ class Pretrainer:
         state = self._restore()
         if acc.is_main_process:
             self.metrics = MetricsWriter(self.out / METRICS_FILE)
-        acc.init_trackers("roformer-pretrain", config=_flat(self.config.to_dict()))
+        acc.init_trackers("roformer-pretrain", config=flat_config(self.config.to_dict()))
         start = state["step"]
         logger.info(
             "%s: %s parameters, %s, global batch %d x %d tokens, %d processes",
@@ -719,54 +692,6 @@ def _truncate_metrics(path: Path, step: int) -> None:
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(json.dumps(e) + "\n" for e in events), encoding="utf-8")
     tmp.replace(path)
-
-
-def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Flatten a nested config for trackers (which want scalar hyperparameters)."""
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value if isinstance(value, int | float | str | bool) else str(value)
-    return out
-
-
-def _reset_accelerator_state() -> None:
-    """Forget the settings of an earlier run in this process (accelerate keeps one global state per process).
-
-    Several runs in one process (the experiment runner, notebooks, tests) may differ in mixed precision or
-    accumulation; the process group (PartialState) is kept.
-    """
-    from accelerate.state import AcceleratorState, GradientState
-
-    for state in (AcceleratorState, GradientState):
-        reset = getattr(state, "_reset_state", None)
-        if reset is not None:
-            reset()
-
-
-def _has_accelerator_device() -> bool:
-    """True when a GPU (or another torch accelerator such as MPS or XPU) is present."""
-    accelerator = getattr(torch, "accelerator", None)
-    if accelerator is not None:
-        return accelerator.is_available()
-    return torch.cuda.is_available()
-
-
-def _check_trackers(report_to: list[str]) -> None:
-    """Every requested tracker must be installed (accelerate would drop a missing one silently)."""
-    if not report_to:
-        return
-    from accelerate.tracking import get_available_trackers
-    from accelerate.utils import LoggerType
-
-    available = {str(t.value) for t in get_available_trackers()}
-    for name in report_to:
-        if name not in {t.value for t in LoggerType}:
-            raise UserError(f"train.report_to: unknown tracker {name!r} (known: {', '.join(LoggerType.list())})")
-        if name != "all" and name not in available:
-            raise UserError(f"train.report_to: {name} is not installed (pip install {name})")
 
 
 def pretrain(config: PretrainConfig, output_dir: str | Path, resume: bool = False, overwrite: bool = False) -> Path:

@@ -6,6 +6,7 @@ Nothing here knows about accelerate or the model internals; the recipes wire the
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -164,3 +165,123 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
             if number < len(lines):
                 raise UserError(f"{path}:{number}: not a JSON line") from None
     return events
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Launch-independent batches and the accelerate set-up shared by the recipes
+
+
+class EpochSampler:
+    """Example indices of optimizer step `s`: positions [s*G, (s+1)*G) of seeded per-epoch permutations.
+
+    The data position is a function of the step (exact resume, no sampler state), every global batch is full
+    (an epoch boundary falls inside a batch), and the order does not depend on the number of processes.
+    """
+
+    def __init__(self, size: int, global_batch: int, seed: int) -> None:
+        if size < 1:
+            raise UserError("no training examples")
+        self.size = size
+        self.global_batch = global_batch
+        self.seed = seed
+        self._epoch: tuple[int, torch.Tensor] | None = None
+
+    def indices(self, step: int) -> torch.Tensor:
+        """(G,) indices of `step`."""
+        n = self.size
+        positions = torch.arange(step * self.global_batch, (step + 1) * self.global_batch)
+        out = torch.empty_like(positions)
+        for epoch in positions.div(n, rounding_mode="floor").unique().tolist():
+            in_epoch = positions // n == epoch
+            out[in_epoch] = self.permutation(epoch)[positions[in_epoch] % n]
+        return out
+
+    def permutation(self, epoch: int) -> torch.Tensor:
+        """The order of epoch `epoch`."""
+        if self._epoch is None or self._epoch[0] != epoch:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._epoch = (epoch, torch.randperm(self.size, generator=generator))
+        return self._epoch[1]
+
+
+def share(batch: Any, micro: int, rank: int, num_processes: int, batch_size: int) -> Any:
+    """Rows of micro-batch `micro` for process `rank`: chunk micro * processes + rank of a global batch."""
+    chunk = micro * num_processes + rank
+    return batch[chunk * batch_size : (chunk + 1) * batch_size]
+
+
+def make_accelerator(mixed_precision: str, grad_accum: int, report_to: list[str], project_dir: Path) -> Any:
+    """An Accelerator for one run: trackers checked, CPU process groups formed, quiet non-main processes.
+
+    Raises:
+        UserError: a tracker that is unknown or not installed, fp16 without a GPU.
+    """
+    from accelerate import Accelerator
+
+    check_trackers(report_to)
+    if mixed_precision == "fp16" and not torch.cuda.is_available():
+        raise UserError("train.mixed_precision: fp16 needs a GPU (use bf16 or no on CPU)")
+    reset_accelerator_state()
+    accelerator = Accelerator(
+        # On a machine without GPUs, processes started by torchrun / `accelerate launch --multi_gpu` must still
+        # form a group (gloo); accelerate only does that for CPU when told so.
+        cpu=not has_accelerator_device(),
+        mixed_precision=mixed_precision,
+        gradient_accumulation_steps=grad_accum,
+        log_with=report_to or None,
+        project_dir=str(project_dir),
+    )
+    if not accelerator.is_main_process:  # one process speaks for all
+        import datasets
+
+        logging.getLogger().setLevel(logging.WARNING)
+        datasets.disable_progress_bars()
+    return accelerator
+
+
+def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten a nested config for trackers (which want scalar hyperparameters)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(flat_config(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value if isinstance(value, int | float | str | bool) else str(value)
+    return out
+
+
+def reset_accelerator_state() -> None:
+    """Forget the settings of an earlier run in this process (accelerate keeps one global state per process).
+
+    Several runs in one process (the experiment runner, notebooks, tests) may differ in mixed precision or
+    accumulation; the process group (PartialState) is kept.
+    """
+    from accelerate.state import AcceleratorState, GradientState
+
+    for state in (AcceleratorState, GradientState):
+        reset = getattr(state, "_reset_state", None)
+        if reset is not None:
+            reset()
+
+
+def has_accelerator_device() -> bool:
+    """True when a GPU (or another torch accelerator such as MPS or XPU) is present."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        return accelerator.is_available()
+    return torch.cuda.is_available()
+
+
+def check_trackers(report_to: list[str]) -> None:
+    """Every requested tracker must be installed (accelerate would drop a missing one silently)."""
+    if not report_to:
+        return
+    from accelerate.tracking import get_available_trackers
+    from accelerate.utils import LoggerType
+
+    available = {str(t.value) for t in get_available_trackers()}
+    for name in report_to:
+        if name not in {t.value for t in LoggerType}:
+            raise UserError(f"train.report_to: unknown tracker {name!r} (known: {', '.join(LoggerType.list())})")
+        if name != "all" and name not in available:
+            raise UserError(f"train.report_to: {name} is not installed (pip install {name})")
