@@ -74,6 +74,43 @@ def _pretrain(args: argparse.Namespace) -> None:
         print(f"pretraining finished: {run} (model in {run / 'final'})")
 
 
+def _finetune(args: argparse.Namespace) -> None:
+    from roformer.finetune import finetune, load_finetune_config
+
+    if args.config is None:
+        raise UserError("--config is required")
+    config = load_finetune_config(args.config, args.set)
+    out = Path(args.output_dir) if args.output_dir else Path("runs") / "glue" / Path(args.config).stem
+    results = finetune(config, out, overwrite=args.overwrite)
+    if results:
+        split = results["selection_split"]
+        score = results["summary"][split]["score"]
+        print(
+            f"{results['task']}: {split} score {100 * score['mean']:.2f} ± {100 * score['std']:.2f} over "
+            f"{len(score['values'])} seed(s) at lr {results['selected']['peak_lr']:g}; results in {out}"
+        )
+
+
+def _glue(args: argparse.Namespace) -> None:
+    from roformer.finetune import results_table, run_suite
+
+    if args.config is None:
+        raise UserError("--config is required")
+    out = Path(args.output_dir) if args.output_dir else Path("runs") / "glue" / Path(args.config).stem
+    results = run_suite(args.config, out, args.set, overwrite=args.overwrite)
+    if results:
+        print(results_table(results) + f"results in {out} (submission files in {out / 'submission'})")
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser, config_help: str, default_out: str) -> None:
+    parser.add_argument("--config", metavar="FILE", help=config_help)
+    parser.add_argument("--output-dir", metavar="DIR", help=f"run directory (default: {default_out})")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. train.lr=3e-4"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty run directory")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of all subcommands."""
     parser = _Parser(prog="roformer", description="RoFormer and BERT baseline: convert, pretrain, fine-tune, compare.")
@@ -96,14 +133,17 @@ def build_parser() -> argparse.ArgumentParser:
     convert.set_defaults(func=_convert)
 
     pretrain = sub.add_parser("pretrain", help="MLM pretraining from a YAML config (also under accelerate launch)")
-    pretrain.add_argument("--config", metavar="FILE", help="pretraining YAML (configs/pretrain/*.yaml)")
-    pretrain.add_argument("--output-dir", metavar="DIR", help="run directory (default: runs/<config name>)")
-    pretrain.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. train.lr=3e-4"
-    )
+    _add_run_arguments(pretrain, "pretraining YAML (configs/pretrain/*.yaml)", "runs/<config name>")
     pretrain.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
-    pretrain.add_argument("--overwrite", action="store_true", help="replace a non-empty run directory")
     pretrain.set_defaults(func=_pretrain)
+
+    finetune = sub.add_parser("finetune", help="fine-tune on one GLUE task (every lr and seed of the config)")
+    _add_run_arguments(finetune, "task YAML (configs/glue/<task>.yaml)", "runs/glue/<config name>")
+    finetune.set_defaults(func=_finetune)
+
+    glue = sub.add_parser("glue", help="fine-tune several GLUE tasks and write one table and one submission")
+    _add_run_arguments(glue, "suite YAML (configs/glue/all.yaml)", "runs/glue/<config name>")
+    glue.set_defaults(func=_glue)
     return parser
 
 

@@ -392,3 +392,32 @@ def load_config(cls: type[T], path: str | Path, overrides: list[str] | None = No
         raise ConfigError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
     apply_overrides(data, overrides or [])
     return from_dict(cls, data, source=str(path))
+
+
+def resolve_paths(data: dict[str, Any], keys: list[str], base: Path, maybe_names: tuple[str, ...] = ()) -> None:
+    """Make the relative paths at dotted `keys` of a parsed YAML absolute against `base` (the file's folder), in place.
+
+    Applied before `--set` overrides, so paths in a file are relative to the file and paths given on the command
+    line relative to the working directory. Keys in `maybe_names` may also hold hub names (`bert-base-uncased`,
+    `org/model`): those are resolved only when they start with `.` or exist under `base`.
+    """
+    for key in keys:
+        *parents, leaf = key.split(".")
+        node = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or leaf not in node:
+            continue
+        value, may_be_name = node[leaf], key in maybe_names
+        if isinstance(value, list):
+            node[leaf] = [_resolve_path(v, base, may_be_name) for v in value]
+        else:
+            node[leaf] = _resolve_path(value, base, may_be_name)
+
+
+def _resolve_path(value: Any, base: Path, may_be_name: bool) -> Any:
+    if not isinstance(value, str) or not value or Path(value).is_absolute() or value.startswith("~"):
+        return value
+    if may_be_name and not (value.startswith(".") or (base / value).exists()):
+        return value
+    return str((base / value).resolve())

@@ -31,7 +31,16 @@ from typing import Any, Literal
 
 import torch
 
-from roformer.config import ConfigError, ModelConfig, apply_overrides, check_types, from_dict, read_yaml, write_yaml
+from roformer.config import (
+    ConfigError,
+    ModelConfig,
+    apply_overrides,
+    check_types,
+    from_dict,
+    read_yaml,
+    resolve_paths,
+    write_yaml,
+)
 from roformer.errors import UserError
 from roformer.masking import IGNORE_INDEX, continuation_table, mask_tokens
 from roformer.model import MaskedLM
@@ -178,27 +187,9 @@ def load_pretrain_config(path: str | Path, overrides: list[str] | None = None) -
             raise ConfigError(f"{path}: model: file not found: {include}")
         model = read_yaml(include) or {}
         data["model"] = model.get("model", model) if isinstance(model, dict) else model
+    resolve_paths(data, ["data.paths", "data.validation_paths", "data.tokenizer"], path.parent)
     apply_overrides(data, overrides or [])
-    config = from_dict(PretrainConfig, data, source=str(path))
-    config.data = _absolute_paths(config.data, path.parent)
-    return config
-
-
-def _absolute_paths(data: DataConfig, base: Path) -> DataConfig:
-    """Make relative data paths absolute (relative to the config file) so the saved config runs from anywhere."""
-
-    def resolve(p: str) -> str:
-        return p if Path(p).is_absolute() else str((base / p).resolve())
-
-    tokenizer = data.tokenizer
-    if tokenizer and (Path(tokenizer).is_absolute() or (base / tokenizer).exists()):
-        tokenizer = resolve(tokenizer)
-    return replace(
-        data,
-        paths=[resolve(p) for p in data.paths],
-        validation_paths=[resolve(p) for p in data.validation_paths],
-        tokenizer=tokenizer,
-    )
+    return from_dict(PretrainConfig, data, source=str(path))
 
 
 # ----------------------------------------------------------------------------------------------------------------

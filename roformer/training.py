@@ -210,6 +210,13 @@ def share(batch: Any, micro: int, rank: int, num_processes: int, batch_size: int
     return batch[chunk * batch_size : (chunk + 1) * batch_size]
 
 
+def process_state() -> Any:
+    """Accelerate's PartialState (rank, world size) with the CPU process group formed when there is no GPU."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=not has_accelerator_device())
+
+
 def make_accelerator(mixed_precision: str, grad_accum: int, report_to: list[str], project_dir: Path) -> Any:
     """An Accelerator for one run: trackers checked, CPU process groups formed, quiet non-main processes.
 

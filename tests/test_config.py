@@ -19,7 +19,14 @@ def _load_accelerate_config(path: Path) -> None:
     assert config.num_processes >= 1
 
 
+def _load_glue_config(path: Path) -> None:
+    from roformer.finetune import load_finetune_config, load_suite_config
+
+    (load_suite_config if path.name == "all.yaml" else load_finetune_config)(path)
+
+
 CONFIG_LOADERS = {
+    "glue": _load_glue_config,
     "model": ModelConfig.from_yaml,
     "pretrain": load_pretrain_config,
     "accelerate": _load_accelerate_config,
