@@ -450,7 +450,8 @@ class Finetuner:
         self._write_predictions(acc, model, tag)
         if acc.is_main_process:
             self._keep_candidate(acc.unwrap_model(model), lr, best["score"])
-        acc.end_training()
+        for tracker in acc.trackers:  # not acc.end_training(): that also destroys the process group, needed later
+            tracker.finish()
         acc.wait_for_everyone()
         return {"peak_lr": lr, "seed": seed, "best_step": best["step"], "steps": steps, "dev": best["dev"]}
 

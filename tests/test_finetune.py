@@ -1,0 +1,195 @@
+"""`roformer finetune` / `roformer glue`: learning, run directory, server files, multi-process eval, bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from test_pretrain import run_python, tiny_run_config
+
+import roformer
+from roformer.builtin_corpus import NUMBERS, generate_documents
+from roformer.cli import main
+from roformer.config import write_yaml
+from roformer.finetune import finetune, load_finetune_config
+from roformer.pretrain import load_pretrain_config, pretrain
+
+
+@pytest.fixture(scope="session")
+def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny RoFormer pretrained for a few steps on the built-in corpus (its final/ has model + tokenizer)."""
+    tmp = tmp_path_factory.mktemp("pretrained")
+    yaml = tiny_run_config(tmp / "c.yaml", max_steps=20, lr=2e-3, eval_every=0, save_every=0, log_every=10)
+    return pretrain(load_pretrain_config(yaml), tmp / "run") / "final"
+
+
+@pytest.fixture(scope="session")
+def number_task(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A balanced binary task on built-in sentences: does the sentence contain a number word (majority = 50%)?"""
+    tmp = tmp_path_factory.mktemp("numbers")
+    sentences = [s.strip() for d in generate_documents(1500, seed=9) for s in d.split(" . ") if s.strip()]
+    numbers = set(NUMBERS)
+    positive = [s for s in sentences if numbers & set(s.split())]
+    negative = [s for s in sentences if not numbers & set(s.split())]
+    rng = random.Random(0)
+    rows = [(s, 1) for s in rng.sample(positive, 300)] + [(s, 0) for s in rng.sample(negative, 300)]
+    rng.shuffle(rows)
+    files = {"train": rows[:440], "dev": rows[440:541], "test": rows[541:598]}  # odd sizes on purpose
+    paths = {}
+    for split, split_rows in files.items():
+        path = tmp / f"{split}.csv"
+        with path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["sentence", "label"] if split != "test" else ["idx", "sentence"])
+            for i, (sentence, label) in enumerate(split_rows):
+                writer.writerow([sentence, label] if split != "test" else [i, sentence])
+        paths[split] = path
+    return paths
+
+
+def task_config(path: Path, init: Path, files: dict[str, Path], **train) -> Path:
+    config = {
+        "init": str(init),
+        "data": {"task": "sst2", "source": "files", "train_file": str(files["train"]),
+                 "validation_file": str(files["dev"]), "test_file": str(files["test"]), "max_length": 64},
+        "train": {"epochs": 3, "batch_size": 16, "lr": 1e-3, "seeds": [0, 1], "progress": False, "log_every": 5,
+                  **train},
+    }  # fmt: skip
+    write_yaml(path, config)
+    return path
+
+
+def test_finetune_beats_the_majority_class(tmp_path: Path, pretrained: Path, number_task: dict) -> None:
+    config = load_finetune_config(task_config(tmp_path / "c.yaml", pretrained, number_task))
+    results = finetune(config, tmp_path / "run")
+    run = tmp_path / "run"
+    accuracy = results["summary"]["dev"]["accuracy"]
+    assert accuracy["mean"] > 0.5 + 0.2, accuracy  # the majority class gets 50% here
+    assert len(accuracy["values"]) == 2 and accuracy["max"] >= accuracy["median"] >= min(accuracy["values"])
+    assert {p.name for p in run.iterdir()} == {"config.yaml", "metrics.jsonl", "results.json", "predictions",
+                                               "submission", "best"}  # fmt: skip
+    saved = json.loads((run / "results.json").read_text())
+    assert [(r["peak_lr"], r["seed"]) for r in saved["runs"]] == [(1e-3, 0), (1e-3, 1)]
+    assert all(r["best_step"] > 0 for r in saved["runs"]) and saved["selected"]["seed"] in (0, 1)
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {e["event"] for e in events} == {"train", "eval"}
+    assert sum(e["event"] == "eval" for e in events) == 2 * 3  # every epoch, both seeds
+    # server format: header, one row per test example, class names
+    lines = (run / "submission" / "SST-2.tsv").read_text().splitlines()
+    assert lines[0] == "index\tprediction" and len(lines) == 1 + 57
+    assert [line.split("\t")[0] for line in lines[1:4]] == ["0", "1", "2"]
+    assert {line.split("\t")[1] for line in lines[1:]} <= {"0", "1"}
+    dev = (run / "predictions" / "lr0.001-seed0" / "dev.tsv").read_text().splitlines()
+    assert dev[0] == "index\tprediction\tlabel" and len(dev) == 1 + 101
+    best = roformer.load(run / "best")
+    assert isinstance(best, roformer.SequenceClassifier) and best.config.num_labels == 2
+    assert (run / "best" / "tokenizer.json").is_file()
+
+
+def test_multiprocess_evaluation_equals_one_process(tmp_path: Path, pretrained: Path, number_task: dict) -> None:
+    """max_steps: 0 evaluates the initial model: 2 processes must give exactly the 1-process predictions (101 rows)."""
+    yaml = task_config(tmp_path / "c.yaml", pretrained, number_task, max_steps=0, seeds=[3], eval_batch_size=8)
+    assert main(["finetune", "--config", str(yaml), "--output-dir", str(tmp_path / "one")]) == 0
+    launcher = REPO / "configs" / "accelerate" / "multi-cpu.yaml"
+    done = run_python(["-m", "accelerate.commands.launch", "--config_file", str(launcher), "-m", "roformer",
+                       "finetune", "--config", str(yaml), "--output-dir", str(tmp_path / "two")])  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    one = json.loads((tmp_path / "one" / "results.json").read_text())
+    two = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert one["runs"][0]["dev"] == two["runs"][0]["dev"]
+    for name in ("dev.tsv", "SST-2.tsv"):
+        a = (tmp_path / "one" / "predictions" / "lr0.001-seed3" / name).read_text()
+        b = (tmp_path / "two" / "predictions" / "lr0.001-seed3" / name).read_text()
+        assert a == b
+
+
+def test_real_glue_tasks_write_server_files(tmp_path: Path, pretrained: Path, shared_data: Path) -> None:
+    """RTE (classification, names) and STS-B (regression, scores) from the official TSVs, a few steps each."""
+    for task, rows in (("rte", 3000), ("stsb", 1379)):
+        config = {"init": str(pretrained), "data": {"task": task, "glue_dir": str(shared_data / "glue"),
+                                                    "max_train_examples": 64, "max_length": 64},
+                  "train": {"max_steps": 4, "batch_size": 8, "lr": 1e-3, "progress": False}}  # fmt: skip
+        write_yaml(tmp_path / f"{task}.yaml", config)
+        results = finetune(load_finetune_config(tmp_path / f"{task}.yaml"), tmp_path / task)
+        name = {"rte": "RTE.tsv", "stsb": "STS-B.tsv"}[task]
+        lines = (tmp_path / task / "submission" / name).read_text().splitlines()
+        assert lines[0] == "index\tprediction" and len(lines) == 1 + rows
+        values = [line.split("\t")[1] for line in lines[1:]]
+        if task == "rte":
+            assert set(values) <= {"entailment", "not_entailment"}
+            assert set(results["summary"]["dev"]) == {"accuracy", "score"}
+        else:
+            assert all(0.0 <= float(v) <= 5.0 for v in values)
+            assert set(results["summary"]["dev"]) == {"pearson", "spearman", "score"}
+
+
+def test_mnli_writes_matched_mismatched_and_ax(tmp_path: Path, pretrained: Path) -> None:
+    glue = tmp_path / "glue"
+    (glue / "MNLI").mkdir(parents=True)
+    (glue / "diagnostic").mkdir()
+    labels = ["entailment", "neutral", "contradiction"]
+    header = "index\tpromptID\tpairID\tgenre\tsentence1\tsentence2\tgold_label\n"
+    for split, n in (("train", 30), ("dev_matched", 9), ("dev_mismatched", 7)):
+        body = "".join(f"{i}\tp\tq\tfiction\tduo tri tet\tpen hex {i}\t{labels[i % 3]}\n" for i in range(n))
+        (glue / "MNLI" / f"{split}.tsv").write_text(header + body)
+    for split, n in (("test_matched", 5), ("test_mismatched", 6)):
+        rows = "".join(f"{i}\tp\tq\tfiction\tun duo\ttri {i}\n" for i in range(n))
+        (glue / "MNLI" / f"{split}.tsv").write_text("index\tpromptID\tpairID\tgenre\tsentence1\tsentence2\n" + rows)
+    (glue / "diagnostic" / "diagnostic.tsv").write_text("index\tsentence1\tsentence2\n0\tun\tduo\n1\ttri\ttet\n")
+    config = {"init": str(pretrained), "data": {"task": "mnli", "glue_dir": str(glue)},
+              "train": {"max_steps": 2, "batch_size": 4, "progress": False}}  # fmt: skip
+    write_yaml(tmp_path / "mnli.yaml", config)
+    results = finetune(load_finetune_config(tmp_path / "mnli.yaml"), tmp_path / "run")
+    assert set(results["summary"]) == {"dev_matched", "dev_mismatched"}
+    counts = {p.name: len(p.read_text().splitlines()) - 1 for p in (tmp_path / "run" / "submission").iterdir()}
+    assert counts == {"MNLI-m.tsv": 5, "MNLI-mm.tsv": 6, "AX.tsv": 2}
+
+
+def test_glue_suite_writes_one_table(tmp_path: Path, pretrained: Path, number_task: dict) -> None:
+    task_config(tmp_path / "sst2.yaml", pretrained, number_task, max_steps=3, seeds=[0])
+    write_yaml(tmp_path / "suite.yaml", {"tasks": ["sst2.yaml"], "overrides": ["train.batch_size=8"]})
+    assert main(["glue", "--config", str(tmp_path / "suite.yaml"), "--output-dir", str(tmp_path / "out")]) == 0
+    out = tmp_path / "out"
+    table = (out / "results.md").read_text()
+    assert table.startswith("| task | split | metric |") and "| sst2 | dev | accuracy |" in table
+    assert (out / "submission" / "SST-2.tsv").is_file()
+    assert set(json.loads((out / "results.json").read_text())) == {"sst2"}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad input: one line, exit code 2, nothing written
+
+
+def test_bad_inputs(tmp_path: Path, pretrained: Path, number_task: dict, capsys: pytest.CaptureFixture) -> None:
+    import shutil
+
+    no_tokenizer = tmp_path / "no_tokenizer"
+    no_tokenizer.mkdir()
+    for name in ("model.yaml", "model.safetensors"):
+        shutil.copy2(pretrained / name, no_tokenizer / name)
+    unlabelled_train = tmp_path / "unlabelled.csv"
+    unlabelled_train.write_text("sentence\nsome text\n")
+    wrong_label = tmp_path / "wrong.csv"
+    wrong_label.write_text("sentence,label\nsome text,positive\n")
+    base = task_config(tmp_path / "c.yaml", pretrained, number_task)
+    cases = [
+        (["data.task=sst3"], "unknown GLUE task 'sst3'"),
+        (["data.source=glue_dir", f"data.glue_dir={tmp_path / 'nowhere'}"], "no SST-2 directory"),
+        ([f"init={no_tokenizer}"], "has no tokenizer"),
+        ([f"data.train_file={unlabelled_train}"], "no label column 'label'"),
+        ([f"data.train_file={wrong_label}"], "label 'positive' is not one of the sst2 labels"),
+        (["train.lrs=[-1]"], "learning rates must be > 0"),
+        (["init="], "init is required"),
+    ]
+    for overrides, expected in cases:
+        args = ["finetune", "--config", str(base), "--output-dir", str(tmp_path / "run")]
+        for item in overrides:
+            args += ["--set", item]
+        assert main(args) == 2, overrides
+        err = capsys.readouterr().err
+        assert expected in err and len(err.strip().splitlines()) == 1, (overrides, err)
+        assert not (tmp_path / "run").exists()
