@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -102,6 +103,21 @@ def _glue(args: argparse.Namespace) -> None:
         print(results_table(results) + f"results in {out} (submission files in {out / 'submission'})")
 
 
+def _compare(args: argparse.Namespace) -> None:
+    from roformer.compare import compare
+
+    targets = None
+    if args.targets:
+        try:
+            targets = [float(t) for t in args.targets.split(",")]
+        except ValueError:
+            raise UserError(f"--targets: expected comma-separated numbers, got {args.targets!r}") from None
+    compare(args.runs, args.out, baseline=args.baseline, targets=targets, overwrite=args.overwrite)
+    print(
+        (Path(args.out) / "summary.md").read_text() + f"\nwritten to {args.out} (curves.png, summary.md, summary.json)"
+    )
+
+
 def _add_run_arguments(parser: argparse.ArgumentParser, config_help: str, default_out: str) -> None:
     parser.add_argument("--config", metavar="FILE", help=config_help)
     parser.add_argument("--output-dir", metavar="DIR", help=f"run directory (default: {default_out})")
@@ -144,12 +160,23 @@ def build_parser() -> argparse.ArgumentParser:
     glue = sub.add_parser("glue", help="fine-tune several GLUE tasks and write one table and one submission")
     _add_run_arguments(glue, "suite YAML (configs/glue/all.yaml)", "runs/glue/<config name>")
     glue.set_defaults(func=_glue)
+
+    compare = sub.add_parser("compare", help="compare pretraining runs (curves, steps-to-target) and GLUE results")
+    compare.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (pretraining or GLUE)")
+    compare.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    compare.add_argument("--baseline", metavar="LABEL", help="the baseline arm (default: the first non-rotary one)")
+    compare.add_argument("--targets", metavar="L1,L2", help="target eval losses (default: baseline's final + offsets)")
+    compare.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    compare.set_defaults(func=_compare)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # Under torchrun / accelerate launch only the first process reports progress; the others warn and fail only.
+    logging.basicConfig(
+        level=logging.INFO if int(os.environ.get("RANK", "0")) == 0 else logging.WARNING, format="%(message)s"
+    )
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # per-file "saved ..." lines at every checkpoint
     args = build_parser().parse_args(argv)
     try:

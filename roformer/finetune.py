@@ -52,10 +52,10 @@ from roformer.training import (
     METRICS_FILE,
     EpochSampler,
     MetricsWriter,
+    finish_micro_step,
     flat_config,
-    lr_multiplier,
     make_accelerator,
-    param_groups,
+    make_optimizer,
     process_state,
     share,
 )
@@ -405,14 +405,9 @@ class Finetuner:
         global_batch = train.batch_size * acc.num_processes * train.grad_accum
         steps = train.max_steps if train.max_steps is not None else math.ceil(train.epochs * n / global_batch)
         steps_per_epoch = n / global_batch
-        optimizer = torch.optim.AdamW(
-            param_groups(model, train.weight_decay),
-            lr=lr,
-            betas=(train.adam_beta1, train.adam_beta2),
-            eps=train.adam_eps,
-        )
         warmup = int(train.warmup_fraction * steps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, warmup, steps, "linear"))
+        betas = (train.adam_beta1, train.adam_beta2)
+        optimizer, scheduler = make_optimizer(model, lr, train.weight_decay, betas, train.adam_eps, warmup, steps)
         model, optimizer = acc.prepare(model, optimizer)
         tag = f"lr{lr:g}-seed{seed}"
         acc.init_trackers(f"roformer-glue-{self.task.name}", config={**flat_config(self.config.to_dict()), "run": tag})
@@ -426,7 +421,7 @@ class Finetuner:
         elapsed, losses = 0.0, []
         for step in range(steps):
             t0 = time.perf_counter()
-            loss, grad_norm = self._train_step(acc, model, optimizer, scheduler, sampler, step, seed)
+            loss, grad_norm, step_lr = self._train_step(acc, model, optimizer, scheduler, sampler, step, seed)
             elapsed += time.perf_counter() - t0
             losses.append(loss)
             bar.update(1)
@@ -434,7 +429,7 @@ class Finetuner:
             if done % train.log_every == 0 or done == steps:
                 mean = acc.reduce(torch.stack(losses), "mean").mean().item()
                 event = {"event": "train", "task": self.task.name, "peak_lr": lr, "seed": seed, "step": done,
-                         "epoch": round(done / steps_per_epoch, 4), "loss": mean, "lr": scheduler.get_last_lr()[0],
+                         "epoch": round(done / steps_per_epoch, 4), "loss": mean, "lr": step_lr,
                          "grad_norm": grad_norm, "elapsed_sec": elapsed}  # fmt: skip
                 losses = []
                 bar.set_postfix(loss=f"{mean:.4f}")
@@ -468,6 +463,7 @@ class Finetuner:
     def _train_step(self, acc, model, optimizer, scheduler, sampler: EpochSampler, step: int, seed: int):
         train = self.config.train
         indices = sampler.indices(step).tolist()
+        lr = scheduler.get_last_lr()[0]  # the rate this step uses
         torch.manual_seed((seed << 32) + step * 4096 + acc.process_index)  # dropout: a function of the step
         model.train()
         total = torch.zeros((), device=acc.device)
@@ -479,14 +475,9 @@ class Finetuner:
                 out = model(**{k: v.to(acc.device) for k, v in batch.items()})
                 acc.backward(out.loss)  # every micro-batch has batch_size examples: the mean of means is exact
                 total += out.loss.detach().float() / train.grad_accum
-                if acc.sync_gradients:
-                    norm = acc.clip_grad_norm_(model.parameters(), train.max_grad_norm or math.inf)
-                    grad_norm = float(norm) if norm is not None else float("nan")
-                optimizer.step()
-                if acc.sync_gradients and not acc.optimizer_step_was_skipped:
-                    scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-        return total, grad_norm
+                norm = finish_micro_step(acc, model, optimizer, scheduler, train.max_grad_norm)
+                grad_norm = grad_norm if norm is None else norm
+        return total, grad_norm, lr
 
     def _consider(self, acc, model, step: int, best: dict, metrics: MetricsWriter | None, record: dict) -> dict:
         """Evaluate on the dev splits; keep the weights when the first split's score improves."""

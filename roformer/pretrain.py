@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -57,10 +56,10 @@ from roformer.training import (
     CheckpointManager,
     EpochSampler,
     MetricsWriter,
+    finish_micro_step,
     flat_config,
-    lr_multiplier,
     make_accelerator,
-    param_groups,
+    make_optimizer,
     read_metrics,
     share,
 )
@@ -456,15 +455,10 @@ class Pretrainer:
         torch.manual_seed(train.seed)  # the same seed gives both arms the same initial weights where shapes agree
         model = MaskedLM(self.config.model)
         self.num_parameters = model.num_parameters()
-        optimizer = torch.optim.AdamW(
-            param_groups(model, train.weight_decay),
-            lr=train.lr,
-            betas=(train.adam_beta1, train.adam_beta2),
-            eps=train.adam_eps,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: lr_multiplier(s, train.warmup, train.max_steps, train.schedule)
-        )
+        optimizer, self.scheduler = make_optimizer(
+            model, train.lr, train.weight_decay, (train.adam_beta1, train.adam_beta2), train.adam_eps,
+            train.warmup, train.max_steps, train.schedule,
+        )  # fmt: skip
         if train.compile:
             model = torch.compile(model)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
@@ -570,14 +564,10 @@ class Pretrainer:
                 loss_sum = out.loss * n if n else out.logits.sum() * 0.0
                 acc.backward(loss_sum * scale)
                 local += loss_sum.detach().float() / max(count, 1)
-                if acc.sync_gradients:
-                    max_norm = self.config.train.max_grad_norm
-                    norm = acc.clip_grad_norm_(self.model.parameters(), max_norm if max_norm else math.inf)
-                    grad_norm = float(norm) if norm is not None else float("nan")
-                self.optimizer.step()
-                if acc.sync_gradients and not acc.optimizer_step_was_skipped:
-                    self.scheduler.step()
-                self.optimizer.zero_grad(set_to_none=True)
+                norm = finish_micro_step(
+                    acc, self.model, self.optimizer, self.scheduler, self.config.train.max_grad_norm
+                )
+                grad_norm = grad_norm if norm is None else norm
         return local, grad_norm, data_sec, time.perf_counter() - t0
 
     def evaluate(self) -> dict[str, float]:

@@ -42,6 +42,45 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     ]
 
 
+def make_optimizer(
+    model: torch.nn.Module,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float],
+    eps: float,
+    warmup_steps: int,
+    total_steps: int,
+    schedule: str = "linear",
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over `param_groups` and its warmup + decay schedule (stepped once per optimizer step)."""
+    optimizer = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_multiplier(s, warmup_steps, total_steps, schedule)
+    )
+    return optimizer, scheduler
+
+
+def finish_micro_step(
+    accelerator: Any, model: Any, optimizer: Any, scheduler: Any, max_grad_norm: float | None
+) -> float | None:
+    """Finish a micro-batch inside `accelerator.accumulate`: clip and step at the last one, then zero gradients.
+
+    The schedule steps with the optimizer, not when fp16 loss scaling skipped the step.
+
+    Returns:
+        The global gradient norm before clipping at the last micro-batch (nan if unknown), else None.
+    """
+    norm = None
+    if accelerator.sync_gradients:
+        value = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm or math.inf)
+        norm = float(value) if value is not None else float("nan")
+    optimizer.step()  # accelerate's wrapper only steps when gradients are synchronised
+    if accelerator.sync_gradients and not accelerator.optimizer_step_was_skipped:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
 def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str = "linear") -> float:
     """Learning-rate factor at optimizer step `step` (0-based): linear warmup to 1, then decay to 0 at `total_steps`.
 

@@ -1,0 +1,389 @@
+"""`roformer compare RUN_DIR ... --out DIR`: convergence of pretraining runs (and GLUE results) side by side.
+
+Runs are grouped into arms by their label (`label:` of the config, else the position encoding); runs of one arm
+are seeds, drawn as a mean with a min-max band. For each arm we report the final eval loss, the eval loss at the
+largest step every arm evaluated, and the steps, tokens and training seconds needed to first reach target eval
+losses (by default the baseline's final eval loss and a few levels above it); then the ratio RoFormer / baseline
+of each. A target counts as reached at the first evaluation whose loss is at or below it (no interpolation, so
+the numbers are exact and reproducible from metrics.jsonl); an arm's steps-to-target is the mean over its seeds
+and is missing when a seed never reaches it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from roformer.config import read_yaml
+from roformer.errors import UserError
+from roformer.training import CONFIG_FILE, METRICS_FILE, read_metrics
+
+TARGET_OFFSETS = (0.5, 0.25, 0.1, 0.0)  # eval-loss levels above the baseline's final eval loss
+RESULTS_FILE = "results.json"  # a GLUE run (roformer finetune)
+
+
+@dataclass
+class PretrainRun:
+    """The metrics of one pretraining run."""
+
+    path: Path
+    label: str
+    position_encoding: str
+    train: list[dict[str, Any]]
+    eval: list[dict[str, Any]]
+
+
+@dataclass
+class GlueRun:
+    """The results.json of one fine-tuning run."""
+
+    path: Path
+    label: str
+    task: str
+    results: dict[str, Any]
+
+
+@dataclass
+class Arm:
+    """Runs sharing a label."""
+
+    label: str
+    position_encoding: str
+    runs: list[PretrainRun] = field(default_factory=list)
+
+
+def load_runs(paths: list[str | Path]) -> tuple[list[PretrainRun], list[GlueRun]]:
+    """Read run directories: pretraining runs (metrics.jsonl with eval events) and GLUE runs (results.json).
+
+    Raises:
+        UserError: a directory that is neither, or a pretraining run without evaluations.
+    """
+    pretrain, glue = [], []
+    for raw in paths:
+        path = Path(raw)
+        if (path / RESULTS_FILE).is_file():
+            results = json.loads((path / RESULTS_FILE).read_text())
+            label = results.get("label") or _label_from_init(results.get("init", ""))
+            glue.append(GlueRun(path, label, results["task"], results))
+        elif (path / METRICS_FILE).is_file():
+            pretrain.append(_load_pretrain_run(path))
+        else:
+            raise UserError(f"{path}: not a run directory (no {METRICS_FILE} or {RESULTS_FILE})")
+    return pretrain, glue
+
+
+def _load_pretrain_run(path: Path) -> PretrainRun:
+    events = read_metrics(path / METRICS_FILE)
+    train = [e for e in events if e.get("event", "train") == "train" and "loss" in e]
+    evals = [e for e in events if "eval_loss" in e]
+    if not evals:
+        raise UserError(f"{path}: {METRICS_FILE} has no eval events (eval_loss)")
+    config = read_yaml(path / CONFIG_FILE) if (path / CONFIG_FILE).is_file() else {}
+    model = (config or {}).get("model") or {}
+    encoding = model.get("position_encoding", "unknown") if isinstance(model, dict) else "unknown"
+    label = (config or {}).get("label") or encoding
+    return PretrainRun(path, str(label), str(encoding), train, evals)
+
+
+def _label_from_init(init: str) -> str:
+    return Path(init).parent.name or init
+
+
+def group_arms(runs: list[PretrainRun]) -> list[Arm]:
+    """Arms in order of first appearance."""
+    arms: dict[str, Arm] = {}
+    for run in runs:
+        arms.setdefault(run.label, Arm(run.label, run.position_encoding)).runs.append(run)
+    return list(arms.values())
+
+
+def first_reaching(evals: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
+    """The first eval event with eval_loss <= target (events in step order), or None."""
+    for event in sorted(evals, key=lambda e: e["step"]):
+        if event["eval_loss"] <= target:
+            return event
+    return None
+
+
+def _mean_or_none(values: list[float | None]) -> float | None:
+    return None if not values or any(v is None for v in values) else statistics.fmean(values)
+
+
+def arm_summary(arm: Arm, targets: list[float], common_step: int | None) -> dict[str, Any]:
+    """Final eval loss, loss at the common step, and steps / tokens / seconds to each target (means over seeds)."""
+    finals = [max(r.eval, key=lambda e: e["step"]) for r in arm.runs]
+    out: dict[str, Any] = {
+        "label": arm.label,
+        "position_encoding": arm.position_encoding,
+        "seeds": len(arm.runs),
+        "final_step": statistics.fmean(e["step"] for e in finals),
+        "final_eval_loss": statistics.fmean(e["eval_loss"] for e in finals),
+        "final_eval_loss_std": statistics.stdev([e["eval_loss"] for e in finals]) if len(finals) > 1 else 0.0,
+        "final_eval_accuracy": _mean_or_none([e.get("eval_accuracy") for e in finals]),
+    }
+    if common_step is not None:
+        at = [next(e for e in r.eval if e["step"] == common_step) for r in arm.runs]
+        out["common_step"] = common_step
+        out["eval_loss_at_common_step"] = statistics.fmean(e["eval_loss"] for e in at)
+    reached = []
+    for target in targets:
+        hits = [first_reaching(r.eval, target) for r in arm.runs]
+        reached.append(
+            {
+                "target": target,
+                "steps": _mean_or_none([h["step"] if h else None for h in hits]),
+                "tokens": _mean_or_none([_tokens_at(r, h["step"]) if h else None for r, h in zip(arm.runs, hits)]),
+                "seconds": _mean_or_none([h.get("elapsed_sec") if h else None for h in hits]),
+            }
+        )
+    out["targets"] = reached
+    return out
+
+
+def _tokens_at(run: PretrainRun, step: int) -> float | None:
+    """tokens_seen at `step` (from the train event of that step, else proportional to the nearest one)."""
+    events = [e for e in run.train if "tokens_seen" in e]
+    for e in events:
+        if e["step"] == step:
+            return float(e["tokens_seen"])
+    if not events:
+        return None
+    nearest = min(events, key=lambda e: abs(e["step"] - step))
+    return nearest["tokens_seen"] * step / nearest["step"]
+
+
+def choose_baseline(arms: list[Arm], baseline: str | None) -> tuple[Arm, Arm | None]:
+    """(baseline arm, RoFormer arm): `baseline` by label, else the first non-rotary arm; RoFormer = first rotary.
+
+    Raises:
+        UserError: an unknown baseline label.
+    """
+    if baseline is not None:
+        matches = [a for a in arms if a.label == baseline]
+        if not matches:
+            raise UserError(f"--baseline {baseline!r}: no such arm (arms: {', '.join(a.label for a in arms)})")
+        base = matches[0]
+    else:
+        base = next((a for a in arms if a.position_encoding != "rotary"), arms[0])
+    rope = next((a for a in arms if a.position_encoding == "rotary" and a is not base), None)
+    return base, rope
+
+
+def common_eval_step(arms: list[Arm]) -> int | None:
+    """The largest step evaluated by every run of every arm (None if there is none)."""
+    steps = None
+    for arm in arms:
+        for run in arm.runs:
+            mine = {e["step"] for e in run.eval}
+            steps = mine if steps is None else steps & mine
+    return max(steps) if steps else None
+
+
+def summarise(
+    runs: list[PretrainRun], glue: list[GlueRun], baseline: str | None = None, targets: list[float] | None = None
+) -> dict[str, Any]:
+    """The comparison as a JSON-ready dict (see the module docstring).
+
+    Raises:
+        UserError: no runs, or runs with no common metric.
+    """
+    if not runs and not glue:
+        raise UserError("no runs to compare")
+    summary: dict[str, Any] = {}
+    if runs:
+        arms = group_arms(runs)
+        base, rope = choose_baseline(arms, baseline)
+        base_final = statistics.fmean(max(r.eval, key=lambda e: e["step"])["eval_loss"] for r in base.runs)
+        levels = targets if targets else [base_final + offset for offset in TARGET_OFFSETS]
+        common = common_eval_step(arms)
+        per_arm = [arm_summary(arm, levels, common) for arm in arms]
+        summary["baseline"] = base.label
+        summary["roformer"] = rope.label if rope else None
+        summary["targets"] = levels
+        summary["arms"] = per_arm
+        if rope is not None:
+            summary["ratios"] = _ratios(next(a for a in per_arm if a["label"] == rope.label),
+                                        next(a for a in per_arm if a["label"] == base.label))  # fmt: skip
+    if glue:
+        summary["glue"] = glue_table(glue)
+    return summary
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def _ratios(rope: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """RoFormer / baseline for every reported quantity (< 1 means RoFormer needs less, or reaches a lower loss)."""
+    out = {"final_eval_loss": _ratio(rope["final_eval_loss"], base["final_eval_loss"])}
+    if "eval_loss_at_common_step" in rope:
+        out["eval_loss_at_common_step"] = _ratio(rope["eval_loss_at_common_step"], base["eval_loss_at_common_step"])
+    out["targets"] = [
+        {"target": r["target"], **{k: _ratio(r[k], b[k]) for k in ("steps", "tokens", "seconds")}}
+        for r, b in zip(rope["targets"], base["targets"])
+    ]
+    return out
+
+
+def glue_table(glue: list[GlueRun]) -> dict[str, dict[str, Any]]:
+    """{label: {task: {metric: mean/std over seeds of the selected lr}}} from GLUE results."""
+    table: dict[str, dict[str, Any]] = {}
+    for run in glue:
+        split = run.results["selection_split"]
+        metrics = run.results["summary"][split]
+        table.setdefault(run.label, {})[run.task] = {
+            m: {"mean": s["mean"], "std": s["std"]} for m, s in metrics.items()
+        }
+    return table
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    """summary.md: the arms table, steps-to-target table with ratios, and the GLUE table."""
+    lines = []
+    if "arms" in summary:
+        header = (
+            "| arm | position encoding | seeds | final step | final eval loss | eval loss at common step | accuracy |"
+        )
+        lines += ["## MLM pretraining", "", header, "|---|---|---:|---:|---:|---:|---:|"]
+        for a in summary["arms"]:
+            loss = _fmt(a["final_eval_loss"]) + (f" ± {a['final_eval_loss_std']:.3f}" if a["seeds"] > 1 else "")
+            acc = a["final_eval_accuracy"]
+            lines.append(
+                f"| {a['label']} | {a['position_encoding']} | {a['seeds']} | {a['final_step']:.0f} | {loss} | "
+                f"{_fmt(a.get('eval_loss_at_common_step'))} | {'—' if acc is None else f'{100 * acc:.1f}%'} |"
+            )
+        ratio_columns = " ratio steps | ratio seconds |" if "ratios" in summary else ""
+        lines += [
+            "",
+            f"Steps (tokens, training seconds) to first reach an eval loss; baseline: {summary['baseline']}.",
+            "",
+            "| target eval loss | " + " | ".join(a["label"] for a in summary["arms"]) + " |" + ratio_columns,
+            "|---:|" + "---:|" * len(summary["arms"]) + ("---:|---:|" if ratio_columns else ""),
+        ]
+        for i, target in enumerate(summary["targets"]):
+            cells = []
+            for a in summary["arms"]:
+                r = a["targets"][i]
+                cells.append("not reached" if r["steps"] is None else f"{r['steps']:.0f} ({_tokens(r['tokens'])}, "
+                             f"{_fmt(r['seconds'], 0)} s)")  # fmt: skip
+            row = f"| {target:.3f} | " + " | ".join(cells) + " |"
+            if "ratios" in summary:
+                ratio = summary["ratios"]["targets"][i]
+                row += f" {_fmt(ratio['steps'], 2)} | {_fmt(ratio['seconds'], 2)} |"
+            lines.append(row)
+        if "ratios" in summary:
+            ratios = summary["ratios"]
+            lines += ["", f"RoFormer ({summary['roformer']}) / baseline ({summary['baseline']}): final eval loss "
+                      f"{_fmt(ratios['final_eval_loss'])}"]  # fmt: skip
+    if "glue" in summary:
+        tasks = sorted({t for rows in summary["glue"].values() for t in rows})
+        lines += ["", "## GLUE (dev, mean ± std over seeds, %)", "", "| arm | " + " | ".join(tasks) + " |",
+                  "|---|" + "---:|" * len(tasks)]  # fmt: skip
+        for label, rows in summary["glue"].items():
+            cells = [f"{100 * rows[t]['score']['mean']:.1f} ± {100 * rows[t]['score']['std']:.1f}" if t in rows else "—"
+                     for t in tasks]  # fmt: skip
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _tokens(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value / 1e6:.2f}M tok" if value >= 1e6 else f"{value / 1e3:.0f}k tok"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pictures
+
+
+def _series(
+    runs: list[PretrainRun], events: str, y: str, x: str
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Mean x, mean y, min y, max y over the runs of an arm, at the steps every run logged."""
+    per_run = [{e["step"]: e for e in getattr(r, events) if y in e} for r in runs]
+    steps = sorted(set.intersection(*(set(p) for p in per_run))) if per_run else []
+    xs, mean, low, high = [], [], [], []
+    for step in steps:
+        values = [p[step][y] for p in per_run]
+        if x == "step":
+            xs.append(step)
+        else:
+            xs.append(statistics.fmean(_x_value(r, p[step], x, step) for r, p in zip(runs, per_run)))
+        mean.append(statistics.fmean(values))
+        low.append(min(values))
+        high.append(max(values))
+    return xs, mean, low, high
+
+
+def _x_value(run: PretrainRun, event: dict[str, Any], x: str, step: int) -> float:
+    if x in event:
+        return float(event[x])
+    if x == "tokens_seen":
+        return _tokens_at(run, step) or 0.0
+    return float(event.get("elapsed_sec", 0.0))
+
+
+def plot_curves(arms: list[Arm], path: Path) -> None:
+    """curves.png: train and eval MLM loss against steps, tokens seen and training seconds; seeds as min-max bands."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    axes_x = [("step", "optimizer steps"), ("tokens_seen", "tokens seen"), ("elapsed_sec", "training seconds")]
+    rows = [("train", "loss", "train MLM loss"), ("eval", "eval_loss", "eval MLM loss (fixed mask)")]
+    fig, axes = plt.subplots(len(rows), len(axes_x), figsize=(15, 8), squeeze=False)
+    for i, (events, y, ylabel) in enumerate(rows):
+        for j, (x, xlabel) in enumerate(axes_x):
+            ax = axes[i][j]
+            for arm in arms:
+                xs, mean, low, high = _series(arm.runs, events, y, x)
+                if not xs:
+                    continue
+                label = f"{arm.label} ({len(arm.runs)} seed{'s' if len(arm.runs) > 1 else ''})"
+                (line,) = ax.plot(xs, mean, label=label, linewidth=1.5)
+                if len(arm.runs) > 1:
+                    ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+    axes[0][0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def compare(
+    paths: list[str | Path],
+    out: str | Path,
+    baseline: str | None = None,
+    targets: list[float] | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Read the runs, write curves.png, summary.md and summary.json into `out`; returns the summary.
+
+    Raises:
+        UserError: a directory that is not a run, runs without evaluations, GLUE runs sharing no task.
+    """
+    from roformer.utils import staged_output_dir
+
+    runs, glue = load_runs(paths)
+    labels = {g.label for g in glue}
+    if len(labels) > 1 and not set.intersection(*({g.task for g in glue if g.label == lb} for lb in labels)):
+        raise UserError("the GLUE runs share no task: nothing to compare")
+    summary = summarise(runs, glue, baseline, targets)
+    summary["runs"] = [str(Path(p)) for p in paths]
+    with staged_output_dir(out, overwrite) as staging:
+        if runs:
+            plot_curves(group_arms(runs), staging / "curves.png")
+        (staging / "summary.json").write_text(json.dumps(summary, indent=2))
+        (staging / "summary.md").write_text(summary_markdown(summary))
+    return summary

@@ -1,0 +1,105 @@
+"""`roformer compare` on run directories with known, constructed curves: exact steps-to-target and ratios."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from roformer.cli import main
+from roformer.compare import compare
+from roformer.config import write_yaml
+
+
+def make_run(path: Path, label: str, encoding: str, eval_losses: dict[int, float], seconds_per_step: float,
+             tokens_per_step: int = 1000) -> Path:  # fmt: skip
+    """A pretraining run directory whose metrics.jsonl holds the given eval losses (and linear train losses)."""
+    path.mkdir(parents=True)
+    write_yaml(path / "config.yaml", {"label": label, "model": {"position_encoding": encoding}})
+    lines = []
+    for step in sorted(eval_losses):
+        lines.append({"event": "train", "step": step, "loss": eval_losses[step] + 0.1, "lr": 1e-3, "grad_norm": 1.0,
+                      "tokens_seen": step * tokens_per_step, "tokens_per_sec": 1.0,
+                      "elapsed_sec": step * seconds_per_step})  # fmt: skip
+        lines.append({"event": "eval", "step": step, "eval_loss": eval_losses[step], "eval_accuracy": 0.5,
+                      "elapsed_sec": step * seconds_per_step})  # fmt: skip
+    (path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    return path
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> list[Path]:
+    # BERT (two seeds) ends at 4.0; RoFormer reaches 4.0 at step 200 and ends at 3.0; rotary costs 10% more per step
+    bert = [
+        make_run(tmp_path / "bert-0", "bert", "sinusoidal", {100: 5.0, 200: 4.6, 300: 4.3, 400: 4.1}, 1.0),
+        make_run(tmp_path / "bert-1", "bert", "sinusoidal", {100: 5.2, 200: 4.8, 300: 4.2, 400: 3.9}, 1.0),
+    ]
+    rope = [make_run(tmp_path / "rope-0", "roformer", "rotary", {100: 4.5, 200: 4.0, 300: 3.4, 400: 3.0}, 1.1)]
+    return rope + bert
+
+
+def test_steps_to_target_and_ratios_are_exact(runs: list[Path], tmp_path: Path) -> None:
+    summary = compare(runs, tmp_path / "out")
+    assert summary["baseline"] == "bert" and summary["roformer"] == "roformer"
+    assert summary["targets"] == pytest.approx([4.5, 4.25, 4.1, 4.0])  # bert's final mean 4.0 + offsets
+    arms = {a["label"]: a for a in summary["arms"]}
+    assert arms["bert"]["final_eval_loss"] == pytest.approx(4.0) and arms["bert"]["seeds"] == 2
+    assert arms["roformer"]["eval_loss_at_common_step"] == pytest.approx(3.0)
+    # target 4.5: roformer at step 100 (4.5 <= 4.5); bert seed 0 at 300, seed 1 at 300 -> mean 300
+    rope_t, bert_t = arms["roformer"]["targets"], arms["bert"]["targets"]
+    assert (rope_t[0]["steps"], bert_t[0]["steps"]) == (100, 300)
+    # target 4.25: roformer 200; bert seed 0 at 400 (4.1), seed 1 at 300 (4.2) -> 350
+    assert (rope_t[1]["steps"], bert_t[1]["steps"]) == (200, 350)
+    # target 4.0: bert seed 0 never reaches it (4.1) -> missing
+    assert bert_t[3]["steps"] is None and rope_t[3]["steps"] == 200
+    ratios = summary["ratios"]["targets"]
+    assert ratios[0]["steps"] == pytest.approx(100 / 300)
+    assert ratios[0]["seconds"] == pytest.approx(110 / 300)  # 10% slower steps
+    assert ratios[1]["tokens"] == pytest.approx(200 / 350)
+    assert ratios[3]["steps"] is None
+    assert summary["ratios"]["final_eval_loss"] == pytest.approx(3.0 / 4.0)
+    out = tmp_path / "out"
+    assert {p.name for p in out.iterdir()} == {"curves.png", "summary.md", "summary.json"}
+    assert (out / "curves.png").stat().st_size > 10_000
+    assert "not reached" in (out / "summary.md").read_text()
+
+
+def test_explicit_targets_and_baseline(runs: list[Path], tmp_path: Path) -> None:
+    summary = compare(runs, tmp_path / "out", baseline="roformer", targets=[4.6])
+    assert summary["baseline"] == "roformer" and summary["roformer"] is None  # no other rotary arm
+    arms = {a["label"]: a for a in summary["arms"]}
+    assert arms["bert"]["targets"][0]["steps"] == 250  # seed 0 at 200 (4.6), seed 1 at 300 (4.2)
+
+
+def test_glue_table(tmp_path: Path) -> None:
+    for label, score in (("roformer", 0.7), ("bert", 0.6)):
+        run = tmp_path / f"glue-{label}"
+        run.mkdir()
+        summary = {"dev": {"accuracy": {"mean": score, "std": 0.01}, "score": {"mean": score, "std": 0.01}}}
+        results = {"task": "rte", "label": label, "selection_split": "dev", "summary": summary}
+        (run / "results.json").write_text(json.dumps(results))
+    summary = compare([tmp_path / "glue-roformer", tmp_path / "glue-bert"], tmp_path / "out")
+    assert summary["glue"]["roformer"]["rte"]["score"]["mean"] == 0.7
+    assert "| roformer | 70.0 ± 1.0 |" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_bad_inputs(runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["compare", str(empty), "--out", str(tmp_path / "o1")]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+    no_eval = tmp_path / "no-eval"
+    no_eval.mkdir()
+    (no_eval / "metrics.jsonl").write_text(json.dumps({"event": "train", "step": 1, "loss": 3.0}) + "\n")
+    assert main(["compare", str(no_eval), str(runs[0]), "--out", str(tmp_path / "o2")]) == 2
+    assert "no eval events" in capsys.readouterr().err
+    for label, task in (("a", "rte"), ("b", "mrpc")):
+        run = tmp_path / f"glue-{label}"
+        run.mkdir()
+        (run / "results.json").write_text(json.dumps({"task": task, "label": label, "selection_split": "dev",
+                                                      "summary": {"dev": {"score": {"mean": 1, "std": 0}}}}))  # fmt: skip
+    assert main(["compare", str(tmp_path / "glue-a"), str(tmp_path / "glue-b"), "--out", str(tmp_path / "o3")]) == 2
+    assert "share no task" in capsys.readouterr().err
+    assert main(["compare", *map(str, runs), "--out", str(tmp_path / "o4"), "--targets", "x"]) == 2
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 5))
