@@ -118,6 +118,17 @@ def _compare(args: argparse.Namespace) -> None:
     )
 
 
+def _experiment(args: argparse.Namespace) -> None:
+    from roformer.experiment import run_experiment
+
+    if args.config is None:
+        raise UserError("--config is required")
+    out = Path(args.output_dir) if args.output_dir else Path("runs") / "experiments" / Path(args.config).stem
+    summary = run_experiment(args.config, out, args.set)
+    if summary:
+        print((out / "compare" / "summary.md").read_text() + f"\nruns and comparison in {out}")
+
+
 def _add_run_arguments(parser: argparse.ArgumentParser, config_help: str, default_out: str) -> None:
     parser.add_argument("--config", metavar="FILE", help=config_help)
     parser.add_argument("--output-dir", metavar="DIR", help=f"run directory (default: {default_out})")
@@ -160,6 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
     glue = sub.add_parser("glue", help="fine-tune several GLUE tasks and write one table and one submission")
     _add_run_arguments(glue, "suite YAML (configs/glue/all.yaml)", "runs/glue/<config name>")
     glue.set_defaults(func=_glue)
+
+    experiment = sub.add_parser("experiment", help="run both arms (and seeds) of an experiment, then compare")
+    experiment.add_argument("--config", metavar="FILE", help="experiment YAML (configs/experiments/*.yaml)")
+    experiment.add_argument("--output-dir", metavar="DIR", help="default: runs/experiments/<config name>")
+    experiment.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override every arm")
+    experiment.set_defaults(func=_experiment)
 
     compare = sub.add_parser("compare", help="compare pretraining runs (curves, steps-to-target) and GLUE results")
     compare.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (pretraining or GLUE)")

@@ -25,7 +25,14 @@ def _load_glue_config(path: Path) -> None:
     (load_suite_config if path.name == "all.yaml" else load_finetune_config)(path)
 
 
+def _load_experiment_config(path: Path) -> None:
+    from roformer.experiment import load_experiment
+
+    load_experiment(path)
+
+
 CONFIG_LOADERS = {
+    "experiments": _load_experiment_config,
     "glue": _load_glue_config,
     "model": ModelConfig.from_yaml,
     "pretrain": load_pretrain_config,

@@ -1,0 +1,146 @@
+"""`roformer experiment --config configs/experiments/rope-vs-bert-<size>.yaml`: both arms, several seeds, compared.
+
+Every arm is a pretraining config; the experiment runs each (arm, seed) into `<out>/<arm>-seed<k>/` and then
+`roformer compare` into `<out>/compare/`. What makes it a controlled comparison:
+
+- the arms' `data` and `train` sections must be identical (checked), so both see the same corpus, tokenizer (one
+  cache entry), batch order and masks for a given seed;
+- their models may differ only in position-encoding fields (checked), and with the same seed they start from the
+  same initial weights wherever the parameters coincide (every parameter, for rotary vs fixed sinusoidal);
+- the seed of run k is `seeds[k]` for every arm.
+
+Resumable: a run with a `final/` is done and skipped, a started run continues from its last checkpoint (exactly,
+see roformer.pretrain), a missing one starts; the comparison is redone at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from roformer.compare import compare
+from roformer.config import ConfigError, check_types, from_dict, read_yaml
+from roformer.pretrain import PretrainConfig, load_pretrain_config, pretrain
+from roformer.training import CONFIG_FILE, FINAL_DIR
+
+logger = logging.getLogger(__name__)
+
+# Model fields an arm may change: the position encoding and what belongs to it.
+POSITION_FIELDS = {
+    "position_encoding",
+    "rotary_base",
+    "rotary_layout",
+    "rotary_value",
+    "sinusoidal_scale",
+    "sinusoidal_scale_learned",
+    "max_position_embeddings",
+    "classifier_head",
+}
+
+
+@dataclass
+class ExperimentConfig:
+    """Arms (label -> pretraining config file, relative to this file), seeds, shared overrides, the baseline.
+
+    Attributes:
+        arms: {label: pretraining YAML}; the label names the arm in the comparison.
+        seeds: One run per arm and seed.
+        overrides: `--set` style overrides applied to every arm (e.g. `train.max_steps=300`).
+        baseline: The baseline arm for steps-to-target ratios (default: the first non-rotary arm).
+        targets: Target eval losses (default: the baseline's final eval loss and a few levels above).
+    """
+
+    arms: dict[str, str] = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=lambda: [0])
+    overrides: list[str] = field(default_factory=list)
+    baseline: str | None = None
+    targets: list[float] | None = None
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if len(self.arms) < 2:
+            raise ConfigError("arms: an experiment compares at least two arms")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"seeds must be a non-empty list of distinct seeds, got {self.seeds}")
+        if self.baseline is not None and self.baseline not in self.arms:
+            raise ConfigError(f"baseline {self.baseline!r} is not one of the arms {list(self.arms)}")
+
+
+def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tuple[ExperimentConfig, dict[str, Any]]:
+    """The experiment config and each arm's resolved pretraining config (label set to the arm's name).
+
+    Raises:
+        ConfigError: a bad experiment or arm config, or arms that differ in more than the position encoding.
+    """
+    path = Path(path)
+    experiment = from_dict(ExperimentConfig, read_yaml(path), source=str(path))
+    arms = {}
+    for label, arm_file in experiment.arms.items():
+        config = load_pretrain_config(path.parent / arm_file, experiment.overrides + list(overrides or []))
+        config.label = label
+        arms[label] = config
+    check_controlled(arms, str(path))
+    return experiment, arms
+
+
+def check_controlled(arms: dict[str, PretrainConfig], source: str) -> None:
+    """Arms must share data and train sections and differ in the model only in position-encoding fields.
+
+    Raises:
+        ConfigError: naming the first arm and field that differ.
+    """
+    (first_label, first), *rest = arms.items()
+    reference = first.to_dict()
+    for label, config in rest:
+        other = config.to_dict()
+        for section in ("data", "train"):
+            for key in reference[section]:
+                if reference[section][key] != other[section][key]:
+                    raise ConfigError(
+                        f"{source}: arms {first_label!r} and {label!r} differ in {section}.{key} "
+                        f"({reference[section][key]!r} vs {other[section][key]!r}); only the position encoding may"
+                    )
+        for key in reference["model"]:
+            if key not in POSITION_FIELDS and reference["model"][key] != other["model"][key]:
+                raise ConfigError(
+                    f"{source}: arms {first_label!r} and {label!r} differ in model.{key}; only position-encoding "
+                    f"fields may differ ({', '.join(sorted(POSITION_FIELDS))})"
+                )
+
+
+def run_dir(out: Path, label: str, seed: int) -> Path:
+    """Where the run of an arm and seed lives."""
+    return out / f"{label}-seed{seed}"
+
+
+def run_experiment(path: str | Path, out: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Run (or continue) every arm and seed, then compare; returns the comparison summary."""
+    out = Path(out)
+    experiment, arms = load_experiment(path, overrides)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for seed in experiment.seeds:
+        for label, config in arms.items():
+            config.train.seed = seed
+            directory = run_dir(out, label, seed)
+            runs.append(directory)
+            if (directory / FINAL_DIR / "model.safetensors").is_file():
+                logger.info("%s: done, skipped", directory)
+                continue
+            resume = (directory / CONFIG_FILE).is_file()
+            logger.info("%s: %s", directory, "resuming" if resume else "starting")
+            pretrain(config, directory, resume=resume, overwrite=not resume)
+    if not _is_main_process():
+        return {}
+    return compare(runs, out / "compare", baseline=experiment.baseline, targets=experiment.targets, overwrite=True)
+
+
+def _is_main_process() -> bool:
+    from roformer.training import process_state
+
+    return process_state().is_main_process
+
+
+__all__ = ["ExperimentConfig", "check_controlled", "load_experiment", "run_experiment"]
