@@ -129,6 +129,23 @@ def _experiment(args: argparse.Namespace) -> None:
         print((out / "compare" / "summary.md").read_text() + f"\nruns and comparison in {out}")
 
 
+def _eval_mlm(args: argparse.Namespace) -> None:
+    from roformer.length_eval import default_output, evaluate_lengths, results_table, write_results
+
+    model = Path(args.model)
+    data = args.data or (model.parent if model.name == "final" else None)
+    if data is None:
+        raise UserError("--data is required (a pretraining config or run directory) unless --model is a run's final/")
+    try:
+        lengths = [int(n) for n in args.seq_lens.split(",")]
+    except ValueError:
+        raise UserError(f"--seq-lens: expected comma-separated integers, got {args.seq_lens!r}") from None
+    results = evaluate_lengths(model, data, lengths, max_tokens=args.max_tokens, batch_size=args.batch_size)
+    out = Path(args.out) if args.out else default_output(model)
+    write_results(out, model, results)
+    print(results_table(results) + f"written to {out}")
+
+
 def _add_run_arguments(parser: argparse.ArgumentParser, config_help: str, default_out: str) -> None:
     parser.add_argument("--config", metavar="FILE", help=config_help)
     parser.add_argument("--output-dir", metavar="DIR", help=f"run directory (default: {default_out})")
@@ -177,6 +194,15 @@ def build_parser() -> argparse.ArgumentParser:
     experiment.add_argument("--output-dir", metavar="DIR", help="default: runs/experiments/<config name>")
     experiment.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override every arm")
     experiment.set_defaults(func=_experiment)
+
+    eval_mlm = sub.add_parser("eval-mlm", help="masked-token loss and accuracy at several sequence lengths")
+    eval_mlm.add_argument("--model", required=True, metavar="DIR", help="a model directory (e.g. runs/x/final)")
+    eval_mlm.add_argument("--data", metavar="FILE|RUN", help="pretraining config or run dir (default: the model's run)")
+    eval_mlm.add_argument("--seq-lens", default="128,256,512,1024", metavar="L1,L2", help="lengths to evaluate")
+    eval_mlm.add_argument("--max-tokens", type=int, default=65536, help="tokens scored at every length")
+    eval_mlm.add_argument("--batch-size", type=int, default=8)
+    eval_mlm.add_argument("--out", metavar="FILE", help="JSON results (default: <run>/length_extrapolation.json)")
+    eval_mlm.set_defaults(func=_eval_mlm)
 
     compare = sub.add_parser("compare", help="compare pretraining runs (curves, steps-to-target) and GLUE results")
     compare.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (pretraining or GLUE)")

@@ -24,6 +24,7 @@ from roformer.training import CONFIG_FILE, METRICS_FILE, read_metrics
 
 TARGET_OFFSETS = (0.5, 0.25, 0.1, 0.0)  # eval-loss levels above the baseline's final eval loss
 RESULTS_FILE = "results.json"  # a GLUE run (roformer finetune)
+LENGTH_FILE = "length_extrapolation.json"  # written by roformer eval-mlm
 
 
 @dataclass
@@ -35,6 +36,7 @@ class PretrainRun:
     position_encoding: str
     train: list[dict[str, Any]]
     eval: list[dict[str, Any]]
+    lengths: list[dict[str, Any]] = field(default_factory=list)  # roformer eval-mlm results, when present
 
 
 @dataclass
@@ -86,7 +88,10 @@ def _load_pretrain_run(path: Path) -> PretrainRun:
     model = (config or {}).get("model") or {}
     encoding = model.get("position_encoding", "unknown") if isinstance(model, dict) else "unknown"
     label = (config or {}).get("label") or encoding
-    return PretrainRun(path, str(label), str(encoding), train, evals)
+    lengths = []
+    if (path / LENGTH_FILE).is_file():
+        lengths = json.loads((path / LENGTH_FILE).read_text()).get("results", [])
+    return PretrainRun(path, str(label), str(encoding), train, evals, lengths)
 
 
 def _label_from_init(init: str) -> str:
@@ -205,12 +210,41 @@ def summarise(
         summary["roformer"] = rope.label if rope else None
         summary["targets"] = levels
         summary["arms"] = per_arm
+        lengths = length_table(arms)
+        if lengths:
+            summary["length_extrapolation"] = lengths
         if rope is not None:
             summary["ratios"] = _ratios(next(a for a in per_arm if a["label"] == rope.label),
                                         next(a for a in per_arm if a["label"] == base.label))  # fmt: skip
     if glue:
         summary["glue"] = glue_table(glue)
     return summary
+
+
+def length_table(arms: list[Arm]) -> dict[str, list[dict[str, Any]]]:
+    """{label: [{seq_len, eval_loss, eval_accuracy} means over seeds, or {seq_len, error}]} where measured."""
+    table = {}
+    for arm in arms:
+        measured = [r.lengths for r in arm.runs if r.lengths]
+        if not measured:
+            continue
+        rows = []
+        for length in sorted({m["seq_len"] for runs in measured for m in runs}):
+            found = [m for runs in measured for m in runs if m["seq_len"] == length]
+            ok = [m for m in found if "error" not in m]
+            if not ok:
+                rows.append({"seq_len": length, "error": found[0]["error"]})
+                continue
+            rows.append(
+                {
+                    "seq_len": length,
+                    "eval_loss": statistics.fmean(m["eval_loss"] for m in ok),
+                    "eval_accuracy": statistics.fmean(m["eval_accuracy"] for m in ok),
+                    "seeds": len(ok),
+                }
+            )
+        table[arm.label] = rows
+    return table
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -283,6 +317,20 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             ratios = summary["ratios"]
             lines += ["", f"RoFormer ({summary['roformer']}) / baseline ({summary['baseline']}): final eval loss "
                       f"{_fmt(ratios['final_eval_loss'])}"]  # fmt: skip
+    if "length_extrapolation" in summary:
+        lines += ["", "## Length extrapolation (eval MLM loss / masked-token accuracy, fixed mask)", ""]
+        lengths = sorted({r["seq_len"] for rows in summary["length_extrapolation"].values() for r in rows})
+        lines += ["| arm | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
+        for label, rows in summary["length_extrapolation"].items():
+            by_length = {r["seq_len"]: r for r in rows}
+            cells = []
+            for n in lengths:
+                r = by_length.get(n)
+                if r is None or "error" in r:
+                    cells.append("—" if r is None else "cannot")
+                else:
+                    cells.append(f"{r['eval_loss']:.3f} / {100 * r['eval_accuracy']:.1f}%")
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if "glue" in summary:
         tasks = sorted({t for rows in summary["glue"].values() for t in rows})
         lines += ["", "## GLUE (dev, mean ± std over seeds, %)", "", "| arm | " + " | ".join(tasks) + " |",
@@ -384,6 +432,29 @@ def compare(
     with staged_output_dir(out, overwrite) as staging:
         if runs:
             plot_curves(group_arms(runs), staging / "curves.png")
+        if "length_extrapolation" in summary:
+            plot_lengths(summary["length_extrapolation"], staging / "length.png")
         (staging / "summary.json").write_text(json.dumps(summary, indent=2))
         (staging / "summary.md").write_text(summary_markdown(summary))
     return summary
+
+
+def plot_lengths(table: dict[str, list[dict[str, Any]]], path: Path) -> None:
+    """length.png: eval MLM loss against sequence length per arm (lengths an arm cannot take are left out)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, rows in table.items():
+        ok = [r for r in rows if "error" not in r]
+        ax.plot([r["seq_len"] for r in ok], [r["eval_loss"] for r in ok], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sequence length")
+    ax.set_ylabel("eval MLM loss (fixed mask)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,104 @@
+"""`roformer eval-mlm`: masked-token loss and accuracy of a pretrained model at several sequence lengths.
+
+The validation documents of a pretraining config (or of a run's own config.yaml) are packed into blocks of each
+length with the model's own tokenizer and scored under the fixed evaluation mask (seeded as in training). The same
+number of tokens is scored at every length (`max_tokens`), so the lengths differ only in context. Rotary and
+sinusoidal positions run at any length; learned positions stop at their table, which is reported, not crashed on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from roformer.checkpoint import load
+from roformer.errors import UserError
+from roformer.pretrain import eval_batch, evaluate_mlm, load_pretrain_config
+from roformer.pretrain_data import build_mlm_data
+from roformer.training import CONFIG_FILE, FINAL_DIR
+
+logger = logging.getLogger(__name__)
+
+RESULT_FILE = "length_extrapolation.json"
+
+
+def data_config_of(source: str | Path) -> Any:
+    """The `data` section of a pretraining config file or of a run directory's config.yaml.
+
+    Raises:
+        UserError: neither a config file nor a run directory.
+    """
+    path = Path(source)
+    if path.is_dir():
+        path = path / CONFIG_FILE
+    if not path.is_file():
+        raise UserError(f"{source}: neither a pretraining config nor a run directory with {CONFIG_FILE}")
+    return load_pretrain_config(path).data
+
+
+def evaluate_lengths(
+    model_dir: str | Path,
+    data_source: str | Path,
+    seq_lens: list[int],
+    max_tokens: int = 65536,
+    batch_size: int = 8,
+    device: str = "cpu",
+) -> list[dict[str, Any]]:
+    """One result per length: eval_loss, eval_accuracy, blocks and masked tokens.
+
+    A length the model cannot take (learned positions beyond their table) gets an `error` entry instead.
+
+    Raises:
+        UserError: a bad model, data source or length list.
+    """
+    if not seq_lens or any(n < 8 for n in seq_lens):
+        raise UserError(f"--seq-lens: lengths must be >= 8, got {seq_lens}")
+    model_dir = Path(model_dir)
+    model = load(model_dir, architecture="masked_lm", device=device)
+    data = data_config_of(data_source)
+    results = []
+    for length in seq_lens:
+        config = model.config
+        if config.position_encoding == "learned" and length > config.max_position_embeddings:
+            message = f"learned positions cover {config.max_position_embeddings} tokens; cannot evaluate {length}"
+            logger.warning("%s: %s", model_dir, message)
+            results.append({"seq_len": length, "error": message})
+            continue
+        blocks_data = replace(data, max_seq_len=length, tokenizer=str(model_dir), max_eval_blocks=None)
+        mlm = build_mlm_data(blocks_data)
+        blocks = mlm.validation[: max(1, max_tokens // length)]
+        ids, labels = eval_batch(blocks, mlm.tokenizer, blocks_data)
+        scores = evaluate_mlm(model, ids, labels, batch_size, torch.device(device))
+        results.append({"seq_len": length, "blocks": len(blocks), **scores})
+    return results
+
+
+def default_output(model_dir: str | Path) -> Path:
+    """`<run>/length_extrapolation.json` for a run's final/ (where compare finds it), else inside the model dir."""
+    model_dir = Path(model_dir)
+    if model_dir.name == FINAL_DIR and (model_dir.parent / CONFIG_FILE).is_file():
+        return model_dir.parent / RESULT_FILE
+    return model_dir / RESULT_FILE
+
+
+def write_results(path: Path, model_dir: str | Path, results: list[dict[str, Any]]) -> None:
+    """Write the results JSON (atomically)."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"model": str(model_dir), "results": results}, indent=2))
+    tmp.replace(path)
+
+
+def results_table(results: list[dict[str, Any]]) -> str:
+    """Markdown table of the results."""
+    lines = ["| length | eval loss | masked-token accuracy | blocks |", "|---:|---:|---:|---:|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['seq_len']} | — | — | {r['error']} |")
+        else:
+            lines.append(f"| {r['seq_len']} | {r['eval_loss']:.3f} | {100 * r['eval_accuracy']:.1f}% | {r['blocks']} |")
+    return "\n".join(lines) + "\n"

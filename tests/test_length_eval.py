@@ -1,0 +1,50 @@
+"""`roformer eval-mlm`: two lengths on a tiny run; learned positions say they cannot go beyond their table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_pretrain import tiny_run_config
+
+from roformer.cli import main
+from roformer.compare import compare
+from roformer.pretrain import load_pretrain_config, pretrain
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("length")
+    out = {}
+    for encoding in ("rotary", "learned"):
+        yaml = tiny_run_config(tmp / f"{encoding}.yaml", model={"position_encoding": encoding}, max_steps=4,
+                               eval_every=2, save_every=0)  # fmt: skip
+        out[encoding] = pretrain(load_pretrain_config(yaml), tmp / encoding)
+    return out
+
+
+def test_two_lengths_and_compare(runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    for encoding, run in runs.items():
+        assert main(["eval-mlm", "--model", str(run / "final"), "--seq-lens", "32,128", "--max-tokens", "1024"]) == 0
+        printed = capsys.readouterr().out
+        results = json.loads((run / "length_extrapolation.json").read_text())["results"]
+        assert [r["seq_len"] for r in results] == [32, 128]
+        assert results[0]["eval_loss"] > 0 and results[0]["blocks"] == 1024 // 32
+        if encoding == "rotary":  # trained at 32 tokens, evaluated at 4x that: rotary has no length limit
+            assert results[1]["eval_loss"] > 0 and results[1]["blocks"] == 1024 // 128
+        else:  # the tiny config's learned table has 64 positions
+            assert "error" in results[1] and "learned positions cover 64 tokens" in results[1]["error"]
+            assert "cannot evaluate 128" in printed
+    summary = compare(list(runs.values()), tmp_path / "cmp")
+    table = summary["length_extrapolation"]
+    assert [r["seq_len"] for r in table["rotary"]] == [32, 128] and "error" in table["learned"][1]
+    assert (tmp_path / "cmp" / "length.png").is_file()
+    assert "cannot" in (tmp_path / "cmp" / "summary.md").read_text()
+
+
+def test_bad_lengths(runs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
+    assert main(["eval-mlm", "--model", str(runs["rotary"] / "final"), "--seq-lens", "32,abc"]) == 2
+    assert "--seq-lens" in capsys.readouterr().err
+    assert main(["eval-mlm", "--model", str(runs["rotary"] / "final"), "--data", "/nonexistent.yaml"]) == 2
+    assert "neither a pretraining config" in capsys.readouterr().err
