@@ -1,0 +1,35 @@
+"""The notebooks run top to bottom (nbclient), shortened through environment variables, and are stored clean."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+from conftest import REPO
+from nbclient import NotebookClient
+
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+
+
+def test_notebooks_exist_and_have_no_outputs() -> None:
+    assert {p.name for p in NOTEBOOKS} == {"rotary_position_embedding.ipynb", "rope_vs_bert.ipynb"}
+    for path in NOTEBOOKS:
+        notebook = nbformat.read(path, as_version=4)
+        assert all(not cell.get("outputs") and cell.get("execution_count") is None
+                   for cell in notebook.cells if cell.cell_type == "code"), f"{path.name} is stored with outputs"  # fmt: skip
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_executes(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROFORMER_NOTEBOOK_MAX_STEPS", "30")
+    monkeypatch.setenv("ROFORMER_EXPERIMENT_DIR", str(tmp_path / "experiment"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    notebook = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute()  # raises CellExecutionError with the failing cell's traceback
+    images = [o for cell in notebook.cells for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert images, "the notebook should draw"
