@@ -17,8 +17,9 @@ def test_notebooks_exist_and_have_no_outputs() -> None:
     assert {p.name for p in NOTEBOOKS} == {"rotary_position_embedding.ipynb", "rope_vs_bert.ipynb"}
     for path in NOTEBOOKS:
         notebook = nbformat.read(path, as_version=4)
-        assert all(not cell.get("outputs") and cell.get("execution_count") is None
-                   for cell in notebook.cells if cell.cell_type == "code"), f"{path.name} is stored with outputs"  # fmt: skip
+        code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+        clean = all(not cell.get("outputs") and cell.get("execution_count") is None for cell in code)
+        assert clean, f"{path.name} is stored with outputs"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
