@@ -4,9 +4,9 @@ Runs are grouped into arms by their label (`label:` of the config, else the posi
 are seeds, drawn as a mean with a min-max band. For each arm we report the final eval loss, the eval loss at the
 largest step every arm evaluated, and the steps, tokens and training seconds needed to first reach target eval
 losses (by default the baseline's final eval loss and a few levels above it); then the ratio RoFormer / baseline
-of each. A target counts as reached at the first evaluation whose loss is at or below it (no interpolation, so
-the numbers are exact and reproducible from metrics.jsonl); an arm's steps-to-target is the mean over its seeds
-and is missing when a seed never reaches it.
+of each. Seeds are averaged first: an arm's eval curve is the mean over its seeds at the steps they all evaluated,
+and a target counts as reached at the first of those steps whose mean loss is at or below it (no interpolation,
+so the numbers are exact and reproducible from metrics.jsonl); tokens and seconds are the seeds' means there.
 """
 
 from __future__ import annotations
@@ -114,6 +114,20 @@ def first_reaching(evals: list[dict[str, Any]], target: float) -> dict[str, Any]
     return None
 
 
+def mean_eval_curve(arm: Arm) -> list[dict[str, Any]]:
+    """Eval events averaged over the arm's seeds (eval_loss, elapsed_sec) at the steps every seed evaluated."""
+    per_run = [{e["step"]: e for e in r.eval} for r in arm.runs]
+    steps = sorted(set.intersection(*(set(p) for p in per_run)))
+    return [
+        {
+            "step": step,
+            "eval_loss": statistics.fmean(p[step]["eval_loss"] for p in per_run),
+            "elapsed_sec": _mean_or_none([p[step].get("elapsed_sec") for p in per_run]),
+        }
+        for step in steps
+    ]
+
+
 def _mean_or_none(values: list[float | None]) -> float | None:
     return None if not values or any(v is None for v in values) else statistics.fmean(values)
 
@@ -134,15 +148,16 @@ def arm_summary(arm: Arm, targets: list[float], common_step: int | None) -> dict
         at = [next(e for e in r.eval if e["step"] == common_step) for r in arm.runs]
         out["common_step"] = common_step
         out["eval_loss_at_common_step"] = statistics.fmean(e["eval_loss"] for e in at)
+    curve = mean_eval_curve(arm)
     reached = []
     for target in targets:
-        hits = [first_reaching(r.eval, target) for r in arm.runs]
+        hit = first_reaching(curve, target)
         reached.append(
             {
                 "target": target,
-                "steps": _mean_or_none([h["step"] if h else None for h in hits]),
-                "tokens": _mean_or_none([_tokens_at(r, h["step"]) if h else None for r, h in zip(arm.runs, hits)]),
-                "seconds": _mean_or_none([h.get("elapsed_sec") if h else None for h in hits]),
+                "steps": hit["step"] if hit else None,
+                "tokens": _mean_or_none([_tokens_at(r, hit["step"]) for r in arm.runs]) if hit else None,
+                "seconds": hit["elapsed_sec"] if hit else None,
             }
         )
     out["targets"] = reached

@@ -46,30 +46,27 @@ def test_steps_to_target_and_ratios_are_exact(runs: list[Path], tmp_path: Path) 
     arms = {a["label"]: a for a in summary["arms"]}
     assert arms["bert"]["final_eval_loss"] == pytest.approx(4.0) and arms["bert"]["seeds"] == 2
     assert arms["roformer"]["eval_loss_at_common_step"] == pytest.approx(3.0)
-    # target 4.5: roformer at step 100 (4.5 <= 4.5); bert seed 0 at 300, seed 1 at 300 -> mean 300
+    # bert's mean curve over its seeds: 5.1, 4.7, 4.25, 4.0 at steps 100..400; roformer: 4.5, 4.0, 3.4, 3.0
     rope_t, bert_t = arms["roformer"]["targets"], arms["bert"]["targets"]
-    assert (rope_t[0]["steps"], bert_t[0]["steps"]) == (100, 300)
-    # target 4.25: roformer 200; bert seed 0 at 400 (4.1), seed 1 at 300 (4.2) -> 350
-    assert (rope_t[1]["steps"], bert_t[1]["steps"]) == (200, 350)
-    # target 4.0: bert seed 0 never reaches it (4.1) -> missing
-    assert bert_t[3]["steps"] is None and rope_t[3]["steps"] == 200
+    assert [t["steps"] for t in rope_t] == [100, 200, 200, 200]
+    assert [t["steps"] for t in bert_t] == [300, 300, 400, 400]  # 4.5 and 4.25 first at 300; 4.1 and 4.0 at 400
+    assert bert_t[3]["seconds"] == pytest.approx(400.0) and rope_t[0]["tokens"] == pytest.approx(100_000)
     ratios = summary["ratios"]["targets"]
-    assert ratios[0]["steps"] == pytest.approx(100 / 300)
+    assert [r["steps"] for r in ratios] == pytest.approx([100 / 300, 200 / 300, 200 / 400, 200 / 400])
     assert ratios[0]["seconds"] == pytest.approx(110 / 300)  # 10% slower steps
-    assert ratios[1]["tokens"] == pytest.approx(200 / 350)
-    assert ratios[3]["steps"] is None
+    assert ratios[1]["tokens"] == pytest.approx(200 / 300)
     assert summary["ratios"]["final_eval_loss"] == pytest.approx(3.0 / 4.0)
     out = tmp_path / "out"
     assert {p.name for p in out.iterdir()} == {"curves.png", "summary.md", "summary.json"}
     assert (out / "curves.png").stat().st_size > 10_000
-    assert "not reached" in (out / "summary.md").read_text()
+    assert "| 4.500 | 100 (100k tok, 110 s) | 300 (300k tok, 300 s) | 0.33 | 0.37 |" in (out / "summary.md").read_text()
 
 
 def test_explicit_targets_and_baseline(runs: list[Path], tmp_path: Path) -> None:
     summary = compare(runs, tmp_path / "out", baseline="roformer", targets=[4.6])
     assert summary["baseline"] == "roformer" and summary["roformer"] is None  # no other rotary arm
     arms = {a["label"]: a for a in summary["arms"]}
-    assert arms["bert"]["targets"][0]["steps"] == 250  # seed 0 at 200 (4.6), seed 1 at 300 (4.2)
+    assert arms["bert"]["targets"][0]["steps"] == 300  # mean curve 4.7 at 200, 4.25 at 300
 
 
 def test_glue_table(tmp_path: Path) -> None:
