@@ -7,7 +7,8 @@ Every arm is a pretraining config; the experiment runs each (arm, seed) into `<o
   cache entry), batch order and masks for a given seed;
 - their models may differ only in position-encoding fields (checked), and with the same seed they start from the
   same initial weights wherever the parameters coincide (every parameter, for rotary vs fixed sinusoidal);
-- the seed of run k is `seeds[k]` for every arm.
+- the seed of run k is `seeds[k]` for every arm;
+- the order of the arms alternates between seeds, so one-time warm-up costs do not always hit the same arm.
 
 Resumable: a run with a `final/` is done and skipped, a started run continues from its last checkpoint (exactly,
 see roformer.pretrain), a missing one starts; the comparison is redone at the end.
@@ -121,8 +122,11 @@ def run_experiment(path: str | Path, out: str | Path, overrides: list[str] | Non
     experiment, arms = load_experiment(path, overrides)
     out.mkdir(parents=True, exist_ok=True)
     runs = []
-    for seed in experiment.seeds:
-        for label, config in arms.items():
+    for index, seed in enumerate(experiment.seeds):
+        # Alternate the arm order between seeds: the first run in a process pays one-time warm-up costs (thread
+        # pools, kernel selection), which would otherwise always land on the same arm's wall-clock.
+        order = list(arms.items()) if index % 2 == 0 else list(reversed(arms.items()))
+        for label, config in order:
             config.train.seed = seed
             directory = run_dir(out, label, seed)
             runs.append(directory)
