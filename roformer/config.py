@@ -379,17 +379,27 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "-
     return data
 
 
+def read_mapping(path: str | Path, sections: str = "sections") -> dict[str, Any]:
+    """A YAML file whose top level must be a mapping (an empty file is an empty mapping).
+
+    Raises:
+        ConfigError: a missing file, invalid YAML, or a top level that is not a mapping, naming the file.
+    """
+    data = read_yaml(path)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of {sections}, got {type(data).__name__}")
+    return data
+
+
 def load_config(cls: type[T], path: str | Path, overrides: list[str] | None = None) -> T:
     """Read a YAML config file into dataclass `cls`, with `--set` style overrides applied first.
 
     Raises:
         ConfigError: naming the file (or `--set`) and the key for every kind of bad input.
     """
-    data = read_yaml(path)
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
+    data = read_mapping(path)
     apply_overrides(data, overrides or [])
     return from_dict(cls, data, source=str(path))
 

@@ -38,6 +38,7 @@ from roformer.config import (
     apply_overrides,
     check_types,
     from_dict,
+    read_mapping,
     read_yaml,
     resolve_paths,
     write_yaml,
@@ -219,9 +220,7 @@ def load_finetune_config(path: str | Path, overrides: list[str] | None = None) -
         ConfigError: naming the file and key for unknown keys, wrong types and invalid values.
     """
     path = Path(path)
-    data = read_yaml(path) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping with init/data/train sections, got {type(data).__name__}")
+    data = read_mapping(path, "init/data/train sections")
     keys = ["init", "data.glue_dir", "data.train_file", "data.validation_file", "data.test_file"]
     resolve_paths(data, keys, path.parent, maybe_names=("init",))
     apply_overrides(data, overrides or [])

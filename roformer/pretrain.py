@@ -36,6 +36,7 @@ from roformer.config import (
     apply_overrides,
     check_types,
     from_dict,
+    read_mapping,
     read_yaml,
     resolve_paths,
     write_yaml,
@@ -155,6 +156,14 @@ class PretrainConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     label: str | None = None
 
+    def __post_init__(self) -> None:
+        model, data = self.model, self.data
+        if model.position_encoding == "learned" and model.max_position_embeddings < data.max_seq_len:
+            raise ConfigError(
+                f"model.max_position_embeddings={model.max_position_embeddings} is shorter than "
+                f"data.max_seq_len={data.max_seq_len} (learned positions cannot go beyond their table)"
+            )
+
     @property
     def arm(self) -> str:
         """The label of the run in comparisons (default: the position encoding)."""
@@ -175,11 +184,7 @@ def load_pretrain_config(path: str | Path, overrides: list[str] | None = None) -
         ConfigError: naming the file and key for unknown keys, wrong types and invalid values.
     """
     path = Path(path)
-    data = read_yaml(path)
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping with model/data/train sections, got {type(data).__name__}")
+    data = read_mapping(path, "model/data/train sections")
     if isinstance(data.get("model"), str):
         include = path.parent / data["model"]
         if not include.is_file():
@@ -359,17 +364,8 @@ def evaluate_mlm(
 
 
 def resolve_config(config: PretrainConfig, tokenizer: Any) -> PretrainConfig:
-    """Fit the model section to the data: vocabulary of the tokenizer, [PAD] id, no pooler (MLM trains none).
-
-    Raises:
-        ConfigError: learned positions shorter than the blocks.
-    """
+    """Fit the model section to the data: vocabulary of the tokenizer, [PAD] id, no pooler (MLM trains none)."""
     model = replace(config.model, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, add_pooler=False)
-    if model.position_encoding == "learned" and model.max_position_embeddings < config.data.max_seq_len:
-        raise ConfigError(
-            f"model.max_position_embeddings={model.max_position_embeddings} is shorter than "
-            f"data.max_seq_len={config.data.max_seq_len} (learned positions cannot go beyond their table)"
-        )
     return replace(config, model=model)
 
 
