@@ -1,7 +1,8 @@
 """`roformer eval-mlm`: masked-token loss and accuracy of a pretrained model at several sequence lengths.
 
-The validation documents of a pretraining config (or of a run's own config.yaml) are packed into blocks of each
-length with the model's own tokenizer and scored under the fixed evaluation mask (seeded as in training). The same
+The validation documents of a pretraining config (or of a run's own config.yaml) are tokenized once with the
+model's own tokenizer, packed into blocks of each length and scored under the fixed evaluation mask (seeded as in
+training); the training split is never read beyond what the validation split needs. The same
 number of tokens is scored at every length (`max_tokens`), so the lengths differ only in context. Rotary and
 sinusoidal positions run at any length; learned positions stop at their table, which is reported, not crashed on.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +18,10 @@ import torch
 
 from roformer.checkpoint import load
 from roformer.errors import UserError
+from roformer.packing import pack_blocks, tokenize_documents
 from roformer.pretrain import eval_batch, evaluate_mlm, load_pretrain_config
-from roformer.pretrain_data import build_mlm_data
+from roformer.pretrain_data import validation_documents
+from roformer.tokenizer import jieba_presegmenter, load_tokenizer
 from roformer.training import CONFIG_FILE, FINAL_DIR
 
 logger = logging.getLogger(__name__)
@@ -61,6 +63,9 @@ def evaluate_lengths(
     model_dir = Path(model_dir)
     model = load(model_dir, architecture="masked_lm", device=device)
     data = data_config_of(data_source)
+    tokenizer = load_tokenizer(model_dir)
+    transform = jieba_presegmenter() if data.jieba else None
+    token_lists = tokenize_documents(validation_documents(data), tokenizer, data.num_proc, transform)
     results = []
     for length in seq_lens:
         config = model.config
@@ -69,10 +74,13 @@ def evaluate_lengths(
             logger.warning("%s: %s", model_dir, message)
             results.append({"seq_len": length, "error": message})
             continue
-        blocks_data = replace(data, max_seq_len=length, tokenizer=str(model_dir), max_eval_blocks=None)
-        mlm = build_mlm_data(blocks_data)
-        blocks = mlm.validation[: max(1, max_tokens // length)]
-        ids, labels = eval_batch(blocks, mlm.tokenizer, blocks_data)
+        try:
+            blocks = pack_blocks(token_lists, length, tokenizer.cls_token_id, tokenizer.sep_token_id)
+        except UserError as e:  # the validation text is shorter than one block of this length
+            results.append({"seq_len": length, "error": f"validation split: {e}"})
+            continue
+        blocks = blocks[: max(1, max_tokens // length)]
+        ids, labels = eval_batch(blocks, tokenizer, data)
         scores = evaluate_mlm(model, ids, labels, batch_size, torch.device(device))
         results.append({"seq_len": length, "blocks": len(blocks), **scores})
     return results

@@ -182,19 +182,32 @@ def _make_tokenizer(config: DataConfig, base: Path | None, texts: Iterable[str],
     return train_tokenizer(texts, config.vocab_size, config.lowercase)
 
 
-def build_streaming_mlm_data(config: DataConfig, base: Path | None = None) -> StreamingMLMData:
-    """The streaming counterpart of build_mlm_data: validation blocks and tokenizer (cached), training stream.
-
-    Raises:
-        UserError: bad paths or hub names, an empty stream, an unusable tokenizer.
-    """
-    files = expand_paths(config.paths, base) if config.source == "text" else []  # path errors now, not at step 1
+def _stream_opener(config: DataConfig, base: Path | None) -> Callable[[], Iterator[str]]:
+    """A function that opens the configured corpus as a fresh document stream (paths are checked now)."""
+    files = expand_paths(config.paths, base) if config.source == "text" else []
 
     def open_stream() -> Iterator[str]:
         if config.source == "hub":
             return _stream_hub(config)
         return (d for f in files for d in read_documents(f, config.text_column, config.decode_errors))
 
+    return open_stream
+
+
+def validation_documents(config: DataConfig, base: Path | None = None) -> list[str]:
+    """The validation documents of a data config, as training holds them out (streaming: the head of the stream)."""
+    if config.streaming:
+        return list(itertools.islice(_stream_opener(config, base)(), config.stream_validation_documents))
+    return load_documents(config, base)[1]
+
+
+def build_streaming_mlm_data(config: DataConfig, base: Path | None = None) -> StreamingMLMData:
+    """The streaming counterpart of build_mlm_data: validation blocks and tokenizer (cached), training stream.
+
+    Raises:
+        UserError: bad paths or hub names, an empty stream, an unusable tokenizer.
+    """
+    open_stream = _stream_opener(config, base)
     validation_docs, training = split_stream(open_stream, config.stream_validation_documents, config.shuffle_buffer)
     if not validation_docs:
         raise UserError(f"the streamed {config.source} corpus has no documents")

@@ -43,6 +43,13 @@ def test_two_lengths_and_compare(runs: dict[str, Path], tmp_path: Path, capsys: 
     assert "cannot" in (tmp_path / "cmp" / "summary.md").read_text()
 
 
+def test_length_beyond_the_validation_text(runs: dict[str, Path]) -> None:
+    from roformer.length_eval import evaluate_lengths
+
+    results = evaluate_lengths(runs["rotary"] / "final", runs["rotary"], [32, 100_000])
+    assert "eval_loss" in results[0] and "corpus too small" in results[1]["error"]
+
+
 def test_bad_lengths(runs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
     assert main(["eval-mlm", "--model", str(runs["rotary"] / "final"), "--seq-lens", "32,abc"]) == 2
     assert "--seq-lens" in capsys.readouterr().err
