@@ -353,3 +353,14 @@ def test_whole_word_masking_run(tmp_path: Path) -> None:
     follows = cont[:, 1:] & ~torch.isin(trainer.batches.blocks_of(0)[:, :-1], torch.tensor([2, 3]))
     assert follows.any() and torch.equal(selected[:, 1:][follows], selected[:, :-1][follows])
     assert trainer.run().joinpath("final").is_dir()
+
+
+@pytest.mark.slow
+def test_quickstart_recipe_quality(tmp_path: Path) -> None:
+    """The shipped tiny recipe end to end (~1.5 min on 2 CPU cores): RoFormer learns the built-in rules.
+
+    Measured: final eval loss 3.72 / masked-token accuracy 36% (seeds 0 and 1); BERT-sinusoidal ends at 4.64.
+    """
+    config = load_pretrain_config(REPO / "configs" / "pretrain" / "roformer-tiny.yaml", ["train.progress=false"])
+    final = final_eval(pretrain(config, tmp_path / "run"))
+    assert final["eval_loss"] < 3.9 and final["eval_accuracy"] > 0.3, final
