@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from roformer.data.glue_tasks import TASKS, get_task, read_files, read_glue_dir, read_hub
 from roformer.errors import UserError
@@ -126,3 +127,47 @@ def test_batches_pad_to_a_multiple_of_8_within_the_model_limit() -> None:
     assert batch["input_ids"].shape == (2, 16) and batch["attention_mask"].sum().item() == 14
     assert collate(encoded, [0], 0, False, multiple=8)["input_ids"].shape == (1, 8)
     assert padded_length(10, 8, cap=12) == 12 and padded_length(13, 8, cap=12) == 13 and padded_length(5, 1) == 5
+
+
+def _padding_fraction(sampler, lengths: list[int], steps: int, batch: int) -> float:
+    padded = real = 0
+    for step in range(steps):
+        rows = sampler.indices(step).tolist()
+        for start in range(0, len(rows), batch):  # each micro-batch x process chunk is padded on its own
+            chunk = [lengths[r] for r in rows[start : start + batch]]
+            padded, real = padded + len(chunk) * max(chunk), real + sum(chunk)
+    return 1 - real / padded
+
+
+def test_length_grouped_batches_are_permutations_aligned_with_steps() -> None:
+    from roformer.data.sampling import EpochSampler, LengthGroupedSampler
+
+    lengths = [(i * 37) % 101 + 1 for i in range(1000)]
+    g = 24  # 1000 is no multiple of 24: epochs 1 and 2 start inside a global batch
+    grouped = LengthGroupedSampler(lengths, g, seed=3, window=5)
+    plain = EpochSampler(len(lengths), g, seed=3)
+    for epoch in range(3):
+        assert sorted(grouped.permutation(epoch).tolist()) == list(range(1000))
+    # 3 epochs in steps: every example 3 times, same as the plain sampler
+    steps = 3 * 1000 // g
+    seen = torch.cat([grouped.indices(s) for s in range(steps)]).bincount(minlength=1000)
+    assert seen.min() >= 2 and seen.max() <= 3 and seen.sum() == steps * g
+    # a global batch inside an epoch holds neighbours in length; the plain sampler's do not
+    assert _padding_fraction(grouped, lengths, steps, 8) < 0.5 * _padding_fraction(plain, lengths, steps, 8)
+    # deterministic (resume: a fresh sampler gives the same step), and the seed matters
+    assert torch.equal(LengthGroupedSampler(lengths, g, 3, 5).indices(50), grouped.indices(50))
+    assert not torch.equal(LengthGroupedSampler(lengths, g, 4, 5).indices(50), grouped.indices(50))
+    # the batch order inside a window is shuffled: not monotone in length
+    firsts = [lengths[grouped.indices(s)[0]] for s in range(5)]
+    assert firsts != sorted(firsts, reverse=True)
+
+
+def test_length_grouping_cuts_padding_on_mrpc(shared_data: Path) -> None:
+    """Measured on MRPC (whitespace words as the length, chunks of 32): 28.5% padding -> 1.1%."""
+    from roformer.data.sampling import EpochSampler, LengthGroupedSampler
+
+    train = read_glue_dir(get_task("mrpc"), shared_data / "glue")["train"]
+    lengths = [sum(len(t.split()) for t in ex.texts) + 3 for ex in train]
+    plain = _padding_fraction(EpochSampler(len(lengths), 32, 0), lengths, 100, 32)
+    grouped = _padding_fraction(LengthGroupedSampler(lengths, 32, 0), lengths, 100, 32)
+    assert grouped < plain / 4, (plain, grouped)

@@ -34,6 +34,8 @@ class GlueDataConfig:
         label_column: `files`: the label column (names or ids).
         pad_to_multiple_of: Batches are padded to their longest example rounded up to this (8: what tensor cores and
             the fused attention kernels want; fewer distinct shapes for torch.compile). 1 = no rounding.
+        group_by_length: Training batches of similar-length examples (windows of 50 global batches sorted by length,
+            batch order shuffled): less padding, a little less randomness. Off by default, as in HF.
         max_length: Tokens per example (pair) including specials. Capped at the length the model was pretrained
             at when its directory records it (position rows or angles beyond it were never trained; the learned
             arm's table rows past it are random) and by a learned position table.
@@ -55,6 +57,7 @@ class GlueDataConfig:
     label_column: str = "label"
     max_length: int = 512
     pad_to_multiple_of: int = 8
+    group_by_length: bool = False
     beyond_pretraining_length: bool = False
     max_train_examples: int | None = None
     max_eval_examples: int | None = None

@@ -40,7 +40,7 @@ from roformer.config import read_yaml, write_yaml
 from roformer.data.glue import Encoded, collate, encode, load_splits, padded_length
 from roformer.data.glue_metrics import compute
 from roformer.data.glue_tasks import get_task
-from roformer.data.sampling import EpochSampler, share
+from roformer.data.sampling import EpochSampler, LengthGroupedSampler, share
 from roformer.errors import UserError
 from roformer.files import atomic_write_text, check_output_dir
 from roformer.model.model import Model
@@ -103,7 +103,11 @@ class _GlueRun:
     def __init__(self, finetuner: Finetuner, engine: Engine, seed: int) -> None:
         self.finetuner, self.engine, self.train = finetuner, engine, finetuner.config.train
         self.encoded = finetuner.encoded["train"]
-        self.sampler = EpochSampler(len(self.encoded.ids), engine.global_batch, seed)
+        if finetuner.config.data.group_by_length:
+            lengths = [len(ids) for ids in self.encoded.ids]
+            self.sampler: EpochSampler = LengthGroupedSampler(lengths, engine.global_batch, seed)
+        else:
+            self.sampler = EpochSampler(len(self.encoded.ids), engine.global_batch, seed)
         self.best: dict[str, Any] = {"score": -math.inf, "step": 0, "state": None, "dev": None}
 
     def plan(self, step: int) -> _ClassifyStep:
@@ -272,15 +276,19 @@ class Finetuner:
 
     @torch.no_grad()
     def predict(self, engine: Engine, split: str) -> list[int | float]:
-        """Predictions for every example of `split`: a contiguous share per process, gathered (no duplicates)."""
+        """Predictions for every example of `split`: a contiguous share per process, gathered (no duplicates).
+
+        Examples are batched in order of length (little padding) and the predictions put back in split order.
+        """
         from accelerate.utils import gather_object
 
         acc, model = engine.accelerator, engine.model
         model.eval()
         encoded = self.encoded[split]
+        order = sorted(range(len(encoded.ids)), key=lambda i: len(encoded.ids[i]))
         predictions: list[int | float] = []
         for chunk in eval_chunks(len(encoded.ids), self.config.train.eval_size, acc.process_index, acc.num_processes):
-            rows = [0] if chunk is None else chunk.tolist()  # None: a discarded forward that keeps FSDP in step
+            rows = [0] if chunk is None else [order[i] for i in chunk.tolist()]  # None: keeps FSDP in step
             batch = self.batch(encoded, rows)
             batch.pop("labels", None)
             logits = model(**{k: v.to(acc.device) for k, v in batch.items()}).logits.float()
@@ -288,7 +296,11 @@ class Finetuner:
                 values = logits.squeeze(-1) if self.task.is_regression else logits.argmax(-1)
                 predictions += values.cpu().tolist()
         gathered = gather_object([predictions]) if acc.num_processes > 1 else [predictions]
-        return [p for part in gathered for p in part]
+        by_length = [p for part in gathered for p in part]
+        in_order: list[int | float] = [0] * len(by_length)
+        for position, example in enumerate(order):
+            in_order[example] = by_length[position]
+        return in_order
 
     def _write_predictions(self, engine: Engine, tag: str) -> None:
         folder = self.out / PREDICTIONS_DIR / tag
