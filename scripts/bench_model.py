@@ -9,8 +9,13 @@ model compute all logits, so the comparison is the same math everywhere.
 Peak memory: on CUDA `max_memory_allocated`; on CPU each model is run in a fresh subprocess and we report the growth
 of its resident set size (sampled every ms) over two training steps (activations, gradients and optimizer state).
 
+MFU: model FLOPs per token from `roformer.flops.training_flops_per_token` (each model credited with the decoder rows
+it computes) times tokens/s, over the peak of a large GEMM measured in the same dtype on the same device (and over
+the spec sheet's dense figure where the device is known).
+
     python scripts/bench_model.py                     # CPU defaults: T=128 (batch 16) and T=2048 (batch 1)
-    python scripts/bench_model.py --device cuda --dtype bfloat16 --seq-lens 512,2048 --batch-sizes 32,8
+    python scripts/bench_model.py --shape base --device cuda --dtype bf16 --compile --seq-lens 128,512 \
+        --batch-sizes 128,32
 """
 
 from __future__ import annotations
@@ -28,14 +33,22 @@ import torch
 import transformers
 
 import roformer
+from roformer.data.masking import masked_positions
+from roformer.flops import measure_matmul_tflops, spec_tflops, training_flops_per_token
 
 MODELS = ("ours-rotary", "ours-sinusoidal", "hf-roformer", "hf-bert")
+SHAPES = {  # --shape presets: (vocab, hidden, layers, heads, ffn)
+    "small": (8000, 256, 4, 4, 1024),
+    "base": (30522, 768, 12, 12, 3072),  # BERT-base, the paper's shapes
+}
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16"}  # fmt: skip
 
 
-def build(name: str, args: argparse.Namespace, max_len: int) -> torch.nn.Module:
-    """The four models with the same shapes; HF ones are built from our configs through `to_hf`."""
+def model_config(name: str, args: argparse.Namespace, max_len: int) -> roformer.ModelConfig:
+    """The shapes every model shares; the position encoding is the model's."""
     encoding = {"ours-rotary": "rotary", "hf-roformer": "rotary", "ours-sinusoidal": "sinusoidal"}.get(name, "learned")
-    config = roformer.ModelConfig(
+    return roformer.ModelConfig(
         vocab_size=args.vocab,
         hidden_size=args.hidden,
         num_layers=args.layers,
@@ -46,7 +59,11 @@ def build(name: str, args: argparse.Namespace, max_len: int) -> torch.nn.Module:
         position_encoding=encoding,
         max_position_embeddings=max(max_len, 512),  # HF RoFormer's table size
     )
-    model = roformer.MaskedLM(config)
+
+
+def build(name: str, args: argparse.Namespace, max_len: int) -> torch.nn.Module:
+    """The four models with the same shapes; HF ones are built from our configs through `to_hf`."""
+    model = roformer.MaskedLM(model_config(name, args, max_len))
     if name.startswith("hf-"):
         model = roformer.to_hf(model)  # RoFormerForMaskedLM / BertForMaskedLM (sdpa attention)
         assert name == "hf-roformer" or model.config._attn_implementation == "sdpa"
@@ -60,14 +77,25 @@ def make_batch(args: argparse.Namespace, batch: int, length: int, seed: int) -> 
     masked = torch.rand(batch, length, generator=g) < 0.15
     labels[masked] = ids[masked]
     ids[masked] = 4
-    return {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
+    batch = {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
+    return {**batch, "positions": masked_positions(labels)}
+
+
+def decoder_rows(name: str, args: argparse.Namespace, batch: dict[str, torch.Tensor]) -> float:
+    """Vocabulary-projection rows per token the model computes (ours with the masked decoder: the masked rows)."""
+    if args.decoder == "masked" and name.startswith("ours-"):
+        return len(batch["positions"]) / batch["input_ids"].numel()
+    return 1.0
 
 
 def train_step(
     model: torch.nn.Module, opt: torch.optim.Optimizer, batch: dict, device: str, dtype: torch.dtype, masked: bool
 ) -> None:
-    batch = {k: v.to(device) for k, v in batch.items()}
-    extra = {"masked_only": True} if masked and isinstance(model, roformer.MaskedLM) else {}
+    batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    ours = isinstance(getattr(model, "_orig_mod", model), roformer.MaskedLM)
+    # as the trainer does: masked rows as bucketed flat indices, so a compiled model sees few shapes
+    extra = {"masked_only": True, "masked_positions": batch.pop("positions")} if masked and ours else {}
+    batch.pop("positions", None)
     with torch.autocast(device_type=device.split(":")[0], dtype=dtype, enabled=dtype != torch.float32):
         out = model(**batch, **extra)
     out.loss.backward()
@@ -83,15 +111,20 @@ def sync(device: str) -> None:
 def setup(name: str, args: argparse.Namespace, length: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = build(name, args, length).to(args.device).train()
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+    fused = {"fused": True} if args.device.startswith("cuda") else {}  # what our trainer uses on CUDA
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused)
+    return (torch.compile(model) if args.compile else model), optimizer
 
 
-def throughput(args: argparse.Namespace, batch: int, length: int) -> dict[str, float]:
+def throughput(args: argparse.Namespace, batch: int, length: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Median tokens/s of every model, and its model TFLOPs per step-token (for MFU)."""
     dtype = getattr(torch, args.dtype)
     runs = {name: setup(name, args, length) for name in MODELS}
     batches = [make_batch(args, batch, length, seed) for seed in range(args.steps)]
-    for model, opt in runs.values():  # warm-up: allocator, kernels, AdamW state
-        for b in batches[:2]:
+    if args.device.startswith("cuda"):
+        batches = [{k: v.pin_memory() for k, v in b.items()} for b in batches]
+    for model, opt in runs.values():  # warm-up: allocator, kernels, AdamW state, compilation
+        for b in batches[: 3 if args.compile else 2]:
             train_step(model, opt, b, args.device, dtype, args.decoder == "masked")
     samples: dict[str, list[float]] = {name: [] for name in MODELS}
     for _ in range(args.repeats):
@@ -102,7 +135,14 @@ def throughput(args: argparse.Namespace, batch: int, length: int) -> dict[str, f
                 train_step(model, opt, b, args.device, dtype, args.decoder == "masked")
             sync(args.device)
             samples[name].append(batch * length * len(batches) / (time.perf_counter() - start))
-    return {name: statistics.median(v) for name, v in samples.items()}
+    flops = {
+        name: statistics.mean(
+            training_flops_per_token(model_config(name, args, length), length, decoder_rows(name, args, b))
+            for b in batches
+        )
+        for name in MODELS
+    }
+    return {name: statistics.median(v) for name, v in samples.items()}, flops
 
 
 def peak_memory_mb(args: argparse.Namespace, name: str, batch: int, length: int) -> float:
@@ -120,13 +160,14 @@ def peak_memory_mb(args: argparse.Namespace, name: str, batch: int, length: int)
         torch.cuda.empty_cache()
         return peak / 2**20
     cmd = [sys.executable, __file__, "--_memory-child", name, "--_batch", str(batch), "--_length", str(length)]
-    cmd += [f"--{k.replace('_', '-')}={v}" for k, v in _shape_args(args).items()]
+    cmd += [f"--{k.replace('_', '-')}={v}" for k, v in _shape_args(args).items() if k != "compile"]
+    cmd += ["--compile"] if args.compile else []
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_mb"]
 
 
 def _shape_args(args: argparse.Namespace) -> dict:
-    keys = ("vocab", "hidden", "layers", "heads", "ffn", "dropout", "decoder", "dtype", "threads")
+    keys = ("vocab", "hidden", "layers", "heads", "ffn", "dropout", "decoder", "dtype", "threads", "compile")
     return {k: getattr(args, k) for k in keys}
 
 
@@ -161,12 +202,14 @@ def _memory_child(args: argparse.Namespace) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--vocab", type=int, default=8000)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--ffn", type=int, default=1024)
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="autocast dtype (fp32: none)")
+    p.add_argument("--compile", action="store_true", help="torch.compile every model (timed after compiling)")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="small", help="preset of the five shape options")
+    p.add_argument("--vocab", type=int)
+    p.add_argument("--hidden", type=int)
+    p.add_argument("--layers", type=int)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--ffn", type=int)
     p.add_argument(
         "--decoder",
         choices=["masked", "full"],
@@ -185,8 +228,15 @@ def main() -> None:
     p.add_argument("--_batch", type=int, help=argparse.SUPPRESS)
     p.add_argument("--_length", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
+    args.dtype = DTYPES[args.dtype]
+    for key, value in zip(("vocab", "hidden", "layers", "heads", "ffn"), SHAPES[args.shape]):
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True  # as our trainer sets it
+        torch.backends.cudnn.allow_tf32 = True
     if args._memory_child:
         _memory_child(args)
         return
@@ -194,24 +244,36 @@ def main() -> None:
     batches = [int(x) for x in args.batch_sizes.split(",")]
     if len(lens) != len(batches):
         p.error("--seq-lens and --batch-sizes need the same number of entries")
+    dtype = getattr(torch, args.dtype)
+    peak = measure_matmul_tflops(args.device, dtype)
+    spec = spec_tflops(args.device, dtype)
+    name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
     print(
-        f"torch {torch.__version__}, transformers {transformers.__version__}, device {args.device}, "
-        f"{args.dtype}, threads {torch.get_num_threads()}; L{args.layers} H{args.hidden} A{args.heads} "
-        f"FF{args.ffn} V{args.vocab}, dropout {args.dropout}, {args.decoder} decoder; "
-        f"median of {args.repeats} x {args.steps} steps"
+        f"torch {torch.__version__}, transformers {transformers.__version__}, {name}, {args.dtype}"
+        f"{', compiled' if args.compile else ''}, threads {torch.get_num_threads()}; L{args.layers} H{args.hidden} "
+        f"A{args.heads} FF{args.ffn} V{args.vocab}, dropout {args.dropout}, {args.decoder} decoder; "
+        f"median of {args.repeats} x {args.steps} steps; measured GEMM peak {peak:.1f} TFLOPS"
+        + (f", spec sheet {spec:.0f} dense" if spec else "")
     )
     results = []
     for length, batch in zip(lens, batches):
-        tps = throughput(args, batch, length)
+        tps, flops = throughput(args, batch, length)
         mem = {name: peak_memory_mb(args, name, batch, length) for name in MODELS}
-        results.append({"seq_len": length, "batch": batch, "tokens_per_sec": tps, "peak_mb": mem})
+        mfu = {name: tps[name] * flops[name] / 1e12 / peak for name in MODELS}
+        results.append(
+            {"seq_len": length, "batch": batch, "tokens_per_sec": tps, "peak_mb": mem, "mfu": mfu,
+             "flops_per_token": flops, "gemm_tflops": peak, "spec_tflops": spec}
+        )  # fmt: skip
         print(f"\nT={length}, batch {batch}")
-        print("| model | tokens/s | vs HF RoFormer | vs ours-sinusoidal | peak MiB | mem vs HF RoFormer |")
-        print("|---|---:|---:|---:|---:|---:|")
+        spec_col = " | MFU (spec)" if spec else ""
+        print(f"| model | tokens/s | vs HF RoFormer | vs ours-sinusoidal | MFU (GEMM){spec_col} | peak MiB "
+              "| mem vs HF RoFormer |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if spec else ""))
         for name in MODELS:
+            spec_mfu = f" | {100 * tps[name] * flops[name] / 1e12 / spec:.1f}%" if spec else ""
             print(
                 f"| {name} | {tps[name]:,.0f} | {tps[name] / tps['hf-roformer']:.2f}x | "
-                f"{tps[name] / tps['ours-sinusoidal']:.3f}x | {mem[name]:,.0f} | "
+                f"{tps[name] / tps['ours-sinusoidal']:.3f}x | {100 * mfu[name]:.1f}%{spec_mfu} | {mem[name]:,.0f} | "
                 f"{mem[name] / mem['hf-roformer']:.2f}x |"
             )
         sys.stdout.flush()

@@ -390,3 +390,10 @@ class Engine:
 
 def _epoch(task: Task, step: int) -> float:
     return round(task.epoch_of(step), 4)
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` on `device`; on a GPU copied from pinned host memory without blocking the host."""
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)

@@ -44,7 +44,7 @@ from roformer.data.sampling import EpochSampler, LengthGroupedSampler, share
 from roformer.errors import UserError
 from roformer.files import atomic_write_text, check_output_dir
 from roformer.model.model import Model
-from roformer.train.engine import Engine, RunState
+from roformer.train.engine import Engine, RunState, to_device
 from roformer.train.evaluate import eval_chunks
 from roformer.train.finetune_config import FinetuneConfig, load_finetune_config, load_init_model, load_init_tokenizer
 from roformer.train.launch import process_state
@@ -88,7 +88,7 @@ class _ClassifyStep:
     def micro(self, micro: int) -> dict[str, torch.Tensor]:
         run, acc = self.run, self.run.engine.accelerator
         rows = share(self.indices, micro, acc.process_index, acc.num_processes, run.train.batch_size)
-        return {k: v.to(acc.device) for k, v in run.finetuner.batch(run.encoded, rows).items()}
+        return {k: to_device(v, acc.device) for k, v in run.finetuner.batch(run.encoded, rows).items()}
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         out = model(**batch)

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The GPU path end to end, on one GPU machine, in under 10 minutes per stage (stages can run in separate calls):
+#     bash scripts/gpu_check.sh [all|tests|bench|pretrain|report]
+#   tests     pytest -m gpu: bf16/fp16 steps, fp16 loss scaling, flash SDPA, compile, exact bf16 resume, FSDP/DeepSpeed
+#   bench     scripts/bench_model.py at BERT-base shapes, bf16: T=128 (batch 128) and T=512 (batch 32), eager and
+#             compiled, ours vs HF RoFormer / HF BERT (sdpa): tokens/s, MFU, peak memory
+#   pretrain  both arms of configs/experiments/rope-vs-bert-base.yaml on gutenberg, bf16, compiled, ~1000 steps,
+#             held-out eval curves
+#   report    one table of all of the above (gpu-report.md)
+# Results go to $OUT (the device tool's folder) or runs/gpu-check; run data to /tmp/gpu-check. Prepare .gpu/ first
+# with scripts/gpu_prepare.sh (wheels and data for a machine without network). GPU_CHECK_SMOKE=1 runs every stage at
+# toy sizes (also on a CPU) to check the plumbing.
+set -euo pipefail
+stage=${1:-all}
+out=${OUT:-runs/gpu-check}
+work=${GPU_CHECK_WORK:-/tmp/gpu-check}
+mkdir -p "$out" "$work"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if ! python -c "import datasets" 2>/dev/null && [ -d .gpu/wheels ]; then
+    python -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpu-check-site .gpu/wheels/*.whl
+    export PYTHONPATH="$PYTHONPATH:/tmp/gpu-check-site"
+fi
+corpus=${GPU_CHECK_CORPUS:-.gpu/data/gutenberg}
+[ -d "$corpus" ] || corpus=../shared/data/corpus/gutenberg
+python -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')" \
+    | tee "$out/device.txt"
+
+if [ "${GPU_CHECK_SMOKE:-0}" = 1 ]; then
+    bench_args=(--shape small --seq-lens 64 --batch-sizes 4 --repeats 1 --steps 1)
+    steps=6 batch=4 length=64 eval_every=3 model=(--set model.num_layers=2 --set model.hidden_size=64
+        --set model.num_heads=2 --set model.intermediate_size=128 --set data.vocab_size=2000)
+    device_args=()
+else
+    bench_args=(--shape base --seq-lens 128,512 --batch-sizes 128,32 --repeats 3 --steps 5)
+    steps=1000 batch=32 length=512 eval_every=100 model=()
+    device_args=(--device cuda)
+fi
+
+run_tests() {
+    python -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider --junitxml "$out/gpu-tests.xml" || true
+}
+
+run_bench() {
+    for mode in eager compiled; do
+        flag=(); [ "$mode" = compiled ] && flag=(--compile)
+        python scripts/bench_model.py "${device_args[@]}" --dtype bf16 "${flag[@]}" "${bench_args[@]}" \
+            --json "$out/bench-$mode.json"
+    done
+}
+
+run_pretrain() {
+    python -m roformer experiment --config configs/experiments/rope-vs-bert-base.yaml --output-dir "$work/base" \
+        --set data.source=text --set "data.paths=[$PWD/$corpus]" --set data.decode_errors=replace \
+        --set data.validation_fraction=0.02 --set data.max_eval_blocks=256 --set "data.max_seq_len=$length" \
+        --set "train.max_steps=$steps" --set "train.batch_size=$batch" --set train.grad_accum=1 \
+        --set train.warmup_steps=100 --set train.lr=2.0e-4 --set "train.eval_every=$eval_every" \
+        --set train.save_every=0 --set train.log_every=10 --set train.mixed_precision=bf16 \
+        --set "train.compile=$([ "${GPU_CHECK_SMOKE:-0}" = 1 ] && echo false || echo true)" \
+        --set "train.report_to=[]" --set train.progress=false "${model[@]}"
+    cp "$work/base/compare/summary.json" "$out/base-summary.json"
+    cp "$work/base/compare/curves.png" "$out/base-curves.png" 2>/dev/null || true
+}
+
+case "$stage" in
+    tests) run_tests ;;
+    bench) run_bench ;;
+    pretrain) run_pretrain ;;
+    report) ;;
+    all) run_tests; run_bench; run_pretrain ;;
+    *) echo "gpu_check.sh: unknown stage '$stage' (all, tests, bench, pretrain, report)" >&2; exit 2 ;;
+esac
+python scripts/gpu_report.py "$out" --runs "$work/base" | tee "$out/gpu-report.md"
