@@ -15,6 +15,7 @@ MFU = achieved model FLOPs / peak. The peak is measured here with a large GEMM i
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -54,18 +55,19 @@ def training_flops_per_token(config: ModelConfig, seq_len: int, decoder_rows: fl
 
 
 def measure_matmul_tflops(device: str | torch.device, dtype: torch.dtype, size: int | None = None) -> float:
-    """Achieved TFLOPS of a square GEMM (median of several timings): the practical peak of this device and dtype.
+    """Achieved TFLOPS of a square GEMM (median of 5 timings): the practical peak of this device and dtype.
 
     Args:
         device: Where to measure.
         dtype: The matmul dtype (float32 on CUDA uses TF32 if it is enabled).
-        size: Matrix side (default 8192 on CUDA, 2048 on CPU).
+        size: Matrix side (default 8192 on CUDA; on a CPU the largest power of two up to 2048 whose product takes
+            under ~0.2 s, since CPUs without bf16 units multiply bf16 matrices a hundred times slower).
     """
     device = torch.device(device)
-    n = size or (8192 if device.type == "cuda" else 2048)
+    n = size or (8192 if device.type == "cuda" else _cpu_size(dtype))
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    repeats = 20 if device.type == "cuda" else 3
+    repeats = 20 if device.type == "cuda" else 2
     times = []
     for trial in range(6):
         _sync(device)
@@ -75,8 +77,19 @@ def measure_matmul_tflops(device: str | torch.device, dtype: torch.dtype, size: 
         _sync(device)
         if trial:  # the first trial warms up (kernel selection, clocks)
             times.append((time.perf_counter() - start) / repeats)
-    times.sort()
-    return 2 * n**3 / times[len(times) // 2] / 1e12
+    return 2 * n**3 / statistics.median(times) / 1e12
+
+
+def _cpu_size(dtype: torch.dtype) -> int:
+    n = 256
+    while n < 2048:
+        a = torch.randn(n, n, dtype=dtype)
+        start = time.perf_counter()
+        a @ a
+        if (time.perf_counter() - start) * 8 > 0.2:  # the next size takes 8x longer
+            break
+        n *= 2
+    return n
 
 
 def spec_tflops(device: str | torch.device, dtype: torch.dtype) -> float | None:

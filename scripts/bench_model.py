@@ -252,7 +252,7 @@ def main() -> None:
         f"torch {torch.__version__}, transformers {transformers.__version__}, {name}, {args.dtype}"
         f"{', compiled' if args.compile else ''}, threads {torch.get_num_threads()}; L{args.layers} H{args.hidden} "
         f"A{args.heads} FF{args.ffn} V{args.vocab}, dropout {args.dropout}, {args.decoder} decoder; "
-        f"median of {args.repeats} x {args.steps} steps; measured GEMM peak {peak:.1f} TFLOPS"
+        f"median of {args.repeats} x {args.steps} steps; measured GEMM peak {peak:.3g} TFLOPS"
         + (f", spec sheet {spec:.0f} dense" if spec else "")
     )
     results = []

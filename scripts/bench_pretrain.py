@@ -140,7 +140,7 @@ def bench_config(path: Path, args: argparse.Namespace, peak: float) -> dict[str,
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+PRECISION = {"fp32": "'no'", "bf16": "bf16", "fp16": "fp16"}  # quoted: YAML reads a bare no as false
 
 
 def main() -> None:
@@ -165,7 +165,7 @@ def main() -> None:
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     print(
         f"torch {torch.__version__}, {name}, {torch.get_num_threads()} threads, {args.dtype}"
-        f"{', compiled' if args.compile else ''}; measured GEMM peak {peak:.1f} TFLOPS"
+        f"{', compiled' if args.compile else ''}; measured GEMM peak {peak:.3g} TFLOPS"
         + (f" (spec sheet {spec:.0f} dense)" if spec else "")
     )
     print("| config | shape | ours tokens/s | HF tokens/s | ours / HF | ours MFU | HF MFU | data share of our step |")

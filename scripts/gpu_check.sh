@@ -9,7 +9,7 @@
 #   report    one table of all of the above (gpu-report.md)
 # Results go to $OUT (the device tool's folder) or runs/gpu-check; run data to /tmp/gpu-check. Prepare .gpu/ first
 # with scripts/gpu_prepare.sh (wheels and data for a machine without network). GPU_CHECK_SMOKE=1 runs every stage at
-# toy sizes (also on a CPU) to check the plumbing.
+# toy sizes (also on a CPU, in fp32 there) to check the plumbing; GPU_CHECK_MODES="eager" skips the compiled bench.
 set -euo pipefail
 stage=${1:-all}
 out=${OUT:-runs/gpu-check}
@@ -28,12 +28,13 @@ python -c "import torch; print('torch', torch.__version__, torch.cuda.get_device
 
 if [ "${GPU_CHECK_SMOKE:-0}" = 1 ]; then
     bench_args=(--shape small --seq-lens 64 --batch-sizes 4 --repeats 1 --steps 1)
+    dtype=$(python -c "import torch; print('bf16' if torch.cuda.is_available() else 'fp32')")
     steps=6 batch=4 length=64 eval_every=3 model=(--set model.num_layers=2 --set model.hidden_size=64
         --set model.num_heads=2 --set model.intermediate_size=128 --set data.vocab_size=2000)
     device_args=()
 else
     bench_args=(--shape base --seq-lens 128,512 --batch-sizes 128,32 --repeats 3 --steps 5)
-    steps=1000 batch=32 length=512 eval_every=100 model=()
+    steps=1000 batch=32 length=512 eval_every=100 model=() dtype=bf16
     device_args=(--device cuda)
 fi
 
@@ -42,9 +43,9 @@ run_tests() {
 }
 
 run_bench() {
-    for mode in eager compiled; do
+    for mode in ${GPU_CHECK_MODES:-eager compiled}; do
         flag=(); [ "$mode" = compiled ] && flag=(--compile)
-        python scripts/bench_model.py "${device_args[@]}" --dtype bf16 "${flag[@]}" "${bench_args[@]}" \
+        python scripts/bench_model.py "${device_args[@]}" --dtype "$dtype" "${flag[@]}" "${bench_args[@]}" \
             --json "$out/bench-$mode.json"
     done
 }
@@ -55,7 +56,7 @@ run_pretrain() {
         --set data.validation_fraction=0.02 --set data.max_eval_blocks=256 --set "data.max_seq_len=$length" \
         --set "train.max_steps=$steps" --set "train.batch_size=$batch" --set train.grad_accum=1 \
         --set train.warmup_steps=100 --set train.lr=2.0e-4 --set "train.eval_every=$eval_every" \
-        --set train.save_every=0 --set train.log_every=10 --set train.mixed_precision=bf16 \
+        --set train.save_every=0 --set train.log_every=10 --set "train.mixed_precision=$([ "$dtype" = bf16 ] && echo bf16 || echo null)" \
         --set "train.compile=$([ "${GPU_CHECK_SMOKE:-0}" = 1 ] && echo false || echo true)" \
         --set "train.report_to=[]" --set train.progress=false "${model[@]}"
     cp "$work/base/compare/summary.json" "$out/base-summary.json"

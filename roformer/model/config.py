@@ -45,6 +45,47 @@ ACTIVATION_NAMES = (
 
 PositionEncoding = Literal["rotary", "sinusoidal", "learned", "none"]
 
+
+@dataclass
+class RopeScaling:
+    """RoPE context scaling: run a rotary model at lengths beyond the one it was trained at.
+
+    Attributes:
+        type: `linear`: position interpolation (Chen et al. 2023), every frequency divided by `factor`; `ntk`: the
+            NTK-aware base change (bloc97 2023), base * factor^(d / (d - 2)), which keeps the highest frequency and
+            interpolates the lowest; `yarn` (Peng et al. 2023): frequencies with fewer than `beta_slow` rotations
+            over the original length are interpolated, those with more than `beta_fast` kept, a linear ramp
+            between, and the attention logits scaled by `attention_factor`^2.
+        factor: Target length / trained length (>= 1).
+        original_max_position: The length the model was trained at (yarn's ramp counts rotations over it).
+        beta_fast: yarn: rotations above which a frequency is kept (extrapolated).
+        beta_slow: yarn: rotations below which a frequency is interpolated.
+        attention_factor: yarn: the magnitude of the rotation table (q and k are both scaled, so logits by its
+            square); None = 0.1 ln(factor) + 1 (YaRN eq. 22).
+    """
+
+    type: Literal["linear", "ntk", "yarn"] = "linear"
+    factor: float = 1.0
+    original_max_position: int | None = None
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if not self.factor >= 1.0:
+            raise ConfigError(f"rope_scaling.factor must be >= 1 (target length / trained length), got {self.factor}")
+        if self.type == "yarn" and not self.original_max_position:
+            raise ConfigError("rope_scaling.original_max_position is required for yarn (the trained length)")
+        if self.original_max_position is not None and self.original_max_position <= 0:
+            raise ConfigError(f"rope_scaling.original_max_position must be > 0, got {self.original_max_position}")
+        if self.beta_fast <= self.beta_slow or self.beta_slow <= 0:
+            raise ConfigError(
+                f"rope_scaling needs beta_fast > beta_slow > 0, got {self.beta_fast} and {self.beta_slow}"
+            )
+        if self.attention_factor is not None and self.attention_factor <= 0:
+            raise ConfigError(f"rope_scaling.attention_factor must be > 0, got {self.attention_factor}")
+
 # Model classes a model directory may hold (`roformer.model.model.ARCHITECTURES` maps them to the classes).
 ARCHITECTURE_NAMES = ("backbone", "masked_lm", "sequence_classification")
 
@@ -76,6 +117,12 @@ class ModelConfig:
         rotary_layout: `interleaved` pairs (x1,x2),(x3,x4),... as in the paper and HF; `half` pairs (x_i, x_{i+d/2})
             as in GPT-NeoX/LLaMA.
         rotary_value: Also rotate the values (HF RoFormer `rotary_value`).
+        rotary_dim: Rotate only the first `rotary_dim` features of each head (partial rotary, GPT-NeoX: 25% there);
+            None = the whole head. Frequencies are those of a `rotary_dim`-wide head, theta_i = base^(-2i/rotary_dim).
+        rope_scaling: Context scaling of the rotary frequencies (RopeScaling: linear, ntk, yarn), e.g. to evaluate or
+            continue training at lengths beyond the pretraining length. None = the paper's RoPE.
+        attention: `softmax` (scaled dot-product attention) or `linear` (paper sec. 3.3, eq. 19: elu+1 feature map,
+            RoPE on the features in the numerator only, O(T) memory; attention dropout does not apply).
         sinusoidal_scale: Multiplier of the sinusoidal table added to the token embeddings. None picks the default
             that keeps the table at the scale of the token embedding init (see `resolved_sinusoidal_scale`).
         sinusoidal_scale_learned: Make that multiplier a learned scalar (Cramming-style), initialised at the value.
@@ -107,6 +154,9 @@ class ModelConfig:
     rotary_base: float = 10000.0
     rotary_layout: Literal["interleaved", "half"] = "interleaved"
     rotary_value: bool = False
+    rotary_dim: int | None = None
+    rope_scaling: RopeScaling | None = None
+    attention: Literal["softmax", "linear"] = "softmax"
     sinusoidal_scale: float | None = None
     sinusoidal_scale_learned: bool = False
     tie_word_embeddings: bool = True
@@ -134,6 +184,7 @@ class ModelConfig:
             raise ConfigError(f"sinusoidal positions need an even embedding size, got {self.embedding_dim}")
         if self.rotary_value and self.position_encoding != "rotary":
             raise ConfigError("rotary_value is only meaningful with position_encoding: rotary")
+        self._validate_rotary_extensions()
         if self.hidden_act not in ACTIVATION_NAMES:
             raise ConfigError(f"hidden_act '{self.hidden_act}' is not one of: {', '.join(ACTIVATION_NAMES)}")
         for name in ("hidden_dropout", "attention_dropout"):
@@ -153,6 +204,26 @@ class ModelConfig:
             raise ConfigError(f"num_labels must be > 0, got {self.num_labels}")
         if self.sinusoidal_scale is not None and not math.isfinite(self.sinusoidal_scale):
             raise ConfigError(f"sinusoidal_scale must be finite, got {self.sinusoidal_scale}")
+
+    def _validate_rotary_extensions(self) -> None:
+        for name in ("rotary_dim", "rope_scaling"):
+            if getattr(self, name) is not None and self.position_encoding != "rotary":
+                raise ConfigError(f"{name} is only meaningful with position_encoding: rotary")
+        if self.rotary_dim is not None and not (2 <= self.rotary_dim <= self.head_size and self.rotary_dim % 2 == 0):
+            raise ConfigError(
+                f"rotary_dim must be even and in [2, head size {self.head_size}], got {self.rotary_dim}"
+            )
+        if self.attention == "linear" and self.rotary_value:
+            raise ConfigError("attention: linear rotates the feature-mapped q and k (eq. 19): rotary_value must be off")
+        if self.rope_scaling is not None and self.rope_scaling.type == "ntk" and self.rotary_size <= 2:
+            raise ConfigError("rope_scaling ntk needs more than 2 rotated features (base * factor^(d / (d - 2)))")
+        if self.rope_scaling is not None and self.rope_scaling.type == "yarn" and self.rotary_value:
+            raise ConfigError("rope_scaling yarn scales the rotated vectors: with rotary_value it would scale v too")
+
+    @property
+    def rotary_size(self) -> int:
+        """Features of each head that are rotated (rotary_dim, or the head size)."""
+        return self.rotary_dim or self.head_size
 
     @property
     def head_size(self) -> int:

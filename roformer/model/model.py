@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from roformer.model.config import ARCHITECTURE_NAMES, ModelConfig
+from roformer.model.config import ARCHITECTURE_NAMES, ModelConfig, RopeScaling
 from roformer.model.weights import load_weights, read_model_dir, save_model
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -70,8 +70,8 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 # Position encodings
 
 
-def rotary_angles(num_positions: int, dim: int, base: float = 10000.0) -> Tensor:
-    """Angles m * theta_i for positions m < num_positions, theta_i = base^(-2i/dim) (paper eq. 15).
+def rotary_angles(num_positions: int, dim: int, base: float = 10000.0, scaling: RopeScaling | None = None) -> Tensor:
+    """Angles m * theta_i for positions m < num_positions, theta_i = base^(-2i/dim) (paper eq. 15), or as scaled.
 
     Computed in float64: in float32, m * theta_i at m = 1e5 is off by ~1e-2 rad, a known bug class (GPT-NeoX,
     Megatron). Callers cast the cos/sin tables to float32 and cast at use.
@@ -79,8 +79,46 @@ def rotary_angles(num_positions: int, dim: int, base: float = 10000.0) -> Tensor
     Returns:
         (num_positions, dim // 2) float64 tensor on the CPU.
     """
-    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,)
+    inv_freq, _ = rotary_frequencies(dim, base, scaling)  # (dim/2,)
     return torch.outer(torch.arange(num_positions, dtype=torch.float64), inv_freq)  # (T, dim/2)
+
+
+def rotary_frequencies(dim: int, base: float, scaling: RopeScaling | None = None) -> tuple[Tensor, float]:
+    """float64 inverse frequencies theta_i (dim/2,) and the magnitude of the rotation table (1 but for yarn).
+
+    linear (position interpolation, Chen et al. 2023): theta_i / factor. ntk (NTK-aware, bloc97 2023): the base
+    becomes base * factor^(dim / (dim - 2)), so the lowest frequency is interpolated by `factor` and the highest kept.
+    yarn (Peng et al. 2023, sec. 3.2-3.4): frequency i makes r_i = L / (2 pi / theta_i) rotations over the trained
+    length L; it is kept where r_i > beta_fast, interpolated (/ factor) where r_i < beta_slow, and mixed on a linear
+    ramp over the dimensions between; the table's magnitude 0.1 ln(factor) + 1 scales q.k by its square.
+    """
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # 2i/d
+    if scaling is None:
+        return base**-exponents, 1.0
+    factor = scaling.factor
+    if scaling.type == "linear":
+        return base**-exponents / factor, 1.0
+    if scaling.type == "ntk":
+        return (base * factor ** (dim / (dim - 2))) ** -exponents, 1.0
+    original = base**-exponents
+    low, high = _yarn_ramp_bounds(dim, base, scaling)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0.0, 1.0)  # 0: keep, 1: interp.
+    inv_freq = original * (1.0 - ramp) + original / factor * ramp
+    magnitude = scaling.attention_factor
+    if magnitude is None:
+        magnitude = 0.1 * math.log(factor) + 1.0 if factor > 1.0 else 1.0
+    return inv_freq, magnitude
+
+
+def _yarn_ramp_bounds(dim: int, base: float, scaling: RopeScaling) -> tuple[float, float]:
+    """Pair indices where frequencies make beta_fast / beta_slow rotations over the trained length (floor / ceil)."""
+
+    def pair_index(rotations: float) -> float:  # YaRN eq. 17 solved for the dimension
+        return dim * math.log(scaling.original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(pair_index(scaling.beta_fast)), 0)
+    high = min(math.ceil(pair_index(scaling.beta_slow)), dim - 1)
+    return low, high if high > low else low + 0.001  # one pair: a step, not a division by zero
 
 
 def _capacity(length: int) -> int:
@@ -92,16 +130,21 @@ class RotaryEmbedding(nn.Module):
     """Rotary position embedding (RoPE, paper sec. 3.2-3.4): rotates pairs of a head vector by position.
 
     Pair i of the vector at position m is rotated by angle m * theta_i. In the `interleaved` layout (paper, HF
-    RoFormer) pair i is (x_2i, x_2i+1); in the `half` layout (GPT-NeoX, LLaMA) it is (x_i, x_i+d/2). The table
-    e^{i m theta_i} is kept in complex64 (float32 cos/sin, never the model dtype), grown on demand, so there is no
-    length limit.
+    RoFormer) pair i is (x_2i, x_2i+1); in the `half` layout (GPT-NeoX, LLaMA) it is (x_i, x_i+d/2). With `dim`
+    smaller than the head, only the first `dim` features are rotated (partial rotary) and the rest pass through.
+    The table e^{i m theta_i} (times yarn's magnitude) is kept in complex64 (float32 cos/sin, never the model
+    dtype), grown on demand, so there is no length limit.
     """
 
-    def __init__(self, head_size: int, base: float = 10000.0, layout: str = "interleaved") -> None:
+    def __init__(
+        self, dim: int, base: float = 10000.0, layout: str = "interleaved", scaling: RopeScaling | None = None
+    ) -> None:
         super().__init__()
-        self.head_size = head_size
+        self.dim = dim
         self.base = base
         self.layout = layout
+        self.scaling = scaling
+        self.magnitude = rotary_frequencies(dim, base, scaling)[1]
         # Plain attributes, not buffers: `model.to(bfloat16)` must not cast the tables. The real tables start filled
         # (512 positions, grown on demand): torch.compile guards on them, and a first call that created them would
         # recompile the model once more.
@@ -110,22 +153,26 @@ class RotaryEmbedding(nn.Module):
         self.cos_sin(512, torch.device("cpu"))
 
     def rotations(self, length: int, device: torch.device) -> Tensor:
-        """complex64 table e^{i m theta_i} = cos + i sin of shape (length, head_size // 2) on `device`."""
+        """complex64 table magnitude * e^{i m theta_i} of shape (length, dim // 2) on `device`."""
         if self._cache is None or self._cache.shape[0] < length or self._cache.device != device:
-            angles = rotary_angles(_capacity(length), self.head_size, self.base)
-            self._cache = torch.polar(torch.ones_like(angles), angles).to(torch.complex64).to(device)
+            angles = rotary_angles(_capacity(length), self.dim, self.base, self.scaling)
+            table = torch.polar(torch.full_like(angles, self.magnitude), angles)
+            self._cache = table.to(torch.complex64).to(device)
         return self._cache[:length]
 
     def cos_sin(self, length: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        """float32 cos and sin tables, each (length, head_size // 2) (real copies, no complex views)."""
+        """float32 cos and sin tables (times the magnitude), each (length, dim // 2) (real copies, no complex views)."""
         cached = self._real_cache
         if cached is None or cached[0].shape[0] < length or cached[0].device != device:
-            angles = rotary_angles(_capacity(length), self.head_size, self.base)  # float64, as the complex table
-            self._real_cache = cached = (angles.cos().float().to(device), angles.sin().float().to(device))
+            angles = rotary_angles(_capacity(length), self.dim, self.base, self.scaling)  # float64
+            cos, sin = angles.cos() * self.magnitude, angles.sin() * self.magnitude
+            self._real_cache = cached = (cos.float().to(device), sin.float().to(device))
         return cached[0][:length], cached[1][:length]
 
     def forward(self, x: Tensor) -> Tensor:
         """Rotate `x` of shape (B, T, ..., D) by the position of its dim-1 index; returns the input dtype."""
+        if self.dim < x.shape[-1]:  # partial rotary: the remaining features carry no position
+            return torch.cat((self(x[..., : self.dim]), x[..., self.dim :]), dim=-1)
         if torch.compiler.is_compiling():
             return apply_rotary_real(x, *self.cos_sin(x.shape[1], x.device), self.layout)
         return apply_rotary(x, self.rotations(x.shape[1], x.device), self.layout)
@@ -258,11 +305,45 @@ class Embeddings(nn.Module):
         return x
 
 
+def linear_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, rotary: RotaryEmbedding | None) -> Tensor:
+    """Bidirectional linear attention with RoPE (paper sec. 3.3, eq. 19), O(T) memory: no T x T matrix.
+
+        out_m = sum_n (R_m phi(q_m))^T (R_n phi(k_n)) v_n / sum_n phi(q_m)^T phi(k_n),   phi = elu + 1
+
+    phi is the non-negative feature map of Katharopoulos et al. 2020 (the paper's reference). The rotation enters the
+    numerator only: rotated features can have negative inner products, and a denominator that may cross zero would
+    make the weights unbounded (paper, below eq. 19), so it keeps the unrotated, positive ones. Sums run in float32.
+
+    Args:
+        q: (B, T, H, D) queries.
+        k: (B, T, H, D) keys.
+        v: (B, T, H, D) values.
+        keep: (B, T) bool, True for real tokens (padded keys enter neither sum), or None.
+        rotary: The rotation, or None for the other position encodings (plain linear attention).
+
+    Returns:
+        (B, T, H, D) in the input dtype.
+    """
+    with torch.autocast(q.device.type, enabled=False):
+        phi_q, phi_k = F.elu(q.float()) + 1.0, F.elu(k.float()) + 1.0  # (B, T, H, D), > 0
+        if keep is not None:
+            phi_k = phi_k * keep[:, :, None, None]
+        rot_q, rot_k = rotary(torch.stack((phi_q, phi_k), dim=2)).unbind(2) if rotary is not None else (phi_q, phi_k)
+        kv = torch.einsum("bnhd,bnhe->bhde", rot_k, v.float())  # (B, H, D, D): sum_n R_n phi(k_n) v_n^T
+        numerator = torch.einsum("bmhd,bhde->bmhe", rot_q, kv)  # (B, T, H, D)
+        denominator = torch.einsum("bmhd,bhd->bmh", phi_q, phi_k.sum(dim=1))  # (B, T, H)
+        return (numerator / (denominator[..., None] + LINEAR_ATTENTION_EPS)).to(q.dtype)
+
+
+LINEAR_ATTENTION_EPS = 1e-6  # as Katharopoulos et al.'s reference implementation: a denominator that underflows
+
+
 class SelfAttention(nn.Module):
-    """Multi-head self-attention through `scaled_dot_product_attention`, with RoPE on q and k (and v if asked)."""
+    """Multi-head self-attention with RoPE on q and k (and v if asked): softmax through SDPA, or linear (eq. 19)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        self.linear = config.attention == "linear"
         self.num_heads = config.num_heads
         self.head_size = config.head_size
         self.rotary_value = config.rotary_value
@@ -274,6 +355,10 @@ class SelfAttention(nn.Module):
     def forward(self, x: Tensor, mask: Tensor | None, rotary: RotaryEmbedding | None) -> Tensor:
         B, T, C = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_size)  # (B, T, 3, H, D)
+        if self.linear:  # RoPE goes on the feature-mapped q and k, inside
+            keep = None if mask is None else mask[:, 0, 0, :]  # (B, T)
+            y = linear_attention(*qkv.unbind(2), keep, rotary)  # (B, T, H, D)
+            return self.proj(y.reshape(B, T, C))
         if rotary is None:
             q, k, v = qkv.unbind(2)
         elif self.rotary_value:
@@ -377,7 +462,7 @@ class Backbone(Model):
         self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.rotary = (
-            RotaryEmbedding(config.head_size, config.rotary_base, config.rotary_layout)
+            RotaryEmbedding(config.rotary_size, config.rotary_base, config.rotary_layout, config.rope_scaling)
             if config.position_encoding == "rotary"
             else None
         )
