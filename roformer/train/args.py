@@ -48,6 +48,9 @@ class TrainArgs:
         max_bad_steps: Consecutive steps with a non-finite loss or gradient norm (each skipped and logged) after
             which the run stops, naming its last good checkpoint.
         compile: Wrap the model in torch.compile.
+        deterministic: `torch.use_deterministic_algorithms`: bitwise-repeatable runs (and resumes) also where
+            kernels would accumulate with atomics (Inductor's compiled backward on CPU, many CUDA kernels), at some
+            speed; without it such runs repeat to ~1e-7. Eager CPU runs are bitwise-repeatable either way.
         progress: Show a tqdm progress bar.
     """
 
@@ -72,6 +75,7 @@ class TrainArgs:
     report_to: list[str] = field(default_factory=list)
     max_bad_steps: int = 20
     compile: bool = False
+    deterministic: bool = False
     progress: bool = True
 
     def __post_init__(self) -> None:

@@ -54,6 +54,10 @@ def make_accelerator(args: TrainArgs, project_dir: Path) -> Any:
     launcher = os.environ.get("ACCELERATE_MIXED_PRECISION")
     if args.mixed_precision is not None and launcher not in (None, "no", args.mixed_precision):
         logger.warning("train.mixed_precision=%s overrides the launcher's %s", args.mixed_precision, launcher)
+    if args.deterministic:
+        # cuBLAS needs a fixed workspace for repeatable results (read when cuBLAS initialises, so set it first)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     if torch.cuda.is_available():
         # TF32 tensor cores for fp32 matmuls (10 mantissa bits; what PyTorch Lightning and HF enable for training)
         torch.backends.cuda.matmul.allow_tf32 = True
