@@ -94,14 +94,14 @@ def coerce(value: Any, tp: Any, source: str, key: str) -> Any:
             if type(None) in options:
                 return None
             raise fail(_type_name(tp))
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
+        present = [option for option in options if option is not type(None)]
+        if len(present) == 1:  # X | None: X's own error names the inner key and the problem
+            return coerce(value, present[0], source, key)
+        for option in present:
             try:
                 return coerce(value, option, source, key)
-            except ConfigError as e:
-                errors.append(e)
+            except ConfigError:
+                continue
         raise fail(_type_name(tp))
     if origin is Literal:
         if value in get_args(tp):

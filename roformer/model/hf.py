@@ -306,6 +306,14 @@ def _config_to_hf(config: ModelConfig, family: str, classifies: bool) -> Any:
         tie_word_embeddings=config.tie_word_embeddings,
         num_labels=config.num_labels,
     )
+    unsupported = {
+        "attention": "HF has no linear attention: attention must be softmax to export",
+        "rotary_dim": "HF RoFormer rotates whole heads: rotary_dim must be null to export",
+        "rope_scaling": "HF RoFormer has no rope_scaling: export the unscaled model (rope_scaling: null)",
+    }
+    for name, reason in unsupported.items():
+        if getattr(config, name) not in (None, "softmax"):
+            raise CheckpointError(reason)
     if family == "roformer":
         if classifies and config.classifier_head != "mlp":
             raise CheckpointError("HF RoFormer has no pooler head: set classifier_head: mlp to export")
