@@ -75,7 +75,8 @@ def test_every_position_encoding_trains_and_padding_is_ignored(encoding: str) ->
     labels[0, 0] = ids[0, 0]
     out = model(ids, labels=labels)
     out.loss.backward()
-    assert torch.isfinite(out.loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    assert torch.isfinite(out.loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     model.eval()
     mask = torch.ones(2, 12, dtype=torch.long)
     mask[1, 8:] = 0
