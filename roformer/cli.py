@@ -166,7 +166,13 @@ def _experiment(args: argparse.Namespace) -> None:
 
 def _eval_mlm(args: argparse.Namespace) -> None:
     from roformer.files import check_output_file
-    from roformer.study.length_eval import default_output, evaluate_lengths, results_table, write_results
+    from roformer.study.length_eval import (
+        default_output,
+        evaluate_lengths,
+        parse_rope_scalings,
+        results_table,
+        write_results,
+    )
     from roformer.train.run_dir import FINAL_DIR
 
     model = Path(args.model)
@@ -179,7 +185,11 @@ def _eval_mlm(args: argparse.Namespace) -> None:
         lengths = [int(n) for n in args.seq_lens.split(",")]
     except ValueError:
         raise UserError(f"--seq-lens: expected comma-separated integers, got {args.seq_lens!r}") from None
-    results = evaluate_lengths(model, data, lengths, max_tokens=args.max_tokens, batch_size=args.batch_size)
+    scalings = parse_rope_scalings(args.rope_scaling) if args.rope_scaling else None
+    results = evaluate_lengths(
+        model, data, lengths, max_tokens=args.max_tokens, batch_size=args.batch_size, rope_scalings=scalings,
+        trained_length=args.trained_length,
+    )  # fmt: skip
     write_results(out, model, results)
     print(results_table(results) + f"written to {out}")
 
@@ -248,6 +258,13 @@ def build_parser() -> argparse.ArgumentParser:
     eval_mlm.add_argument("--max-tokens", type=int, default=65536, help="tokens scored at every length")
     eval_mlm.add_argument("--batch-size", type=int, default=8)
     eval_mlm.add_argument("--out", metavar="FILE", help="JSON results (default: <run>/length_extrapolation.json)")
+    eval_mlm.add_argument(
+        "--rope-scaling",
+        metavar="M1,M2",
+        help="rotary context scaling methods to compare: none, linear, ntk, yarn, each optionally :FACTOR "
+        "(default factor: length / trained length)",
+    )
+    eval_mlm.add_argument("--trained-length", type=int, help="the model's training length (default: from final/)")
     eval_mlm.set_defaults(func=_eval_mlm)
 
     compare = sub.add_parser("compare", help="compare pretraining runs (curves, steps-to-target) and GLUE results")

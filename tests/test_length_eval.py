@@ -55,3 +55,28 @@ def test_bad_lengths(runs: dict[str, Path], capsys: pytest.CaptureFixture) -> No
     assert "--seq-lens" in capsys.readouterr().err
     assert main(["eval-mlm", "--model", str(runs["rotary"] / "final"), "--data", "/nonexistent.yaml"]) == 2
     assert "neither a pretraining config" in capsys.readouterr().err
+
+
+def test_rope_scaling_methods(runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Trained at 32: at 32 every method's factor is 1 (the same tables); at 128 they differ, same weights."""
+    final = runs["rotary"] / "final"
+    out = tmp_path / "scaled.json"
+    args = ["eval-mlm", "--model", str(final), "--seq-lens", "32,128", "--max-tokens", "1024", "--out", str(out)]
+    assert main([*args, "--rope-scaling", "none,linear,ntk,yarn,linear:2"]) == 0
+    printed = capsys.readouterr().out
+    assert "| length | none | linear | ntk | yarn |" in printed
+    results = json.loads(out.read_text())["results"]
+    by = {(r["seq_len"], r["rope_scaling"]): r["eval_loss"] for r in results}
+    assert set(by) == {(n, m) for n in (32, 128) for m in ("none", "linear x1", "ntk x1", "yarn x1", "linear x2")} - {
+        (128, m) for m in ("linear x1", "ntk x1", "yarn x1")} | {(128, m) for m in ("linear x4", "ntk x4", "yarn x4")}
+    assert by[(32, "none")] == pytest.approx(by[(32, "linear x1")], rel=1e-6) == pytest.approx(by[(32, "yarn x1")])
+    assert compare([runs["rotary"]], tmp_path / "cmp")  # compare still reads the run (scaled rows are elsewhere)
+
+
+def test_rope_scaling_bad_input(runs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
+    for model, scaling, message in [("rotary", "pi", "unknown method 'pi'"), ("rotary", "yarn:0.5", "factor >= 1"),
+                                    ("learned", "linear", "learned positions, not rotary")]:  # fmt: skip
+        args = ["eval-mlm", "--model", str(runs[model] / "final"), "--seq-lens", "32", "--rope-scaling", scaling]
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1

@@ -151,3 +151,24 @@ def test_hf_export_refuses_what_hf_roformer_cannot_express(fields: dict, reason:
     config = ModelConfig(vocab_size=100, hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64, **fields)
     with pytest.raises(CheckpointError, match=reason):
         roformer.to_hf(roformer.MaskedLM(config))
+
+
+def test_eval_variants_share_weights_and_differ_only_beyond_the_trained_length() -> None:
+    from roformer.study.length_eval import scaled
+
+    config = ModelConfig(vocab_size=100, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=64,
+                         initializer_range=0.3, hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip
+    model = roformer.MaskedLM(config).eval()
+    ids = torch.randint(5, 100, (1, 128))
+    logits = {}
+    for method in ("none", "linear", "ntk", "yarn"):
+        at_trained, _ = scaled(model, method, None, 32, trained=32)
+        assert_close(at_trained(ids[:, :32]).logits, model(ids[:, :32]).logits)  # factor 1: the paper's tables
+        variant, label = scaled(model, method, None, 128, trained=32)
+        assert label == ("none" if method == "none" else f"{method} x4")
+        assert all(torch.equal(a, b) for a, b in zip(variant.parameters(), model.parameters(), strict=True))
+        logits[method] = variant(ids).logits
+    for a in logits:
+        for b in logits:
+            if a < b:
+                assert not torch.allclose(logits[a], logits[b], atol=1e-3), (a, b)

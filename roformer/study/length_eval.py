@@ -5,10 +5,16 @@ model's own tokenizer, packed into blocks of each length and scored under the fi
 training); the training split is never read beyond what the validation split needs. The same
 number of tokens is scored at every length (`max_tokens`), so the lengths differ only in context. Rotary and
 sinusoidal positions run at any length; learned positions stop at their table, which is reported, not crashed on.
+
+`rope_scalings` evaluates a rotary model under context-scaling methods (ModelConfig.rope_scaling): `none` (the
+paper's RoPE), `linear` (position interpolation), `ntk`, `yarn`, each with a fixed factor (`yarn:4`) or, by
+default, factor = length / trained length at every length longer than the trained one (the factor a user would
+choose to run at that length). The weights are the same; only the rotation tables change.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -22,10 +28,11 @@ from roformer.data.packing import pack_blocks, tokenize_documents
 from roformer.data.tokenizer import jieba_presegmenter, load_tokenizer
 from roformer.errors import UserError
 from roformer.files import atomic_write_text
-from roformer.model.model import load
+from roformer.model.config import RopeScaling
+from roformer.model.model import Model, load
 from roformer.train.args import load_pretrain_config
 from roformer.train.evaluate import evaluate_mlm
-from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, RUN_CONFIG_FILE
+from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, RUN_CONFIG_FILE, pretraining_length
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +51,45 @@ def data_config_of(source: str | Path) -> Any:
     return load_pretrain_config(path).data
 
 
+SCALING_METHODS = ("none", "linear", "ntk", "yarn")
+
+
+def parse_rope_scalings(text: str) -> list[tuple[str, float | None]]:
+    """`none,linear,yarn:4` -> [("none", None), ("linear", None), ("yarn", 4.0)] (None: length / trained length).
+
+    Raises:
+        UserError: an unknown method or a factor below 1.
+    """
+    methods = []
+    for item in text.split(","):
+        name, _, factor = item.strip().partition(":")
+        if name not in SCALING_METHODS:
+            raise UserError(f"--rope-scaling: unknown method {name!r} (known: {', '.join(SCALING_METHODS)})")
+        try:
+            value = float(factor) if factor else None
+        except ValueError:
+            raise UserError(f"--rope-scaling: {item!r}: the factor after ':' must be a number") from None
+        if value is not None and (value < 1 or name == "none"):
+            raise UserError(f"--rope-scaling: {item!r}: a factor >= 1 goes with linear, ntk or yarn")
+        methods.append((name, value))
+    return methods
+
+
+def scaled(model: Model, method: str, factor: float | None, length: int, trained: int) -> tuple[Model, str]:
+    """`model` with the rotation tables of `method` for evaluating at `length` (same weights), and a label."""
+    if method == "none":
+        scaling = None
+    else:
+        factor = factor if factor is not None else max(1.0, length / trained)
+        scaling = RopeScaling(type=method, factor=factor, original_max_position=trained)
+    config = dataclasses.replace(model.config, rope_scaling=scaling)
+    copy = type(model)(config)
+    copy.load_state_dict(model.state_dict())
+    parameter = next(model.parameters())
+    label = "none" if scaling is None else f"{method} x{scaling.factor:g}"
+    return copy.to(parameter.device).eval(), label
+
+
 def evaluate_lengths(
     model_dir: str | Path,
     data_source: str | Path,
@@ -51,18 +97,36 @@ def evaluate_lengths(
     max_tokens: int = 65536,
     batch_size: int = 8,
     device: str = "cpu",
+    rope_scalings: list[tuple[str, float | None]] | None = None,
+    trained_length: int | None = None,
 ) -> list[dict[str, Any]]:
-    """One result per length: eval_loss, eval_accuracy, blocks and masked tokens.
+    """One result per length (and scaling method): eval_loss, eval_accuracy, blocks and masked tokens.
 
     A length the model cannot take (learned positions beyond their table) gets an `error` entry instead.
 
+    Args:
+        model_dir: The model to evaluate.
+        data_source: A pretraining config or run directory whose validation split is scored.
+        seq_lens: Block lengths.
+        max_tokens: Tokens scored at every length.
+        batch_size: Blocks per forward.
+        device: Where to run.
+        rope_scalings: (method, factor) pairs from `parse_rope_scalings`; None = the model as saved.
+        trained_length: The length the model was trained at (default: its pretraining.json), for the factors.
+
     Raises:
-        UserError: a bad model, data source or length list.
+        UserError: a bad model, data source, length list, or scaling of a model without rotary positions.
     """
     if not seq_lens or any(n < 8 for n in seq_lens):
         raise UserError(f"--seq-lens: lengths must be >= 8, got {seq_lens}")
     model_dir = Path(model_dir)
     model = load(model_dir, architecture="masked_lm", device=device)
+    if rope_scalings is not None:
+        if model.config.position_encoding != "rotary":
+            raise UserError(f"--rope-scaling: {model_dir} has {model.config.position_encoding} positions, not rotary")
+        trained_length = trained_length or pretraining_length(model_dir)
+        if trained_length is None:
+            raise UserError(f"--rope-scaling: {model_dir} does not record its training length; pass --trained-length")
     data = data_config_of(data_source)
     tokenizer = load_tokenizer(model_dir, split_cjk=not data.jieba)
     transform = jieba_presegmenter() if data.jieba else None
@@ -82,8 +146,14 @@ def evaluate_lengths(
             continue
         blocks = blocks[: max(1, max_tokens // length)]
         ids, labels = eval_batch(blocks, tokenizer, data)
-        scores = evaluate_mlm(model, ids, labels, batch_size, torch.device(device))
-        results.append({"seq_len": length, "blocks": len(blocks), **scores})
+        if rope_scalings is None:
+            scores = evaluate_mlm(model, ids, labels, batch_size, torch.device(device))
+            results.append({"seq_len": length, "blocks": len(blocks), **scores})
+            continue
+        for method, factor in rope_scalings:
+            variant, label = scaled(model, method, factor, length, trained_length)
+            scores = evaluate_mlm(variant, ids, labels, batch_size, torch.device(device))
+            results.append({"seq_len": length, "rope_scaling": label, "blocks": len(blocks), **scores})
     return results
 
 
@@ -101,7 +171,15 @@ def write_results(path: Path, model_dir: str | Path, results: list[dict[str, Any
 
 
 def results_table(results: list[dict[str, Any]]) -> str:
-    """Markdown table of the results."""
+    """Markdown table of the results (one column per scaling method when there are several)."""
+    methods = list(dict.fromkeys(r.get("rope_scaling", "").split(" ")[0] for r in results if "error" not in r))
+    if methods and methods != [""]:
+        lines = ["| length | " + " | ".join(methods) + " |", "|---:|" + "---:|" * len(methods)]
+        for length in dict.fromkeys(r["seq_len"] for r in results):
+            row = {r.get("rope_scaling", "").split(" ")[0]: r for r in results if r["seq_len"] == length}
+            cells = [_cell(row[m]) if m in row else "—" for m in methods]
+            lines.append(f"| {length} | " + " | ".join(cells) + " |")
+        return "\n".join(lines) + "\n(eval loss / masked-token accuracy)\n"
     lines = ["| length | eval loss | masked-token accuracy | blocks |", "|---:|---:|---:|---:|"]
     for r in results:
         if "error" in r:
@@ -109,3 +187,7 @@ def results_table(results: list[dict[str, Any]]) -> str:
         else:
             lines.append(f"| {r['seq_len']} | {r['eval_loss']:.3f} | {100 * r['eval_accuracy']:.1f}% | {r['blocks']} |")
     return "\n".join(lines) + "\n"
+
+
+def _cell(result: dict[str, Any]) -> str:
+    return f"{result['eval_loss']:.3f} / {100 * result['eval_accuracy']:.1f}%"

@@ -82,7 +82,9 @@ def _load_pretrain_run(path: Path) -> PretrainRun:
     digest = data.get("vocab_hash") if isinstance(data, dict) else None
     lengths = []
     if (path / LENGTH_FILE).is_file():
-        lengths = json.loads((path / LENGTH_FILE).read_text()).get("results", [])
+        results = json.loads((path / LENGTH_FILE).read_text()).get("results", [])
+        # the model as trained: rows of `eval-mlm --rope-scaling` with a scaling method are a study of their own
+        lengths = [r for r in results if r.get("rope_scaling", "none") == "none"]
     return PretrainRun(path, str(label), str(encoding), train, evals, lengths, digest)
 
 
