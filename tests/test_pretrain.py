@@ -454,3 +454,24 @@ def test_vocabulary_hash_is_recorded_pinned_and_checked_on_resume(
     args = ["--config", str(yaml), "--output-dir", str(run), "--resume", "--set", "data.vocab_size=250"]
     code, err = run_cli(args, capsys)
     assert code == 2 and "different tokenizer" in err, err
+
+
+def test_continued_pretraining_from_a_model_with_position_interpolation(tmp_path: Path, capsys) -> None:
+    """init: the first run's final/ starts the second, at 2x the length with rope_scaling linear x2."""
+    first = pretrain(load_pretrain_config(tiny_run_config(tmp_path / "a.yaml", max_steps=4)), tmp_path / "a")
+    start = roformer.load(first / "final")
+    yaml = tiny_run_config(tmp_path / "b.yaml", data={"max_seq_len": 64}, max_steps=2, eval_every=1, save_every=0,
+                           lr=1e-9)  # fmt: skip
+    overrides = [f"init={first / 'final'}", "model.rope_scaling={type: linear, factor: 2}"]
+    config = load_pretrain_config(yaml, overrides)
+    assert config.data.tokenizer == str(first / "final")  # the init model's tokenizer
+    second = pretrain(config, tmp_path / "b")
+    continued = roformer.load(second / "final")
+    assert continued.config.rope_scaling.factor == 2 and json.loads(
+        (second / "final" / "pretraining.json").read_text())["max_seq_len"] == 64
+    for name, weight in start.state_dict().items():  # lr 1e-9: two steps leave the init weights
+        torch.testing.assert_close(continued.state_dict()[name], weight, atol=1e-6, rtol=0)
+    bad = tiny_run_config(tmp_path / "c.yaml", model={"intermediate_size": 48}, max_steps=1)
+    code, err = run_cli(["--config", str(bad), "--output-dir", str(tmp_path / "c"), "--set", f"init={first / 'final'}"],
+                        capsys)  # fmt: skip
+    assert code == 2 and "does not fit the model section" in err and len(err.strip().splitlines()) == 1

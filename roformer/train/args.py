@@ -7,7 +7,7 @@ is a pretraining run's `model:`, `data:` and `train:` sections (read by `roforme
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -170,14 +170,23 @@ class FinetuneTrainConfig(TrainArgs):
 
 @dataclass
 class PretrainConfig:
-    """A pretraining run: `model`, `data`, `train` sections and an optional `label` (the arm name in comparisons)."""
+    """A pretraining run: `model`, `data`, `train` sections and an optional `label` (the arm name in comparisons).
+
+    `init` continues pretraining from a model directory (a run's `final/`): its weights start the run and its
+    tokenizer is used unless `data.tokenizer` names another (same vocabulary required). The `model` section must
+    have the init model's shapes; fields such as `rope_scaling` or dropout may differ (e.g. position interpolation
+    followed by a short continued pretraining at a longer `data.max_seq_len`, as in Chen et al. 2023).
+    """
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     label: str | None = None
+    init: str | None = None
 
     def __post_init__(self) -> None:
+        if self.init and not self.data.tokenizer:
+            self.data = replace(self.data, tokenizer=self.init)
         model, data = self.model, self.data
         if model.position_encoding == "learned" and model.max_position_embeddings < data.max_seq_len:
             raise ConfigError(
@@ -192,7 +201,8 @@ class PretrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (YAML-ready)."""
-        return {"label": self.label, **{k: asdict(getattr(self, k)) for k in ("model", "data", "train")}}
+        sections = {k: asdict(getattr(self, k)) for k in ("model", "data", "train")}
+        return {"label": self.label, **({"init": self.init} if self.init else {}), **sections}
 
 
 def load_pretrain_config(path: str | Path, overrides: list[str] | None = None) -> PretrainConfig:
@@ -212,6 +222,6 @@ def load_pretrain_config(path: str | Path, overrides: list[str] | None = None) -
             raise ConfigError(f"{path}: model: file not found: {include}")
         model = read_yaml(include) or {}
         data["model"] = model.get("model", model) if isinstance(model, dict) else model
-    resolve_paths(data, ["data.paths", "data.validation_paths", "data.tokenizer"], path.parent)
+    resolve_paths(data, ["data.paths", "data.validation_paths", "data.tokenizer", "init"], path.parent)
     apply_overrides(data, overrides or [])
     return from_dict(PretrainConfig, data, source=str(path))

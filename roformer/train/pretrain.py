@@ -27,7 +27,7 @@ from roformer.data.store import build_mlm_data, build_streaming_mlm_data, train_
 from roformer.data.tokenizer import save_tokenizer, tokenizer_from_json, tokenizer_to_json, vocab_hash
 from roformer.errors import UserError
 from roformer.files import check_output_dir
-from roformer.model.model import MaskedLM
+from roformer.model.model import MaskedLM, load
 from roformer.train.args import PretrainConfig, TrainConfig, load_pretrain_config
 from roformer.train.engine import Engine, RunState, to_device
 from roformer.train.evaluate import evaluate_mlm
@@ -65,6 +65,20 @@ def resolve_config(config: PretrainConfig, tokenizer: Any) -> PretrainConfig:
         )
     model = replace(config.model, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, add_pooler=False)
     return replace(config, model=model, data=replace(config.data, vocab_hash=digest))
+
+
+def load_init_weights(model: MaskedLM, init: Path) -> None:
+    """Start `model` from the weights of the MaskedLM in `init` (continued pretraining).
+
+    Raises:
+        UserError: `init` is not a model directory, or its shapes differ from the configured model's.
+    """
+    source = load(init, architecture="masked_lm")
+    try:
+        model.load_state_dict(source.state_dict())
+    except RuntimeError as e:
+        first = next((line.strip() for line in str(e).splitlines() if "size mismatch" in line or "key" in line), "")
+        raise UserError(f"init: {init} does not fit the model section ({first.rstrip('.')})") from None
 
 
 def build_data(config: PretrainConfig) -> Any:
@@ -189,6 +203,8 @@ class Pretrainer:
         train = self.config.train
         torch.manual_seed(train.seed)
         model = MaskedLM(self.config.model)
+        if self.config.init:
+            load_init_weights(model, Path(self.config.init))
         self.num_parameters = model.num_parameters()
         self.engine.setup(model, train.lr, train.max_steps)
 
