@@ -85,3 +85,23 @@ def test_arms_with_different_classifier_heads_are_refused(tmp_path: Path) -> Non
                     max_steps=6, eval_every=3, save_every=3)  # fmt: skip
     with pytest.raises(ConfigError, match="differ in model.classifier_head"):
         load_experiment(config)
+
+
+def test_arm_overrides_and_the_fields_under_comparison(tmp_path: Path) -> None:
+    """Arms as {config, set}; a non-position field may differ only when `vary` names it; new position fields may."""
+    experiment_files(tmp_path)
+    arms = {"softmax": "rope.yaml", "linear": {"config": "rope.yaml", "set": ["model.attention=linear"]},
+            "linear-none": {"config": "rope.yaml", "set": ["model.attention=linear", "model.position_encoding=none"]}}
+    write_yaml(tmp_path / "exp.yaml", {"arms": arms})  # fmt: skip
+    with pytest.raises(ConfigError, match="differ in model.attention"):
+        load_experiment(tmp_path / "exp.yaml")
+    write_yaml(tmp_path / "exp.yaml", {"arms": arms, "vary": ["attention"]})
+    _, loaded = load_experiment(tmp_path / "exp.yaml")
+    assert loaded["linear-none"].model.attention == "linear" and loaded["linear-none"].model.position_encoding == "none"
+    assert loaded["softmax"].model.attention == "softmax"
+    write_yaml(tmp_path / "exp.yaml", {"arms": {"a": "rope.yaml", "b": {"config": "rope.yaml",
+               "set": ["model.rotary_dim=8", "model.rope_scaling={type: linear, factor: 2}"]}}})  # fmt: skip
+    assert load_experiment(tmp_path / "exp.yaml")[1]["b"].model.rotary_dim == 8
+    write_yaml(tmp_path / "exp.yaml", {"arms": arms, "vary": ["atention"]})
+    with pytest.raises(ConfigError, match="'atention' is not a model field"):
+        load_experiment(tmp_path / "exp.yaml")

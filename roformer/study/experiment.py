@@ -5,8 +5,9 @@ Every arm is a pretraining config; the experiment runs each (arm, seed) into `<o
 
 - the arms' `data` and `train` sections must be identical (checked), so both see the same corpus, tokenizer (one
   cache entry), batch order and masks for a given seed;
-- their models may differ only in position-encoding fields (checked), and with the same seed they start from the
-  same initial weights wherever the parameters coincide (every parameter, for rotary vs fixed sinusoidal);
+- their models may differ only in position-encoding fields (checked; `vary` names other model fields under
+  comparison, e.g. `attention`), and with the same seed they start from the same initial weights wherever the
+  parameters coincide (every parameter, for rotary vs fixed sinusoidal);
 - the seed of run k is `seeds[k]` for every arm;
 - the order of the arms alternates between seeds, so one-time warm-up costs do not always hit the same arm.
 
@@ -24,6 +25,7 @@ from typing import Any
 from roformer.config import check_types, from_dict, read_yaml
 from roformer.errors import ConfigError
 from roformer.files import check_output_dir
+from roformer.model.config import ModelConfig
 from roformer.model.weights import WEIGHTS_FILE
 from roformer.study.compare import compare
 from roformer.study.runs import check_same_vocabulary, load_runs
@@ -42,7 +44,21 @@ POSITION_FIELDS = {
     "sinusoidal_scale",
     "sinusoidal_scale_learned",
     "max_position_embeddings",
+    "rotary_dim",
+    "rope_scaling",
 }
+
+
+@dataclass
+class Arm:
+    """An arm given as a pretraining config plus overrides of its own (e.g. `model.position_encoding=none`)."""
+
+    config: str = ""
+    set: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.config:
+            raise ConfigError("an arm mapping needs config: (a pretraining YAML)")
 
 
 @dataclass
@@ -50,21 +66,27 @@ class ExperimentConfig:
     """Arms (label -> pretraining config file, relative to this file), seeds, shared overrides, the baseline.
 
     Attributes:
-        arms: {label: pretraining YAML}; the label names the arm in the comparison.
+        arms: {label: pretraining YAML, or {config: YAML, set: [overrides of this arm]}}; the label names the arm.
         seeds: One run per arm and seed.
         overrides: `--set` style overrides applied to every arm (e.g. `train.max_steps=300`).
         baseline: The baseline arm for steps-to-target ratios (default: the first non-rotary arm).
         targets: Target eval losses (default: the baseline's final eval loss and a few levels above).
+        vary: Model fields besides the position-encoding ones that the arms may set differently: the fields under
+            comparison (e.g. [attention] for softmax vs linear). Anything else that differs is refused.
     """
 
-    arms: dict[str, str] = field(default_factory=dict)
+    arms: dict[str, str | Arm] = field(default_factory=dict)
     seeds: list[int] = field(default_factory=lambda: [0])
     overrides: list[str] = field(default_factory=list)
     baseline: str | None = None
     targets: list[float] | None = None
+    vary: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_types(self)
+        unknown = [name for name in self.vary if name not in ModelConfig.__dataclass_fields__]
+        if unknown:
+            raise ConfigError(f"vary: {unknown[0]!r} is not a model field")
         if len(self.arms) < 2:
             raise ConfigError("arms: an experiment compares at least two arms")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
@@ -82,16 +104,17 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tup
     path = Path(path)
     experiment = from_dict(ExperimentConfig, read_yaml(path), source=str(path))
     arms = {}
-    for label, arm_file in experiment.arms.items():
-        config = load_pretrain_config(path.parent / arm_file, experiment.overrides + list(overrides or []))
+    for label, arm in experiment.arms.items():
+        arm = arm if isinstance(arm, Arm) else Arm(config=arm)
+        config = load_pretrain_config(path.parent / arm.config, arm.set + experiment.overrides + list(overrides or []))
         config.label = label
         arms[label] = config
-    check_controlled(arms, str(path))
+    check_controlled(arms, str(path), set(experiment.vary))
     return experiment, arms
 
 
-def check_controlled(arms: dict[str, PretrainConfig], source: str) -> None:
-    """Arms must share data and train sections and differ in the model only in position-encoding fields.
+def check_controlled(arms: dict[str, PretrainConfig], source: str, vary: set[str] | None = None) -> None:
+    """Arms must share data and train sections and differ in the model only in position-encoding fields (or `vary`).
 
     Raises:
         ConfigError: naming the first arm and field that differ.
@@ -107,11 +130,14 @@ def check_controlled(arms: dict[str, PretrainConfig], source: str) -> None:
                         f"{source}: arms {first_label!r} and {label!r} differ in {section}.{key} "
                         f"({reference[section][key]!r} vs {other[section][key]!r}); only the position encoding may"
                     )
+        if reference.get("init") != other.get("init"):
+            raise ConfigError(f"{source}: arms {first_label!r} and {label!r} start from different init models")
+        allowed = POSITION_FIELDS | (vary or set())
         for key in reference["model"]:
-            if key not in POSITION_FIELDS and reference["model"][key] != other["model"][key]:
+            if key not in allowed and reference["model"][key] != other["model"][key]:
                 raise ConfigError(
                     f"{source}: arms {first_label!r} and {label!r} differ in model.{key}; only position-encoding "
-                    f"fields may differ ({', '.join(sorted(POSITION_FIELDS))})"
+                    f"fields may differ ({', '.join(sorted(POSITION_FIELDS))}) and those named in vary"
                 )
 
 
