@@ -88,8 +88,8 @@ def main() -> None:
     for length in lengths:
         row = {}
         for variant in VARIANTS:
-            cmd = [sys.executable, __file__, "--_child", variant, str(length), "--device", args.device,
-                   "--hidden", str(args.hidden), "--heads", str(args.heads), "--repeats", str(args.repeats)]  # fmt: skip
+            shape = ["--hidden", str(args.hidden), "--heads", str(args.heads), "--repeats", str(args.repeats)]
+            cmd = [sys.executable, __file__, "--_child", variant, str(length), "--device", args.device, *shape]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             row[variant] = json.loads(out.strip().splitlines()[-1])
         results.append({"seq_len": length, **row})
