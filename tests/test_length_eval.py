@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from test_pretrain import tiny_run_config
+from conftest import REPO
+from test_pretrain import run_python, tiny_run_config
 
+import roformer
 from roformer.cli import main
 from roformer.study.compare import compare
 from roformer.train.pretrain import load_pretrain_config, pretrain
@@ -80,3 +82,18 @@ def test_rope_scaling_bad_input(runs: dict[str, Path], capsys: pytest.CaptureFix
         assert main(args) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_rope_scaling_study_script(tmp_path: Path) -> None:
+    """scripts/rope_scaling_study.py end to end at toy size: both tables, every method, continued runs."""
+    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=3, eval_every=3, save_every=0)
+    done = run_python([str(REPO / "scripts" / "rope_scaling_study.py"), "--config", str(yaml), "--out",
+                       str(tmp_path / "study"), "--seq-lens", "32,64", "--long", "64", "--continue-steps", "2",
+                       "--max-tokens", "512"])  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    tables = (tmp_path / "study" / "tables.md").read_text()
+    assert "| length | none | linear | ntk | yarn |" in tables
+    assert all(f"| {m} |" in tables for m in ("none", "linear", "ntk", "yarn"))
+    results = json.loads((tmp_path / "study" / "results.json").read_text())
+    assert set(results["continued"]) == {"none", "linear", "ntk", "yarn"}
+    assert roformer.load(tmp_path / "study" / "continued-yarn" / "final").config.rope_scaling.factor == 2
