@@ -9,9 +9,9 @@ model compute all logits, so the comparison is the same math everywhere.
 Peak memory: on CUDA `max_memory_allocated`; on CPU each model is run in a fresh subprocess and we report the growth
 of its resident set size (sampled every ms) over two training steps (activations, gradients and optimizer state).
 
-MFU: model FLOPs per token from `roformer.flops.training_flops_per_token` (each model credited with the decoder rows
-it computes) times tokens/s, over the peak of a large GEMM measured in the same dtype on the same device (and over
-the spec sheet's dense figure where the device is known).
+MFU: model FLOPs per token from `roformer.model.flops.training_flops_per_token` (each model credited with the
+decoder rows it computes) times tokens/s, over the peak of a large GEMM measured in the same dtype on the same
+device (and over the spec sheet's dense figure where the device is known).
 
     python scripts/bench_model.py                     # CPU defaults: T=128 (batch 16) and T=2048 (batch 1)
     python scripts/bench_model.py --shape base --device cuda --dtype bf16 --compile --seq-lens 128,512 \
@@ -34,7 +34,7 @@ import transformers
 
 import roformer
 from roformer.data.masking import masked_positions
-from roformer.flops import measure_matmul_tflops, spec_tflops, training_flops_per_token
+from roformer.model.flops import measure_matmul_tflops, spec_tflops, training_flops_per_token
 
 MODELS = ("ours-rotary", "ours-sinusoidal", "hf-roformer", "hf-bert")
 SHAPES = {  # --shape presets: (vocab, hidden, layers, heads, ffn)

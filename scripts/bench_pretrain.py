@@ -10,8 +10,8 @@ median tokens/s over chunks. A step includes everything a training loop pays for
   with labels (full-vocabulary logits), backward, grad clipping, AdamW, LR schedule.
 
 Also reported: the share of our step spent preparing data (must stay under 5%), and each side's model FLOPs
-utilisation (roformer.flops: ours credited with the masked decoder rows it computes, HF with every row) against a
-GEMM measured in the same dtype on the same device.
+utilisation (roformer.model.flops: ours credited with the masked decoder rows it computes, HF with every row)
+against a GEMM measured in the same dtype on the same device.
 
     python scripts/bench_pretrain.py                                  # tiny and small configs on this machine
     python scripts/bench_pretrain.py --configs configs/pretrain/roformer-small.yaml --steps 10 --repeats 5
@@ -32,7 +32,7 @@ import torch
 
 import roformer
 from roformer.data.masking import masked_positions
-from roformer.flops import measure_matmul_tflops, spec_tflops, training_flops_per_token
+from roformer.model.flops import measure_matmul_tflops, spec_tflops, training_flops_per_token
 from roformer.train.optim import param_groups
 from roformer.train.pretrain import Pretrainer, load_pretrain_config
 
