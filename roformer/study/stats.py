@@ -1,0 +1,111 @@
+"""Seed-to-seed statistics for comparisons: the mean difference between an arm and the baseline with a 95% interval.
+
+With runs of both arms for the same seeds (which in `roformer experiment` share the data order, masks and the
+initial weights of every common parameter) the difference is taken seed by seed and its mean gets a paired
+Student-t interval; otherwise Welch's unequal-variance t interval compares the two means. A difference whose
+interval contains zero is marked not significant. Plain Python (no SciPy at run time): the t quantile comes from
+the regularised incomplete beta function (a continued fraction, Numerical Recipes sec. 6.4) and is tested
+against `scipy.stats.t.ppf`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+CONFIDENCE = 0.95
+
+
+def difference(values: dict[int, float], baseline: dict[int, float], confidence: float = CONFIDENCE) -> dict[str, Any]:
+    """Mean of arm - baseline with its confidence interval, paired by seed when both arms ran the same seeds.
+
+    Args:
+        values: {seed: value} of the arm.
+        baseline: {seed: value} of the baseline arm.
+        confidence: Two-sided confidence level of the interval.
+
+    Returns:
+        {"mean": difference of the means, "low", "high": the interval (None with fewer than 2 runs per arm),
+        "test": "paired t" | "Welch t" | None, "n": runs per arm, "significant": interval excludes 0 (None: no
+        interval)}.
+    """
+    mean = statistics.fmean(values.values()) - statistics.fmean(baseline.values())
+    out: dict[str, Any] = {"mean": mean, "low": None, "high": None, "test": None, "significant": None,
+                           "n": [len(values), len(baseline)]}  # fmt: skip
+    if set(values) == set(baseline) and len(values) >= 2:
+        diffs = [values[seed] - baseline[seed] for seed in sorted(values)]
+        half = t_quantile((1 + confidence) / 2, len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+        out["test"] = "paired t"
+    elif len(values) >= 2 and len(baseline) >= 2:
+        va = statistics.variance(values.values()) / len(values)  # squared standard errors of the two means
+        vb = statistics.variance(baseline.values()) / len(baseline)
+        if va + vb == 0:
+            half, out["test"] = 0.0, "Welch t"
+        else:
+            dof = (va + vb) ** 2 / (va**2 / (len(values) - 1) + vb**2 / (len(baseline) - 1))
+            half = t_quantile((1 + confidence) / 2, dof) * math.sqrt(va + vb)
+            out["test"] = "Welch t"
+    else:
+        return out
+    out["low"], out["high"] = mean - half, mean + half
+    out["significant"] = not out["low"] <= 0.0 <= out["high"]
+    return out
+
+
+def t_quantile(p: float, dof: float) -> float:
+    """The p-quantile of Student's t distribution with `dof` degrees of freedom (dof may be fractional: Welch)."""
+    if not 0.0 < p < 1.0 or dof <= 0:
+        raise ValueError(f"t_quantile needs 0 < p < 1 and dof > 0, got p={p}, dof={dof}")
+    if p == 0.5:
+        return 0.0
+    if p < 0.5:
+        return -t_quantile(1.0 - p, dof)
+    low, high = 0.0, 1.0
+    while t_cdf(high, dof) < p:  # bracket, then bisect: the CDF is monotone
+        high *= 2.0
+    for _ in range(200):
+        mid = (low + high) / 2
+        if t_cdf(mid, dof) < p:
+            low = mid
+        else:
+            high = mid
+        if high - low < 1e-12 * max(1.0, high):
+            break
+    return (low + high) / 2
+
+
+def t_cdf(t: float, dof: float) -> float:
+    """P(T <= t) for Student's t with `dof` degrees of freedom: 1 - I_x(dof/2, 1/2) / 2, x = dof / (dof + t^2)."""
+    tail = 0.5 * regularized_beta(dof / (dof + t * t), dof / 2.0, 0.5)
+    return 1.0 - tail if t >= 0 else tail
+
+
+def regularized_beta(x: float, a: float, b: float) -> float:
+    """I_x(a, b), the regularised incomplete beta function (Lentz's continued fraction)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):  # the fraction converges fast here; else use the symmetry
+        return math.exp(log_front) * _beta_fraction(x, a, b) / a
+    return 1.0 - math.exp(log_front) * _beta_fraction(1.0 - x, b, a) / b
+
+
+def _beta_fraction(x: float, a: float, b: float) -> float:
+    tiny, eps = 1e-300, 1e-15
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):  # fmt: skip
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < eps:
+            break
+    return h
