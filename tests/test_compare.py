@@ -13,10 +13,12 @@ from roformer.study.compare import compare
 
 
 def make_run(path: Path, label: str, encoding: str, eval_losses: dict[int, float], seconds_per_step: float,
-             tokens_per_step: int = 1000, vocab_hash: str = "abc") -> Path:  # fmt: skip
+             tokens_per_step: int = 1000, vocab_hash: str = "abc", seed: int | None = None) -> Path:  # fmt: skip
     """A pretraining run directory whose metrics.jsonl holds the given eval losses (and linear train losses)."""
     path.mkdir(parents=True)
     config = {"label": label, "model": {"position_encoding": encoding}, "data": {"vocab_hash": vocab_hash}}
+    if seed is not None:
+        config["train"] = {"seed": seed}
     write_yaml(path / "config.yaml", config)
     lines = []
     for step in sorted(eval_losses):
@@ -134,3 +136,29 @@ def test_bad_inputs(runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixt
     assert "share no task" in capsys.readouterr().err
     assert main(["compare", *map(str, runs), "--out", str(tmp_path / "o4"), "--targets", "x"]) == 2
     assert not any((tmp_path / f"o{i}").exists() for i in range(1, 5))
+
+
+def test_differences_have_paired_intervals_over_seeds(tmp_path: Path) -> None:
+    """Three seeds per arm, paired by train.seed; checked against scipy; n.s. where the interval includes 0."""
+    from scipy import stats
+
+    rope_final, bert_final = {0: 3.0, 1: 3.2, 2: 3.1}, {0: 4.0, 1: 4.1, 2: 3.95}
+    rope_first, bert_first = {0: 4.5, 1: 4.7, 2: 4.5}, {0: 4.7, 1: 4.5, 2: 4.5}  # 4.6 reached at 100 or 200
+    runs = []
+    for seed in (0, 1, 2):
+        runs.append(make_run(tmp_path / f"r{seed}", "roformer", "rotary",
+                             {100: rope_first[seed], 200: rope_final[seed]}, 1.0, seed=seed))  # fmt: skip
+        runs.append(make_run(tmp_path / f"b{seed}", "bert", "sinusoidal",
+                             {100: bert_first[seed], 200: bert_final[seed]}, 1.0, seed=seed))  # fmt: skip
+    summary = compare(runs, tmp_path / "out", targets=[4.6, 4.05])
+    final = summary["differences"]["roformer"]["final_eval_loss"]
+    expected = stats.ttest_rel(list(rope_final.values()), list(bert_final.values())).confidence_interval(0.95)
+    assert final["test"] == "paired t" and final["significant"] is True
+    assert (final["low"], final["high"]) == pytest.approx((expected.low, expected.high))
+    steps = summary["differences"]["roformer"]["steps_to_target"]
+    assert steps[0]["mean"] == 0.0 and steps[0]["low"] < 0 < steps[0]["high"]  # per seed -100, +100, 0
+    assert steps[0]["significant"] is False
+    assert steps[1]["mean"] is None  # bert's seed 1 ends at 4.1: never reaches 4.05
+    text = (tmp_path / "out" / "summary.md").read_text()
+    assert "paired t" in text and "n.s." in text and "not reached" in text
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["differences"]["roformer"]["final_eval_loss"]

@@ -20,7 +20,17 @@ from typing import Any
 from roformer.errors import UserError
 from roformer.files import check_output_dir, staged_output_dir
 from roformer.study.plots import plot_curves, plot_lengths
-from roformer.study.runs import Arm, GlueRun, PretrainRun, check_same_vocabulary, group_arms, load_runs, tokens_at
+from roformer.study.runs import (
+    Arm,
+    GlueRun,
+    PretrainRun,
+    check_same_vocabulary,
+    first_reaching,
+    group_arms,
+    load_runs,
+    tokens_at,
+)
+from roformer.study.stats import pretraining_differences
 
 TARGET_OFFSETS = (0.5, 0.25, 0.1, 0.0)  # eval-loss levels above the baseline's final eval loss
 GLUE_NOTE = (
@@ -28,14 +38,6 @@ GLUE_NOTE = (
     "matched), each seed at its best dev checkpoint, so the numbers are optimistic estimates; unbiased ones need "
     "the test server (each run's submission/)."
 )
-
-
-def first_reaching(evals: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
-    """The first eval event with eval_loss <= target (events in step order), or None."""
-    for event in sorted(evals, key=lambda e: e["step"]):
-        if event["eval_loss"] <= target:
-            return event
-    return None
 
 
 def mean_eval_curve(arm: Arm) -> list[dict[str, Any]]:
@@ -140,6 +142,7 @@ def summarise(
         lengths = length_table(arms)
         if lengths:
             summary["length_extrapolation"] = lengths
+        summary["differences"] = pretraining_differences(arms, base, levels)
         if rope is not None:
             summary["ratios"] = _ratios(next(a for a in per_arm if a["label"] == rope.label),
                                         next(a for a in per_arm if a["label"] == base.label))  # fmt: skip
@@ -263,6 +266,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             ratios = summary["ratios"]
             lines += ["", f"RoFormer ({summary['roformer']}) / baseline ({summary['baseline']}): final eval loss "
                       f"{_fmt(ratios['final_eval_loss'])}"]  # fmt: skip
+    if summary.get("differences"):
+        lines += _differences_markdown(summary)
     if "length_extrapolation" in summary:
         lines += ["", "## Length extrapolation (eval MLM loss / masked-token accuracy, fixed mask)", ""]
         lengths = sorted({r["seq_len"] for rows in summary["length_extrapolation"].values() for r in rows})
@@ -286,6 +291,33 @@ def summary_markdown(summary: dict[str, Any]) -> str:
                      for t in tasks]  # fmt: skip
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _differences_markdown(summary: dict[str, Any]) -> list[str]:
+    """Arm - baseline for the final loss and the steps to each target, with the 95% interval over seeds."""
+    tests = sorted({d["test"] for arm in summary["differences"].values() for d in _all(arm) if d.get("test")})
+    lines = ["", f"Differences from the baseline ({summary['baseline']}): arm - baseline, mean over seeds [95% "
+             f"interval; {', '.join(tests) or 'one seed: no interval'}]; n.s. = the interval includes 0.", "",
+             "| arm | final eval loss | " + " | ".join(f"steps to {t:.3f}" for t in summary["targets"]) + " |",
+             "|---|---:|" + "---:|" * len(summary["targets"])]  # fmt: skip
+    for label, arm in summary["differences"].items():
+        cells = [_difference_cell(arm["final_eval_loss"], 3)] + [_difference_cell(d, 0) for d in arm["steps_to_target"]]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _all(arm: dict[str, Any]) -> list[dict[str, Any]]:
+    return [arm["final_eval_loss"], *arm["steps_to_target"]]
+
+
+def _difference_cell(d: dict[str, Any], digits: int) -> str:
+    if d.get("mean") is None:
+        return "not reached"
+    cell = f"{d['mean']:+.{digits}f}"
+    if d.get("low") is None:
+        return cell
+    cell += f" [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]"
+    return cell if d["significant"] else cell + " n.s."
 
 
 def _tokens(value: float | None) -> str:

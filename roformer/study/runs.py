@@ -27,6 +27,7 @@ class PretrainRun:
     eval: list[dict[str, Any]]
     lengths: list[dict[str, Any]] = field(default_factory=list)  # roformer eval-mlm results, when present
     vocab_hash: str | None = None  # data.vocab_hash of config.yaml (None: a run from before the hash was recorded)
+    seed: int | None = None  # train.seed of config.yaml
 
 
 @dataclass
@@ -80,12 +81,22 @@ def _load_pretrain_run(path: Path) -> PretrainRun:
     label = (config or {}).get("label") or encoding
     data = (config or {}).get("data") or {}
     digest = data.get("vocab_hash") if isinstance(data, dict) else None
+    train_section = (config or {}).get("train") or {}
+    seed = train_section.get("seed") if isinstance(train_section, dict) else None
     lengths = []
     if (path / LENGTH_FILE).is_file():
         results = json.loads((path / LENGTH_FILE).read_text()).get("results", [])
         # the model as trained: rows of `eval-mlm --rope-scaling` with a scaling method are a study of their own
         lengths = [r for r in results if r.get("rope_scaling", "none") == "none"]
-    return PretrainRun(path, str(label), str(encoding), train, evals, lengths, digest)
+    return PretrainRun(path, str(label), str(encoding), train, evals, lengths, digest, seed)
+
+
+def first_reaching(evals: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
+    """The first eval event with eval_loss <= target (events in step order), or None."""
+    for event in sorted(evals, key=lambda e: e["step"]):
+        if event["eval_loss"] <= target:
+            return event
+    return None
 
 
 def check_same_vocabulary(runs: list[PretrainRun]) -> None:

@@ -14,7 +14,42 @@ import math
 import statistics
 from typing import Any
 
+from roformer.study.runs import Arm, PretrainRun, first_reaching
+
 CONFIDENCE = 0.95
+
+
+def pretraining_differences(arms: list[Arm], base: Arm, targets: list[float]) -> dict[str, dict[str, Any]]:
+    """For every arm but `base`: final eval loss and steps to each target, arm - baseline, with intervals.
+
+    Steps to a target are per run (each seed's own eval curve); a target that some run never reached has no
+    difference (None). Runs are paired by their `train.seed`.
+    """
+    out = {}
+    for arm in arms:
+        if arm is base:
+            continue
+        steps = []
+        for target in targets:
+            mine, theirs = _steps_to(arm, target), _steps_to(base, target)
+            steps.append({"target": target, **(difference(mine, theirs) if mine and theirs else {"mean": None})})
+        finals = {_key(r): _final(r)["eval_loss"] for r in arm.runs}
+        base_finals = {_key(r): _final(r)["eval_loss"] for r in base.runs}
+        out[arm.label] = {"final_eval_loss": difference(finals, base_finals), "steps_to_target": steps}
+    return out
+
+
+def _key(run: PretrainRun) -> int | str:
+    return run.seed if run.seed is not None else str(run.path)  # no seed recorded: never paired
+
+
+def _final(run: PretrainRun) -> dict[str, Any]:
+    return max(run.eval, key=lambda e: e["step"])
+
+
+def _steps_to(arm: Arm, target: float) -> dict[int | str, float] | None:
+    hits = {_key(r): first_reaching(r.eval, target) for r in arm.runs}
+    return None if any(h is None for h in hits.values()) else {k: float(h["step"]) for k, h in hits.items()}
 
 
 def difference(values: dict[int, float], baseline: dict[int, float], confidence: float = CONFIDENCE) -> dict[str, Any]:
