@@ -66,7 +66,7 @@ def _export_tokenizer(source: str, target: Path, copy: Callable[[Path, Path], li
 
 def _pretrain(args: argparse.Namespace) -> None:
     from roformer.train.pretrain import Pretrainer, load_pretrain_config
-    from roformer.train.run_dir import FINAL_DIR, RUN_CONFIG_FILE
+    from roformer.train.run_dir import RUN_CONFIG_FILE, pretraining_summary
 
     if args.config is None and not args.resume:
         raise UserError("--config is required (unless --resume continues a run from its own config.yaml)")
@@ -76,7 +76,7 @@ def _pretrain(args: argparse.Namespace) -> None:
     trainer = Pretrainer(config, out, resume=args.resume, overwrite=args.overwrite)
     run = trainer.run()
     if trainer.engine.is_main_process:
-        print(f"pretraining finished: {run} (model in {run / FINAL_DIR})")
+        print(pretraining_summary(run))
 
 
 def _prepare_data(args: argparse.Namespace) -> None:
@@ -119,12 +119,13 @@ def _finetune(args: argparse.Namespace) -> None:
     config = load_finetune_config(args.config or out / RUN_CONFIG_FILE, args.set)
     results = finetune(config, out, overwrite=args.overwrite, resume=args.resume)
     if results:
-        split = results["selection_split"]
-        score = results["summary"][split]["score"]
-        print(
-            f"{results['task']}: {split} score {100 * score['mean']:.2f} ± {100 * score['std']:.2f} over "
-            f"{len(score['values'])} seed(s) at lr {results['selected']['peak_lr']:g}; results in {out}"
-        )
+        seeds = len(results["summary"][results["selection_split"]]["score"]["values"])
+        print(f"{results['task']}: dev metrics of lr {results['selected']['peak_lr']:g} (mean ± std over {seeds} "
+              "seed(s), %, each seed at its best dev checkpoint)")  # fmt: skip
+        for split, metrics in results["summary"].items():
+            cells = ", ".join(f"{name} {100 * m['mean']:.2f} ± {100 * m['std']:.2f}" for name, m in metrics.items())
+            print(f"  {split}: {cells}")
+        print(f"results in {out} (best model in {out / 'best'})")
 
 
 def _glue(args: argparse.Namespace) -> None:

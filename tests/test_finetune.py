@@ -350,3 +350,11 @@ def test_compiled_finetuning_matches_eager(tmp_path: Path, pretrained: Path, num
     assert counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])
     assert losses("compiled") == pytest.approx(losses("eager"), rel=1e-4)
     assert compiled["summary"]["dev"] == eager["summary"]["dev"]
+
+
+def test_console_summary_lists_every_dev_metric(tmp_path: Path, pretrained: Path, number_task: dict, capsys) -> None:
+    yaml = task_config(tmp_path / "c.yaml", pretrained, number_task, max_steps=2, seeds=[0, 1])
+    assert main(["finetune", "--config", str(yaml), "--output-dir", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "sst2: dev metrics of lr 0.001 (mean ± std over 2 seed(s)" in out
+    assert "  dev: accuracy " in out and "score " in out and str(tmp_path / "run" / "best") in out

@@ -475,3 +475,12 @@ def test_continued_pretraining_from_a_model_with_position_interpolation(tmp_path
     code, err = run_cli(["--config", str(bad), "--output-dir", str(tmp_path / "c"), "--set", f"init={first / 'final'}"],
                         capsys)  # fmt: skip
     assert code == 2 and "does not fit the model section" in err and len(err.strip().splitlines()) == 1
+
+
+def test_console_summary(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=4, eval_every=2, save_every=0)
+    assert main(["pretrain", "--config", str(yaml), "--output-dir", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    last_eval = [e for e in read_metrics(tmp_path / "run" / "metrics.jsonl") if e["event"] == "eval"][-1]
+    assert f"final eval loss {last_eval['eval_loss']:.3f}, masked-token accuracy" in out
+    assert "4 steps in" in out and "tokens/s" in out and str(tmp_path / "run" / "final") in out

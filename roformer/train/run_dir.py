@@ -80,6 +80,26 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return events
 
 
+def pretraining_summary(run: Path) -> str:
+    """Two lines for the console at the end of `roformer pretrain`: the final evaluation, the run's pace, the model."""
+    events = read_metrics(run / METRICS_FILE)
+    evals = [e for e in events if e.get("event") == "eval"]
+    trains = [e for e in events if e.get("event") == "train"]
+    lines = []
+    if evals:
+        last = evals[-1]
+        accuracy = f", masked-token accuracy {100 * last['eval_accuracy']:.1f}%" if "eval_accuracy" in last else ""
+        lines.append(f"final eval loss {last['eval_loss']:.3f}{accuracy} at step {last['step']}")
+    if trains:
+        last = trains[-1]
+        seconds = last.get("elapsed_sec") or 0.0
+        rate = last.get("tokens_seen", 0) / seconds if seconds else 0.0
+        lines.append(f"{last['step']} steps in {seconds / 60:.1f} min, {last.get('tokens_seen', 0):,} tokens "
+                     f"({rate:,.0f} tokens/s)")  # fmt: skip
+    lines.append(f"model: {run / FINAL_DIR} (roformer.load, roformer convert --to-hf)")
+    return "pretraining finished: " + "; ".join(lines)
+
+
 def keep_metrics(path: Path, keep: Callable[[dict[str, Any]], bool]) -> None:
     """Drop the events for which `keep` is false (a resumed run writes them again), rewriting the file atomically."""
     if path.is_file():
