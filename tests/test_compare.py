@@ -162,3 +162,42 @@ def test_differences_have_paired_intervals_over_seeds(tmp_path: Path) -> None:
     text = (tmp_path / "out" / "summary.md").read_text()
     assert "paired t" in text and "n.s." in text and "not reached" in text
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["differences"]["roformer"]["final_eval_loss"]
+
+
+def seeded_glue_run(path: Path, label: str, scores: dict[int, float], init: str = "") -> Path:
+    """A complete results.json: per fine-tuning seed dev scores at the selected lr (and a worse lr)."""
+    path.mkdir(parents=True)
+    runs = [{"peak_lr": 2e-5, "seed": s, "dev": {"dev": {"score": v}}} for s, v in scores.items()]
+    runs += [{"peak_lr": 5e-5, "seed": s, "dev": {"dev": {"score": v - 0.1}}} for s, v in scores.items()]
+    mean = sum(scores.values()) / len(scores)
+    results = {"task": "rte", "label": label, "init": init, "selection_split": "dev", "runs": runs,
+               "selected": {"peak_lr": 2e-5, "seed": 0},
+               "summary": {"dev": {"score": {"mean": mean, "std": 0.0}}}}  # fmt: skip
+    (path / "results.json").write_text(json.dumps(results))
+    return path
+
+
+def test_glue_differences_paired_by_fine_tuning_seed_then_by_pretraining_seed(tmp_path: Path) -> None:
+    from scipy import stats
+
+    rope, bert = {0: 0.62, 1: 0.66, 2: 0.60}, {0: 0.58, 1: 0.61, 2: 0.59}
+    a, b = seeded_glue_run(tmp_path / "a", "roformer", rope), seeded_glue_run(tmp_path / "b", "bert", bert)
+    summary = compare([a, b], tmp_path / "out", baseline="bert")
+    d = summary["glue_differences"]["roformer"]["rte"]
+    expected = stats.ttest_rel(list(rope.values()), list(bert.values())).confidence_interval(0.95)
+    assert d["test"] == "paired t" and (d["low"], d["high"]) == pytest.approx((expected.low, expected.high))
+    assert "Dev score differences from bert" in (tmp_path / "out" / "summary.md").read_text()
+    # one GLUE run per pretraining seed (init = <run>/final, whose config.yaml has the seed): paired by that seed
+    runs = []
+    for seed, (r, b_) in enumerate([(0.62, 0.60), (0.70, 0.61), (0.64, 0.63)]):
+        for label, value in (("roformer", r), ("bert", b_)):
+            pre = tmp_path / "pre" / f"{label}-seed{seed}"
+            (pre / "final").mkdir(parents=True)
+            write_yaml(pre / "config.yaml", {"train": {"seed": seed}})
+            runs.append(seeded_glue_run(tmp_path / f"g-{label}-{seed}", label, {0: value, 1: value},
+                                        init=str(pre / "final")))  # fmt: skip
+    summary = compare(runs, tmp_path / "out2", baseline="bert")
+    d = summary["glue_differences"]["roformer"]["rte"]
+    assert d["test"] == "paired t" and d["n"] == [3, 3] and d["mean"] == pytest.approx((0.02 + 0.09 + 0.01) / 3)
+    assert summary["glue"]["roformer"]["rte"]["runs"] == 3
+    assert summary["glue"]["roformer"]["rte"]["score"]["mean"] == pytest.approx((0.62 + 0.70 + 0.64) / 3)

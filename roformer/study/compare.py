@@ -26,11 +26,12 @@ from roformer.study.runs import (
     PretrainRun,
     check_same_vocabulary,
     first_reaching,
+    glue_columns,
     group_arms,
     load_runs,
     tokens_at,
 )
-from roformer.study.stats import pretraining_differences
+from roformer.study.stats import glue_differences, pretraining_differences
 
 TARGET_OFFSETS = (0.5, 0.25, 0.1, 0.0)  # eval-loss levels above the baseline's final eval loss
 GLUE_NOTE = (
@@ -148,6 +149,10 @@ def summarise(
                                         next(a for a in per_arm if a["label"] == base.label))  # fmt: skip
     if glue:
         summary["glue"] = glue_table(glue)
+        base_label = summary.get("baseline") or baseline
+        if base_label is not None:
+            summary["glue_baseline"] = base_label
+            summary["glue_differences"] = glue_differences(glue, base_label)
     return summary
 
 
@@ -194,15 +199,17 @@ def _ratios(rope: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
 
 
 def glue_table(glue: list[GlueRun]) -> dict[str, dict[str, Any]]:
-    """{label: {task: {metric: mean/std over seeds of the selected lr}}} from GLUE results.
+    """{label: {column: {metric: mean/std}}} from GLUE results: over seeds at the selected lr, and over runs.
 
     Every dev split is reported: MNLI gives `mnli-m` (matched, the split that selects) and `mnli-mm` (mismatched).
+    Several runs of one arm and task (one per pretraining seed, from `roformer experiment`) are averaged; their std
+    is then the spread of the runs' means.
 
     Raises:
         UserError: runs of one task fine-tuned with different classifier heads.
     """
     heads: dict[str, tuple[str, Path]] = {}
-    table: dict[str, dict[str, Any]] = {}
+    cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for run in glue:
         head = run.results.get("classifier_head")
         seen = heads.setdefault(run.task, (head, run.path))
@@ -211,17 +218,17 @@ def glue_table(glue: list[GlueRun]) -> dict[str, dict[str, Any]]:
                 f"{seen[1]} and {run.path} fine-tuned {run.task} with different heads ({seen[0]} vs {head}): "
                 "a comparison needs the same classifier_head in every arm"
             )
-        summary = run.results["summary"]
-        for split, metrics in summary.items():
-            name = run.task if len(summary) == 1 else _split_column(run.task, split)
-            cell = {m: {"mean": s["mean"], "std": s["std"]} for m, s in metrics.items()}
-            table.setdefault(run.label, {})[name] = cell
+        for split, column in glue_columns(run).items():
+            cells.setdefault((run.label, column), []).append(run.results["summary"][split])
+    table: dict[str, dict[str, Any]] = {}
+    for (label, column), runs in cells.items():
+        metrics = {}
+        for m in runs[0]:
+            means = [r[m]["mean"] for r in runs]
+            std = runs[0][m]["std"] if len(runs) == 1 else statistics.stdev(means)
+            metrics[m] = {"mean": statistics.fmean(means), "std": std}
+        table.setdefault(label, {})[column] = {**metrics, "runs": len(runs)}
     return table
-
-
-def _split_column(task: str, split: str) -> str:
-    """Column name of one dev split of a task with several (GLUE's names for MNLI: mnli-m, mnli-mm)."""
-    return {"dev_matched": f"{task}-m", "dev_mismatched": f"{task}-mm"}.get(split, f"{task}-{split}")
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -290,7 +297,19 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             cells = [f"{100 * rows[t]['score']['mean']:.1f} ± {100 * rows[t]['score']['std']:.1f}" if t in rows else "—"
                      for t in tasks]  # fmt: skip
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        if summary.get("glue_differences"):
+            lines += ["", f"Dev score differences from {summary['glue_baseline']} (points, arm - "
+                      "baseline, mean [95% interval over seeds]; n.s. = the interval includes 0):", "",
+                      "| arm | " + " | ".join(tasks) + " |", "|---|" + "---:|" * len(tasks)]  # fmt: skip
+            for label, columns in summary["glue_differences"].items():
+                cells = [_difference_cell(_points(columns[t]), 1) if t in columns else "—" for t in tasks]
+                lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _points(d: dict[str, Any]) -> dict[str, Any]:
+    """A score difference in percentage points."""
+    return {**d, **{k: 100 * d[k] for k in ("mean", "low", "high") if d.get(k) is not None}}
 
 
 def _differences_markdown(summary: dict[str, Any]) -> list[str]:

@@ -38,6 +38,7 @@ class GlueRun:
     label: str
     task: str
     results: dict[str, Any]
+    pretraining_seed: int | None = None  # train.seed of the pretraining run whose final/ was fine-tuned, if known
 
 
 @dataclass
@@ -61,7 +62,7 @@ def load_runs(paths: list[str | Path]) -> tuple[list[PretrainRun], list[GlueRun]
         if (path / RESULTS_FILE).is_file():
             results = json.loads((path / RESULTS_FILE).read_text())
             label = results.get("label") or _label_from_init(results.get("init", ""))
-            glue.append(GlueRun(path, label, results["task"], results))
+            glue.append(GlueRun(path, label, results["task"], results, _seed_of_init(results.get("init", ""))))
         elif (path / METRICS_FILE).is_file():
             pretrain.append(_load_pretrain_run(path))
         else:
@@ -112,6 +113,33 @@ def check_same_vocabulary(runs: list[PretrainRun]) -> None:
                 f"{hashed[0].path} and {run.path} were trained with different tokenizers (vocabulary hash "
                 f"{hashed[0].vocab_hash} vs {run.vocab_hash}): their MLM losses are not comparable"
             )
+
+
+def _seed_of_init(init: str) -> int | None:
+    config = Path(init).parent / RUN_CONFIG_FILE  # init is a pretraining run's final/
+    if not init or not config.is_file():
+        return None
+    train = (read_yaml(config) or {}).get("train") or {}
+    return train.get("seed") if isinstance(train, dict) else None
+
+
+def glue_columns(run: GlueRun) -> dict[str, str]:
+    """{dev split: table column}: the task, or GLUE's names for a task with several dev splits (mnli-m, mnli-mm)."""
+    summary = run.results["summary"]
+    if len(summary) == 1:
+        return {split: run.task for split in summary}
+    return {s: {"dev_matched": f"{run.task}-m", "dev_mismatched": f"{run.task}-mm"}.get(s, f"{run.task}-{s}")
+            for s in summary}  # fmt: skip
+
+
+def glue_seed_scores(run: GlueRun) -> dict[str, dict[int, float]]:
+    """{column: {fine-tuning seed: dev score}} at the selected learning rate ({} for results without runs)."""
+    if "selected" not in run.results or "runs" not in run.results:
+        return {}
+    lr = run.results["selected"]["peak_lr"]
+    chosen = [r for r in run.results["runs"] if r["peak_lr"] == lr]
+    columns = glue_columns(run).items()
+    return {column: {r["seed"]: r["dev"][split]["score"] for r in chosen} for split, column in columns}
 
 
 def _label_from_init(init: str) -> str:

@@ -14,7 +14,7 @@ import math
 import statistics
 from typing import Any
 
-from roformer.study.runs import Arm, PretrainRun, first_reaching
+from roformer.study.runs import Arm, GlueRun, PretrainRun, first_reaching, glue_seed_scores
 
 CONFIDENCE = 0.95
 
@@ -37,6 +37,37 @@ def pretraining_differences(arms: list[Arm], base: Arm, targets: list[float]) ->
         base_finals = {_key(r): _final(r)["eval_loss"] for r in base.runs}
         out[arm.label] = {"final_eval_loss": difference(finals, base_finals), "steps_to_target": steps}
     return out
+
+
+def glue_differences(glue: list[GlueRun], baseline: str) -> dict[str, dict[str, Any]]:
+    """{label: {column: arm - baseline dev score}} for every GLUE column both arms have.
+
+    With one fine-tuning run per arm and task the replicates are its fine-tuning seeds (paired by seed: the same
+    head initialisation and batch order); with several (one per pretraining seed, as `roformer experiment` makes
+    them) each run's mean over its fine-tuning seeds is one replicate, paired by pretraining seed.
+    """
+    runs: dict[tuple[str, str], list[tuple[GlueRun, dict[int, float]]]] = {}
+    for run in glue:
+        for column, scores in glue_seed_scores(run).items():
+            runs.setdefault((run.label, column), []).append((run, scores))
+    out: dict[str, dict[str, Any]] = {}
+    for (label, column), mine in runs.items():
+        theirs = runs.get((baseline, column))
+        if label == baseline or theirs is None:
+            continue
+        if len(mine) == 1 and len(theirs) == 1:
+            values, base_values = mine[0][1], theirs[0][1]
+        else:
+            values, base_values = _per_pretraining_seed(mine), _per_pretraining_seed(theirs)
+        out.setdefault(label, {})[column] = difference(values, base_values)
+    return out
+
+
+def _per_pretraining_seed(runs: list[tuple[GlueRun, dict[int, float]]]) -> dict[int | str, float]:
+    return {
+        (run.pretraining_seed if run.pretraining_seed is not None else str(run.path)): statistics.fmean(scores.values())
+        for run, scores in runs
+    }
 
 
 def _key(run: PretrainRun) -> int | str:
