@@ -201,3 +201,18 @@ def test_glue_differences_paired_by_fine_tuning_seed_then_by_pretraining_seed(tm
     assert d["test"] == "paired t" and d["n"] == [3, 3] and d["mean"] == pytest.approx((0.02 + 0.09 + 0.01) / 3)
     assert summary["glue"]["roformer"]["rte"]["runs"] == 3
     assert summary["glue"]["roformer"]["rte"]["score"]["mean"] == pytest.approx((0.62 + 0.70 + 0.64) / 3)
+
+
+def test_length_differences_paired_by_seed(tmp_path: Path) -> None:
+    runs = []
+    for seed, bert_offset in enumerate((0.5, 0.6, 0.55)):  # 3 seeds: with 2, t(0.975, 1) = 12.7 swallows 0.55
+        for label, encoding, offset in (("roformer", "rotary", 0.0), ("bert", "sinusoidal", bert_offset)):
+            run = make_run(tmp_path / f"{label}-{seed}", label, encoding, {100: 4.0}, 1.0, seed=seed)
+            rows = [{"seq_len": n, "eval_loss": 3.0 + offset + n / 1000, "eval_accuracy": 0.3} for n in (128, 512)]
+            (run / "length_extrapolation.json").write_text(json.dumps({"results": rows}))
+            runs.append(run)
+    summary = compare(runs, tmp_path / "out")
+    d = summary["length_differences"]["roformer"]
+    assert set(d) == {128, 512} and d[128]["test"] == "paired t"
+    assert d[512]["mean"] == pytest.approx(-0.55) and d[512]["significant"] is True
+    assert "Eval-loss differences from bert" in (tmp_path / "out" / "summary.md").read_text()

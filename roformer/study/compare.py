@@ -31,7 +31,7 @@ from roformer.study.runs import (
     load_runs,
     tokens_at,
 )
-from roformer.study.stats import glue_differences, pretraining_differences
+from roformer.study.stats import glue_differences, length_differences, pretraining_differences
 
 TARGET_OFFSETS = (0.5, 0.25, 0.1, 0.0)  # eval-loss levels above the baseline's final eval loss
 GLUE_NOTE = (
@@ -143,6 +143,7 @@ def summarise(
         lengths = length_table(arms)
         if lengths:
             summary["length_extrapolation"] = lengths
+            summary["length_differences"] = length_differences(arms, base)
         summary["differences"] = pretraining_differences(arms, base, levels)
         if rope is not None:
             summary["ratios"] = _ratios(next(a for a in per_arm if a["label"] == rope.label),
@@ -289,6 +290,14 @@ def summary_markdown(summary: dict[str, Any]) -> str:
                 else:
                     cells.append(f"{r['eval_loss']:.3f} / {100 * r['eval_accuracy']:.1f}%")
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        if summary.get("length_differences"):
+            lines += ["", f"Eval-loss differences from {summary['baseline']} (arm - baseline, mean [95% interval "
+                      "over seeds]; n.s. = the interval includes 0):", "",
+                      "| arm | " + " | ".join(str(n) for n in lengths) + " |",
+                      "|---|" + "---:|" * len(lengths)]  # fmt: skip
+            for label, by_length in summary["length_differences"].items():
+                cells = [_difference_cell(by_length[n], 3) if n in by_length else "—" for n in lengths]
+                lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if "glue" in summary:
         tasks = sorted({t for rows in summary["glue"].values() for t in rows})
         lines += ["", "## GLUE (dev, mean ± std over seeds, %)", "", GLUE_NOTE, "",

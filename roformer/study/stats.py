@@ -39,6 +39,28 @@ def pretraining_differences(arms: list[Arm], base: Arm, targets: list[float]) ->
     return out
 
 
+def length_differences(arms: list[Arm], base: Arm) -> dict[str, dict[int, dict[str, Any]]]:
+    """{label: {length: arm - baseline eval loss}} at every length both arms were evaluated at (eval-mlm)."""
+    def losses(arm: Arm) -> dict[int, dict[int | str, float]]:
+        table: dict[int, dict[int | str, float]] = {}
+        for run in arm.runs:
+            for row in run.lengths:
+                if "eval_loss" in row:
+                    table.setdefault(row["seq_len"], {})[_key(run)] = row["eval_loss"]
+        return table
+
+    theirs = losses(base)
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for arm in arms:
+        if arm is base:
+            continue
+        mine = losses(arm)
+        common = sorted(set(mine) & set(theirs))
+        if common:
+            out[arm.label] = {n: difference(mine[n], theirs[n]) for n in common}
+    return out
+
+
 def glue_differences(glue: list[GlueRun], baseline: str) -> dict[str, dict[str, Any]]:
     """{label: {column: arm - baseline dev score}} for every GLUE column both arms have.
 
