@@ -162,7 +162,7 @@ def _experiment(args: argparse.Namespace) -> None:
     out = Path(args.output_dir) if args.output_dir else Path("runs") / "experiments" / Path(args.config).stem
     summary = run_experiment(args.config, out, args.set)
     if summary:
-        print((out / "compare" / "summary.md").read_text() + f"\nruns and comparison in {out}")
+        print((out / "compare" / "summary.md").read_text() + f"\nreport: {out / 'report.md'} (runs in {out})")
 
 
 def _eval_mlm(args: argparse.Namespace) -> None:

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from test_pretrain import interrupted_run, tiny_run_config
 
 from roformer.cli import main
-from roformer.config import ConfigError, write_yaml
+from roformer.config import ConfigError, read_yaml, write_yaml
 from roformer.study.experiment import load_experiment, run_experiment
 from roformer.train.pretrain import Pretrainer
 
@@ -29,14 +29,17 @@ def test_experiment_end_to_end(tmp_path: Path) -> None:
     assert main(["experiment", "--config", str(config), "--output-dir", str(tmp_path / "out")]) == 0
     out = tmp_path / "out"
     assert {p.name for p in out.iterdir()} == {"roformer-seed0", "bert-seed0", "roformer-seed1", "bert-seed1",
-                                               "compare"}  # fmt: skip
+                                               "compare", "report.md"}  # fmt: skip
+    report = (out / "report.md").read_text()
+    assert "![MLM loss curves](compare/curves.png)" in report and "## How this was made" in report
+    assert "Differences from the baseline (bert)" in report and "Arm `roformer`, resolved pretraining config" in report
     summary = json.loads((out / "compare" / "summary.json").read_text())
     assert summary["baseline"] == "bert" and summary["roformer"] == "roformer"
     assert [a["seeds"] for a in summary["arms"]] == [2, 2]
     # same initial weights and batches per seed: the first train loss differs only through the position encoding,
     # and the two seeds of an arm differ
     first = {d.name: json.loads((d / "metrics.jsonl").read_text().splitlines()[0])["loss"]
-             for d in out.iterdir() if d.name != "compare"}  # fmt: skip
+             for d in out.iterdir() if d.name.endswith(("seed0", "seed1"))}  # fmt: skip
     assert first["roformer-seed0"] != first["roformer-seed1"]
     a = load_file(out / "roformer-seed0" / "checkpoints" / "step-3" / "model.safetensors")
     assert a  # checkpoints exist for resuming
@@ -105,3 +108,44 @@ def test_arm_overrides_and_the_fields_under_comparison(tmp_path: Path) -> None:
     write_yaml(tmp_path / "exp.yaml", {"arms": arms, "vary": ["atention"]})
     with pytest.raises(ConfigError, match="'atention' is not a model field"):
         load_experiment(tmp_path / "exp.yaml")
+
+
+def test_glue_and_length_stages_resume_and_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After pretraining: a GLUE suite on every final model and eval-mlm at two lengths; a rerun redoes nothing."""
+    import csv
+
+    import roformer.study.experiment as experiment_module
+    from roformer.data.builtin import NUMBERS, generate_documents
+
+    config = experiment_files(tmp_path)
+    sentences = [s.strip() for d in generate_documents(400, seed=9) for s in d.split(" . ") if s.strip()][:120]
+    for split, rows in (("train", sentences[:80]), ("dev", sentences[80:])):
+        with (tmp_path / f"{split}.csv").open("w", newline="") as f:
+            csv.writer(f).writerows([("sentence", "label"), *((s, int(bool(set(NUMBERS) & set(s.split()))))
+                                                               for s in rows)])  # fmt: skip
+    task = {"data": {"task": "sst2", "source": "files", "train_file": "train.csv", "validation_file": "dev.csv",
+                     "max_length": 32},
+            "train": {"max_steps": 2, "batch_size": 8, "lr": 1e-3, "seeds": [0, 1], "progress": False}}  # fmt: skip
+    write_yaml(tmp_path / "sst2.yaml", {"init": "unused", **task})
+    write_yaml(tmp_path / "suite.yaml", {"tasks": ["sst2.yaml"]})
+    data = read_yaml(config)
+    data.update({"glue": {"suite": "suite.yaml", "overrides": ["data.max_length=32"]},
+                 "length": {"seq_lens": [32, 64], "max_tokens": 512}})  # fmt: skip
+    write_yaml(config, data)
+    summary = run_experiment(config, tmp_path / "out")
+    out = tmp_path / "out"
+    assert sorted(p.name for p in (out / "glue").iterdir()) == ["bert-seed0", "bert-seed1", "roformer-seed0",
+                                                                "roformer-seed1"]  # fmt: skip
+    results = json.loads((out / "glue" / "roformer-seed1" / "sst2" / "results.json").read_text())
+    assert results["label"] == "roformer" and results["init"].endswith("roformer-seed1/final")
+    assert summary["glue"]["roformer"]["sst2"]["runs"] == 2 and "sst2" in summary["glue_differences"]["roformer"]
+    assert set(summary["length_differences"]["roformer"]) == {32, 64}
+    report = (out / "report.md").read_text()
+    assert "### GLUE" in report and "Dev score differences from bert" in report and "GLUE suite" in report
+    assert "![eval loss against length](compare/length.png)" in report
+
+    calls = []
+    monkeypatch.setattr(experiment_module, "pretrain", lambda *a, **k: calls.append("pretrain"))
+    monkeypatch.setattr(experiment_module, "evaluate_lengths", lambda *a, **k: calls.append("length"))
+    again = run_experiment(config, tmp_path / "out")
+    assert calls == [] and again["glue"] == summary["glue"]  # finished runs, tasks and length files are kept

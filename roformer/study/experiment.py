@@ -11,8 +11,14 @@ Every arm is a pretraining config; the experiment runs each (arm, seed) into `<o
 - the seed of run k is `seeds[k]` for every arm;
 - the order of the arms alternates between seeds, so one-time warm-up costs do not always hit the same arm.
 
-Resumable: a run with a `final/` is done and skipped, a started run continues from its last checkpoint (exactly,
-see roformer.train.pretrain), a missing one starts; the comparison is redone at the end.
+Optional stages after pretraining: `glue:` fine-tunes every final model on the tasks of a `roformer glue` suite
+(into `<out>/glue/<arm>-seed<k>/<task>/`), `length:` evaluates every final model at several lengths
+(`<run>/length_extrapolation.json`). Then `<out>/compare/` and `<out>/report.md` (roformer.study.report): curves,
+steps-to-target, GLUE and length tables with intervals over seeds, and the exact command and configs.
+
+Resumable at every stage: a run with a `final/` is done and skipped, a started run continues from its last
+checkpoint (exactly, see roformer.train.pretrain), a missing one starts; finished GLUE tasks and length files are
+kept, a started GLUE grid resumes; the comparison and the report are redone at the end.
 """
 
 from __future__ import annotations
@@ -22,16 +28,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from roformer.config import check_types, from_dict, read_yaml
 from roformer.errors import ConfigError
 from roformer.files import check_output_dir
 from roformer.model.config import ModelConfig
 from roformer.model.weights import WEIGHTS_FILE
 from roformer.study.compare import compare
+from roformer.study.length_eval import evaluate_lengths, write_results
+from roformer.study.report import GLUE_DIR, write_report
 from roformer.study.runs import check_same_vocabulary, load_runs
+from roformer.study.suite import load_suite_config, run_suite
 from roformer.train.launch import process_state
 from roformer.train.pretrain import PretrainConfig, load_pretrain_config, pretrain
-from roformer.train.run_dir import FINAL_DIR, RUN_CONFIG_FILE
+from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, RUN_CONFIG_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +73,42 @@ class Arm:
 
 
 @dataclass
+class GlueStage:
+    """Fine-tune every final model on the tasks of a `roformer glue` suite (tasks, their lr grid and seeds).
+
+    Attributes:
+        suite: A suite YAML (relative to the experiment file), e.g. ../glue/small.yaml.
+        overrides: `--set` style overrides of every task (e.g. `data.max_length=128`, `train.seeds=[0,1,2]`).
+    """
+
+    suite: str = ""
+    overrides: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.suite:
+            raise ConfigError("glue.suite is required (a roformer glue suite YAML)")
+
+
+@dataclass
+class LengthStage:
+    """Evaluate every final model at several block lengths (roformer eval-mlm).
+
+    Attributes:
+        seq_lens: Block lengths.
+        max_tokens: Tokens scored at every length.
+        batch_size: Blocks per forward.
+    """
+
+    seq_lens: list[int] = field(default_factory=list)
+    max_tokens: int = 65536
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        if not self.seq_lens or any(n < 8 for n in self.seq_lens):
+            raise ConfigError(f"length.seq_lens: list lengths >= 8, got {self.seq_lens}")
+
+
+@dataclass
 class ExperimentConfig:
     """Arms (label -> pretraining config file, relative to this file), seeds, shared overrides, the baseline.
 
@@ -73,6 +120,8 @@ class ExperimentConfig:
         targets: Target eval losses (default: the baseline's final eval loss and a few levels above).
         vary: Model fields besides the position-encoding ones that the arms may set differently: the fields under
             comparison (e.g. [attention] for softmax vs linear). Anything else that differs is refused.
+        glue: Optional GLUE stage (GlueStage).
+        length: Optional length-evaluation stage (LengthStage).
     """
 
     arms: dict[str, str | Arm] = field(default_factory=dict)
@@ -81,6 +130,8 @@ class ExperimentConfig:
     baseline: str | None = None
     targets: list[float] | None = None
     vary: list[str] = field(default_factory=list)
+    glue: GlueStage | None = None
+    length: LengthStage | None = None
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -147,11 +198,28 @@ def run_dir(out: Path, label: str, seed: int) -> Path:
 
 
 def run_experiment(path: str | Path, out: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
-    """Run (or continue) every arm and seed, then compare; returns the comparison summary."""
-    out = Path(out)
+    """Run (or continue) every arm and seed and the optional stages, then compare and report; returns the summary."""
+    path, out = Path(path), Path(out)
     check_output_dir(out, overwrite=False, resume=True)  # an experiment continues what its directory holds
     experiment, arms = load_experiment(path, overrides)
+    if experiment.glue is not None:  # every task config must load before hours of pretraining
+        load_suite_config(path.parent / experiment.glue.suite)
     out.mkdir(parents=True, exist_ok=True)
+    runs = pretrain_arms(experiment, arms, out)
+    glue_dirs = finetune_runs(experiment, path, runs, out) if experiment.glue is not None else []
+    if experiment.length is not None and _is_main_process():
+        evaluate_run_lengths(experiment.length, runs)
+    process_state().wait_for_everyone()
+    if not _is_main_process():
+        return {}
+    summary = compare(runs + glue_dirs, out / "compare", baseline=experiment.baseline, targets=experiment.targets,
+                      overwrite=True)  # fmt: skip
+    write_report(out, path, experiment, arms, list(overrides or []))
+    return summary
+
+
+def pretrain_arms(experiment: ExperimentConfig, arms: dict[str, PretrainConfig], out: Path) -> list[Path]:
+    """Every (arm, seed) pretraining run, done, resumed or started; returns their directories."""
     runs = []
     for index, seed in enumerate(experiment.seeds):
         # Alternate the arm order between seeds: the first run in a process pays one-time warm-up costs (thread
@@ -169,9 +237,34 @@ def run_experiment(path: str | Path, out: str | Path, overrides: list[str] | Non
             pretrain(config, directory, resume=resume, overwrite=not resume)
             if _is_main_process():  # one data section, one tokenizer: stop at the first run that disagrees
                 check_same_vocabulary(load_runs(runs)[0])
-    if not _is_main_process():
-        return {}
-    return compare(runs, out / "compare", baseline=experiment.baseline, targets=experiment.targets, overwrite=True)
+    return runs
+
+
+def finetune_runs(experiment: ExperimentConfig, path: Path, runs: list[Path], out: Path) -> list[Path]:
+    """The GLUE suite on every run's final model (`<out>/glue/<run>/<task>/`); returns the task directories."""
+    stage = experiment.glue
+    task_dirs = []
+    for directory in runs:
+        label = read_yaml(directory / RUN_CONFIG_FILE)["label"]
+        target = out / GLUE_DIR / directory.name
+        extra = [f"init={directory / FINAL_DIR}", f"label={label}"]
+        logger.info("%s: GLUE suite %s", target, stage.suite)
+        results = run_suite(path.parent / stage.suite, target, stage.overrides + extra, resume=target.exists())
+        task_dirs += [target / task for task in results] if results else []
+    return task_dirs
+
+
+def evaluate_run_lengths(stage: LengthStage, runs: list[Path]) -> None:
+    """eval-mlm of every run's final model at the stage's lengths (a run that has its file is kept)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for directory in runs:
+        target = directory / LENGTH_FILE
+        if target.is_file():
+            continue
+        logger.info("%s: evaluating at lengths %s", directory, stage.seq_lens)
+        results = evaluate_lengths(directory / FINAL_DIR, directory, stage.seq_lens, stage.max_tokens,
+                                   stage.batch_size, device)  # fmt: skip
+        write_results(target, directory / FINAL_DIR, results)
 
 
 def _is_main_process() -> bool:
