@@ -77,11 +77,13 @@ class GlueStage:
     """Fine-tune every final model on the tasks of a `roformer glue` suite (tasks, their lr grid and seeds).
 
     Attributes:
-        suite: A suite YAML (relative to the experiment file), e.g. ../glue/small.yaml.
+        suite: A suite YAML (relative to the experiment file), e.g. ../glue/small-cpu.yaml.
+        glue_dir: The GLUE data folder (relative to the experiment file), set as every task's `data.glue_dir`.
         overrides: `--set` style overrides of every task (e.g. `data.max_length=128`, `train.seeds=[0,1,2]`).
     """
 
     suite: str = ""
+    glue_dir: str | None = None
     overrides: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -248,6 +250,8 @@ def finetune_runs(experiment: ExperimentConfig, path: Path, runs: list[Path], ou
         label = read_yaml(directory / RUN_CONFIG_FILE)["label"]
         target = out / GLUE_DIR / directory.name
         extra = [f"init={directory / FINAL_DIR}", f"label={label}"]
+        if stage.glue_dir is not None:
+            extra.append(f"data.glue_dir={(path.parent / stage.glue_dir).resolve()}")
         logger.info("%s: GLUE suite %s", target, stage.suite)
         results = run_suite(path.parent / stage.suite, target, stage.overrides + extra, resume=target.exists())
         task_dirs += [target / task for task in results] if results else []
