@@ -23,7 +23,10 @@ def _load_glue_config(path: Path) -> None:
     from roformer.study.suite import load_suite_config
     from roformer.train.finetune import load_finetune_config
 
-    (load_suite_config if path.name == "all.yaml" else load_finetune_config)(path)
+    from roformer.config import read_yaml
+
+    is_suite = "tasks" in (read_yaml(path) or {})  # all.yaml, small-cpu.yaml: suites of task configs
+    (load_suite_config if is_suite else load_finetune_config)(path)
 
 
 def _load_experiment_config(path: Path) -> None:
