@@ -20,10 +20,9 @@ def _load_accelerate_config(path: Path) -> None:
 
 
 def _load_glue_config(path: Path) -> None:
+    from roformer.config import read_yaml
     from roformer.study.suite import load_suite_config
     from roformer.train.finetune import load_finetune_config
-
-    from roformer.config import read_yaml
 
     is_suite = "tasks" in (read_yaml(path) or {})  # all.yaml, small-cpu.yaml: suites of task configs
     (load_suite_config if is_suite else load_finetune_config)(path)
