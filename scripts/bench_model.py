@@ -34,7 +34,7 @@ import transformers
 
 import roformer
 from roformer.data.masking import masked_positions
-from roformer.model.flops import measure_matmul_tflops, spec_tflops, training_flops_per_token
+from roformer.model.flops import measure_matmul_tflops, spec_tflops, synchronize, training_flops_per_token
 
 MODELS = ("ours-rotary", "ours-sinusoidal", "hf-roformer", "hf-bert")
 SHAPES = {  # --shape presets: (vocab, hidden, layers, heads, ffn)
@@ -103,11 +103,6 @@ def train_step(
     opt.zero_grad(set_to_none=True)
 
 
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def setup(name: str, args: argparse.Namespace, length: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = build(name, args, length).to(args.device).train()
@@ -129,11 +124,11 @@ def throughput(args: argparse.Namespace, batch: int, length: int) -> tuple[dict[
     samples: dict[str, list[float]] = {name: [] for name in MODELS}
     for _ in range(args.repeats):
         for name, (model, opt) in runs.items():
-            sync(args.device)
+            synchronize(args.device)
             start = time.perf_counter()
             for b in batches:
                 train_step(model, opt, b, args.device, dtype, args.decoder == "masked")
-            sync(args.device)
+            synchronize(args.device)
             samples[name].append(batch * length * len(batches) / (time.perf_counter() - start))
     flops = {
         name: statistics.mean(

@@ -32,7 +32,7 @@ import torch
 
 import roformer
 from roformer.data.masking import masked_positions
-from roformer.model.flops import measure_matmul_tflops, spec_tflops, training_flops_per_token
+from roformer.model.flops import measure_matmul_tflops, spec_tflops, synchronize, training_flops_per_token
 from roformer.train.optim import param_groups
 from roformer.train.pretrain import Pretrainer, load_pretrain_config
 
@@ -82,11 +82,6 @@ class HFLoop:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def bench_config(path: Path, args: argparse.Namespace, peak: float) -> dict[str, float]:
     overrides = [f"train.batch_size={args.batch_size}"] if args.batch_size else []
     overrides += [f"train.mixed_precision={PRECISION[args.dtype]}", f"train.compile={str(args.compile).lower()}"]
@@ -106,12 +101,12 @@ def bench_config(path: Path, args: argparse.Namespace, peak: float) -> dict[str,
             step += 1
         for _ in range(args.repeats):
             data_sec = 0.0
-            sync(device)
+            synchronize(device)
             t0 = time.perf_counter()
             for _ in range(args.steps):
                 data_sec += trainer.engine.train_step(trainer, step).data_sec
                 step += 1
-            sync(device)
+            synchronize(device)
             ours_sec = time.perf_counter() - t0
             for labels in (trainer.batches.step(s)[1] for s in range(step - args.steps, step)):
                 rows.append(len(masked_positions(labels)) / labels.numel())  # decoder rows our model computed
@@ -120,7 +115,7 @@ def bench_config(path: Path, args: argparse.Namespace, peak: float) -> dict[str,
             t0 = time.perf_counter()
             for i in range(args.steps):
                 hf.step(step - args.steps + i)  # the same blocks as ours
-            sync(device)
+            synchronize(device)
             hf_rates.append(tokens * args.steps / (time.perf_counter() - t0))
     ours, theirs = statistics.median(ours_rates), statistics.median(hf_rates)
     length = config.data.max_seq_len

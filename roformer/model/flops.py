@@ -70,11 +70,11 @@ def measure_matmul_tflops(device: str | torch.device, dtype: torch.dtype, size: 
     repeats = 20 if device.type == "cuda" else 2
     times = []
     for trial in range(6):
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         for _ in range(repeats):
             a @ b
-        _sync(device)
+        synchronize(device)
         if trial:  # the first trial warms up (kernel selection, clocks)
             times.append((time.perf_counter() - start) / repeats)
     return 2 * n**3 / statistics.median(times) / 1e12
@@ -104,6 +104,8 @@ def spec_tflops(device: str | torch.device, dtype: torch.dtype) -> float | None:
     return None
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: str | torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously; timings must include it). No-op on a CPU."""
+    device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

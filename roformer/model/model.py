@@ -305,6 +305,9 @@ class Embeddings(nn.Module):
         return x
 
 
+LINEAR_ATTENTION_EPS = 1e-6  # as Katharopoulos et al.'s reference implementation: a denominator that underflows
+
+
 def linear_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, rotary: RotaryEmbedding | None) -> Tensor:
     """Bidirectional linear attention with RoPE (paper sec. 3.3, eq. 19), O(T) memory: no T x T matrix.
 
@@ -333,9 +336,6 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, rotar
         numerator = torch.einsum("bmhd,bhde->bmhe", rot_q, kv)  # (B, T, H, D)
         denominator = torch.einsum("bmhd,bhd->bmh", phi_q, phi_k.sum(dim=1))  # (B, T, H)
         return (numerator / (denominator[..., None] + LINEAR_ATTENTION_EPS)).to(q.dtype)
-
-
-LINEAR_ATTENTION_EPS = 1e-6  # as Katharopoulos et al.'s reference implementation: a denominator that underflows
 
 
 class SelfAttention(nn.Module):

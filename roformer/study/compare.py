@@ -291,13 +291,11 @@ def summary_markdown(summary: dict[str, Any]) -> str:
                     cells.append(f"{r['eval_loss']:.3f} / {100 * r['eval_accuracy']:.1f}%")
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         if summary.get("length_differences"):
-            lines += ["", f"Eval-loss differences from {summary['baseline']} (arm - baseline, mean [95% interval "
-                      "over seeds]; n.s. = the interval includes 0):", "",
-                      "| arm | " + " | ".join(str(n) for n in lengths) + " |",
-                      "|---|" + "---:|" * len(lengths)]  # fmt: skip
-            for label, by_length in summary["length_differences"].items():
-                cells = [_difference_cell(by_length[n], 3) if n in by_length else "—" for n in lengths]
-                lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            intro = (f"Eval-loss differences from {summary['baseline']} (arm - baseline, mean [95% interval over "
+                     "seeds]; n.s. = the interval includes 0):")  # fmt: skip
+            rows = {label: [_difference_cell(by_length[n], 3) if n in by_length else "—" for n in lengths]
+                    for label, by_length in summary["length_differences"].items()}  # fmt: skip
+            lines += _difference_table(intro, [str(n) for n in lengths], rows)
     if "glue" in summary:
         tasks = sorted({t for rows in summary["glue"].values() for t in rows})
         lines += ["", "## GLUE (dev, mean ± std over seeds, %)", "", GLUE_NOTE, "",
@@ -307,12 +305,11 @@ def summary_markdown(summary: dict[str, Any]) -> str:
                      for t in tasks]  # fmt: skip
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         if summary.get("glue_differences"):
-            lines += ["", f"Dev score differences from {summary['glue_baseline']} (points, arm - "
-                      "baseline, mean [95% interval over seeds]; n.s. = the interval includes 0):", "",
-                      "| arm | " + " | ".join(tasks) + " |", "|---|" + "---:|" * len(tasks)]  # fmt: skip
-            for label, columns in summary["glue_differences"].items():
-                cells = [_difference_cell(_points(columns[t]), 1) if t in columns else "—" for t in tasks]
-                lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            intro = (f"Dev score differences from {summary['glue_baseline']} (points, arm - baseline, mean [95% "
+                     "interval over seeds]; n.s. = the interval includes 0):")  # fmt: skip
+            rows = {label: [_difference_cell(_points(columns[t]), 1) if t in columns else "—" for t in tasks]
+                    for label, columns in summary["glue_differences"].items()}  # fmt: skip
+            lines += _difference_table(intro, tasks, rows)
     return "\n".join(lines) + "\n"
 
 
@@ -324,14 +321,20 @@ def _points(d: dict[str, Any]) -> dict[str, Any]:
 def _differences_markdown(summary: dict[str, Any]) -> list[str]:
     """Arm - baseline for the final loss and the steps to each target, with the 95% interval over seeds."""
     tests = sorted({d["test"] for arm in summary["differences"].values() for d in _all(arm) if d.get("test")})
-    lines = ["", f"Differences from the baseline ({summary['baseline']}): arm - baseline, mean over seeds [95% "
-             f"interval; {', '.join(tests) or 'one seed: no interval'}]; n.s. = the interval includes 0.", "",
-             "| arm | final eval loss | " + " | ".join(f"steps to {t:.3f}" for t in summary["targets"]) + " |",
-             "|---|---:|" + "---:|" * len(summary["targets"])]  # fmt: skip
-    for label, arm in summary["differences"].items():
-        cells = [_difference_cell(arm["final_eval_loss"], 3)] + [_difference_cell(d, 0) for d in arm["steps_to_target"]]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return lines
+    intro = (f"Differences from the baseline ({summary['baseline']}): arm - baseline, mean over seeds [95% "
+             f"interval; {', '.join(tests) or 'one seed: no interval'}]; n.s. = the interval includes 0.")
+    headers = ["final eval loss", *(f"steps to {t:.3f}" for t in summary["targets"])]
+    rows = {
+        label: [_difference_cell(arm["final_eval_loss"], 3), *(_difference_cell(d, 0) for d in arm["steps_to_target"])]
+        for label, arm in summary["differences"].items()
+    }
+    return _difference_table(intro, headers, rows)
+
+
+def _difference_table(intro: str, headers: list[str], rows: dict[str, list[str]]) -> list[str]:
+    """Markdown lines: the intro, then one row of difference cells per arm."""
+    table = ["| arm | " + " | ".join(headers) + " |", "|---|" + "---:|" * len(headers)]
+    return ["", intro, "", *table, *(f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows.items())]
 
 
 def _all(arm: dict[str, Any]) -> list[dict[str, Any]]:

@@ -82,14 +82,12 @@ def _load_pretrain_run(path: Path) -> PretrainRun:
     label = (config or {}).get("label") or encoding
     data = (config or {}).get("data") or {}
     digest = data.get("vocab_hash") if isinstance(data, dict) else None
-    train_section = (config or {}).get("train") or {}
-    seed = train_section.get("seed") if isinstance(train_section, dict) else None
     lengths = []
     if (path / LENGTH_FILE).is_file():
         results = json.loads((path / LENGTH_FILE).read_text()).get("results", [])
         # the model as trained: rows of `eval-mlm --rope-scaling` with a scaling method are a study of their own
         lengths = [r for r in results if r.get("rope_scaling", "none") == "none"]
-    return PretrainRun(path, str(label), str(encoding), train, evals, lengths, digest, seed)
+    return PretrainRun(path, str(label), str(encoding), train, evals, lengths, digest, _train_seed(config))
 
 
 def first_reaching(evals: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
@@ -117,9 +115,12 @@ def check_same_vocabulary(runs: list[PretrainRun]) -> None:
 
 def _seed_of_init(init: str) -> int | None:
     config = Path(init).parent / RUN_CONFIG_FILE  # init is a pretraining run's final/
-    if not init or not config.is_file():
-        return None
-    train = (read_yaml(config) or {}).get("train") or {}
+    return _train_seed(read_yaml(config)) if init and config.is_file() else None
+
+
+def _train_seed(config: Any) -> int | None:
+    """`train.seed` of a parsed run config.yaml, None where it has none."""
+    train = (config or {}).get("train") if isinstance(config, dict) else None
     return train.get("seed") if isinstance(train, dict) else None
 
 

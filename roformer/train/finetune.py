@@ -291,7 +291,7 @@ class Finetuner:
             rows = [0] if chunk is None else [order[i] for i in chunk.tolist()]  # None: keeps FSDP in step
             batch = self.batch(encoded, rows)
             batch.pop("labels", None)
-            logits = model(**{k: v.to(acc.device) for k, v in batch.items()}).logits.float()
+            logits = model(**{k: to_device(v, acc.device) for k, v in batch.items()}).logits.float()
             if chunk is not None:
                 values = logits.squeeze(-1) if self.task.is_regression else logits.argmax(-1)
                 predictions += values.cpu().tolist()

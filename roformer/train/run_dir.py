@@ -81,7 +81,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 def pretraining_summary(run: Path) -> str:
-    """Two lines for the console at the end of `roformer pretrain`: the final evaluation, the run's pace, the model."""
+    """One line for the console at the end of `roformer pretrain`: the final evaluation, the run's pace, the model."""
     events = read_metrics(run / METRICS_FILE)
     evals = [e for e in events if e.get("event") == "eval"]
     trains = [e for e in events if e.get("event") == "train"]
