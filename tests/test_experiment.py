@@ -129,7 +129,8 @@ def test_glue_and_length_stages_resume_and_report(tmp_path: Path, monkeypatch: p
     write_yaml(tmp_path / "sst2.yaml", {"init": "unused", **task})
     write_yaml(tmp_path / "suite.yaml", {"tasks": ["sst2.yaml"]})
     data = read_yaml(config)
-    data.update({"glue": {"suite": "suite.yaml", "overrides": ["data.max_length=32"]},
+    suite = f"../{tmp_path.name}/suite.yaml"  # a path through `..`, as configs/experiments/ names configs/glue/
+    data.update({"glue": {"suite": suite, "overrides": ["data.max_length=32"]},
                  "length": {"seq_lens": [32, 64], "max_tokens": 512}})  # fmt: skip
     write_yaml(config, data)
     summary = run_experiment(config, tmp_path / "out")
@@ -142,6 +143,7 @@ def test_glue_and_length_stages_resume_and_report(tmp_path: Path, monkeypatch: p
     assert set(summary["length_differences"]["roformer"]) == {32, 64}
     report = (out / "report.md").read_text()
     assert "### GLUE" in report and "Dev score differences from bert" in report and "GLUE suite" in report
+    assert f"GLUE suite (`{tmp_path / 'suite.yaml'}`)" in report  # the path shown without `..`
     assert "![eval loss against length](compare/length.png)" in report
 
     calls = []

@@ -7,6 +7,7 @@ read, and every arm's fully resolved pretraining config (what the runs' config.y
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ def write_report(out: Path, path: Path, experiment: Any, arms: dict[str, Any], o
     lines += ["## How this was made", "", "```bash", shlex.join(command), "```", "",
               f"Experiment config (`{path}`):", "", "```yaml", path.read_text().rstrip(), "```", ""]  # fmt: skip
     if experiment.glue is not None:
-        suite = path.parent / experiment.glue.suite
+        suite = Path(os.path.normpath(path.parent / experiment.glue.suite))  # configs/glue/x, not configs/y/../glue/x
         lines += [f"GLUE suite (`{suite}`), with overrides {experiment.glue.overrides} and each run's `init` and "
                   "`label`:", "", "```yaml", suite.read_text().rstrip(), "```", ""]  # fmt: skip
     for label, config in arms.items():
