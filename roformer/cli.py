@@ -65,28 +65,53 @@ def _export_tokenizer(source: str, target: Path, copy: Callable[[Path, Path], li
 
 
 def _pretrain(args: argparse.Namespace) -> None:
-    from roformer.train.pretrain import Pretrainer, load_pretrain_config
-    from roformer.train.run_dir import RUN_CONFIG_FILE, pretraining_summary
+    from roformer.config import load
+    from roformer.train.config import PretrainConfig
+    from roformer.train.pretrain import Pretrainer
+    from roformer.train.run_dir import RUN_CONFIG_FILE
 
     if args.config is None and not args.resume:
         raise UserError("--config is required (unless --resume continues a run from its own config.yaml)")
     out = Path(args.output_dir) if args.output_dir else Path("runs") / Path(args.config).stem
     config_path = Path(args.config) if args.config else out / RUN_CONFIG_FILE
-    config = load_pretrain_config(config_path, args.set)
+    config = load(PretrainConfig, config_path, args.set)
     trainer = Pretrainer(config, out, resume=args.resume, overwrite=args.overwrite)
     run = trainer.run()
     if trainer.engine.is_main_process:
         print(pretraining_summary(run))
 
 
+def pretraining_summary(run: Path) -> str:
+    """One line for the console at the end of `roformer pretrain`: the final evaluation, the run's pace, the model."""
+    from roformer.train.run_dir import FINAL_DIR, METRICS_FILE, read_metrics
+
+    events = read_metrics(run / METRICS_FILE)
+    evals = [e for e in events if e.get("event") == "eval"]
+    trains = [e for e in events if e.get("event") == "train"]
+    lines = []
+    if evals:
+        last = evals[-1]
+        accuracy = f", masked-token accuracy {100 * last['eval_accuracy']:.1f}%" if "eval_accuracy" in last else ""
+        lines.append(f"final eval loss {last['eval_loss']:.3f}{accuracy} at step {last['step']}")
+    if trains:
+        last = trains[-1]
+        seconds = last.get("elapsed_sec") or 0.0
+        rate = last.get("tokens_seen", 0) / seconds if seconds else 0.0
+        lines.append(f"{last['step']} steps in {seconds / 60:.1f} min, {last.get('tokens_seen', 0):,} tokens "
+                     f"({rate:,.0f} tokens/s)")  # fmt: skip
+    lines.append(f"model: {run / FINAL_DIR} (roformer.load, roformer convert --to-hf)")
+    return "pretraining finished: " + "; ".join(lines)
+
+
 def _prepare_data(args: argparse.Namespace) -> None:
     import time
 
+    from roformer.config import load
     from roformer.data.store import build_token_store, store_directory, store_usable
     from roformer.data.token_store import TokenStore
-    from roformer.train.args import load_pretrain_config
+    from roformer.train.config import PretrainConfig
 
-    config = load_pretrain_config(args.config, args.set)
+    config = load(PretrainConfig, args.config, args.set)
     data = config.data
     if data.streaming:
         raise UserError("data.streaming: true tokenizes while training and keeps no token store to prepare")
@@ -110,13 +135,15 @@ def _prepare_data(args: argparse.Namespace) -> None:
 
 
 def _finetune(args: argparse.Namespace) -> None:
-    from roformer.train.finetune import finetune, load_finetune_config
+    from roformer.config import load
+    from roformer.train.config import FinetuneConfig
+    from roformer.train.finetune import finetune
     from roformer.train.run_dir import RUN_CONFIG_FILE
 
     if args.config is None and not (args.resume and args.output_dir):
         raise UserError("--config is required (unless --resume --output-dir continues a job from its config.yaml)")
     out = Path(args.output_dir) if args.output_dir else Path("runs") / "glue" / Path(args.config).stem
-    config = load_finetune_config(args.config or out / RUN_CONFIG_FILE, args.set)
+    config = load(FinetuneConfig, args.config or out / RUN_CONFIG_FILE, args.set)
     results = finetune(config, out, overwrite=args.overwrite, resume=args.resume)
     if results:
         seeds = len(results["summary"][results["selection_split"]]["score"]["values"])

@@ -1,9 +1,16 @@
 """Typed configuration: dataclasses loaded from YAML, with errors that name the key and the file.
 
-The loader is generic (`from_dict`) so that every config of the project (the model, and the recipes' `data:` and
-`train:` sections) gets the same checks: an unknown or mistyped key, a wrong type or an impossible value raises
-`ConfigError` naming the field and the file it came from. `--set KEY=VALUE` overrides are parsed as YAML and go
-through the same checks.
+One loader for every config file of the project (`load`: a pretraining or fine-tuning run, a GLUE suite, an
+experiment): read the YAML, include the files it names, resolve its relative paths against the file's folder, apply
+`--set KEY=VALUE` overrides, build the dataclass. Building (`from_dict`) checks every key and value, so an unknown or
+mistyped key, a wrong type or an impossible value raises `ConfigError` naming the field and the file it came from.
+A config class declares what the loader must know about it in three class attributes:
+
+    INCLUDES      sections that may instead name a YAML file (`model: ../model/roformer-tiny.yaml`)
+    PATH_KEYS     dotted keys holding file paths (resolved against the config file's folder)
+    NAME_KEYS     those of PATH_KEYS that may also be hub names (`bert-base-uncased`): resolved only when they exist
+
+Also here, because every recipe and study compares configs: `config_differences` and `flat_config`.
 """
 
 from __future__ import annotations
@@ -210,6 +217,59 @@ def read_mapping(path: str | Path, sections: str = "sections") -> dict[str, Any]
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of {sections}, got {type(data).__name__}")
     return data
+
+
+def load(cls: type[T], path: str | Path, overrides: list[str] | None = None) -> T:
+    """Read the config file `path` into dataclass `cls`.
+
+    Sections named in `cls.INCLUDES` may be the path of another YAML (relative to this file; its content, or its
+    section of the same name, is included); the relative paths at `cls.PATH_KEYS` are made absolute against the
+    file's folder; then the `--set` overrides apply (so paths given there stay relative to the working directory).
+
+    Raises:
+        ConfigError: naming the file and key for a missing file, invalid YAML, unknown keys, wrong types and
+            invalid values.
+    """
+    path = Path(path)
+    data = read_mapping(path)
+    for section in getattr(cls, "INCLUDES", ()):
+        if isinstance(data.get(section), str):
+            data[section] = _include(path, section, data[section])
+    resolve_paths(data, list(getattr(cls, "PATH_KEYS", ())), path.parent, getattr(cls, "NAME_KEYS", ()))
+    apply_overrides(data, overrides or [])
+    return from_dict(cls, data, source=str(path))
+
+
+def _include(path: Path, section: str, name: str) -> Any:
+    """The content of the YAML file that section `section` of `path` names (its own `section:` if it has one)."""
+    include = path.parent / name
+    if not include.is_file():
+        raise ConfigError(f"{path}: {section}: file not found: {include}")
+    content = read_yaml(include) or {}
+    return content.get(section, content) if isinstance(content, dict) else content
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """{dotted key: (old, new)} for every key whose value differs between two nested configs, in key order."""
+    diffs: dict[str, tuple[Any, Any]] = {}
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs.update(config_differences(a, b, f"{prefix}{key}."))
+        elif a != b:
+            diffs[f"{prefix}{key}"] = (a, b)
+    return diffs
+
+
+def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten a nested config for trackers (which want scalar hyperparameters)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(flat_config(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value if isinstance(value, int | float | str | bool) else str(value)
+    return out
 
 
 def resolve_paths(data: dict[str, Any], keys: list[str], base: Path, maybe_names: tuple[str, ...] = ()) -> None:

@@ -40,13 +40,14 @@ def config_for(corpus: Path, cache: Path, tokenizer: Path | None) -> dict:
 
 def child_build(config_path: Path) -> dict:
     """Build the store; time raw encode_batch on the same documents; report seconds, tokens and peak RSS."""
+    from roformer.config import load
     from roformer.data.corpus import open_documents
     from roformer.data.store import build_token_store, store_directory
     from roformer.data.token_store import TokenStore
     from roformer.data.tokenizer import load_tokenizer
-    from roformer.train.args import load_pretrain_config
+    from roformer.train.config import PretrainConfig
 
-    data = load_pretrain_config(config_path).data
+    data = load(PretrainConfig, config_path).data
     directory = store_directory(data)
     started = time.perf_counter()
     build_token_store(data, directory)
@@ -74,11 +75,12 @@ def child_build(config_path: Path) -> dict:
 
 def child_train(config_path: Path, out: Path) -> dict:
     """A short pretraining run reading the store; its peak RSS; then the loader alone, timed."""
+    from roformer.config import load
     from roformer.data.store import build_mlm_data, train_batches
-    from roformer.train.args import load_pretrain_config
+    from roformer.train.config import PretrainConfig
     from roformer.train.pretrain import pretrain
 
-    config = load_pretrain_config(config_path)
+    config = load(PretrainConfig, config_path)
     pretrain(config, out)
     train_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     data = build_mlm_data(config.data)
@@ -112,8 +114,8 @@ def main() -> int:
     try:
         files = sorted(p for p in args.corpus.iterdir() if p.is_file())
         tokenizer = work / "tokenizer"
+        from roformer.data.config import DataConfig
         from roformer.data.corpus import load_documents
-        from roformer.data.mlm import DataConfig
         from roformer.data.tokenizer import save_tokenizer, train_tokenizer
 
         documents, _ = load_documents(DataConfig(source="text", paths=[str(args.corpus)], decode_errors="replace"))

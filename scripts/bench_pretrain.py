@@ -31,10 +31,12 @@ from pathlib import Path
 import torch
 
 import roformer
+from roformer.config import load
 from roformer.data.masking import masked_positions
 from roformer.model.flops import measure_matmul_tflops, spec_tflops, synchronize, training_flops_per_token
+from roformer.train.config import PretrainConfig
 from roformer.train.optim import param_groups
-from roformer.train.pretrain import Pretrainer, load_pretrain_config
+from roformer.train.pretrain import Pretrainer
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIGS = [REPO / "configs/pretrain/roformer-tiny.yaml", REPO / "configs/pretrain/roformer-small.yaml"]
@@ -85,7 +87,7 @@ class HFLoop:
 def bench_config(path: Path, args: argparse.Namespace, peak: float) -> dict[str, float]:
     overrides = [f"train.batch_size={args.batch_size}"] if args.batch_size else []
     overrides += [f"train.mixed_precision={PRECISION[args.dtype]}", f"train.compile={str(args.compile).lower()}"]
-    config = load_pretrain_config(path, overrides + ["train.progress=false", "train.report_to=[]"] + args.set)
+    config = load(PretrainConfig, path, overrides + ["train.progress=false", "train.report_to=[]"] + args.set)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Pretrainer(config, Path(tmp) / "run")
         trainer.prepare_run_dir()

@@ -17,8 +17,10 @@ import argparse
 import json
 from pathlib import Path
 
+from roformer.config import load
 from roformer.study.length_eval import evaluate_lengths, parse_rope_scalings, results_table
-from roformer.train.pretrain import load_pretrain_config, pretrain
+from roformer.train.config import PretrainConfig
+from roformer.train.pretrain import pretrain
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ("none", "linear", "ntk", "yarn")
@@ -43,7 +45,7 @@ def continued(args: argparse.Namespace, base: Path, method: str, factor: float) 
         "train.save_every=0",
         "train.progress=false",
     ]
-    pretrain(load_pretrain_config(args.config, overrides), out, overwrite=out.exists())
+    pretrain(load(PretrainConfig, args.config, overrides), out, overwrite=out.exists())
     return out
 
 
@@ -61,8 +63,8 @@ def main() -> None:
     lengths = [int(n) for n in args.seq_lens.split(",")]
     base = args.out / "base"
     if not (base / "final" / "model.safetensors").is_file():
-        pretrain(load_pretrain_config(args.config, ["train.progress=false"]), base, overwrite=base.exists())
-    args.trained = load_pretrain_config(base / "config.yaml").data.max_seq_len
+        pretrain(load(PretrainConfig, args.config, ["train.progress=false"]), base, overwrite=base.exists())
+    args.trained = load(PretrainConfig, base / "config.yaml").data.max_seq_len
     scalings = parse_rope_scalings(",".join(METHODS))
     zero_shot = evaluate_lengths(base / "final", base, lengths, max_tokens=args.max_tokens, rope_scalings=scalings)
     tables = [f"Trained at {args.trained} tokens, evaluated with each method (factor = length / {args.trained}):\n",

@@ -8,8 +8,9 @@ import pytest
 from conftest import REPO
 
 import roformer
+from roformer.config import load
 from roformer.model.config import ModelConfig
-from roformer.train.pretrain import load_pretrain_config
+from roformer.train.config import FinetuneConfig, PretrainConfig
 
 
 def _load_accelerate_config(path: Path) -> None:
@@ -22,10 +23,9 @@ def _load_accelerate_config(path: Path) -> None:
 def _load_glue_config(path: Path) -> None:
     from roformer.config import read_yaml
     from roformer.study.suite import load_suite_config
-    from roformer.train.finetune import load_finetune_config
 
     is_suite = "tasks" in (read_yaml(path) or {})  # all.yaml, small-cpu.yaml: suites of task configs
-    (load_suite_config if is_suite else load_finetune_config)(path)
+    load_suite_config(path) if is_suite else load(FinetuneConfig, path)
 
 
 def _load_experiment_config(path: Path) -> None:
@@ -38,7 +38,7 @@ CONFIG_LOADERS = {
     "experiments": _load_experiment_config,
     "glue": _load_glue_config,
     "model": ModelConfig.from_yaml,
-    "pretrain": load_pretrain_config,
+    "pretrain": lambda path: load(PretrainConfig, path),
     "accelerate": _load_accelerate_config,
 }
 
@@ -61,12 +61,12 @@ def test_every_shipped_yaml_loads(path: Path) -> None:
 
 def test_pretrain_config_pairs_differ_only_in_the_model() -> None:
     for size in ("tiny", "small", "base"):
-        rope = load_pretrain_config(REPO / "configs" / "pretrain" / f"roformer-{size}.yaml").to_dict()
-        bert = load_pretrain_config(REPO / "configs" / "pretrain" / f"bert-{size}.yaml").to_dict()
+        rope = load(PretrainConfig, REPO / "configs" / "pretrain" / f"roformer-{size}.yaml").to_dict()
+        bert = load(PretrainConfig, REPO / "configs" / "pretrain" / f"bert-{size}.yaml").to_dict()
         assert rope["data"] == bert["data"] and rope["train"] == bert["train"], size
         assert (rope["label"], bert["label"]) == ("roformer", "bert")
         assert rope["model"]["position_encoding"] == "rotary" and bert["model"]["position_encoding"] == "sinusoidal"
-    base = load_pretrain_config(REPO / "configs" / "pretrain" / "roformer-base.yaml")
+    base = load(PretrainConfig, REPO / "configs" / "pretrain" / "roformer-base.yaml")
     assert (base.data.max_seq_len, base.train.batch_size * 8) == (512, 64)  # the paper's 64 x 512 on 8 devices
 
 

@@ -15,10 +15,11 @@ from test_pretrain import run_python, tiny_run_config
 
 import roformer
 from roformer.cli import main
-from roformer.config import write_yaml
+from roformer.config import load, write_yaml
 from roformer.data.builtin import NUMBERS, generate_documents
-from roformer.train.finetune import finetune, load_finetune_config
-from roformer.train.pretrain import load_pretrain_config, pretrain
+from roformer.train.config import FinetuneConfig, PretrainConfig
+from roformer.train.finetune import finetune
+from roformer.train.pretrain import pretrain
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +27,7 @@ def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny RoFormer pretrained for a few steps on the built-in corpus (its final/ has model + tokenizer)."""
     tmp = tmp_path_factory.mktemp("pretrained")
     yaml = tiny_run_config(tmp / "c.yaml", max_steps=20, lr=2e-3, eval_every=0, save_every=0, log_every=10)
-    return pretrain(load_pretrain_config(yaml), tmp / "run") / "final"
+    return pretrain(load(PretrainConfig, yaml), tmp / "run") / "final"
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +68,7 @@ def task_config(path: Path, init: Path, files: dict[str, Path], model: dict | No
 
 
 def test_finetune_beats_the_majority_class(tmp_path: Path, pretrained: Path, number_task: dict) -> None:
-    config = load_finetune_config(task_config(tmp_path / "c.yaml", pretrained, number_task))
+    config = load(FinetuneConfig, task_config(tmp_path / "c.yaml", pretrained, number_task))
     results = finetune(config, tmp_path / "run")
     run = tmp_path / "run"
     accuracy = results["summary"]["dev"]["accuracy"]
@@ -117,7 +118,7 @@ def test_real_glue_tasks_write_server_files(tmp_path: Path, pretrained: Path, sh
                                                     "max_train_examples": 64, "max_length": 64},
                   "train": {"max_steps": 4, "batch_size": 8, "lr": 1e-3, "progress": False}}  # fmt: skip
         write_yaml(tmp_path / f"{task}.yaml", config)
-        results = finetune(load_finetune_config(tmp_path / f"{task}.yaml"), tmp_path / task)
+        results = finetune(load(FinetuneConfig, tmp_path / f"{task}.yaml"), tmp_path / task)
         name = {"rte": "RTE.tsv", "stsb": "STS-B.tsv"}[task]
         lines = (tmp_path / task / "submission" / name).read_text().splitlines()
         assert lines[0] == "index\tprediction" and len(lines) == 1 + rows
@@ -146,7 +147,7 @@ def test_mnli_writes_matched_mismatched_and_ax(tmp_path: Path, pretrained: Path)
     config = {"init": str(pretrained), "data": {"task": "mnli", "glue_dir": str(glue)},
               "train": {"max_steps": 2, "batch_size": 4, "progress": False}}  # fmt: skip
     write_yaml(tmp_path / "mnli.yaml", config)
-    results = finetune(load_finetune_config(tmp_path / "mnli.yaml"), tmp_path / "run")
+    results = finetune(load(FinetuneConfig, tmp_path / "mnli.yaml"), tmp_path / "run")
     assert set(results["summary"]) == {"dev_matched", "dev_mismatched"}
     counts = {p.name: len(p.read_text().splitlines()) - 1 for p in (tmp_path / "run" / "submission").iterdir()}
     assert counts == {"MNLI-m.tsv": 5, "MNLI-mm.tsv": 6, "AX.tsv": 2}
@@ -206,7 +207,7 @@ def test_interrupted_grid_resumes_exactly(tmp_path: Path, pretrained: Path, numb
 
     yaml = task_config(tmp_path / "c.yaml", pretrained, number_task, epochs=1, save_every=5, log_every=1,
                        model={"hidden_dropout": 0.1})  # fmt: skip
-    whole = finetune(load_finetune_config(yaml), tmp_path / "whole")
+    whole = finetune(load(FinetuneConfig, yaml), tmp_path / "whole")
     original = Engine.train_step
 
     def crash(self, task, step):
@@ -217,7 +218,7 @@ def test_interrupted_grid_resumes_exactly(tmp_path: Path, pretrained: Path, numb
     with monkeypatch.context() as patch:
         patch.setattr(Engine, "train_step", crash)
         with pytest.raises(KeyboardInterrupt):
-            finetune(load_finetune_config(yaml), tmp_path / "cut")
+            finetune(load(FinetuneConfig, yaml), tmp_path / "cut")
     assert (tmp_path / "cut" / ".progress" / "lr0.001-seed0" / "record.json").is_file()
     assert (tmp_path / "cut" / ".progress" / "lr0.001-seed1" / "checkpoints" / "step-15").is_dir()
     assert main(["finetune", "--resume", "--output-dir", str(tmp_path / "cut")]) == 0
@@ -243,7 +244,7 @@ def test_nan_dev_scores_do_not_crash(tmp_path: Path, pretrained: Path, number_ta
     nan = float("nan")
     monkeypatch.setattr(finetune_module, "compute", lambda metrics, p, y: {"accuracy": nan, "score": nan})
     yaml = task_config(tmp_path / "c.yaml", pretrained, number_task, epochs=1, seeds=[0])
-    results = finetune(load_finetune_config(yaml), tmp_path / "run")
+    results = finetune(load(FinetuneConfig, yaml), tmp_path / "run")
     assert math.isnan(results["summary"]["dev"]["score"]["mean"]) and (tmp_path / "run" / "best").is_dir()
 
 
@@ -253,12 +254,12 @@ def test_max_length_is_capped_at_the_pretraining_length(tmp_path: Path, pretrain
 
     assert json.loads((pretrained / "pretraining.json").read_text())["max_seq_len"] == 32
     path = task_config(tmp_path / "c.yaml", pretrained, number_task)  # asks for 64
-    assert Finetuner(load_finetune_config(path), tmp_path / "a").max_length == 32
-    lifted = load_finetune_config(path, ["data.beyond_pretraining_length=true"])
+    assert Finetuner(load(FinetuneConfig, path), tmp_path / "a").max_length == 32
+    lifted = load(FinetuneConfig, path, ["data.beyond_pretraining_length=true"])
     assert Finetuner(lifted, tmp_path / "b").max_length == 64
     (pretrained / "pretraining.json").rename(pretrained / "moved.json")  # an older run: its config.yaml tells
     try:
-        assert Finetuner(load_finetune_config(path), tmp_path / "c").max_length == 32
+        assert Finetuner(load(FinetuneConfig, path), tmp_path / "c").max_length == 32
     finally:
         (pretrained / "moved.json").rename(pretrained / "pretraining.json")
 
@@ -308,7 +309,7 @@ def test_bf16_finetuning_on_cpu(tmp_path: Path, pretrained: Path, number_task: d
     from roformer.train.run_dir import read_metrics
 
     path = task_config(tmp_path / "c.yaml", pretrained, number_task, epochs=1, seeds=[0], mixed_precision="bf16")
-    results = finetune(load_finetune_config(path), tmp_path / "run")
+    results = finetune(load(FinetuneConfig, path), tmp_path / "run")
     losses = [e["loss"] for e in read_metrics(tmp_path / "run" / "metrics.jsonl")
               if e["event"] == "train"]  # fmt: skip
     assert losses and all(math.isfinite(v) for v in losses)
@@ -322,7 +323,7 @@ def test_length_grouped_batches_pad_less(tmp_path: Path, pretrained: Path, numbe
 
     def padding(name: str, **data) -> float:
         path = task_config(tmp_path / f"{name}.yaml", pretrained, number_task, epochs=1, seeds=[0], log_every=1)
-        config = load_finetune_config(path, [f"data.{k}={v}" for k, v in data.items()])
+        config = load(FinetuneConfig, path, [f"data.{k}={v}" for k, v in data.items()])
         finetune(config, tmp_path / name)
         events = [e for e in read_metrics(tmp_path / name / "metrics.jsonl") if e["event"] == "train"]
         return sum(e["padding_fraction"] for e in events) / len(events)
@@ -342,10 +343,10 @@ def test_compiled_finetuning_matches_eager(tmp_path: Path, pretrained: Path, num
         return [e["loss"] for e in read_metrics(tmp_path / name / "metrics.jsonl") if e["event"] == "train"]
 
     path = task_config(tmp_path / "c.yaml", pretrained, number_task, epochs=1, seeds=[0], log_every=1)
-    eager = finetune(load_finetune_config(path), tmp_path / "eager")
+    eager = finetune(load(FinetuneConfig, path), tmp_path / "eager")
     torch._dynamo.reset()
     counters.clear()
-    compiled = finetune(load_finetune_config(path, ["train.compile=true"]), tmp_path / "compiled")
+    compiled = finetune(load(FinetuneConfig, path, ["train.compile=true"]), tmp_path / "compiled")
     # a static training graph, a dynamic-length one, an evaluation one (measured: 3 for 28 steps of 6 lengths)
     assert counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])
     assert losses("compiled") == pytest.approx(losses("eager"), rel=1e-4)

@@ -101,7 +101,8 @@ def test_hub_path(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_mnli_from_local_files_with_unlabelled_tests_and_both_dev_splits(tmp_path: Path) -> None:
     """`source: files` for MNLI: test files without labels, matched and (optionally) mismatched dev files."""
     from roformer.config import ConfigError
-    from roformer.data.glue import GlueDataConfig, load_splits
+    from roformer.data.config import GlueDataConfig
+    from roformer.data.glue import load_splits
 
     labelled = "premise,hypothesis,label\na cat sat,a cat is sitting,entailment\nit rains,it is dry,contradiction\n"
     for name in ("train", "dev_m", "dev_mm"):

@@ -25,9 +25,10 @@ from test_pretrain import interrupted_run, run_python, tiny_run_config, train_lo
 
 import roformer
 from roformer.cli import main
-from roformer.config import write_yaml
+from roformer.config import load, write_yaml
 from roformer.data.builtin import NUMBERS, generate_documents
-from roformer.train.pretrain import load_pretrain_config, pretrain
+from roformer.train.config import PretrainConfig
+from roformer.train.pretrain import pretrain
 
 pytestmark = [
     pytest.mark.gpu,
@@ -40,7 +41,7 @@ def test_mixed_precision_pretraining_on_the_gpu(precision: str, tmp_path: Path) 
     from roformer.train.pretrain import Pretrainer
 
     yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=30, lr=3e-3, eval_every=15, save_every=0)
-    config = load_pretrain_config(yaml, [f"train.mixed_precision={precision}"])
+    config = load(PretrainConfig, yaml, [f"train.mixed_precision={precision}"])
     trainer = Pretrainer(config, tmp_path / "run")
     assert trainer.engine.accelerator.device.type == "cuda"
     if precision == "fp16":  # loss scaling: a GradScaler steps (and skips overflowing steps itself)
@@ -74,11 +75,11 @@ def test_compiled_bf16_run_matches_eager(tmp_path: Path) -> None:
     from torch._dynamo.utils import counters
 
     yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=20, eval_every=10, save_every=0)
-    eager = train_losses(pretrain(load_pretrain_config(yaml, ["train.mixed_precision=bf16"]), tmp_path / "eager"))
+    eager = train_losses(pretrain(load(PretrainConfig, yaml, ["train.mixed_precision=bf16"]), tmp_path / "eager"))
     torch._dynamo.reset()
     counters.clear()
     overrides = ["train.mixed_precision=bf16", "train.compile=true"]
-    compiled = train_losses(pretrain(load_pretrain_config(yaml, overrides), tmp_path / "compiled"))
+    compiled = train_losses(pretrain(load(PretrainConfig, yaml, overrides), tmp_path / "compiled"))
     # train graph, eval graph, the last short eval chunk; a rotary table moved to the GPU may add one
     assert counters["stats"]["unique_graphs"] <= 4, dict(counters["stats"])
     for (_, a), (_, b) in zip(eager, compiled, strict=True):
@@ -89,7 +90,7 @@ def test_resumed_bf16_run_repeats_the_uninterrupted_one(tmp_path: Path, monkeypa
     """Exact where the GPU is deterministic: as exact as two uninterrupted runs agree with each other."""
     yaml = tiny_run_config(tmp_path / "c.yaml", model={"hidden_dropout": 0.1, "attention_dropout": 0.1},
                            max_steps=10, mixed_precision="bf16")  # fmt: skip
-    config = load_pretrain_config(yaml)
+    config = load(PretrainConfig, yaml)
     first = train_losses(pretrain(config, tmp_path / "first"))
     second = train_losses(pretrain(config, tmp_path / "second"))
     interrupted_run(config, tmp_path / "cut", 6, monkeypatch)

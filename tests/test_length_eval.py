@@ -11,8 +11,10 @@ from test_pretrain import run_python, tiny_run_config
 
 import roformer
 from roformer.cli import main
+from roformer.config import load
 from roformer.study.compare import compare
-from roformer.train.pretrain import load_pretrain_config, pretrain
+from roformer.train.config import PretrainConfig
+from roformer.train.pretrain import pretrain
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +24,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for encoding in ("rotary", "learned"):
         yaml = tiny_run_config(tmp / f"{encoding}.yaml", model={"position_encoding": encoding}, max_steps=4,
                                eval_every=2, save_every=0)  # fmt: skip
-        out[encoding] = pretrain(load_pretrain_config(yaml), tmp / encoding)
+        out[encoding] = pretrain(load(PretrainConfig, yaml), tmp / encoding)
     return out
 
 

@@ -9,7 +9,9 @@ from conftest import padded_batch, tiny_config
 from torch.testing import assert_close
 
 import roformer
+from roformer.data import masking
 from roformer.errors import CheckpointError
+from roformer.model.model import IGNORE_INDEX
 
 ENCODINGS = ["rotary", "sinusoidal", "learned", "none"]
 
@@ -41,14 +43,19 @@ def test_position_encodings_differ_and_none_is_permutation_equivariant() -> None
         assert equivariant == (encoding == "none"), encoding
 
 
+def test_ignore_index_is_the_data_pipelines() -> None:
+    """The model keeps its own copy (it must not import roformer.data); both are HF's -100."""
+    assert IGNORE_INDEX == masking.IGNORE_INDEX == -100
+
+
 def test_masked_only_equals_full_logits_at_masked_positions() -> None:
     model = roformer.MaskedLM(tiny_config()).eval()
     batch = padded_batch()
-    labels = batch["input_ids"].masked_fill(torch.rand(batch["input_ids"].shape) > 0.3, -100)
+    labels = batch["input_ids"].masked_fill(torch.rand(batch["input_ids"].shape) > 0.3, IGNORE_INDEX)
     with torch.no_grad():
         full = model(**batch, labels=labels)
         sparse = model(**batch, labels=labels, masked_only=True)
-    assert_close(sparse.logits, full.logits[labels != -100])
+    assert_close(sparse.logits, full.logits[labels != IGNORE_INDEX])
     assert_close(sparse.loss, full.loss)
     with pytest.raises(ValueError, match="needs labels"):
         model(**batch, masked_only=True)

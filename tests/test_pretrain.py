@@ -15,9 +15,12 @@ from safetensors.torch import load_file
 
 import roformer
 from roformer.cli import main
-from roformer.data.mlm import DataConfig, MLMBatches, PackedBlocks
+from roformer.config import load
+from roformer.data.config import DataConfig
+from roformer.data.mlm import MLMBatches, PackedBlocks
+from roformer.train.config import PretrainConfig
 from roformer.train.engine import Engine
-from roformer.train.pretrain import PretrainConfig, Pretrainer, load_pretrain_config, pretrain
+from roformer.train.pretrain import Pretrainer, pretrain
 from roformer.train.run_dir import read_metrics
 
 TINY_MODEL = dict(
@@ -79,7 +82,7 @@ def run_python(args: list[str]) -> subprocess.CompletedProcess:
 
 
 def test_tiny_run_end_to_end(tmp_path: Path) -> None:
-    config = load_pretrain_config(
+    config = load(PretrainConfig,
         tiny_run_config(tmp_path / "c.yaml", max_steps=30, eval_every=10, save_every=10, lr=3e-3)
     )
     run = pretrain(config, tmp_path / "run")
@@ -110,7 +113,7 @@ def test_tiny_run_end_to_end(tmp_path: Path) -> None:
 def test_resume_reproduces_the_uninterrupted_losses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # dropout on, so the per-step RNG (dropout masks) must be restored too
     yaml = tiny_run_config(tmp_path / "c.yaml", model={"hidden_dropout": 0.1, "attention_dropout": 0.1}, max_steps=10)
-    config = load_pretrain_config(yaml)
+    config = load(PretrainConfig, yaml)
     reference = train_losses(pretrain(config, tmp_path / "full"))
 
     interrupted_run(config, tmp_path / "cut", 6, monkeypatch)
@@ -128,8 +131,8 @@ def test_resume_reproduces_the_uninterrupted_losses(tmp_path: Path, monkeypatch:
 
 
 def test_grad_accum_equals_a_larger_batch(tmp_path: Path) -> None:
-    one = load_pretrain_config(tiny_run_config(tmp_path / "a.yaml", max_steps=3, batch_size=8))
-    two = load_pretrain_config(tiny_run_config(tmp_path / "b.yaml", max_steps=3, batch_size=4, grad_accum=2))
+    one = load(PretrainConfig, tiny_run_config(tmp_path / "a.yaml", max_steps=3, batch_size=8))
+    two = load(PretrainConfig, tiny_run_config(tmp_path / "b.yaml", max_steps=3, batch_size=4, grad_accum=2))
     a, b = pretrain(one, tmp_path / "a"), pretrain(two, tmp_path / "b")
     for (sa, la), (sb, lb) in zip(train_losses(a), train_losses(b), strict=True):
         assert sa == sb and la == pytest.approx(lb, rel=1e-5)
@@ -141,7 +144,7 @@ def test_grad_accum_equals_a_larger_batch(tmp_path: Path) -> None:
 def test_two_cpu_processes_match_one(tmp_path: Path) -> None:
     """accelerate launch with 2 CPU processes (gloo, configs/accelerate/multi-cpu.yaml), batch 4 each == one with 8."""
     yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=1, save_every=0, eval_every=0)
-    single = pretrain(load_pretrain_config(yaml, ["train.batch_size=8"]), tmp_path / "one")
+    single = pretrain(load(PretrainConfig, yaml, ["train.batch_size=8"]), tmp_path / "one")
     launcher = REPO / "configs" / "accelerate" / "multi-cpu.yaml"
     out = str(tmp_path / "two")
     done = run_python(["-m", "accelerate.commands.launch", "--config_file", str(launcher), "-m", "roformer", "pretrain",
@@ -180,12 +183,12 @@ def test_step_batches_split_one_global_batch() -> None:
 def test_tensorboard_tracker(tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
     yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2, report_to=["tensorboard"])
-    run = pretrain(load_pretrain_config(yaml), tmp_path / "run")
+    run = pretrain(load(PretrainConfig, yaml), tmp_path / "run")
     assert list(run.rglob("events.out.tfevents.*"))
 
 
 def test_shipped_tiny_config_resolves() -> None:
-    config = load_pretrain_config(REPO / "configs" / "pretrain" / "roformer-tiny.yaml")
+    config = load(PretrainConfig, REPO / "configs" / "pretrain" / "roformer-tiny.yaml")
     assert isinstance(config, PretrainConfig)
     assert config.model.position_encoding == "rotary" and config.data.source == "builtin"
 
@@ -260,7 +263,7 @@ def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> N
 
 
 def test_metrics_are_json_lines(tmp_path: Path) -> None:
-    run = pretrain(load_pretrain_config(tiny_run_config(tmp_path / "c.yaml", max_steps=2)), tmp_path / "run")
+    run = pretrain(load(PretrainConfig, tiny_run_config(tmp_path / "c.yaml", max_steps=2)), tmp_path / "run")
     for line in (run / "metrics.jsonl").read_text().splitlines():
         assert isinstance(json.loads(line), dict)
 
@@ -289,7 +292,7 @@ def test_builtin_corpus_needs_positions(tmp_path: Path) -> None:
             eval_every=0,
             save_every=0,
         )
-        results[encoding] = final_eval(pretrain(load_pretrain_config(yaml), tmp_path / encoding))
+        results[encoding] = final_eval(pretrain(load(PretrainConfig, yaml), tmp_path / encoding))
     assert results["none"]["eval_loss"] > results["rotary"]["eval_loss"] + 0.15, results
     assert results["rotary"]["eval_accuracy"] > results["none"]["eval_accuracy"], results
 
@@ -312,7 +315,7 @@ def test_gutenberg_run(tmp_path: Path, shared_data: Path, capsys: pytest.Capture
         save_every=0,
         log_every=5,
     )
-    run = pretrain(load_pretrain_config(yaml), tmp_path / "run")
+    run = pretrain(load(PretrainConfig, yaml), tmp_path / "run")
     losses = [loss for _, loss in train_losses(run)]
     assert losses[-1] < losses[0] - 0.5, losses
     assert roformer.load(run / "final").config.vocab_size == 4000
@@ -320,8 +323,8 @@ def test_gutenberg_run(tmp_path: Path, shared_data: Path, capsys: pytest.Capture
 
 def test_bf16_autocast_run(tmp_path: Path) -> None:
     yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=4)
-    fp32 = train_losses(pretrain(load_pretrain_config(yaml), tmp_path / "fp32"))
-    bf16 = train_losses(pretrain(load_pretrain_config(yaml, ["train.mixed_precision=bf16"]), tmp_path / "bf16"))
+    fp32 = train_losses(pretrain(load(PretrainConfig, yaml), tmp_path / "fp32"))
+    bf16 = train_losses(pretrain(load(PretrainConfig, yaml, ["train.mixed_precision=bf16"]), tmp_path / "bf16"))
     for (_, a), (_, b) in zip(fp32, bf16, strict=True):
         assert b == pytest.approx(a, abs=0.05)
 
@@ -332,10 +335,10 @@ def test_compiled_run_matches_eager(tmp_path: Path) -> None:
     from torch._dynamo.utils import counters
 
     yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=20, eval_every=10, save_every=0)
-    eager = train_losses(pretrain(load_pretrain_config(yaml), tmp_path / "eager"))
+    eager = train_losses(pretrain(load(PretrainConfig, yaml), tmp_path / "eager"))
     torch._dynamo.reset()
     counters.clear()
-    compiled = train_losses(pretrain(load_pretrain_config(yaml, ["train.compile=true"]), tmp_path / "compiled"))
+    compiled = train_losses(pretrain(load(PretrainConfig, yaml, ["train.compile=true"]), tmp_path / "compiled"))
     # one training graph, one evaluation graph (no_grad) and its last, shorter chunk: nothing per step
     assert counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])
     for (_, a), (_, b) in zip(eager, compiled, strict=True):
@@ -352,7 +355,7 @@ def test_compiled_run_resumes_exactly(tmp_path: Path, monkeypatch: pytest.Monkey
     """
     yaml = tiny_run_config(tmp_path / "c.yaml", model={"hidden_dropout": 0.1}, max_steps=10, compile=True,
                            deterministic=True)  # fmt: skip
-    config = load_pretrain_config(yaml)
+    config = load(PretrainConfig, yaml)
     try:
         torch._dynamo.reset()
         reference = train_losses(pretrain(config, tmp_path / "full"))
@@ -379,7 +382,7 @@ def test_pretrain_script_entry(tmp_path: Path) -> None:
 
 def test_whole_word_masking_run(tmp_path: Path) -> None:
     yaml = tiny_run_config(tmp_path / "c.yaml", data={"whole_word_mask": True, "vocab_size": 120}, max_steps=3)
-    trainer = Pretrainer(load_pretrain_config(yaml), tmp_path / "run")
+    trainer = Pretrainer(load(PretrainConfig, yaml), tmp_path / "run")
     ids, labels = trainer.batches.step(0)
     table = roformer.data.masking.continuation_table(trainer.data.tokenizer)
     selected, cont = labels != -100, table[trainer.batches.source.blocks_of(0)]
@@ -394,7 +397,7 @@ def test_quickstart_recipe_quality(tmp_path: Path) -> None:
 
     Measured: final eval loss 3.72 / masked-token accuracy 36% (seeds 0 and 1); BERT-sinusoidal ends at 4.64.
     """
-    config = load_pretrain_config(REPO / "configs" / "pretrain" / "roformer-tiny.yaml", ["train.progress=false"])
+    config = load(PretrainConfig, REPO / "configs" / "pretrain" / "roformer-tiny.yaml", ["train.progress=false"])
     final = final_eval(pretrain(config, tmp_path / "run"))
     assert final["eval_loss"] < 3.9 and final["eval_accuracy"] > 0.3, final
 
@@ -409,7 +412,7 @@ def test_resume_refuses_a_changed_learning_rate_or_compile(tmp_path: Path, capsy
 
 
 def test_resume_without_a_checkpoint_drops_the_lost_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    config = load_pretrain_config(tiny_run_config(tmp_path / "c.yaml", max_steps=6, save_every=4))
+    config = load(PretrainConfig, tiny_run_config(tmp_path / "c.yaml", max_steps=6, save_every=4))
     reference = train_losses(pretrain(config, tmp_path / "full"))
     interrupted_run(config, tmp_path / "cut", 3, monkeypatch)  # killed before the first checkpoint
     assert len(train_losses(tmp_path / "cut")) == 3
@@ -423,7 +426,7 @@ def test_only_the_main_process_trains_the_tokenizer(tmp_path: Path, monkeypatch:
     from roformer.data.tokenizer import tokenizer_to_json, vocab_hash
     from roformer.train import pretrain as pretrain_module
 
-    config = load_pretrain_config(tiny_run_config(tmp_path / "c.yaml", data={"cache": False}))
+    config = load(PretrainConfig, tiny_run_config(tmp_path / "c.yaml", data={"cache": False}))
     on_main = pretrain_module.build_data(config)
     sent = tokenizer_to_json(on_main.tokenizer)
 
@@ -444,10 +447,10 @@ def test_vocabulary_hash_is_recorded_pinned_and_checked_on_resume(
     from roformer.data.tokenizer import load_tokenizer, vocab_hash
 
     yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2, save_every=1)
-    run = pretrain(load_pretrain_config(yaml), tmp_path / "run")
+    run = pretrain(load(PretrainConfig, yaml), tmp_path / "run")
     recorded = roformer.config.read_yaml(run / "config.yaml")["data"]["vocab_hash"]
     assert recorded == vocab_hash(load_tokenizer(run / "tokenizer")) and len(recorded) == 16
-    assert Pretrainer(load_pretrain_config(yaml, [f"data.vocab_hash={recorded}"]), tmp_path / "same").data
+    assert Pretrainer(load(PretrainConfig, yaml, [f"data.vocab_hash={recorded}"]), tmp_path / "same").data
     code, err = run_cli(["--config", str(yaml), "--output-dir", str(tmp_path / "x"), "--set", "data.vocab_hash=beef"],
                         capsys)  # fmt: skip
     assert code == 2 and "data.vocab_hash" in err and not (tmp_path / "x").exists()
@@ -458,12 +461,12 @@ def test_vocabulary_hash_is_recorded_pinned_and_checked_on_resume(
 
 def test_continued_pretraining_from_a_model_with_position_interpolation(tmp_path: Path, capsys) -> None:
     """init: the first run's final/ starts the second, at 2x the length with rope_scaling linear x2."""
-    first = pretrain(load_pretrain_config(tiny_run_config(tmp_path / "a.yaml", max_steps=4)), tmp_path / "a")
+    first = pretrain(load(PretrainConfig, tiny_run_config(tmp_path / "a.yaml", max_steps=4)), tmp_path / "a")
     start = roformer.load(first / "final")
     yaml = tiny_run_config(tmp_path / "b.yaml", data={"max_seq_len": 64}, max_steps=2, eval_every=1, save_every=0,
                            lr=1e-9)  # fmt: skip
     overrides = [f"init={first / 'final'}", "model.rope_scaling={type: linear, factor: 2}"]
-    config = load_pretrain_config(yaml, overrides)
+    config = load(PretrainConfig, yaml, overrides)
     assert config.data.tokenizer == str(first / "final")  # the init model's tokenizer
     second = pretrain(config, tmp_path / "b")
     continued = roformer.load(second / "final")

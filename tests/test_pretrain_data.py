@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from roformer.config import from_dict
-from roformer.data.mlm import DataConfig
+from roformer.data.config import DataConfig
 from roformer.data.packing import split_documents
 from roformer.data.store import build_mlm_data
 from roformer.data.tokenizer import save_tokenizer
@@ -132,8 +132,8 @@ def test_hub_revision_reaches_datasets_and_the_cache_key(
 ) -> None:
     import datasets
 
+    from roformer.data.config import DataConfig
     from roformer.data.corpus import load_documents
-    from roformer.data.mlm import DataConfig
     from roformer.data.store import data_fingerprint
 
     asked = {}

@@ -9,11 +9,13 @@ import pytest
 import torch
 from test_pretrain import interrupted_run, tiny_run_config, train_losses
 
+from roformer.config import load
 from roformer.data.builtin import generate_documents
 from roformer.data.packing import pack_blocks, tokenize_documents
 from roformer.data.streaming import StreamPacker, shuffled
 from roformer.data.tokenizer import train_tokenizer
-from roformer.train.pretrain import load_pretrain_config, pretrain
+from roformer.train.config import PretrainConfig
+from roformer.train.pretrain import pretrain
 
 
 def test_shuffle_buffer_is_a_seeded_permutation() -> None:
@@ -64,7 +66,7 @@ def stream_config(tmp_path: Path, **train) -> Path:
 
 def test_streaming_run_resumes_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     yaml = stream_config(tmp_path, max_steps=10, model={"hidden_dropout": 0.1})
-    config = load_pretrain_config(yaml)
+    config = load(PretrainConfig, yaml)
     reference = train_losses(pretrain(config, tmp_path / "full"))
     assert reference[-1][1] < reference[0][1]
     interrupted_run(config, tmp_path / "cut", 6, monkeypatch)
@@ -76,12 +78,12 @@ def test_streaming_config_errors(tmp_path: Path) -> None:
     from roformer.errors import ConfigError, UserError
 
     with pytest.raises(ConfigError, match="streaming"):
-        load_pretrain_config(tiny_run_config(tmp_path / "c.yaml", data={"streaming": True}))
+        load(PretrainConfig, tiny_run_config(tmp_path / "c.yaml", data={"streaming": True}))
     one_document = tmp_path / "one.txt"
     one_document.write_text("a single paragraph of text\n")
     data = {"source": "text", "paths": [str(one_document)], "streaming": True}
     with pytest.raises(UserError, match="all taken for validation"):
-        pretrain(load_pretrain_config(tiny_run_config(tmp_path / "d.yaml", data=data)), tmp_path / "run")
+        pretrain(load(PretrainConfig, tiny_run_config(tmp_path / "d.yaml", data=data)), tmp_path / "run")
     assert not (tmp_path / "run").exists()
 
 
@@ -108,7 +110,7 @@ def test_hub_source_streams_through_datasets(tmp_path: Path, monkeypatch: pytest
         "stream_validation_documents": 10,
         "cache": False,
     }
-    run = pretrain(load_pretrain_config(tiny_run_config(tmp_path / "c.yaml", data=data, max_steps=3)), tmp_path / "r")
+    run = pretrain(load(PretrainConfig, tiny_run_config(tmp_path / "c.yaml", data=data, max_steps=3)), tmp_path / "r")
     assert calls and all(c == ("someone/corpus", "en", "train", True) for c in calls)
     assert len(train_losses(run)) == 3
 

@@ -106,7 +106,7 @@ def test_hub_sources_feed_the_same_store_builder(tmp_path: Path, monkeypatch) ->
     """A downloaded hub split streams from its Arrow table into the store (no list of all documents)."""
     import datasets
 
-    from roformer.data.mlm import DataConfig
+    from roformer.data.config import DataConfig
     from roformer.data.store import build_mlm_data
 
     rows = [{"text": d} for d in generate_documents(200, seed=8)] + [{"text": ""}]

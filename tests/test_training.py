@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -48,11 +50,17 @@ def test_schedules(schedule: str) -> None:
         lr_multiplier(0, 1, 10, "step")
 
 
+def save_checkpoint(manager: CheckpointManager, step: int, write: Callable[[Path], object]) -> Path:
+    """Write a checkpoint as the engine does: begin, fill the hidden directory, commit."""
+    write(manager.begin(step))
+    return manager.commit(step)
+
+
 def test_checkpoints_keep_last_k(tmp_path) -> None:
     manager = CheckpointManager(tmp_path / "checkpoints", keep=2)
     assert manager.latest() is None
     for step in (10, 20, 30):
-        manager.save(step, lambda d, s=step: (d / "state.json").write_text(json.dumps({"step": s})))
+        save_checkpoint(manager, step, lambda d, s=step: (d / "state.json").write_text(json.dumps({"step": s})))
     assert [s for s, _ in manager.complete()] == [20, 30]
     step, path = manager.latest()
     assert step == 30 and json.loads((path / "state.json").read_text()) == {"step": 30}
@@ -61,7 +69,7 @@ def test_checkpoints_keep_last_k(tmp_path) -> None:
 def test_killed_checkpoint_write_is_ignored(tmp_path) -> None:
     """A process killed while writing a checkpoint leaves nothing that `latest()` picks up."""
     directory = tmp_path / "checkpoints"
-    CheckpointManager(directory).save(10, lambda d: (d / "state.json").write_text("{}"))
+    save_checkpoint(CheckpointManager(directory), 10, lambda d: (d / "state.json").write_text("{}"))
     script = textwrap.dedent(f"""
         import os, signal, time
         from pathlib import Path
@@ -69,7 +77,9 @@ def test_killed_checkpoint_write_is_ignored(tmp_path) -> None:
         def write(d: Path) -> None:
             (d / "part1").write_text("x")
             os.kill(os.getpid(), signal.SIGKILL)
-        CheckpointManager({str(directory)!r}).save(20, write)
+        manager = CheckpointManager({str(directory)!r})
+        write(manager.begin(20))
+        manager.commit(20)
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True)
     assert result.returncode == -signal.SIGKILL
@@ -78,7 +88,7 @@ def test_killed_checkpoint_write_is_ignored(tmp_path) -> None:
     assert manager.latest()[0] == 10  # ... and ignored
     (directory / "step-30").mkdir()  # a directory without the completion marker is ignored too
     assert manager.latest()[0] == 10
-    manager.save(40, lambda d: None)
+    save_checkpoint(manager, 40, lambda d: None)
     assert not (directory / ".tmp-step-20").exists() and manager.latest()[0] == 40
 
 
@@ -136,7 +146,7 @@ def test_sharded_mlm_eval_runs_equal_forwards_and_matches_one_process() -> None:
 
 def test_launcher_settings_that_contradict_the_train_section_are_refused() -> None:
     """accelerate lets a launcher's gradient_accumulation_steps (and DeepSpeed clipping) win silently."""
-    from roformer.train.args import TrainConfig
+    from roformer.train.config import TrainConfig
     from roformer.train.launch import check_launcher_settings
 
     args = TrainConfig(grad_accum=8, max_grad_norm=1.0)
@@ -154,7 +164,7 @@ def test_launcher_settings_that_contradict_the_train_section_are_refused() -> No
 
 def test_deepspeed_auto_values_come_from_the_train_section() -> None:
     """No dataloader goes through prepare, so DeepSpeed's `auto` micro-batch must be filled by us."""
-    from roformer.train.args import TrainConfig
+    from roformer.train.config import TrainConfig
     from roformer.train.launch import fill_deepspeed_config
 
     config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "zero_optimization": {}}
@@ -167,7 +177,7 @@ def test_deepspeed_auto_values_come_from_the_train_section() -> None:
 
 
 def test_mixed_precision_null_takes_the_launchers_value(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    from roformer.train.args import TrainConfig
+    from roformer.train.config import TrainConfig
     from roformer.train.launch import make_accelerator
 
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
@@ -187,7 +197,7 @@ def test_eval_sums_avoid_float64_on_mps() -> None:
 @pytest.mark.parametrize("guard", [True, False])
 def test_a_non_finite_gradient_skips_the_update_only_when_guarded(guard: bool, tmp_path) -> None:
     """The engine guards every precision but fp16, whose loss scaler skips such steps itself (not twice)."""
-    from roformer.train.args import TrainConfig
+    from roformer.train.config import TrainConfig
     from roformer.train.launch import make_accelerator
     from roformer.train.optim import finish_micro_step, make_optimizer
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from roformer.data.builtin import generate_documents
-from roformer.data.mlm import DataConfig
+from roformer.data.config import DataConfig
 from roformer.data.packing import split_documents
 from roformer.data.text import expand_paths, read_documents
 from roformer.errors import UserError

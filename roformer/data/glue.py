@@ -1,5 +1,6 @@
-"""GLUE data for fine-tuning: the `data:` section, the task's splits, tokenized examples and padded batches.
+"""GLUE data for fine-tuning: the task's splits, tokenized examples and padded batches.
 
+The `data:` section is roformer.data.config.GlueDataConfig.
 Task metadata and the readers of the three sources (official TSV layout, hub, local files) are in
 roformer.data.glue_tasks; the official metrics in roformer.data.glue_metrics.
 """
@@ -7,77 +8,13 @@ roformer.data.glue_tasks; the official metrics in roformer.data.glue_metrics.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-from roformer.config import check_types
+from roformer.data.config import GlueDataConfig
 from roformer.data.glue_tasks import Example, get_task, read_files, read_glue_dir, read_hub
-from roformer.errors import ConfigError, UserError
-
-
-@dataclass
-class GlueDataConfig:
-    """Where the task's examples come from.
-
-    Attributes:
-        task: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte or wnli.
-        source: `glue_dir` (official TSV layout), `hub` (datasets) or `files` (local csv/tsv/json/jsonl).
-        glue_dir: The GLUE directory (holding CoLA/, SST-2/, ...); relative to the config file.
-        hub_name: The hub dataset for `hub`.
-        train_file: `files`: the training file (text columns named as on the hub, e.g. sentence1/sentence2).
-        validation_file: `files`: the dev file.
-        test_file: `files`: an unlabelled test file (optional).
-        validation_mismatched_file: `files`, MNLI: the mismatched dev file (optional; `validation_file` is matched).
-        test_mismatched_file: `files`, MNLI: the mismatched test file (optional).
-        text_columns: `files`: the text column names, if not the hub's.
-        label_column: `files`: the label column (names or ids).
-        pad_to_multiple_of: Batches are padded to their longest example rounded up to this (8: what tensor cores and
-            the fused attention kernels want; fewer distinct shapes for torch.compile). 1 = no rounding.
-        group_by_length: Training batches of similar-length examples (windows of 50 global batches sorted by length,
-            batch order shuffled): less padding, a little less randomness. Off by default, as in HF.
-        max_length: Tokens per example (pair) including specials. Capped at the length the model was pretrained
-            at when its directory records it (position rows or angles beyond it were never trained; the learned
-            arm's table rows past it are random) and by a learned position table.
-        beyond_pretraining_length: Lift the first cap (e.g. to study rotary extrapolation in fine-tuning).
-        max_train_examples: Use only the first N training examples (quick runs).
-        max_eval_examples: Use only the first N examples of each dev/test split.
-    """
-
-    task: str = ""
-    source: Literal["glue_dir", "hub", "files"] = "glue_dir"
-    glue_dir: str | None = None
-    hub_name: str = "nyu-mll/glue"
-    train_file: str | None = None
-    validation_file: str | None = None
-    test_file: str | None = None
-    validation_mismatched_file: str | None = None
-    test_mismatched_file: str | None = None
-    text_columns: list[str] | None = None
-    label_column: str = "label"
-    max_length: int = 512
-    pad_to_multiple_of: int = 8
-    group_by_length: bool = False
-    beyond_pretraining_length: bool = False
-    max_train_examples: int | None = None
-    max_eval_examples: int | None = None
-
-    def __post_init__(self) -> None:
-        check_types(self)
-        if not self.task:
-            raise ConfigError("task is required (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli)")
-        get_task(self.task)
-        if self.source == "glue_dir" and not self.glue_dir:
-            raise ConfigError("source: glue_dir needs glue_dir")
-        if self.source == "files" and not (self.train_file and self.validation_file):
-            raise ConfigError("source: files needs train_file and validation_file")
-        mismatched = self.validation_mismatched_file or self.test_mismatched_file
-        if mismatched and (self.source != "files" or len(get_task(self.task).dev) < 2):
-            raise ConfigError("validation_mismatched_file / test_mismatched_file are for MNLI with source: files")
-        if self.pad_to_multiple_of < 1:
-            raise ConfigError(f"pad_to_multiple_of must be >= 1, got {self.pad_to_multiple_of}")
-        if self.max_length < 8:
-            raise ConfigError(f"max_length must be >= 8, got {self.max_length}")
+from roformer.errors import UserError
 
 
 def load_splits(data: GlueDataConfig) -> dict[str, list[Example]]:

@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from roformer.data.config import DataConfig
 from roformer.data.corpus import open_document_stream, open_documents
-from roformer.data.mlm import DataConfig, MLMBatches, PackedBlocks, StreamedBlocks
+from roformer.data.mlm import MLMBatches, PackedBlocks, StreamedBlocks
 from roformer.data.packing import validation_mask
 from roformer.data.streaming import StreamingMLMData, StreamPacker, pack_validation, split_stream
 from roformer.data.text import expand_paths

@@ -123,7 +123,18 @@ def from_hf(
     return model.eval()
 
 
-def _load_hf(path: str, architecture: str | None, kwargs: dict[str, Any]) -> Any:
+def hf_model_config(path: str, architecture: str | None = None) -> ModelConfig:
+    """Our ModelConfig of an HF checkpoint loaded as `architecture`, from its config.json alone (no weights read).
+
+    Whether the backbone has a pooler is known only from the weights; HF BERT has one except under a masked LM.
+    """
+    hf_config, family, architecture = _read_hf_config(path, architecture)
+    has_pooler = family == "bert" and architecture != "masked_lm"
+    return _config_from_hf(hf_config, family, architecture, has_pooler=True if has_pooler else None)
+
+
+def _read_hf_config(path: str, architecture: str | None) -> tuple[Any, str, str]:
+    """(HF config, family, architecture: the checkpoint's own when None)."""
     import transformers
 
     try:
@@ -139,6 +150,13 @@ def _load_hf(path: str, architecture: str | None, kwargs: dict[str, Any]) -> Any
         architecture = known[0][1] if known else "backbone"
     if (family, architecture) not in _HF_CLASSES:
         raise CheckpointError(f"unknown architecture {architecture!r} (known: {', '.join(ARCHITECTURES)})")
+    return hf_config, family, architecture
+
+
+def _load_hf(path: str, architecture: str | None, kwargs: dict[str, Any]) -> Any:
+    import transformers
+
+    _, family, architecture = _read_hf_config(path, architecture)
     cls = getattr(transformers, _HF_CLASSES[family, architecture])
     try:
         return cls.from_pretrained(path, **kwargs)

@@ -395,9 +395,12 @@ class ModelOutput:
     """What every model returns.
 
     Attributes:
-        logits: (B, T, V) for masked LM ((N, V) for the N labelled positions with `masked_only=True`), (B, L) for
-            classification, (B, C) last hidden states for the bare backbone.
-        loss: Scalar loss when labels were given.
+        logits: Per model, with V = vocab_size, L = num_labels, C = hidden_size:
+            `MaskedLM`: (B, T, V); with `masked_only=True`, (N, V) for the N labelled positions, or for the N
+            entries of `masked_positions` when given (padding included).
+            `SequenceClassifier`: (B, L).
+            `Backbone`: (B, T, C), the last hidden states (no head).
+        loss: Scalar loss when labels were given (never for `Backbone`).
         hidden_states: Embedding output and the output of every block, each (B, T, C), on request.
     """
 
@@ -510,6 +513,9 @@ class Backbone(Model):
         return ModelOutput(logits=x, hidden_states=hidden)
 
 
+IGNORE_INDEX = -100  # labels at this value are not scored (the cross-entropy's ignore_index, as in HF)
+
+
 class MaskedLM(Model):
     """Backbone + MLM head: dense -> act -> LayerNorm -> decoder tied to the word embeddings (+ bias), as BERT."""
 
@@ -541,11 +547,11 @@ class MaskedLM(Model):
         masked_only: bool = False,
         masked_positions: Tensor | None = None,
     ) -> ModelOutput:
-        """MLM logits and, with `labels` (-100 = ignore), the mean cross-entropy over labelled positions.
+        """MLM logits and, with `labels` (IGNORE_INDEX: not scored), the mean cross-entropy over the scored ones.
 
         With `masked_only=True` the vocabulary projection runs only at labelled positions (logits (N, V)): the
         decoder is the largest matmul of a small model and ~85% of its rows would be thrown away. Their flat indices
-        into (B*T) may be given as `masked_positions` (N,), padded with positions whose label is -100 to a bucketed
+        into (B*T) may be given as `masked_positions` (N,), padded with positions labelled IGNORE_INDEX to a bucketed
         length (roformer.data.masking.masked_positions): a fixed shape, so torch.compile traces one graph where the
         boolean selection would break it at every new masked-token count.
         """
@@ -554,7 +560,7 @@ class MaskedLM(Model):
             if labels is None:
                 raise ValueError("masked_only=True needs labels")
             if masked_positions is None:
-                selected = labels != -100  # (B, T)
+                selected = labels != IGNORE_INDEX  # (B, T)
                 x, labels = x[selected], labels[selected]  # (N, C), (N,)
             else:
                 x, labels = x.flatten(0, 1)[masked_positions], labels.flatten()[masked_positions]  # (N, C), (N,)
@@ -562,7 +568,8 @@ class MaskedLM(Model):
         logits = F.linear(h, self.decoder_weight, self.decoder_bias)  # (B, T, V) or (N, V)
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100)
+            flat_logits = logits.view(-1, logits.shape[-1]).float()
+            loss = F.cross_entropy(flat_logits, labels.reshape(-1), ignore_index=IGNORE_INDEX)
         return ModelOutput(logits=logits, loss=loss, hidden_states=hidden)
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from roformer.config import check_types, from_dict, read_yaml
+from roformer.config import check_types, load, read_yaml
 from roformer.errors import ConfigError
 from roformer.files import check_output_dir
 from roformer.model.config import ModelConfig
@@ -40,8 +40,9 @@ from roformer.study.length_eval import evaluate_lengths, write_results
 from roformer.study.report import GLUE_DIR, write_report
 from roformer.study.runs import check_same_vocabulary, load_runs
 from roformer.study.suite import load_suite_config, run_suite
+from roformer.train.config import PretrainConfig
 from roformer.train.launch import process_state
-from roformer.train.pretrain import PretrainConfig, load_pretrain_config, pretrain
+from roformer.train.pretrain import pretrain
 from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, RUN_CONFIG_FILE
 
 logger = logging.getLogger(__name__)
@@ -155,11 +156,11 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tup
         ConfigError: a bad experiment or arm config, or arms that differ in more than the position encoding.
     """
     path = Path(path)
-    experiment = from_dict(ExperimentConfig, read_yaml(path), source=str(path))
+    experiment = load(ExperimentConfig, path)
     arms = {}
     for label, arm in experiment.arms.items():
         arm = arm if isinstance(arm, Arm) else Arm(config=arm)
-        config = load_pretrain_config(path.parent / arm.config, arm.set + experiment.overrides + list(overrides or []))
+        config = load(PretrainConfig, path.parent / arm.config, arm.set + experiment.overrides + list(overrides or []))
         config.label = label
         arms[label] = config
     check_controlled(arms, str(path), set(experiment.vary))
@@ -273,6 +274,3 @@ def evaluate_run_lengths(stage: LengthStage, runs: list[Path]) -> None:
 
 def _is_main_process() -> bool:
     return process_state().is_main_process
-
-
-__all__ = ["ExperimentConfig", "check_controlled", "load_experiment", "run_experiment"]

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+import roformer.config
 from roformer.data.corpus import validation_documents
 from roformer.data.mlm import eval_batch
 from roformer.data.packing import pack_blocks, tokenize_documents
@@ -30,7 +31,7 @@ from roformer.errors import UserError
 from roformer.files import atomic_write_text
 from roformer.model.config import RopeScaling
 from roformer.model.model import Model, load
-from roformer.train.args import load_pretrain_config
+from roformer.train.config import PretrainConfig
 from roformer.train.evaluate import evaluate_mlm
 from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, RUN_CONFIG_FILE, pretraining_length
 
@@ -48,7 +49,7 @@ def data_config_of(source: str | Path) -> Any:
         path = path / RUN_CONFIG_FILE
     if not path.is_file():
         raise UserError(f"{source}: neither a pretraining config nor a run directory with {RUN_CONFIG_FILE}")
-    return load_pretrain_config(path).data
+    return roformer.config.load(PretrainConfig, path).data
 
 
 SCALING_METHODS = ("none", "linear", "ntk", "yarn")

@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from roformer.config import check_types, from_dict, read_yaml
-from roformer.errors import ConfigError, UserError
-from roformer.files import atomic_write_text, check_output_dir
-from roformer.train.finetune import finetune, load_finetune_config
+from roformer.config import check_types, load
+from roformer.errors import ConfigError
+from roformer.files import atomic_write_text
+from roformer.train.config import FinetuneConfig
+from roformer.train.finetune import finetune
 from roformer.train.launch import process_state
-from roformer.train.run_dir import RESULTS_FILE, RUN_CONFIG_FILE, SUBMISSION_DIR
+from roformer.train.run_dir import RESULTS_FILE, RUN_CONFIG_FILE, SUBMISSION_DIR, RunDir
 
 
 @dataclass
@@ -41,9 +42,9 @@ def load_suite_config(path: str | Path) -> SuiteConfig:
         ConfigError: a bad suite file or task config.
     """
     path = Path(path)
-    suite = from_dict(SuiteConfig, read_yaml(path), source=str(path))
+    suite = load(SuiteConfig, path)
     for task in suite.tasks:
-        load_finetune_config(path.parent / task, suite.overrides)
+        load(FinetuneConfig, path.parent / task, suite.overrides)
     return suite
 
 
@@ -65,14 +66,12 @@ def run_suite(
     """
     path, out = Path(path), Path(output_dir)
     suite = load_suite_config(path)
-    if resume and overwrite:
-        raise UserError("--resume and --overwrite exclude each other")
-    check_output_dir(out, overwrite, resume)
-    configs = [load_finetune_config(path.parent / t, suite.overrides + list(overrides or [])) for t in suite.tasks]
+    run_dir = RunDir(out, overwrite, resume)
+    extra = suite.overrides + list(overrides or [])
+    configs = [load(FinetuneConfig, path.parent / t, extra) for t in suite.tasks]
     state = process_state()
-    if state.is_main_process and out.exists() and not resume:
-        shutil.rmtree(out)
-    state.wait_for_everyone()
+    # the suite's own record; a resume is checked task by task (each task directory holds its resolved config)
+    run_dir.prepare({"suite": str(path.resolve()), "tasks": suite.tasks, "overrides": extra}, state)
     results = {}
     for config in configs:
         task_dir = out / config.data.task

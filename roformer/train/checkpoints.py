@@ -2,21 +2,36 @@
 
 Each checkpoint's `COMPLETE` marker holds a manifest (size and sha256 of every file), so a resume verifies what it
 loads and falls back to the newest intact checkpoint when a newer one was damaged after it was written.
+
+What the engine (roformer.train.engine `save_checkpoint`) writes into `step-N`; the files down to
+scaler.pt are accelerate's `save_state` (names as of accelerate 1.15, for a single process or DDP; FSDP and
+DeepSpeed write sharded files of their own):
+
+    model.safetensors        model weights
+    optimizer.bin            optimizer state (torch.save)
+    custom_checkpoint_0.pkl  the learning-rate schedule (a LambdaLR given to `register_for_checkpointing`)
+    random_states_P.pkl      Python, NumPy, torch (and CUDA) RNG states, one file per process P
+    scaler.pt                the gradient scaler, only with fp16 mixed precision
+    trainer_state.json       RunState (step, tokens_seen, elapsed_sec, skipped_steps, bad_steps), global_batch and
+                             data_state, the task's own state: pretraining's data position ({} for in-memory blocks,
+                             the stream position when streamed), fine-tuning's best dev result so far
+    best.safetensors         fine-tuning only, once the dev set was evaluated: the best dev weights so far
+    COMPLETE                 written last: {"step", "time", "files": {relative path: [size, sha256]}}
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import re
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from roformer.errors import CheckpointError
-from roformer.train.faults import verify_manifest, write_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -85,12 +100,6 @@ class CheckpointManager:
         manifest = marker.get("files") if isinstance(marker, dict) else None
         return verify_manifest(path, manifest) if manifest else None
 
-    def save(self, step: int, write: Callable[[Path], None]) -> Path:
-        """Call `write(tmp_dir)` to fill a new checkpoint for `step`, then publish it and prune old ones."""
-        tmp = self.begin(step)
-        write(tmp)
-        return self.commit(step)
-
     def begin(self, step: int) -> Path:
         """Remove leftovers of interrupted saves and create the hidden directory a checkpoint is written into."""
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -123,3 +132,32 @@ class CheckpointManager:
     def tmp_path(self, step: int) -> Path:
         """The hidden directory the checkpoint of `step` is written into before it is published."""
         return self.directory / f".tmp-step-{step}"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Manifests: the size and sha256 of every file of a checkpoint, recorded in its COMPLETE marker
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file, read in chunks."""
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_manifest(directory: Path) -> dict[str, list[Any]]:
+    """{relative path: [size, sha256]} of every file below `directory`."""
+    files = sorted(p for p in directory.rglob("*") if p.is_file())
+    return {str(p.relative_to(directory)): [p.stat().st_size, file_digest(p)] for p in files}
+
+
+def verify_manifest(directory: Path, manifest: dict[str, list[Any]]) -> str | None:
+    """None if every file of the manifest is there with its size and checksum, else what is wrong (one phrase)."""
+    for name, (size, digest) in manifest.items():
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes, {size} were written"
+        if file_digest(path) != digest:
+            return f"{name} does not match its checksum"
+    return None

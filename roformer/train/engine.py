@@ -25,8 +25,8 @@ from typing import Any, Protocol
 import torch
 
 from roformer.errors import Diverged, Preempted, UserError, WriteFailed
-from roformer.train.args import TrainArgs
 from roformer.train.checkpoints import CheckpointManager
+from roformer.train.config import TrainArgs
 from roformer.train.faults import GracefulStop, describe_write_error, write_errors
 from roformer.train.interval import Interval, RunState, StepResult
 from roformer.train.launch import make_accelerator

@@ -1,16 +1,18 @@
-"""What lets a run survive preemption and damaged files: graceful stop on signals, checkpoint file manifests.
+"""What lets a run survive preemption and failed writes: graceful stop on signals, write-error reporting.
 
 - `GracefulStop` turns the first SIGTERM or SIGINT (what Slurm, Kubernetes and spot instances send before they kill
   a job) into a request that the training loop honours after the current optimizer step: it writes a complete
   checkpoint and stops (roformer.errors.Preempted). A second signal aborts at once; checkpoints are written into a
   hidden directory and renamed when complete, so the previous one stays intact either way.
-- `write_manifest` / `verify_manifest` record the size and sha256 of every file of a checkpoint, so that a resume
-  can tell a damaged checkpoint (truncated, overwritten) from a good one and fall back to an older one.
+- `StopAtOnce` handles the same signals outside a training loop (start-up, data preparation, the final save), where
+  there is no step to finish: the command stops at once, with the same exit code.
+- `write_errors` / `describe_write_error` catch and describe a failed write (disk full, unwritable), so that the
+  unfinished checkpoint is discarded and the previous one kept. Checkpoints damaged after they were written are
+  caught by the file manifests of roformer.train.checkpoints.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import shutil
 import signal
@@ -99,28 +101,3 @@ class StopAtOnce(_StopSignals):
         from roformer.errors import Preempted
 
         raise Preempted(f"stopped by {signal.Signals(signum).name} outside training (nothing was lost)")
-
-
-def file_digest(path: Path) -> str:
-    """sha256 of a file, read in chunks."""
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def write_manifest(directory: Path) -> dict[str, list[Any]]:
-    """{relative path: [size, sha256]} of every file below `directory`."""
-    files = sorted(p for p in directory.rglob("*") if p.is_file())
-    return {str(p.relative_to(directory)): [p.stat().st_size, file_digest(p)] for p in files}
-
-
-def verify_manifest(directory: Path, manifest: dict[str, list[Any]]) -> str | None:
-    """None if every file of the manifest is there with its size and checksum, else what is wrong (one phrase)."""
-    for name, (size, digest) in manifest.items():
-        path = directory / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if path.stat().st_size != size:
-            return f"{name} has {path.stat().st_size} bytes, {size} were written"
-        if file_digest(path) != digest:
-            return f"{name} does not match its checksum"
-    return None

@@ -36,17 +36,19 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from roformer.config import read_yaml, write_yaml
+from roformer.config import flat_config
 from roformer.data.glue import Encoded, collate, encode, load_splits, padded_length
 from roformer.data.glue_metrics import compute
 from roformer.data.glue_tasks import get_task
 from roformer.data.sampling import EpochSampler, LengthGroupedSampler, share
-from roformer.errors import UserError
-from roformer.files import atomic_write_text, check_output_dir
+from roformer.data.tokenizer import load_tokenizer
+from roformer.files import atomic_write_text
+from roformer.model.config import ModelConfig
 from roformer.model.model import Model
+from roformer.model.pretrained import load_pretrained, pretrained_config
+from roformer.train.config import FinetuneConfig
 from roformer.train.engine import Engine, RunState, to_device
 from roformer.train.evaluate import eval_chunks
-from roformer.train.finetune_config import FinetuneConfig, load_finetune_config, load_init_model, load_init_tokenizer
 from roformer.train.launch import process_state
 from roformer.train.run_dir import (
     BEST_DIR,
@@ -56,10 +58,8 @@ from roformer.train.run_dir import (
     PREDICTIONS_DIR,
     PROGRESS_DIR,
     RESULTS_FILE,
-    RUN_CONFIG_FILE,
     SUBMISSION_DIR,
-    config_differences,
-    flat_config,
+    RunDir,
     pretraining_length,
     write_model_dir,
 )
@@ -68,6 +68,8 @@ logger = logging.getLogger(__name__)
 
 RECORD_FILE = "record.json"  # .progress/<run>/: the finished run's dev metrics and best step
 BEST_WEIGHTS_FILE = "best.safetensors"  # inside a fine-tuning checkpoint: the best dev weights so far
+CANDIDATE_SCORE_FILE = "score.json"  # .candidates/lr<lr>/: the dev score of the model kept there
+CLASSIFIER = "sequence_classification"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -155,17 +157,15 @@ class Finetuner:
         self.config = config
         self.out = Path(output_dir)
         self.resume = resume
-        if resume and overwrite:
-            raise UserError("--resume and --overwrite exclude each other")
-        check_output_dir(self.out, overwrite, resume)  # before any data work
+        self.run_dir = RunDir(self.out, overwrite, resume)  # before any data work
         if resume:
-            self._check_resumable()
+            self.run_dir.check_resume(config.to_dict())
         self.task = get_task(config.data.task)
-        self.tokenizer = load_init_tokenizer(config.init)
+        self.tokenizer = load_tokenizer(Path(config.init))
         self.splits = load_splits(config.data)
-        probe = load_init_model(config.init, self.task, config.model)  # fails early on a bad init
-        self.classifier_head = probe.config.classifier_head
-        self.max_length = self._max_length(probe)
+        model_config = self.model_config()  # fails early on a bad init
+        self.classifier_head = model_config.classifier_head
+        self.max_length = self._max_length(model_config)
         self.encoded: dict[str, Encoded] = {
             name: encode(ex, self.tokenizer, self.max_length) for name, ex in self.splits.items()
         }
@@ -179,26 +179,24 @@ class Finetuner:
         pad_id, regression = self.tokenizer.pad_token_id, self.task.is_regression
         return collate(encoded, rows, pad_id, regression, self.config.data.pad_to_multiple_of, self.max_length)
 
-    def _max_length(self, model: Model) -> int:
+    def model_config(self) -> ModelConfig:
+        """The config of the task's model: the init's, with the task's labels and the `model:` overrides."""
+        return pretrained_config(self.config.init, CLASSIFIER, self.task.num_labels, **self.config.model)
+
+    def load_model(self) -> torch.nn.Module:
+        """The task's model: the init's backbone, a classifier head drawn from the torch RNG unless the init has it."""
+        return load_pretrained(self.config.init, CLASSIFIER, self.task.num_labels, **self.config.model)
+
+    def _max_length(self, model: ModelConfig) -> int:
         """data.max_length, capped at the pretraining length (unless lifted) and at a learned position table."""
         length, data = self.config.data.max_length, self.config.data
         pretrained = pretraining_length(Path(self.config.init))
         if pretrained is not None and length > pretrained and not data.beyond_pretraining_length:
             logger.info("max_length %d capped at the pretraining length %d", length, pretrained)
             length = pretrained
-        if model.config.position_encoding == "learned":
-            length = min(length, model.config.max_position_embeddings)
+        if model.position_encoding == "learned":
+            length = min(length, model.max_position_embeddings)
         return length
-
-    def _check_resumable(self) -> None:
-        saved_path = self.out / RUN_CONFIG_FILE
-        if not saved_path.is_file():
-            raise UserError(f"{self.out}: nothing to resume (no {RUN_CONFIG_FILE})")
-        allowed = ("train.progress", "train.report_to")
-        diffs = config_differences(read_yaml(saved_path), self.config.to_dict())
-        diffs = [d for d in diffs if not d.startswith(allowed)]
-        if diffs:
-            raise UserError(f"{self.out}: cannot resume with a different config ({'; '.join(diffs)})")
 
     @property
     def eval_splits(self) -> list[str]:
@@ -219,13 +217,10 @@ class Finetuner:
         state = process_state()
         if self.resume and (self.out / RESULTS_FILE).is_file():
             logger.info("%s: finished already", self.out)
+            if state.is_main_process:
+                self.clean_up()  # a publish interrupted after results.json
             return json.loads((self.out / RESULTS_FILE).read_text()) if state.is_main_process else {}
-        if state.is_main_process and not self.resume:
-            if self.out.exists():
-                shutil.rmtree(self.out)
-            self.out.mkdir(parents=True)
-            write_yaml(self.out / RUN_CONFIG_FILE, self.config.to_dict())
-        state.wait_for_everyone()
+        self.run_dir.prepare(self.config.to_dict(), state)
         runs = []
         for lr, seed in self.config.train.grid:
             record = self.progress_dir(lr, seed) / RECORD_FILE
@@ -233,7 +228,9 @@ class Finetuner:
                 runs.append(json.loads(record.read_text()))
             else:
                 runs.append(self._run_one(lr, seed))
-        results = self._summarise(runs) if state.is_main_process else {}
+        results = self.select(runs) if state.is_main_process else {}
+        if state.is_main_process:
+            self.publish(results)
         state.wait_for_everyone()
         return results
 
@@ -248,7 +245,7 @@ class Finetuner:
         progress = self.progress_dir(lr, seed)
         engine = Engine(train, self.out, seed, progress / CHECKPOINTS_DIR, self.out / METRICS_FILE, tags)
         torch.manual_seed(seed)  # the head's initialisation
-        model = load_init_model(self.config.init, self.task, self.config.model)
+        model = self.load_model()
         n = len(self.encoded["train"].ids)
         steps = train.max_steps if train.max_steps is not None else math.ceil(train.epochs * n / engine.global_batch)
         engine.setup(model, lr, steps)
@@ -326,13 +323,18 @@ class Finetuner:
     def _keep_candidate(self, model: Model, lr: float, score: float) -> None:
         """Keep the model of the best seed so far of this learning rate (at most one model per lr on disk)."""
         directory = self.out / CANDIDATES_DIR / f"lr{lr:g}"
-        marker = directory / "score.json"
+        marker = directory / CANDIDATE_SCORE_FILE
         if marker.is_file() and json.loads(marker.read_text())["score"] >= score:
             return
         write_model_dir(model, self.tokenizer, directory)
         atomic_write_text(marker, json.dumps({"score": score}))
 
-    def _summarise(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    def select(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
+        """The results of the finished runs, computed from their records alone (reads and writes nothing).
+
+        Per learning rate: every dev metric summarised over seeds; selected: the learning rate with the best mean
+        dev score of the first dev split, and its best seed.
+        """
         split = self.eval_splits[0]
         by_lr: dict[str, Any] = {}
         for lr in dict.fromkeys(r["peak_lr"] for r in runs):
@@ -344,7 +346,7 @@ class Finetuner:
         best_lr = max(by_lr, key=lambda k: by_lr[k][split]["score"]["mean"])
         candidates = [r for r in runs if f"{r['peak_lr']:g}" == best_lr]
         selected = max(candidates, key=lambda r: r["dev"][split]["score"])
-        results = {
+        return {
             "task": self.task.name,
             "label": self.config.label,
             "init": self.config.init,
@@ -356,18 +358,31 @@ class Finetuner:
             "selected": {"peak_lr": selected["peak_lr"], "seed": selected["seed"], "best_step": selected["best_step"]},
             "summary": by_lr[best_lr],
         }
-        tag = f"lr{selected['peak_lr']:g}-seed{selected['seed']}"
+
+    def publish(self, results: dict[str, Any]) -> None:
+        """Write submission/, best/ and results.json of the selected run, then drop what only a resume needed.
+
+        Safe to run again after an interruption at any point: results.json is written last but the clean-up, so a
+        resume finds the records and publishes again; every step before it can be repeated.
+        """
+        selected = results["selected"]
         submission = self.out / SUBMISSION_DIR
         submission.mkdir(exist_ok=True)
         for test in self.test_splits:
-            shutil.copy2(self.out / PREDICTIONS_DIR / tag / test.submission, submission / test.submission)
-        candidates_dir = self.out / CANDIDATES_DIR
-        (candidates_dir / f"lr{best_lr}" / "score.json").unlink()
-        (candidates_dir / f"lr{best_lr}").rename(self.out / BEST_DIR)
-        shutil.rmtree(candidates_dir)
+            source = self.out / PREDICTIONS_DIR / run_tag(selected["peak_lr"], selected["seed"]) / test.submission
+            shutil.copy2(source, submission / test.submission)
+        candidate = self.out / CANDIDATES_DIR / f"lr{selected['peak_lr']:g}"
+        if candidate.is_dir():  # not yet moved (a first publish, or one interrupted before the move)
+            (candidate / CANDIDATE_SCORE_FILE).unlink(missing_ok=True)
+            shutil.rmtree(self.out / BEST_DIR, ignore_errors=True)
+            candidate.rename(self.out / BEST_DIR)
         atomic_write_text(self.out / RESULTS_FILE, json.dumps(results, indent=2))
+        self.clean_up()
+
+    def clean_up(self) -> None:
+        """Remove the candidates and the progress records (a finished job's results.json holds what they held)."""
+        shutil.rmtree(self.out / CANDIDATES_DIR, ignore_errors=True)
         shutil.rmtree(self.out / PROGRESS_DIR, ignore_errors=True)
-        return results
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -398,6 +413,3 @@ def finetune(
 ) -> dict[str, Any]:
     """Fine-tune one GLUE task (every lr and seed); returns the results (also written to results.json)."""
     return Finetuner(config, output_dir, overwrite, resume).run()
-
-
-__all__ = ["FinetuneConfig", "Finetuner", "finetune", "load_finetune_config", "load_init_model", "load_init_tokenizer"]

@@ -13,7 +13,7 @@ import torch
 from roformer.errors import UserError
 
 if TYPE_CHECKING:
-    from roformer.train.args import TrainArgs
+    from roformer.train.config import TrainArgs
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from roformer.train.args import SCHEDULES
+from roformer.train.config import SCHEDULES
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:

@@ -13,43 +13,27 @@ batch 2B, two with B, or one with B and grad_accum 2 compute the same gradient.
 from __future__ import annotations
 
 import logging
-import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from roformer.config import read_yaml, write_yaml
+from roformer.config import flat_config, read_yaml
 from roformer.data.masking import IGNORE_INDEX, masked_positions
 from roformer.data.mlm import eval_batch
 from roformer.data.store import build_mlm_data, build_streaming_mlm_data, train_batches
 from roformer.data.tokenizer import save_tokenizer, tokenizer_from_json, tokenizer_to_json, vocab_hash
 from roformer.errors import UserError
-from roformer.files import check_output_dir
-from roformer.model.model import MaskedLM, load
-from roformer.train.args import PretrainConfig, TrainConfig, load_pretrain_config
+from roformer.model.model import MaskedLM
+from roformer.model.pretrained import load_weights_from
+from roformer.train.config import PretrainConfig
 from roformer.train.engine import Engine, RunState, to_device
 from roformer.train.evaluate import evaluate_mlm
 from roformer.train.launch import broadcast_from_main, process_state
-from roformer.train.run_dir import (
-    CHECKPOINTS_DIR,
-    FINAL_DIR,
-    METRICS_FILE,
-    RUN_CONFIG_FILE,
-    TOKENIZER_DIR,
-    config_differences,
-    flat_config,
-    write_model_dir,
-)
+from roformer.train.run_dir import CHECKPOINTS_DIR, FINAL_DIR, METRICS_FILE, TOKENIZER_DIR, RunDir, write_model_dir
 
 logger = logging.getLogger(__name__)
-
-# train fields a resumed run cannot change: the checkpoint's optimizer, schedule, RNG or compiled module fix them
-FROZEN_ON_RESUME = tuple(
-    f"train.{name}:" for name in ("lr", "compile", "schedule", "warmup_steps", "warmup_fraction", "seed")
-)
-
 
 def resolve_config(config: PretrainConfig, tokenizer: Any) -> PretrainConfig:
     """Fit the config to the tokenizer: its vocabulary size, [PAD] id and hash; no pooler (MLM trains none).
@@ -65,20 +49,6 @@ def resolve_config(config: PretrainConfig, tokenizer: Any) -> PretrainConfig:
         )
     model = replace(config.model, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, add_pooler=False)
     return replace(config, model=model, data=replace(config.data, vocab_hash=digest))
-
-
-def load_init_weights(model: MaskedLM, init: Path) -> None:
-    """Start `model` from the weights of the MaskedLM in `init` (continued pretraining).
-
-    Raises:
-        UserError: `init` is not a model directory, or its shapes differ from the configured model's.
-    """
-    source = load(init, architecture="masked_lm")
-    try:
-        model.load_state_dict(source.state_dict())
-    except RuntimeError as e:
-        first = next((line.strip() for line in str(e).splitlines() if "size mismatch" in line or "key" in line), "")
-        raise UserError(f"init: {init} does not fit the model section ({first.rstrip('.')})") from None
 
 
 def build_data(config: PretrainConfig) -> Any:
@@ -144,11 +114,7 @@ class Pretrainer:
     ) -> None:
         self.out = Path(output_dir)
         self.resume = resume
-        if resume and overwrite:
-            raise UserError("--resume and --overwrite exclude each other")
-        if resume and not (self.out / RUN_CONFIG_FILE).is_file():
-            raise UserError(f"{self.out}: nothing to resume (no {RUN_CONFIG_FILE})")
-        check_output_dir(self.out, overwrite, resume)  # before any data work
+        self.run_dir = RunDir(self.out, overwrite, resume)  # before any data work
         train = config.train
         self.engine = Engine(train, self.out, train.seed, self.out / CHECKPOINTS_DIR, self.out / METRICS_FILE)
         acc = self.engine.accelerator
@@ -162,22 +128,15 @@ class Pretrainer:
         self.eval_ids, self.eval_labels = eval_batch(self.data.validation, self.data.tokenizer, config.data)
 
     def _check_resumable(self) -> None:
-        saved = read_yaml(self.out / RUN_CONFIG_FILE)
+        """The data must give the run's tokenizer; the config may change only as RunDir's policy allows."""
+        saved = read_yaml(self.run_dir.config_file)
         new = self.config.to_dict()
         if saved.get("data", {}).get("vocab_hash") is None:  # written before hashes: the vocab.txt check below
             saved.setdefault("data", {})["vocab_hash"] = new["data"]["vocab_hash"]
-        diffs = config_differences(saved, new)
-        changed_vocab = [d for d in diffs if d.startswith("data.vocab_hash:")]
-        if changed_vocab:
-            raise UserError(f"{self.out}: the data gives a different tokenizer than the run's ({changed_vocab[0]})")
-        fixed = [d for d in diffs if not d.startswith(("train.", "label"))]
-        if fixed:
-            raise UserError(f"{self.out}: cannot resume with a different model or data config ({'; '.join(fixed)})")
-        frozen = [d for d in diffs if d.startswith(FROZEN_ON_RESUME)]
-        if frozen:  # the restored optimizer, schedule or compiled module would silently keep the old values
-            raise UserError(f"{self.out}: cannot change on resume: {'; '.join(frozen)}")
-        for diff in diffs:
-            logger.warning("resuming with a changed setting: %s", diff)
+        if saved["data"]["vocab_hash"] != new["data"]["vocab_hash"]:
+            change = f"data.vocab_hash: {saved['data']['vocab_hash']!r} -> {new['data']['vocab_hash']!r}"
+            raise UserError(f"{self.out}: the data gives a different tokenizer than the run's ({change})")
+        self.run_dir.check_resume(new, saved)
         saved_tokenizer = self.out / TOKENIZER_DIR / "vocab.txt"
         vocab = self.data.tokenizer.get_vocab()
         if saved_tokenizer.is_file():
@@ -189,14 +148,10 @@ class Pretrainer:
 
     def prepare_run_dir(self) -> None:
         """Write config.yaml and the tokenizer (fresh runs; an --overwrite run first clears the directory)."""
-        acc = self.engine.accelerator
-        if acc.is_main_process and not self.resume:
-            if self.out.exists():
-                shutil.rmtree(self.out)
-            self.out.mkdir(parents=True)
-            write_yaml(self.out / RUN_CONFIG_FILE, self.config.to_dict())
-            save_tokenizer(self.data.tokenizer, self.out / TOKENIZER_DIR)
-        acc.wait_for_everyone()
+        def write_tokenizer(run: Path) -> None:
+            save_tokenizer(self.data.tokenizer, run / TOKENIZER_DIR)
+
+        self.run_dir.prepare(self.config.to_dict(), self.engine.accelerator, write_more=write_tokenizer)
 
     def build_model(self) -> None:
         """The initial model (seeded: the same seed gives every arm the same weights where shapes agree), prepared."""
@@ -204,7 +159,7 @@ class Pretrainer:
         torch.manual_seed(train.seed)
         model = MaskedLM(self.config.model)
         if self.config.init:
-            load_init_weights(model, Path(self.config.init))
+            load_weights_from(model, self.config.init)
         self.num_parameters = model.num_parameters()
         self.engine.setup(model, train.lr, train.max_steps)
 
@@ -281,13 +236,3 @@ def pretrain(config: PretrainConfig, output_dir: str | Path, resume: bool = Fals
         UserError: bad data, an occupied run directory, nothing to resume, a run that cannot be resumed.
     """
     return Pretrainer(config, output_dir, resume=resume, overwrite=overwrite).run()
-
-
-__all__ = [
-    "PretrainConfig",
-    "Pretrainer",
-    "TrainConfig",
-    "evaluate_mlm",
-    "load_pretrain_config",
-    "pretrain",
-]

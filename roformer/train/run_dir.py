@@ -1,5 +1,7 @@
-"""Run directories: every file name in one place, the metrics log, and the model + tokenizer writer.
+"""Run directories: their lifecycle, every file name in one place, the metrics log, the model + tokenizer writer.
 
+`RunDir` is the lifecycle of every recipe's directory: checked before any work, created fresh, cleared on
+`--overwrite`, or resumed under one policy (RESUME_MAY_CHANGE) for pretraining and fine-tuning alike.
 Written by `roformer pretrain` and `roformer finetune` (through the engine), read by `roformer compare`,
 `experiment` and `eval-mlm`. Imports no torch, so reporting on finished runs stays light.
 
@@ -14,13 +16,18 @@ Written by `roformer pretrain` and `roformer finetune` (through the engine), rea
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from roformer.config import config_differences, read_yaml, write_yaml
 from roformer.data.tokenizer import save_tokenizer
 from roformer.errors import UserError
-from roformer.files import atomic_write_text, staged_output_dir
+from roformer.files import atomic_write_text, check_output_dir, staged_output_dir
+
+logger = logging.getLogger(__name__)
 
 RUN_CONFIG_FILE = "config.yaml"  # the fully resolved config of a run (a model directory has model.yaml instead)
 METRICS_FILE = "metrics.jsonl"
@@ -36,6 +43,85 @@ CANDIDATES_DIR = ".candidates"  # fine-tuning: the best model so far of each lea
 PROGRESS_DIR = ".progress"  # fine-tuning: finished runs' records and the running one's checkpoints (for --resume)
 PRETRAINING_FILE = "pretraining.json"  # in a pretrained model directory: the block length and vocabulary it saw
 LENGTH_FILE = "length_extrapolation.json"  # written by roformer eval-mlm next to a run's final/
+
+
+# What a resumed run may change in its config.yaml: one policy for every recipe. A resume continues the computation
+# the checkpoint holds (weights, optimizer, schedule, data order, masks, RNG), so any field that enters it is refused;
+# fields that only watch or keep the run, or say where it ends, may change (logged as a warning).
+RESUME_MAY_CHANGE = (
+    "label", "train.progress", "train.report_to", "train.log_every", "train.eval_every", "train.eval_batch_size",
+    "train.save_every", "train.keep_checkpoints", "train.max_bad_steps", "train.max_steps", "train.epochs",
+    "data.num_proc", "data.cache_dir",
+)  # fmt: skip
+RESUME_UNLOGGED = ("train.progress", "train.report_to")  # display only: not worth a warning
+
+
+class RunDir:
+    """A run directory's lifecycle: checked before any work, then created fresh, cleared and recreated, or resumed.
+
+    Args:
+        path: The run directory.
+        overwrite: Replace a non-empty directory (`--overwrite`).
+        resume: Continue what the directory holds (`--resume`); its config.yaml must exist.
+
+    Raises:
+        UserError: both flags, nothing to resume, or a directory that cannot be used (roformer.files).
+    """
+
+    def __init__(self, path: str | Path, overwrite: bool = False, resume: bool = False) -> None:
+        self.path, self.resume = Path(path), resume
+        if resume and overwrite:
+            raise UserError("--resume and --overwrite exclude each other")
+        if resume and not self.config_file.is_file():
+            raise UserError(f"{self.path}: nothing to resume (no {RUN_CONFIG_FILE})")
+        check_output_dir(self.path, overwrite, resume)
+
+    @property
+    def config_file(self) -> Path:
+        """The run's config.yaml."""
+        return self.path / RUN_CONFIG_FILE
+
+    def check_resume(self, config: dict[str, Any], saved: dict[str, Any] | None = None) -> None:
+        """Refuse a resume whose config differs from the saved one outside RESUME_MAY_CHANGE; warn about the rest.
+
+        Args:
+            config: The resumed run's resolved config (`to_dict()`).
+            saved: The saved config, if the recipe has already read (and completed) it; None reads config.yaml.
+
+        Raises:
+            UserError: naming the first field that may not change, its two values, and what may change.
+        """
+        diffs = config_differences(read_yaml(self.config_file) if saved is None else saved, config)
+        refused = [key for key in diffs if not key.startswith(RESUME_MAY_CHANGE)]
+        if refused:
+            key = refused[0]
+            old, new = diffs[key]
+            raise UserError(
+                f"{self.path}: cannot resume with a changed {key} ({old!r} -> {new!r}): a resume may change only "
+                f"{', '.join(RESUME_MAY_CHANGE)}"
+            )
+        for key, (old, new) in diffs.items():
+            if not key.startswith(RESUME_UNLOGGED):
+                logger.warning("resuming with a changed setting: %s: %r -> %r", key, old, new)
+
+    def prepare(self, config: dict[str, Any], process: Any, write_more: Callable[[Path], None] | None = None) -> None:
+        """Start a fresh run's directory: clear it, create it, write config.yaml and `write_more(path)`.
+
+        A resumed run's directory is left as it is. The main process writes; every process waits for it.
+
+        Args:
+            config: The resolved config to record.
+            process: What knows the process layout (accelerate's `PartialState` or `Accelerator`).
+            write_more: Further files of a fresh run (e.g. the tokenizer), written before the others go on.
+        """
+        if not self.resume and process.is_main_process:
+            if self.path.exists():
+                shutil.rmtree(self.path)
+            self.path.mkdir(parents=True)
+            write_yaml(self.config_file, config)
+            if write_more is not None:
+                write_more(self.path)
+        process.wait_for_everyone()
 
 
 class MetricsWriter:
@@ -80,26 +166,6 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return events
 
 
-def pretraining_summary(run: Path) -> str:
-    """One line for the console at the end of `roformer pretrain`: the final evaluation, the run's pace, the model."""
-    events = read_metrics(run / METRICS_FILE)
-    evals = [e for e in events if e.get("event") == "eval"]
-    trains = [e for e in events if e.get("event") == "train"]
-    lines = []
-    if evals:
-        last = evals[-1]
-        accuracy = f", masked-token accuracy {100 * last['eval_accuracy']:.1f}%" if "eval_accuracy" in last else ""
-        lines.append(f"final eval loss {last['eval_loss']:.3f}{accuracy} at step {last['step']}")
-    if trains:
-        last = trains[-1]
-        seconds = last.get("elapsed_sec") or 0.0
-        rate = last.get("tokens_seen", 0) / seconds if seconds else 0.0
-        lines.append(f"{last['step']} steps in {seconds / 60:.1f} min, {last.get('tokens_seen', 0):,} tokens "
-                     f"({rate:,.0f} tokens/s)")  # fmt: skip
-    lines.append(f"model: {run / FINAL_DIR} (roformer.load, roformer convert --to-hf)")
-    return "pretraining finished: " + "; ".join(lines)
-
-
 def keep_metrics(path: Path, keep: Callable[[dict[str, Any]], bool]) -> None:
     """Drop the events for which `keep` is false (a resumed run writes them again), rewriting the file atomically."""
     if path.is_file():
@@ -126,31 +192,6 @@ def pretraining_length(model_dir: Path) -> int | None:
         return json.loads(record.read_text()).get("max_seq_len")
     run_config = model_dir.parent / RUN_CONFIG_FILE
     if model_dir.name == FINAL_DIR and run_config.is_file():
-        from roformer.config import read_yaml
-
         data = (read_yaml(run_config) or {}).get("data") or {}
         return data.get("max_seq_len") if isinstance(data, dict) else None
     return None
-
-
-def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """`key: old -> new` for every dotted key whose value differs between two nested configs."""
-    diffs = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            diffs += config_differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
-    return diffs
-
-
-def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Flatten a nested config for trackers (which want scalar hyperparameters)."""
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            out.update(flat_config(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value if isinstance(value, int | float | str | bool) else str(value)
-    return out

@@ -1,18 +1,19 @@
-"""Run configs: the `train:` sections (one meaning per field) and the whole pretraining config.
+"""The recipes' configs: the `train:` sections (one meaning per field) and the whole run configs.
 
 `TrainArgs` holds every field that pretraining and fine-tuning share, with one meaning in both; `TrainConfig`
 (pretraining) and `FinetuneTrainConfig` (fine-tuning) add their own fields and their own defaults. `PretrainConfig`
-is a pretraining run's `model:`, `data:` and `train:` sections (read by `roformer pretrain` and by the studies).
+(`roformer pretrain`, the studies) and `FinetuneConfig` (`roformer finetune`, `roformer glue`) are whole run
+configs, read with `roformer.config.load(PretrainConfig, path, overrides)`; the `data:` sections are in
+roformer.data.config, the `model:` section is roformer.model.config.ModelConfig.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from roformer.config import apply_overrides, check_types, from_dict, read_mapping, read_yaml, resolve_paths
-from roformer.data.mlm import DataConfig
+from roformer.config import check_types
+from roformer.data.config import DataConfig, GlueDataConfig
 from roformer.errors import ConfigError
 from roformer.model.config import ModelConfig
 
@@ -178,6 +179,9 @@ class PretrainConfig:
     followed by a short continued pretraining at a longer `data.max_seq_len`, as in Chen et al. 2023).
     """
 
+    INCLUDES: ClassVar = ("model",)  # `model:` may name a configs/model file (overrides apply on top of it)
+    PATH_KEYS: ClassVar = ("data.paths", "data.validation_paths", "data.tokenizer", "init")
+
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -205,23 +209,34 @@ class PretrainConfig:
         return {"label": self.label, **({"init": self.init} if self.init else {}), **sections}
 
 
-def load_pretrain_config(path: str | Path, overrides: list[str] | None = None) -> PretrainConfig:
-    """Read a pretraining YAML, apply `--set` overrides and resolve paths against the file's folder.
+@dataclass
+class FinetuneConfig:
+    """A fine-tuning job: `init` (the model to start from), `data`, `train`, ModelConfig overrides in `model`.
 
-    `model:` may be a mapping or the path of a model YAML (e.g. `../model/roformer-tiny.yaml`); overrides like
-    `model.hidden_size=128` apply on top of the included file.
-
-    Raises:
-        ConfigError: naming the file and key for unknown keys, wrong types and invalid values.
+    `init` is a `final/` of `roformer pretrain`, any `roformer.load`-able directory, or an HF `save_pretrained`
+    directory (converted with `from_hf`); it must hold a tokenizer. `model` changes fields such as hidden_dropout
+    or classifier_dropout (num_labels comes from the task).
     """
-    path = Path(path)
-    data = read_mapping(path, "model/data/train sections")
-    if isinstance(data.get("model"), str):
-        include = path.parent / data["model"]
-        if not include.is_file():
-            raise ConfigError(f"{path}: model: file not found: {include}")
-        model = read_yaml(include) or {}
-        data["model"] = model.get("model", model) if isinstance(model, dict) else model
-    resolve_paths(data, ["data.paths", "data.validation_paths", "data.tokenizer", "init"], path.parent)
-    apply_overrides(data, overrides or [])
-    return from_dict(PretrainConfig, data, source=str(path))
+
+    PATH_KEYS: ClassVar = ("init", "data.glue_dir", "data.train_file", "data.validation_file", "data.test_file")
+    NAME_KEYS: ClassVar = ("init",)  # an HF hub name is not a path
+
+    init: str = ""
+    data: GlueDataConfig = field(default_factory=GlueDataConfig)
+    train: FinetuneTrainConfig = field(default_factory=FinetuneTrainConfig)
+    model: dict[str, Any] = field(default_factory=dict)
+    label: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.init:
+            raise ConfigError("init is required: the model directory to fine-tune")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (YAML-ready)."""
+        return {
+            "init": self.init,
+            "label": self.label,
+            "model": dict(self.model),
+            "data": asdict(self.data),
+            "train": asdict(self.train),
+        }

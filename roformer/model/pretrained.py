@@ -1,0 +1,109 @@
+"""Starting a model for a task from pretrained weights: a roformer model directory or an HF checkpoint.
+
+Written once for every recipe: fine-tuning builds a sequence classifier with `num_labels` outputs from its `init`,
+continued pretraining starts a masked LM from one. Whatever the source holds (a backbone, a masked LM, a classifier)
+its backbone is kept; a head the source lacks is drawn from the torch RNG, so seed it first for repeatable heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from roformer.errors import CheckpointError, ConfigError, UserError
+from roformer.model.config import ModelConfig
+from roformer.model.hf import from_hf, hf_model_config
+from roformer.model.model import ARCHITECTURES, Model, load
+from roformer.model.weights import MODEL_CONFIG_FILE, WEIGHTS_FILE, read_model_config
+
+
+def is_roformer_dir(source: str | Path) -> bool:
+    """A directory written by `Model.save` (it has model.yaml)."""
+    return (Path(source) / MODEL_CONFIG_FILE).is_file()
+
+
+def pretrained_config(
+    source: str | Path, architecture: str, num_labels: int | None = None, **overrides: Any
+) -> ModelConfig:
+    """The config `load_pretrained` would give, read without loading the weights (to check a job before it trains).
+
+    Raises:
+        UserError: no model at `source`, or an override that is not a ModelConfig field or does not fit.
+    """
+    path = _check_source(source)
+    if is_roformer_dir(path):
+        if not (path / WEIGHTS_FILE).is_file():
+            raise CheckpointError(f"{path / WEIGHTS_FILE}: weights file not found")
+        config = read_model_config(path)[1]
+    else:
+        config = hf_model_config(str(source), architecture)
+    labels = {} if num_labels is None else {"num_labels": num_labels}
+    return _with(config, {**labels, **overrides})
+
+
+def load_pretrained(source: str | Path, architecture: str, num_labels: int | None = None, **overrides: Any) -> Model:
+    """A model of `architecture` whose backbone (and head, where the source has this one) comes from `source`.
+
+    Args:
+        source: A roformer model directory, an HF `save_pretrained` directory, or an HF hub name.
+        architecture: `backbone`, `masked_lm` or `sequence_classification`.
+        num_labels: Outputs of a classifier; an HF classifier saved with another count gets a fresh output layer.
+        **overrides: ModelConfig fields to change (dropout, ...); they must keep the parameter shapes.
+
+    Returns:
+        The model, in train mode.
+
+    Raises:
+        UserError: no model at `source`, an unknown override, weights that do not fit.
+    """
+    path = _check_source(source)
+    labels = {} if num_labels is None else {"num_labels": num_labels}
+    if is_roformer_dir(path):
+        return load(path, architecture=architecture, **labels, **overrides).train()
+    model = from_hf(str(source), architecture=architecture, **labels)
+    if num_labels is not None and model.config.num_labels != num_labels:  # an HF classifier saved for another task
+        model = _rebuild(model, replace(model.config, num_labels=num_labels), keep_output=False)
+    if overrides:
+        model = _rebuild(model, _with(model.config, overrides), keep_output=True)
+    return model.train()
+
+
+def load_weights_from(model: Model, source: str | Path) -> None:
+    """Copy the weights of the model of the same architecture in `source` into `model` (built from another config).
+
+    The configs may differ in what holds no parameters (dropout, rope_scaling, ...), not in shapes.
+
+    Raises:
+        UserError: no model at `source`, or its shapes differ from `model`'s.
+    """
+    pretrained = load_pretrained(source, model.architecture)
+    try:
+        model.load_state_dict(pretrained.state_dict())
+    except RuntimeError as e:
+        first = next((line.strip() for line in str(e).splitlines() if "size mismatch" in line or "key" in line), "")
+        raise UserError(f"init: {source} does not fit the model section ({first.rstrip('.')})") from None
+
+
+def _check_source(source: str | Path) -> Path:
+    """`source` as a path; a directory must hold a roformer or HF model (anything else may be a hub name)."""
+    path = Path(source)
+    if path.exists() and not is_roformer_dir(path) and not (path / "config.json").is_file():
+        raise UserError(f"{path}: no model here (neither {MODEL_CONFIG_FILE} nor an HF config.json)")
+    return path
+
+
+def _with(config: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
+    """`config` with ModelConfig `overrides` (the `model:` section of a fine-tuning config)."""
+    unknown = [k for k in overrides if k not in config.to_dict()]
+    if unknown:
+        raise ConfigError(f"model: unknown ModelConfig field '{unknown[0]}'")
+    return replace(config, **overrides)
+
+
+def _rebuild(model: Model, config: ModelConfig, keep_output: bool) -> Model:
+    """A model of the same class with `config` carrying `model`'s weights (the output layer fresh unless kept)."""
+    fresh = ARCHITECTURES[model.architecture](config)
+    state = {k: v for k, v in model.state_dict().items() if keep_output or not k.startswith("out.")}
+    fresh.load_state_dict(state, strict=False)
+    return fresh
