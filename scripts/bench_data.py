@@ -76,7 +76,8 @@ def child_build(config_path: Path) -> dict:
 def child_train(config_path: Path, out: Path) -> dict:
     """A short pretraining run reading the store; its peak RSS; then the loader alone, timed."""
     from roformer.config import load
-    from roformer.data.store import build_mlm_data, train_batches
+    from roformer.data.mlm import train_batches
+    from roformer.data.store import build_mlm_data
     from roformer.train.config import PretrainConfig
     from roformer.train.pretrain import pretrain
 

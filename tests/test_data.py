@@ -209,7 +209,7 @@ def test_jieba_words_survive_as_single_tokens(tmp_path: Path) -> None:
 
 def test_max_eval_blocks_is_a_seeded_subset_from_the_whole_validation_set() -> None:
     from roformer.data.config import DataConfig
-    from roformer.data.store import eval_subset
+    from roformer.data.packing import eval_subset
 
     blocks = torch.arange(1000).unsqueeze(1)  # block i holds i: the order of the validation documents
     config = DataConfig(max_eval_blocks=50)

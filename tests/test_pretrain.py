@@ -422,7 +422,7 @@ def test_resume_without_a_checkpoint_drops_the_lost_events(tmp_path: Path, monke
 
 def test_only_the_main_process_trains_the_tokenizer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another process gets the main process's tokenizer (no cache to share here) instead of training its own."""
-    from roformer.data import store
+    from roformer.data import tokenizer as tokenizer_module
     from roformer.data.tokenizer import tokenizer_to_json, vocab_hash
     from roformer.train import pretrain as pretrain_module
 
@@ -435,7 +435,8 @@ def test_only_the_main_process_trains_the_tokenizer(tmp_path: Path, monkeypatch:
 
     monkeypatch.setattr(pretrain_module, "process_state", OtherProcess)
     monkeypatch.setattr(pretrain_module, "broadcast_from_main", lambda value: sent if value is None else value)
-    monkeypatch.setattr(store, "train_tokenizer", lambda *a, **k: pytest.fail("a second process trained a tokenizer"))
+    second_training = lambda *a, **k: pytest.fail("a second process trained a tokenizer")  # noqa: E731
+    monkeypatch.setattr(tokenizer_module, "train_tokenizer", second_training)
     elsewhere = pretrain_module.build_data(config)
     assert vocab_hash(elsewhere.tokenizer) == vocab_hash(on_main.tokenizer)
     assert torch.equal(elsewhere.train[:], on_main.train[:]) and torch.equal(elsewhere.validation, on_main.validation)

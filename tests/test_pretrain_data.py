@@ -96,7 +96,7 @@ def test_small_corpus_and_missing_files(tmp_path) -> None:
 
 
 def test_second_build_comes_from_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import roformer.data.store as pretrain_data
+    import roformer.data.tokenizer as tokenizer_module
 
     config = DataConfig(builtin_documents=120, vocab_size=200, max_seq_len=32, cache_dir=str(tmp_path))
     first = build_mlm_data(config)
@@ -104,7 +104,7 @@ def test_second_build_comes_from_the_cache(tmp_path: Path, monkeypatch: pytest.M
     def no_training(*args, **kwargs):
         raise AssertionError("the tokenizer was trained again")
 
-    monkeypatch.setattr(pretrain_data, "train_tokenizer", no_training)
+    monkeypatch.setattr(tokenizer_module, "train_tokenizer", no_training)
     second = build_mlm_data(config)
     assert torch.equal(first.train[:], second.train[:]) and torch.equal(first.validation, second.validation)
     assert first.tokenizer.get_vocab() == second.tokenizer.get_vocab()
@@ -116,7 +116,7 @@ def test_second_build_comes_from_the_cache(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_cache_key_follows_the_input_files(tmp_path: Path) -> None:
-    from roformer.data.store import data_fingerprint
+    from roformer.data.cache import data_fingerprint
 
     corpus = tmp_path / "a.txt"
     corpus.write_text("one two three\n")
@@ -132,9 +132,9 @@ def test_hub_revision_reaches_datasets_and_the_cache_key(
 ) -> None:
     import datasets
 
+    from roformer.data.cache import data_fingerprint
     from roformer.data.config import DataConfig
     from roformer.data.corpus import load_documents
-    from roformer.data.store import data_fingerprint
 
     asked = {}
 

@@ -15,8 +15,9 @@ import torch
 
 from roformer.data.config import DataConfig
 from roformer.data.masking import continuation_table, mask_tokens
-from roformer.data.sampling import EpochSampler, share
-from roformer.data.streaming import StreamPacker
+from roformer.data.sampling import EpochSampler, global_batch_size, share
+from roformer.data.streaming import StreamingMLMData, StreamPacker
+from roformer.data.tokenizer import jieba_presegmenter
 
 
 class BlockSource(Protocol):
@@ -122,7 +123,7 @@ class MLMBatches:
         self.batch_size = batch_size
         self.num_processes = num_processes
         self.grad_accum = grad_accum
-        self.global_batch = batch_size * num_processes * grad_accum
+        self.global_batch = global_batch_size(batch_size, num_processes, grad_accum)
         if source.global_batch != self.global_batch:
             raise ValueError(f"the block source serves {source.global_batch} blocks a step, not {self.global_batch}")
         self.mask_args = mlm_mask_args(tokenizer, data)
@@ -172,3 +173,31 @@ def eval_batch(blocks: torch.Tensor, tokenizer: Any, data: DataConfig) -> tuple[
     """The validation blocks under the one fixed evaluation mask (seeded by data.eval_mask_seed)."""
     generator = torch.Generator().manual_seed(data.eval_mask_seed)
     return mask_tokens(blocks, generator=generator, **mlm_mask_args(tokenizer, data))
+
+
+def train_batches(
+    data: Any,
+    config: DataConfig,
+    seed: int,
+    batch_size: int,
+    num_processes: int = 1,
+    grad_accum: int = 1,
+) -> MLMBatches:
+    """The masked training batches of every step over the packed blocks (`data.train`), or over the stream.
+
+    Args:
+        data: The built data: roformer.data.store.MLMData or roformer.data.streaming.StreamingMLMData.
+        config: The data config (block length, masking, jieba).
+        seed: Seed of the batch order and the masks.
+        batch_size: Blocks per process per micro-batch.
+        num_processes: Processes.
+        grad_accum: Micro-batches per step.
+    """
+    global_batch = global_batch_size(batch_size, num_processes, grad_accum)
+    if isinstance(data, StreamingMLMData):
+        transform = jieba_presegmenter() if config.jieba else None
+        packer = StreamPacker(data.documents, seed, data.tokenizer, config.max_seq_len, transform)
+        source: Any = StreamedBlocks(packer, global_batch)
+    else:
+        source = PackedBlocks(data.train, global_batch, seed)
+    return MLMBatches(source, data.tokenizer, config, seed, batch_size, num_processes, grad_accum)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from roformer.data.config import DataConfig
 from roformer.errors import UserError
 
 
@@ -95,3 +96,21 @@ def split_documents(documents: Sequence[str], fraction: float, seed: int) -> tup
     """
     mask = validation_mask(len(documents), fraction, seed)
     return [d for d, v in zip(documents, mask) if not v], [d for d, v in zip(documents, mask) if v]
+
+
+def eval_indices(count: int, config: DataConfig) -> torch.Tensor:
+    """Ids of the validation blocks to evaluate: all, or `max_eval_blocks` drawn with `eval_mask_seed`, in order.
+
+    Not the first N: validation blocks follow the documents, so those would all come from the first few books.
+    """
+    limit = config.max_eval_blocks
+    if limit is None or limit >= count:
+        return torch.arange(count)
+    generator = torch.Generator().manual_seed(config.eval_mask_seed)
+    return torch.randperm(count, generator=generator)[:limit].sort().values
+
+
+def eval_subset(blocks: torch.Tensor, config: DataConfig) -> torch.Tensor:
+    """The validation blocks `eval_indices` chooses (all of them, uncopied, when there is no cap to apply)."""
+    indices = eval_indices(len(blocks), config)
+    return blocks if len(indices) == len(blocks) else blocks[indices]

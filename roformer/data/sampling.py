@@ -99,3 +99,8 @@ def share(batch: Any, micro: int, rank: int, num_processes: int, batch_size: int
     """Rows of micro-batch `micro` for process `rank`: chunk micro * processes + rank of a global batch."""
     chunk = micro * num_processes + rank
     return batch[chunk * batch_size : (chunk + 1) * batch_size]
+
+
+def global_batch_size(batch_size: int, num_processes: int, grad_accum: int) -> int:
+    """Examples per optimizer step: `batch_size` per process and micro-batch, over processes and micro-batches."""
+    return batch_size * num_processes * grad_accum

@@ -13,15 +13,26 @@ into every checkpoint; resuming re-reads the consumed documents without tokenizi
 from __future__ import annotations
 
 import itertools
+import json
+import logging
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from roformer.data.packing import pack_blocks, tokenize_documents
+from roformer.data.cache import cache_root, data_fingerprint, same_vocabulary
+from roformer.data.config import DataConfig
+from roformer.data.corpus import open_document_stream
+from roformer.data.packing import eval_subset, pack_blocks, tokenize_documents
+from roformer.data.tokenizer import jieba_presegmenter, load_tokenizer, make_tokenizer, save_tokenizer, vocab_hash
 from roformer.errors import UserError
+from roformer.files import staged_output_dir
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -155,3 +166,68 @@ def pack_validation(documents: list[str], tokenizer: Any, max_seq_len: int, tran
         return pack_blocks(ids, max_seq_len, tokenizer.cls_token_id, tokenizer.sep_token_id)
     except UserError as e:
         raise UserError(f"validation split of the stream (data.stream_validation_documents): {e}") from None
+
+
+def build_streaming_mlm_data(config: DataConfig, base: Path | None = None, tokenizer: Any = None) -> StreamingMLMData:
+    """The streaming counterpart of build_mlm_data: validation blocks and tokenizer (cached), training stream.
+
+    Raises:
+        UserError: bad paths or hub names, an empty stream, an unusable tokenizer.
+    """
+    open_stream = open_document_stream(config, base)
+    validation_docs, training = split_stream(open_stream, config.stream_validation_documents, config.shuffle_buffer)
+    if not validation_docs:
+        raise UserError(f"the streamed {config.source} corpus has no documents")
+    if next(itertools.islice(open_stream(), len(validation_docs), None), None) is None:
+        raise UserError(
+            f"the streamed corpus has only {len(validation_docs)} documents, all taken for validation "
+            "(lower data.stream_validation_documents)"
+        )
+    transform = jieba_presegmenter() if config.jieba else None
+    directory = cache_root(config) / "mlm" / data_fingerprint(config, base)
+    cached = _read_cache(directory, tokenizer) if config.cache else None
+    if cached is not None:
+        tokenizer, validation = cached
+    else:
+        given = tokenizer
+        start = len(validation_docs)
+        head = itertools.islice(open_stream(), start, start + config.tokenizer_documents)
+        tokenizer = make_tokenizer(config, base, head, transform, given)
+        validation = pack_validation(validation_docs, tokenizer, config.max_seq_len, transform)
+        if config.cache and given is None:
+            _write_cache(directory, tokenizer, validation)
+    validation = eval_subset(validation, config)
+    return StreamingMLMData(validation=validation, tokenizer=tokenizer, documents=training)
+
+
+def _read_cache(directory: Path, tokenizer: Any) -> tuple[Any, torch.Tensor] | None:
+    """(tokenizer, validation blocks) of a cache entry, or None.
+
+    None when the entry is absent, damaged, or made with another vocabulary than `tokenizer` (the main process's,
+    handed to the others).
+    """
+    if not (directory / "info.json").is_file():
+        return None
+    try:
+        cached = load_tokenizer(directory / "tokenizer")
+        validation = torch.from_numpy(np.load(directory / "validation.npy").astype(np.int64))
+    except (OSError, ValueError, UserError) as e:  # a damaged cache entry is rebuilt, not fatal
+        logger.warning("ignoring damaged data cache %s: %s", directory, e)
+        return None
+    if tokenizer is not None and not same_vocabulary(vocab_hash(cached), tokenizer):
+        return None
+    return cached, validation
+
+
+def _write_cache(directory: Path, tokenizer: Any, validation: torch.Tensor) -> None:
+    """Cache the tokenizer and the validation blocks (the entry's train.npy is empty: training streams)."""
+    dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max else np.int32
+    try:
+        with staged_output_dir(directory, overwrite=True) as staging:
+            save_tokenizer(tokenizer, staging / "tokenizer")
+            np.save(staging / "train.npy", np.zeros((0, validation.shape[1]), dtype=dtype))
+            np.save(staging / "validation.npy", validation.numpy().astype(dtype))
+            info = {"train_blocks": 0, "validation_blocks": len(validation)}
+            (staging / "info.json").write_text(json.dumps(info))
+    except OSError as e:  # a read-only or full disk costs the next run time, not this run
+        logger.warning("could not write the data cache %s: %s", directory, e)

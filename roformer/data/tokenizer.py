@@ -11,7 +11,9 @@ import hashlib
 import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
+from roformer.data.config import DataConfig
 from roformer.errors import UserError
 
 SPECIAL_TOKENS = {
@@ -214,3 +216,18 @@ def copy_tokenizer_files(source: Path, target: Path) -> list[str]:
             shutil.copy2(source / name, target / name)
             copied.append(name)
     return copied
+
+
+def make_tokenizer(
+    config: DataConfig, base: Path | None, texts: Iterable[str], transform: Any, given: Any = None
+) -> Any:
+    """The tokenizer `given` (another process's), else the configured one loaded, else one trained on `texts`."""
+    if given is not None:
+        return given
+    if config.tokenizer:
+        path = Path(config.tokenizer)
+        path = path if path.is_absolute() or base is None else base / path
+        return load_tokenizer(path, config.lowercase, split_cjk=not config.jieba)
+    if transform is not None:
+        texts = (transform(t) for t in texts)
+    return train_tokenizer(texts, config.vocab_size, config.lowercase, split_cjk=not config.jieba)

@@ -21,8 +21,9 @@ import torch
 
 from roformer.config import flat_config, read_yaml
 from roformer.data.masking import IGNORE_INDEX, masked_positions
-from roformer.data.mlm import eval_batch
-from roformer.data.store import build_mlm_data, build_streaming_mlm_data, train_batches
+from roformer.data.mlm import eval_batch, train_batches
+from roformer.data.store import build_mlm_data
+from roformer.data.streaming import build_streaming_mlm_data
 from roformer.data.tokenizer import save_tokenizer, tokenizer_from_json, tokenizer_to_json, vocab_hash
 from roformer.errors import UserError
 from roformer.model.model import MaskedLM
