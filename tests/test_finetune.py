@@ -359,3 +359,46 @@ def test_console_summary_lists_every_dev_metric(tmp_path: Path, pretrained: Path
     out = capsys.readouterr().out
     assert "sst2: dev metrics of lr 0.001 (mean ± std over 2 seed(s)" in out
     assert "  dev: accuracy " in out and "score " in out and str(tmp_path / "run" / "best") in out
+
+
+def test_a_publish_interrupted_before_results_json_is_done_again_on_resume(
+    tmp_path: Path, pretrained: Path, number_task: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed inside the publishing step (best/ moved, results.json not yet written): --resume publishes again."""
+    import roformer.train.finetune as finetune_module
+
+    config = load(FinetuneConfig, task_config(tmp_path / "c.yaml", pretrained, number_task, epochs=1, lrs=[1e-3, 2e-3]))
+    reference = finetune(config, tmp_path / "full")
+    write = finetune_module.atomic_write_text
+
+    def killed_at_results(path: Path, text: str) -> None:
+        if Path(path).name == "results.json":
+            raise KeyboardInterrupt("killed while publishing")
+        write(path, text)
+
+    monkeypatch.setattr(finetune_module, "atomic_write_text", killed_at_results)
+    with pytest.raises(KeyboardInterrupt):
+        finetune(config, tmp_path / "cut")
+    assert (tmp_path / "cut" / "best").is_dir() and not (tmp_path / "cut" / "results.json").exists()
+    monkeypatch.setattr(finetune_module, "atomic_write_text", write)
+    resumed = finetune(config, tmp_path / "cut", resume=True)
+    assert resumed["runs"] == reference["runs"] and resumed["selected"] == reference["selected"]
+    assert {p.name for p in (tmp_path / "cut").iterdir()} == {p.name for p in (tmp_path / "full").iterdir()}
+    best = [(tmp_path / run / "best" / "model.safetensors").read_bytes() for run in ("full", "cut")]
+    assert best[0] == best[1]
+
+
+def test_resume_policy_is_the_same_for_both_recipes(
+    tmp_path: Path, pretrained: Path, number_task: dict, capsys: pytest.CaptureFixture
+) -> None:
+    """One declared policy (roformer.train.run_dir.RESUME_MAY_CHANGE): what only watches or ends a run may change."""
+    yaml = task_config(tmp_path / "c.yaml", pretrained, number_task, epochs=1, seeds=[0])
+    finetune_args = ["finetune", "--config", str(yaml), "--output-dir", str(tmp_path / "ft")]
+    pre_yaml = tiny_run_config(tmp_path / "p.yaml", max_steps=2)
+    pretrain_args = ["pretrain", "--config", str(pre_yaml), "--output-dir", str(tmp_path / "pre")]
+    for args in (finetune_args, pretrain_args):
+        assert main(args) == 0, capsys.readouterr().err
+        code = main(args + ["--resume", "--set", "train.weight_decay=0.5"])  # enters every step: refused
+        err = capsys.readouterr().err
+        assert code == 2 and "train.weight_decay" in err and len(err.strip().splitlines()) == 1, err
+        assert main(args + ["--resume", "--set", "train.log_every=3", "--set", "label=renamed"]) == 0

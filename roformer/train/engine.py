@@ -1,13 +1,13 @@
 """The one training engine: accelerate set-up, the optimizer, the loop, evaluation points, checkpoints, metrics.
 
-Pretraining and fine-tuning are tasks of this engine (roformer.train.pretrain, roformer.train.finetune): a task
+Pretraining and fine-tuning are recipes of this engine (roformer.train.pretrain, roformer.train.finetune): a recipe
 says what a step trains on and how its loss is computed (`StepPlan`), how to evaluate, and what else a checkpoint
 must hold; everything else is written once here, so determinism, exact resume, metrics, progress and the accelerate
 calls (`prepare`, `accumulate`, `save_state`/`load_state`, `reduce`) behave the same in both.
 
 Determinism (what makes `--resume` exact and launches interchangeable): the data of step `s` is a function of the
-step (the task's plan), the global torch RNG (dropout) is reseeded from (seed, step, rank) at every step, and a
-task's loss is normalised over the whole global batch, so one process with batch 2B, two with B, or one with B and
+step (the recipe's plan), the global torch RNG (dropout) is reseeded from (seed, step, rank) at every step, and a
+recipe's loss is normalised over the whole global batch, so one process with batch 2B, two with B, or one with B and
 grad_accum 2 take the same step.
 """
 
@@ -18,12 +18,13 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
+from roformer.data.sampling import global_batch_size
 from roformer.errors import Diverged, Preempted, UserError, WriteFailed
 from roformer.train.checkpoints import CheckpointManager
 from roformer.train.config import TrainArgs
@@ -36,10 +37,22 @@ from roformer.train.run_dir import TRAINER_STATE_FILE, MetricsWriter, keep_metri
 logger = logging.getLogger(__name__)
 
 
-class StepPlan(Protocol):
-    """One optimizer step's data, prepared by a task for this process."""
+@dataclass(frozen=True)
+class ProcessLayout:
+    """Where this process stands in a step: what a step plan needs to take its share of the global batch."""
 
-    tokens: int  # tokens of the global batch (for tokens_seen and tokens/s)
+    rank: int
+    num_processes: int
+    batch_size: int  # examples per process and micro-batch
+    grad_accum: int  # micro-batches per step
+    device: torch.device
+
+
+class StepPlan(Protocol):
+    """One optimizer step's data, prepared by a recipe for this process: a value, holding no reference to its maker."""
+
+    tokens: int  # real tokens of the global batch (for tokens_seen and tokens/s)
+    padded_tokens: int | None  # positions computed over the global batch, padding included; None: no padding
 
     def micro(self, micro: int) -> Any:
         """This process's inputs of micro-batch `micro`, on the device."""
@@ -48,8 +61,8 @@ class StepPlan(Protocol):
         """(the loss to back-propagate, this process's share of the step's loss: the shares sum to it)."""
 
 
-class Task(Protocol):
-    """What a recipe gives the engine."""
+class Recipe(Protocol):
+    """What a recipe (pretraining, one fine-tuning run) gives the engine."""
 
     def plan(self, step: int) -> StepPlan:
         """The data of optimizer step `step`."""
@@ -76,7 +89,7 @@ class Engine:
     Args:
         args: The shared training fields.
         out: The run directory (accelerate's project dir; trackers write there).
-        seed: Seed of this run's dropout stream (the data order and masks are the task's).
+        seed: Seed of this run's dropout stream (the data order and masks are the recipe's).
         checkpoint_dir: Where `step-N` checkpoints go.
         metrics: The metrics.jsonl of the run (appended to; written by the main process only).
         tags: Fields added to every event (e.g. a fine-tuning run's task, peak_lr and seed).
@@ -167,7 +180,7 @@ class Engine:
 
     # -- the loop ----------------------------------------------------------------------------------------------
 
-    def fit(self, task: Task, state: RunState, checkpoint_at_end: bool = True, desc: str | None = None) -> RunState:
+    def fit(self, recipe: Recipe, state: RunState, checkpoint_at_end: bool = True, desc: str | None = None) -> RunState:
         """Train from `state.step` to the last step: log, evaluate, checkpoint on schedule. Returns the final state.
 
         Raises:
@@ -178,13 +191,13 @@ class Engine:
         from tqdm.auto import tqdm
 
         args, total = self.args, self.total_steps
-        evaluate_at = self.eval_points(task)
+        evaluate_at = self.eval_points(recipe)
         show = self.is_main_process and args.progress
         bar = tqdm(total=total, initial=state.step, desc=desc, disable=not show)
         interval = Interval()
         with GracefulStop() as stop:
             for step in range(state.step, total):
-                result = self.train_step(task, step)
+                result = self.train_step(recipe, step)
                 state.step, done = step + 1, step + 1
                 state.tokens_seen += result.tokens
                 state.elapsed_sec += result.step_sec
@@ -194,14 +207,14 @@ class Engine:
                 if done % args.log_every == 0 or done == total:
                     event = interval.event(self.accelerator.reduce, state)
                     bar.set_postfix(loss=f"{event['loss']:.4f}", tok_s=f"{event['tokens_per_sec']:.0f}")
-                    self.log({"event": "train", **self.tags, "step": done, **event, "epoch": _epoch(task, done)})
+                    self.log({"event": "train", **self.tags, "step": done, **event, "epoch": _epoch(recipe, done)})
                 if done in evaluate_at:
-                    self.evaluate(task, state)
+                    self.evaluate(recipe, state)
                 saved = (args.save_every and done % args.save_every == 0) or (done == total and checkpoint_at_end)
                 if saved:
-                    self.save_checkpoint(task, state)
+                    self.save_checkpoint(recipe, state)
                 if self.agree(stop.requested):  # every process stops after the same step
-                    self._stop(task, state, stop.signal_name or "a signal on another process", already_saved=saved)
+                    self._stop(recipe, state, stop.signal_name or "a signal on another process", already_saved=saved)
         bar.close()
         return state
 
@@ -222,10 +235,10 @@ class Engine:
                 f"{state.step}, train.max_bad_steps={self.args.max_bad_steps}); {last}"
             )
 
-    def _stop(self, task: Task, state: RunState, reason: str, already_saved: bool) -> None:
+    def _stop(self, recipe: Recipe, state: RunState, reason: str, already_saved: bool) -> None:
         """Checkpoint (unless this step just was) and raise Preempted."""
         if not already_saved:
-            self.save_checkpoint(task, state)
+            self.save_checkpoint(recipe, state)
         self.log({"event": "stopped", **self.tags, "step": state.step, "reason": reason})
         path = self.checkpoints.directory / f"step-{state.step}"
         raise Preempted(f"stopped by {reason} after step {state.step}; checkpoint {path} (continue with --resume)")
@@ -237,11 +250,11 @@ class Engine:
         value = torch.tensor(float(flag), device=self.accelerator.device)
         return bool(self.accelerator.reduce(value, "max").item())
 
-    def eval_points(self, task: Task) -> set[int]:
+    def eval_points(self, recipe: Recipe) -> set[int]:
         """Steps after which to evaluate: every eval_every steps (0: none), or every epoch's end (null); the last."""
         every, total = self.args.eval_every, self.total_steps
         if every is None:
-            per_epoch = task.steps_per_epoch()
+            per_epoch = recipe.steps_per_epoch()
             if per_epoch is None:
                 raise UserError("train.eval_every: null (every epoch) needs data of known length; give a step count")
             points = {min(total, math.ceil(k * per_epoch)) for k in range(1, math.ceil(total / per_epoch) + 1)}
@@ -249,12 +262,12 @@ class Engine:
             points = set(range(every, total + 1, every)) if every else set()
         return points | {total} if total else set()
 
-    def train_step(self, task: Task, step: int) -> StepResult:
-        """One optimizer step over the task's plan for `step` (all micro-batches)."""
+    def train_step(self, recipe: Recipe, step: int) -> StepResult:
+        """One optimizer step over the recipe's plan for `step` (all micro-batches)."""
         acc = self.accelerator
         lr = self.scheduler.get_last_lr()[0]  # the rate this step uses (logged with its loss)
         t0 = time.perf_counter()
-        plan = task.plan(step)
+        plan = recipe.plan(step)
         data_sec = time.perf_counter() - t0
         torch.manual_seed((self.seed << 32) + step * 4096 + acc.process_index)  # dropout: a function of the step
         self.model.train()
@@ -273,14 +286,14 @@ class Engine:
                     acc, self.model, self.optimizer, self.scheduler, self.args.max_grad_norm, guard
                 )
                 grad_norm = grad_norm if norm is None else norm
-        padded = getattr(plan, "padded_tokens", None)
-        return StepResult(local, grad_norm, lr, data_sec, time.perf_counter() - t0, plan.tokens, skipped, padded)
+        elapsed = time.perf_counter() - t0
+        return StepResult(local, grad_norm, lr, data_sec, elapsed, plan.tokens, skipped, plan.padded_tokens)
 
-    def evaluate(self, task: Task, state: RunState) -> None:
-        """Run the task's evaluation after `state.step` steps and log its events."""
-        for event in task.evaluate(state.step):
+    def evaluate(self, recipe: Recipe, state: RunState) -> None:
+        """Run the recipe's evaluation after `state.step` steps and log its events."""
+        for event in recipe.evaluate(state.step):
             record = {"event": "eval", **self.tags, "step": state.step, **event}
-            self.log({**record, "epoch": _epoch(task, state.step), "elapsed_sec": state.elapsed_sec})
+            self.log({**record, "epoch": _epoch(recipe, state.step), "elapsed_sec": state.elapsed_sec})
 
     def log(self, event: dict[str, Any]) -> None:
         """Write an event to metrics.jsonl (main process) and its numbers to the trackers.
@@ -303,8 +316,8 @@ class Engine:
 
     # -- checkpoints -------------------------------------------------------------------------------------------
 
-    def save_checkpoint(self, task: Task, state: RunState) -> Path:
-        """Write the complete training state of `state.step` (model, optimizer, schedule, RNG, counters, task).
+    def save_checkpoint(self, recipe: Recipe, state: RunState) -> Path:
+        """Write the complete training state of `state.step` (model, optimizer, schedule, RNG, counters, recipe).
 
         Raises:
             WriteFailed: any process failed to write (disk full, unwritable); the unfinished checkpoint is
@@ -317,7 +330,7 @@ class Engine:
         failure = failure or self._attempt(lambda: acc.save_state(str(tmp)))
         if failure is None:
             def commit() -> None:
-                trainer_state = {**asdict(state), "global_batch": self.global_batch, "data_state": task.save(tmp)}
+                trainer_state = {**asdict(state), "global_batch": self.global_batch, "data_state": recipe.save(tmp)}
                 (tmp / TRAINER_STATE_FILE).write_text(json.dumps(trainer_state))
                 self.checkpoints.commit(step)
 
@@ -345,17 +358,23 @@ class Engine:
         return (error or "another process could not write") if failed else None
 
     @property
+    def layout(self) -> ProcessLayout:
+        """This process's place in every step (rank, processes, batch size, micro-batches, device)."""
+        acc, args = self.accelerator, self.args
+        return ProcessLayout(acc.process_index, acc.num_processes, args.batch_size, args.grad_accum, acc.device)
+
+    @property
     def global_batch(self) -> int:
         """Examples per optimizer step over all processes and micro-batches."""
-        return self.args.batch_size * self.accelerator.num_processes * self.args.grad_accum
+        return global_batch_size(self.args.batch_size, self.accelerator.num_processes, self.args.grad_accum)
 
-    def resume(self, task: Task) -> RunState:
+    def resume(self, recipe: Recipe) -> RunState:
         """Continue from the newest complete checkpoint, or from step 0 when there is none.
 
         This run's events after the checkpoint (all of them without one) are dropped from metrics.jsonl: the resumed
         run writes them again. Events of other runs sharing the file (other tags) are kept.
         """
-        state = self.restore(task)
+        state = self._load_latest_checkpoint(recipe)
         if state is None:
             logger.info("no complete checkpoint in %s: starting from step 0", self.checkpoints.directory)
         last = state.step if state is not None else -1
@@ -365,8 +384,8 @@ class Engine:
         self.accelerator.wait_for_everyone()
         return state or RunState()
 
-    def restore(self, task: Task) -> RunState | None:
-        """Load the newest complete checkpoint into model, optimizer, schedule, RNG and task; None if there is none.
+    def _load_latest_checkpoint(self, recipe: Recipe) -> RunState | None:
+        """Load the newest complete checkpoint into model, optimizer, schedule, RNG and recipe; None if there is none.
 
         Raises:
             UserError: the checkpoint was written with another global batch.
@@ -382,14 +401,14 @@ class Engine:
                 f"{path}: saved with a global batch of {saved['global_batch']} examples, now {self.global_batch} "
                 "(same batch_size x processes x grad_accum needed to resume)"
             )
-        task.load(path, saved.get("data_state", {}), step)
+        recipe.load(path, saved.get("data_state", {}), step)
         logger.info("resumed from %s (step %d)", path, step)
         counters = {k: saved[k] for k in ("tokens_seen", "elapsed_sec", "skipped_steps", "bad_steps") if k in saved}
         return RunState(step=step, **counters)
 
 
-def _epoch(task: Task, step: int) -> float:
-    return round(task.epoch_of(step), 4)
+def _epoch(recipe: Recipe, step: int) -> float:
+    return round(recipe.epoch_of(step), 4)
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

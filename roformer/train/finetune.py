@@ -15,7 +15,7 @@ Token type 1 (the second text of a pair) is never seen in MLM pretraining on sin
 fine-tuning untrained, as in any MLM-only recipe (BERT learned it through next-sentence prediction).
 
 The selected run is the best seed of the learning rate with the best mean dev score. Each (lr, seed) run goes
-through the training engine (roformer.train.engine) as a task: its batches follow the pretraining recipe (step `s`
+through the training engine (roformer.train.engine) as a recipe: its batches follow the pretraining recipe (step `s`
 trains on positions [s*G, (s+1)*G) of seeded per-epoch permutations, every global batch full), so one process and
 several give the same steps. Evaluation shards the examples across processes without padding or duplicates and
 gathers the predictions, so its metrics equal one process's exactly. `--resume` continues an interrupted job:
@@ -30,6 +30,8 @@ import logging
 import math
 import shutil
 import statistics
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,7 @@ from roformer.model.config import ModelConfig
 from roformer.model.model import Model
 from roformer.model.pretrained import load_pretrained, pretrained_config
 from roformer.train.config import FinetuneConfig
-from roformer.train.engine import Engine, RunState, to_device
+from roformer.train.engine import Engine, ProcessLayout, RunState, to_device
 from roformer.train.evaluate import eval_chunks
 from roformer.train.launch import process_state
 from roformer.train.run_dir import (
@@ -73,33 +75,46 @@ CLASSIFIER = "sequence_classification"
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# One (lr, seed) run: the engine's task
+# One (lr, seed) run: a recipe of the engine
 
 
 class _ClassifyStep:
-    """One step's examples; each process pads and trains on its rows of every micro-batch."""
+    """One step's examples; each process pads and trains on its rows of every micro-batch.
 
-    def __init__(self, indices: list[int], run: _GlueRun) -> None:
-        self.indices, self.run = indices, run
-        lengths = [len(run.encoded.ids[i]) for i in indices]
+    Args:
+        indices: The global batch's training examples, in order.
+        lengths: Their lengths in tokens.
+        batch_of: The padded batch of a list of examples.
+        padded_length: The padded length of a batch whose longest example has this many tokens.
+        layout: This process's share of the step.
+    """
+
+    def __init__(
+        self,
+        indices: list[int],
+        lengths: list[int],
+        batch_of: Callable[[list[int]], dict[str, torch.Tensor]],
+        padded_length: Callable[[int], int],
+        layout: ProcessLayout,
+    ) -> None:
+        self.indices, self.batch_of, self.layout = indices, batch_of, layout
         self.tokens = sum(lengths)  # real tokens, padding excluded
-        size = run.train.batch_size  # every (micro-batch, process) chunk is padded on its own
+        size = layout.batch_size  # every (micro-batch, process) chunk is padded on its own
         chunks = [lengths[start : start + size] for start in range(0, len(lengths), size)]
-        self.padded_tokens = sum(len(c) * run.finetuner.padded_length(max(c)) for c in chunks)
+        self.padded_tokens = sum(len(c) * padded_length(max(c)) for c in chunks)
 
     def micro(self, micro: int) -> dict[str, torch.Tensor]:
-        run, acc = self.run, self.run.engine.accelerator
-        rows = share(self.indices, micro, acc.process_index, acc.num_processes, run.train.batch_size)
-        return {k: to_device(v, acc.device) for k, v in run.finetuner.batch(run.encoded, rows).items()}
+        layout = self.layout
+        rows = share(self.indices, micro, layout.rank, layout.num_processes, layout.batch_size)
+        return {k: to_device(v, layout.device) for k, v in self.batch_of(rows).items()}
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         out = model(**batch)
         # every micro-batch has batch_size examples: the mean of the means is the global batch's mean
-        processes = self.run.engine.accelerator.num_processes
-        return out.loss, out.loss.detach().float() / self.run.train.grad_accum / processes
+        return out.loss, out.loss.detach().float() / self.layout.grad_accum / self.layout.num_processes
 
 
-class _GlueRun:
+class FinetuneRun:
     """The batches, evaluation and best-checkpoint keeping of one fine-tuning run."""
 
     def __init__(self, finetuner: Finetuner, engine: Engine, seed: int) -> None:
@@ -113,7 +128,11 @@ class _GlueRun:
         self.best: dict[str, Any] = {"score": -math.inf, "step": 0, "state": None, "dev": None}
 
     def plan(self, step: int) -> _ClassifyStep:
-        return _ClassifyStep(self.sampler.indices(step).tolist(), self)
+        indices = self.sampler.indices(step).tolist()
+        lengths = [len(self.encoded.ids[i]) for i in indices]
+        finetuner = self.finetuner
+        batch_of = partial(finetuner.batch, self.encoded)
+        return _ClassifyStep(indices, lengths, batch_of, finetuner.padded_length, self.engine.layout)
 
     def evaluate(self, step: int) -> list[dict[str, Any]]:
         """Dev metrics of every dev split; the weights are kept when the first split's score improves."""
@@ -249,7 +268,7 @@ class Finetuner:
         n = len(self.encoded["train"].ids)
         steps = train.max_steps if train.max_steps is not None else math.ceil(train.epochs * n / engine.global_batch)
         engine.setup(model, lr, steps)
-        run = _GlueRun(self, engine, seed)
+        run = FinetuneRun(self, engine, seed)
         state = engine.resume(run) if self.resume else RunState()
         config = {**flat_config(self.config.to_dict()), "run": tag}
         engine.start_logging(f"roformer-glue-{self.task.name}", config, tracker_prefix=f"{tag}/")

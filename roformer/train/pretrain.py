@@ -22,6 +22,7 @@ import torch
 from roformer.config import flat_config, read_yaml
 from roformer.data.masking import IGNORE_INDEX, masked_positions
 from roformer.data.mlm import eval_batch, train_batches
+from roformer.data.sampling import share
 from roformer.data.store import build_mlm_data
 from roformer.data.streaming import build_streaming_mlm_data
 from roformer.data.tokenizer import save_tokenizer, tokenizer_from_json, tokenizer_to_json, vocab_hash
@@ -29,7 +30,7 @@ from roformer.errors import UserError
 from roformer.model.model import MaskedLM
 from roformer.model.pretrained import load_weights_from
 from roformer.train.config import PretrainConfig
-from roformer.train.engine import Engine, RunState, to_device
+from roformer.train.engine import Engine, ProcessLayout, RunState, to_device
 from roformer.train.evaluate import evaluate_mlm
 from roformer.train.launch import broadcast_from_main, process_state
 from roformer.train.run_dir import CHECKPOINTS_DIR, FINAL_DIR, METRICS_FILE, TOKENIZER_DIR, RunDir, write_model_dir
@@ -70,15 +71,20 @@ def build_data(config: PretrainConfig) -> Any:
 class _MaskedStep:
     """One step's masked global batch; each process trains on its rows of every micro-batch."""
 
-    def __init__(self, ids: torch.Tensor, labels: torch.Tensor, trainer: Pretrainer) -> None:
-        acc = trainer.engine.accelerator
-        self.ids, self.labels, self.batches = ids, labels, trainer.batches
-        self.rank, self.device = acc.process_index, acc.device
+    padded_tokens = None  # blocks are full: no padding
+
+    def __init__(self, ids: torch.Tensor, labels: torch.Tensor, layout: ProcessLayout) -> None:
+        self.ids, self.labels, self.layout = ids, labels, layout
         self.tokens = ids.numel()
         self.count = int((labels != IGNORE_INDEX).sum())  # masked tokens in the global batch (every process knows)
         # accelerator.backward divides by grad_accum and DDP averages over processes: undo both, so the gradient is
         # that of (sum of masked-token losses) / (masked tokens in the global batch).
-        self.scale = acc.num_processes * trainer.config.train.grad_accum / max(self.count, 1)
+        self.scale = layout.num_processes * layout.grad_accum / max(self.count, 1)
+
+    def share(self, batch: torch.Tensor, micro: int) -> torch.Tensor:
+        """This process's rows of micro-batch `micro`."""
+        layout = self.layout
+        return share(batch, micro, layout.rank, layout.num_processes, layout.batch_size)
 
     def micro(self, micro: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """This process's rows of micro-batch `micro` on the device, with its masked positions and their count.
@@ -86,10 +92,10 @@ class _MaskedStep:
         Count and positions come from the host copy: on a GPU they would otherwise cost two synchronisations per
         micro-step (`.sum()` to a Python int, `nonzero`). Pinned host memory makes the copies asynchronous.
         """
-        y = self.batches.share(self.labels, micro, self.rank)
+        y = self.share(self.labels, micro)
         n, positions = int((y != IGNORE_INDEX).sum()), masked_positions(y)
-        x = self.batches.share(self.ids, micro, self.rank)
-        return (*(to_device(t, self.device) for t in (x, y, positions)), n)
+        x = self.share(self.ids, micro)
+        return (*(to_device(t, self.layout.device) for t in (x, y, positions)), n)
 
     def loss(self, model: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         x, y, positions, n = batch
@@ -103,7 +109,8 @@ class Pretrainer:
     """One pretraining run in a run directory (created, refused, overwritten or resumed).
 
     The phases are public so that scripts and tests can drive them: the constructor checks the directory and builds
-    the data, then `prepare_run_dir`, `build_model`, `restore` and `fit` (`run` does all of them and writes final/).
+    the data, then `prepare_run_dir`, `build_model`, `starting_state` and `fit` (`run` does all of them and writes
+    final/).
     """
 
     def __init__(
@@ -164,7 +171,7 @@ class Pretrainer:
         self.num_parameters = model.num_parameters()
         self.engine.setup(model, train.lr, train.max_steps)
 
-    def restore(self) -> RunState:
+    def starting_state(self) -> RunState:
         """Load the newest complete checkpoint when resuming; the state to start from (step 0 for a fresh run)."""
         return self.engine.resume(self) if self.resume else RunState()
 
@@ -183,7 +190,7 @@ class Pretrainer:
         """Every phase, then final/ (model + tokenizer). Returns the run directory."""
         self.prepare_run_dir()
         self.build_model()
-        self.fit(self.restore())
+        self.fit(self.starting_state())
         self.save_final()
         self.engine.finish()
         return self.out
@@ -202,11 +209,11 @@ class Pretrainer:
             write_model_dir(final, self.data.tokenizer, self.out / FINAL_DIR, pretraining)
         acc.wait_for_everyone()
 
-    # -- the engine's task -------------------------------------------------------------------------------------
+    # -- the engine's recipe ------------------------------------------------------------------------------------
 
     def plan(self, step: int) -> _MaskedStep:
         ids, labels = self.batches.step(step)
-        return _MaskedStep(ids, labels, self)
+        return _MaskedStep(ids, labels, self.engine.layout)
 
     def evaluate(self, step: int) -> list[dict[str, Any]]:
         """Masked-token loss and accuracy on the validation blocks under the fixed mask (all processes)."""
