@@ -224,7 +224,7 @@ def load(cls: type[T], path: str | Path, overrides: list[str] | None = None) -> 
 
     Sections named in `cls.INCLUDES` may be the path of another YAML (relative to this file; its content, or its
     section of the same name, is included); the relative paths at `cls.PATH_KEYS` are made absolute against the
-    file's folder; then the `--set` overrides apply (so paths given there stay relative to the working directory).
+    file's folder; then the `--set` overrides apply, their relative paths made absolute against the working directory.
 
     Raises:
         ConfigError: naming the file and key for a missing file, invalid YAML, unknown keys, wrong types and
@@ -235,8 +235,13 @@ def load(cls: type[T], path: str | Path, overrides: list[str] | None = None) -> 
     for section in getattr(cls, "INCLUDES", ()):
         if isinstance(data.get(section), str):
             data[section] = _include(path, section, data[section])
-    resolve_paths(data, list(getattr(cls, "PATH_KEYS", ())), path.parent, getattr(cls, "NAME_KEYS", ()))
+    path_keys, name_keys = list(getattr(cls, "PATH_KEYS", ())), getattr(cls, "NAME_KEYS", ())
+    resolve_paths(data, path_keys, path.parent, name_keys)
     apply_overrides(data, overrides or [])
+    # paths given on the command line are relative to the working directory: made absolute now, so that the run's
+    # config.yaml means the same files wherever it is read from (a resume, eval-mlm, an experiment's later stage)
+    overridden = {item.partition("=")[0].strip() for item in overrides or []}
+    resolve_paths(data, [key for key in path_keys if key in overridden], Path.cwd(), name_keys)
     return from_dict(cls, data, source=str(path))
 
 
@@ -273,11 +278,11 @@ def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def resolve_paths(data: dict[str, Any], keys: list[str], base: Path, maybe_names: tuple[str, ...] = ()) -> None:
-    """Make the relative paths at dotted `keys` of a parsed YAML absolute against `base` (the file's folder), in place.
+    """Make the relative paths at dotted `keys` of a parsed YAML absolute against `base`, in place.
 
-    Applied before `--set` overrides, so paths in a file are relative to the file and paths given on the command
-    line relative to the working directory. Keys in `maybe_names` may also hold hub names (`bert-base-uncased`,
-    `org/model`): those are resolved only when they start with `.` or exist under `base`.
+    `load` resolves a file's paths against the file's folder and `--set` paths against the working directory. Keys
+    in `maybe_names` may also hold hub names (`bert-base-uncased`, `org/model`): those are resolved only when they
+    start with `.` or exist under `base`.
     """
     for key in keys:
         *parents, leaf = key.split(".")

@@ -488,3 +488,20 @@ def test_console_summary(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     last_eval = [e for e in read_metrics(tmp_path / "run" / "metrics.jsonl") if e["event"] == "eval"][-1]
     assert f"final eval loss {last_eval['eval_loss']:.3f}, masked-token accuracy" in out
     assert "4 steps in" in out and "tokens/s" in out and str(tmp_path / "run" / "final") in out
+
+
+def test_relative_paths_given_with_set_keep_their_meaning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--set data.paths=[corp]` from the corpus' parent: the run directory must not depend on that working directory."""
+    from roformer.data.builtin import generate_documents
+
+    (tmp_path / "work" / "corp").mkdir(parents=True)
+    (tmp_path / "work" / "corp" / "a.txt").write_text("\n\n".join(generate_documents(400, seed=3)))
+    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2, save_every=1)
+    run = tmp_path / "run"
+    monkeypatch.chdir(tmp_path / "work")
+    overrides = ["--set", "data.source=text", "--set", "data.paths=[corp]", "--set", "data.validation_fraction=0.1"]
+    assert main(["pretrain", "--config", str(yaml), "--output-dir", str(run), *overrides]) == 0
+    assert roformer.config.read_yaml(run / "config.yaml")["data"]["paths"] == [str(tmp_path / "work" / "corp")]
+    monkeypatch.chdir(tmp_path)  # elsewhere: the run's config.yaml still names the corpus
+    assert main(["eval-mlm", "--model", str(run / "final"), "--seq-lens", "32", "--max-tokens", "256"]) == 0
+    assert main(["pretrain", "--output-dir", str(run), "--resume", "--set", "train.max_steps=3"]) == 0

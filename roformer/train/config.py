@@ -218,7 +218,10 @@ class FinetuneConfig:
     or classifier_dropout (num_labels comes from the task).
     """
 
-    PATH_KEYS: ClassVar = ("init", "data.glue_dir", "data.train_file", "data.validation_file", "data.test_file")
+    PATH_KEYS: ClassVar = (
+        "init", "data.glue_dir", "data.train_file", "data.validation_file", "data.test_file",
+        "data.validation_mismatched_file", "data.test_mismatched_file",
+    )  # fmt: skip
     NAME_KEYS: ClassVar = ("init",)  # an HF hub name is not a path
 
     init: str = ""
