@@ -131,15 +131,18 @@ def test_new_fields_are_validated_saved_and_loaded(tmp_path) -> None:
                                   prefix="model.")  # fmt: skip
     with pytest.raises(ConfigError, match="attention"):
         ModelConfig(attention="performer")
-    config = ModelConfig(vocab_size=100, hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64,
-                         rotary_dim=16, attention="linear",
-                         rope_scaling={"type": "yarn", "factor": 4, "original_max_position": 128})  # fmt: skip
-    model = roformer.MaskedLM(config)
-    model.save(tmp_path / "m")
-    loaded = roformer.load(tmp_path / "m")
-    assert loaded.config == config and loaded.config.rope_scaling.type == "yarn"
-    ids = torch.randint(5, 100, (2, 20))
-    assert_close(loaded.eval()(ids).logits, model.eval()(ids).logits)
+    yarn = {"type": "yarn", "factor": 4, "original_max_position": 128}
+    with pytest.raises(ConfigError, match="yarn cannot be used with attention: linear"):  # its magnitude is in the
+        ModelConfig(hidden_size=64, num_heads=2, attention="linear", rope_scaling=yarn)  # tables: eq. 19 scaled by m^2
+    for attention, scaling in (("softmax", yarn), ("linear", {"type": "ntk", "factor": 4})):
+        config = ModelConfig(vocab_size=100, hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64,
+                             rotary_dim=16, attention=attention, rope_scaling=scaling)  # fmt: skip
+        model = roformer.MaskedLM(config)
+        model.save(tmp_path / attention)
+        loaded = roformer.load(tmp_path / attention)
+        assert loaded.config == config and loaded.config.rope_scaling.type == scaling["type"]
+        ids = torch.randint(5, 100, (2, 20))
+        assert_close(loaded.eval()(ids).logits, model.eval()(ids).logits)
 
 
 @pytest.mark.parametrize(

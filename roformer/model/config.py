@@ -217,6 +217,10 @@ class ModelConfig:
             raise ConfigError("attention: linear rotates the feature-mapped q and k (eq. 19): rotary_value must be off")
         if self.rope_scaling is not None and self.rope_scaling.type == "ntk" and self.rotary_size <= 2:
             raise ConfigError("rope_scaling ntk needs more than 2 rotated features (base * factor^(d / (d - 2)))")
+        if self.rope_scaling is not None and self.rope_scaling.type == "yarn" and self.attention == "linear":
+            # YaRN's magnitude lives in the rotation tables, which eq. 19's numerator uses and its denominator does
+            # not: the output would be scaled by attention_factor^2 (+63% at factor 16)
+            raise ConfigError("rope_scaling yarn cannot be used with attention: linear (use linear or ntk scaling)")
         if self.rope_scaling is not None and self.rope_scaling.type == "yarn" and self.rotary_value:
             raise ConfigError("rope_scaling yarn scales the rotated vectors: with rotary_value it would scale v too")
 
