@@ -215,3 +215,18 @@ def test_convert_cli_bad_input(tmp_path) -> None:
     assert (out / "keep.txt").read_text() == "precious" and len(list(out.iterdir())) == 1
     result = run_cli("convert", "--out", str(out))
     assert result.returncode == 2 and result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("rotary_value", [False, True])
+def test_rotary_layout_conversion_with_partial_rotary(rotary_value: bool) -> None:
+    """rotary_dim < head_size: only the rotated features change layout; the outputs stay the same."""
+    config = roformer.ModelConfig(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=64,
+                                  rotary_dim=16, rotary_value=rotary_value)  # fmt: skip
+    torch.manual_seed(0)
+    model = roformer.MaskedLM(config).eval()
+    half = roformer.convert_rotary_layout(model, "half").eval()
+    back = roformer.convert_rotary_layout(half, "interleaved").eval()
+    batch = padded_batch(VOCAB)
+    assert half.config.rotary_layout == "half"
+    assert_close(our_output(half, batch), our_output(model, batch))
+    assert_close(our_output(back, batch), our_output(model, batch))

@@ -398,6 +398,8 @@ def rotary_permutation(head_size: int) -> torch.Tensor:
 def convert_rotary_layout(model: Model, layout: str) -> Model:
     """Return a copy of a rotary `model` using `layout`, with q/k (and v) weight rows permuted per head.
 
+    Only the rotated features of a head (`rotary_dim`) are permuted; the others keep their place.
+
     With `rotary_value` the values are rotated too, so the output projection's input columns are permuted back.
     """
     config = model.config
@@ -405,10 +407,11 @@ def convert_rotary_layout(model: Model, layout: str) -> Model:
         raise ValueError("rotary layouts only apply to position_encoding: rotary")
     if layout == config.rotary_layout:
         return model
-    perm = rotary_permutation(config.head_size)
+    H, D, C = config.num_heads, config.head_size, config.hidden_size
+    r = config.rotary_size  # partial rotary: only the first r features of a head are rotated and change layout
+    perm = torch.cat((rotary_permutation(r), torch.arange(r, D)))
     if layout == "interleaved":
         perm = torch.argsort(perm)
-    H, D, C = config.num_heads, config.head_size, config.hidden_size
     per_head = (torch.arange(H)[:, None] * D + perm[None, :]).reshape(-1)  # (C,)
     n_rotated = 3 if config.rotary_value else 2
     rows = torch.cat(
