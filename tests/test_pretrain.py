@@ -491,7 +491,7 @@ def test_console_summary(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
 
 
 def test_relative_paths_given_with_set_keep_their_meaning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`--set data.paths=[corp]` from the corpus' parent: the run directory must not depend on that working directory."""
+    """`--set data.paths=[corp]` from the corpus' parent: the run directory must not depend on the working directory."""
     from roformer.data.builtin import generate_documents
 
     (tmp_path / "work" / "corp").mkdir(parents=True)
