@@ -139,14 +139,26 @@ def test_resume_from_an_older_intact_checkpoint_reproduces_the_run(
     same_result(out, ref)
 
 
+def _disk_full(directory: str) -> OSError:
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(Path(directory, "optimizer.bin")))
+
+
+def _disk_full_under_fsdp(directory: str) -> BaseException:
+    """What torch.distributed.checkpoint (FSDP's sharded save) raises: a BaseException wrapping each rank's error."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException("save failed", {0: (_disk_full(directory), None)})
+
+
+@pytest.mark.parametrize("error", [_disk_full, _disk_full_under_fsdp])
 def test_a_full_disk_while_saving_stops_cleanly_and_keeps_the_previous_checkpoint(
-    reference: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    reference: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, error
 ) -> None:
     yaml, ref = reference
     out = tmp_path / "run"
 
     def disk_full(directory: str) -> None:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(Path(directory, "optimizer.bin")))
+        raise error(directory)
 
     fail_save(monkeypatch, 4, disk_full)
     code, err = run_cli(["--config", str(yaml), "--output-dir", str(out)], capsys)

@@ -65,7 +65,11 @@ class GracefulStop(_StopSignals):
 
 
 def write_errors() -> tuple[type[BaseException], ...]:
-    """What a failed write raises: OSError from Python, RuntimeError from torch.save's writer, SafetensorError."""
+    """The exception types of a failed write.
+
+    OSError from Python, RuntimeError from torch.save's writer, SafetensorError, and torch.distributed.checkpoint's
+    CheckpointException (FSDP's sharded save; a BaseException, not an Exception).
+    """
     errors: tuple[type[BaseException], ...] = (OSError, RuntimeError)
     try:
         from safetensors import SafetensorError
@@ -73,11 +77,20 @@ def write_errors() -> tuple[type[BaseException], ...]:
         errors += (SafetensorError,)
     except ImportError:  # older safetensors: its error is not exported
         pass
+    try:
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        errors += (CheckpointException,)
+    except ImportError:  # torch built without distributed
+        pass
     return errors
 
 
 def describe_write_error(error: BaseException, where: Path) -> str:
     """One line: the error and, when the disk is nearly full, how much space is left."""
+    failures = getattr(error, "failures", None)  # CheckpointException: {rank: (exception, traceback)}
+    if isinstance(failures, dict) and failures:
+        _, (error, _) = next(iter(sorted(failures.items())))
     text = (error.strerror if isinstance(error, OSError) and error.strerror else str(error)).splitlines()[0]
     try:
         free = shutil.disk_usage(next(p for p in (where, *where.parents) if p.exists())).free
