@@ -4,6 +4,7 @@ scripts/chaos.py, in process: signals are sent to this process, write failures a
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 from pathlib import Path
@@ -136,6 +137,24 @@ def test_resume_from_an_older_intact_checkpoint_reproduces_the_run(
     weights.write_bytes(b"\0" * weights.stat().st_size)
     assert run_cli(["--output-dir", str(out), "--resume"], capsys)[0] == 0
     assert "step-6 is damaged: model.safetensors does not match its checksum" in caplog.text
+    same_result(out, ref)
+
+
+def test_a_checkpoint_that_fails_to_load_despite_its_manifest_falls_back(
+    reference: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """A newest checkpoint without a manifest (written before manifests) whose weights are unreadable: the older."""
+    yaml, ref = reference
+    out = tmp_path / "run"
+    at_step(monkeypatch, 6, lambda: (_ for _ in ()).throw(KeyboardInterrupt))  # killed after checkpoint 6
+    assert run_cli(["--config", str(yaml), "--output-dir", str(out)], capsys)[0] == 130
+    monkeypatch.undo()
+    newest = out / "checkpoints" / "step-6"
+    (newest / "COMPLETE").write_text(json.dumps({"step": 6}))  # no file list: the manifest check passes
+    (newest / "model.safetensors").write_bytes(b"\0" * 64)
+    assert run_cli(["--output-dir", str(out), "--resume"], capsys)[0] == 0
+    assert "step-6 is damaged: cannot be loaded" in caplog.text and "resuming from step-4 instead" in caplog.text
     same_result(out, ref)
 
 

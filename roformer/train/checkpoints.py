@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,18 +70,23 @@ class CheckpointManager:
         done = self.complete()
         return done[-1] if done else None
 
-    def latest_intact(self) -> tuple[int, Path] | None:
-        """The newest complete checkpoint whose files match their manifest; None if there is no checkpoint.
+    def latest_intact(self, load: Callable[[Path], None] | None = None) -> tuple[int, Path] | None:
+        """The newest complete checkpoint whose files match their manifest (and that `load` loads); None if none exists.
 
-        A damaged one is reported in one line and skipped.
+        A damaged one, or one whose `load(path)` raises although its manifest passes (or it has none), is reported in
+        one line and the next older one is tried.
 
         Raises:
             CheckpointError: checkpoints exist but none is intact.
         """
-        done = self.complete()
         problems = []
-        for step, path in reversed(done):
+        for step, path in reversed(self.complete()):
             problem = self.verify(path)
+            if problem is None and load is not None:
+                try:
+                    load(path)
+                except Exception as e:  # any reader's error: torch.load, safetensors, pickle, shapes
+                    problem = f"cannot be loaded ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
             if problem is None:
                 if problems:
                     logger.warning("resuming from %s instead", path.name)

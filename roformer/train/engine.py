@@ -390,11 +390,10 @@ class Engine:
         Raises:
             UserError: the checkpoint was written with another global batch.
         """
-        latest = self.checkpoints.latest_intact()
+        latest = self.checkpoints.latest_intact(load=lambda path: self.accelerator.load_state(str(path)))
         if latest is None:
             return None
         step, path = latest
-        self.accelerator.load_state(str(path))
         saved = json.loads((path / TRAINER_STATE_FILE).read_text())
         if saved.get("global_batch", self.global_batch) != self.global_batch:
             raise UserError(
