@@ -138,7 +138,7 @@ def _finetune(args: argparse.Namespace) -> None:
     from roformer.config import load
     from roformer.train.config import FinetuneConfig
     from roformer.train.finetune import finetune
-    from roformer.train.run_dir import RUN_CONFIG_FILE
+    from roformer.train.run_dir import BEST_DIR, RUN_CONFIG_FILE
 
     if args.config is None and not (args.resume and args.output_dir):
         raise UserError("--config is required (unless --resume --output-dir continues a job from its config.yaml)")
@@ -152,22 +152,25 @@ def _finetune(args: argparse.Namespace) -> None:
         for split, metrics in results["summary"].items():
             cells = ", ".join(f"{name} {100 * m['mean']:.2f} ± {100 * m['std']:.2f}" for name, m in metrics.items())
             print(f"  {split}: {cells}")
-        print(f"results in {out} (best model in {out / 'best'})")
+        print(f"results in {out} (best model in {out / BEST_DIR})")
 
 
 def _glue(args: argparse.Namespace) -> None:
-    from roformer.study.suite import results_table, run_suite
+    from roformer.study.markdown import glue_suite_table
+    from roformer.study.suite import run_suite
+    from roformer.train.run_dir import SUBMISSION_DIR
 
     if args.config is None:
         raise UserError("--config is required")
     out = Path(args.output_dir) if args.output_dir else Path("runs") / "glue" / Path(args.config).stem
     results = run_suite(args.config, out, args.set, overwrite=args.overwrite, resume=args.resume)
     if results:
-        print(results_table(results) + f"results in {out} (submission files in {out / 'submission'})")
+        print(glue_suite_table(results) + f"results in {out} (submission files in {out / SUBMISSION_DIR})")
 
 
 def _compare(args: argparse.Namespace) -> None:
     from roformer.study.compare import compare
+    from roformer.study.outputs import CURVES_PLOT_FILE, SUMMARY_JSON_FILE, SUMMARY_MARKDOWN_FILE
 
     targets = None
     if args.targets:
@@ -176,31 +179,33 @@ def _compare(args: argparse.Namespace) -> None:
         except ValueError:
             raise UserError(f"--targets: expected comma-separated numbers, got {args.targets!r}") from None
     compare(args.runs, args.out, baseline=args.baseline, targets=targets, overwrite=args.overwrite)
-    print(
-        (Path(args.out) / "summary.md").read_text() + f"\nwritten to {args.out} (curves.png, summary.md, summary.json)"
-    )
+    written = f"{CURVES_PLOT_FILE}, {SUMMARY_MARKDOWN_FILE}, {SUMMARY_JSON_FILE}"
+    print((Path(args.out) / SUMMARY_MARKDOWN_FILE).read_text() + f"\nwritten to {args.out} ({written})")
 
 
 def _experiment(args: argparse.Namespace) -> None:
     from roformer.study.experiment import run_experiment
+    from roformer.study.outputs import COMPARE_DIR, REPORT_FILE, SUMMARY_MARKDOWN_FILE
 
     if args.config is None:
         raise UserError("--config is required")
     out = Path(args.output_dir) if args.output_dir else Path("runs") / "experiments" / Path(args.config).stem
     summary = run_experiment(args.config, out, args.set)
     if summary:
-        print((out / "compare" / "summary.md").read_text() + f"\nreport: {out / 'report.md'} (runs in {out})")
+        report = f"\nreport: {out / REPORT_FILE} (runs in {out})"
+        print((out / COMPARE_DIR / SUMMARY_MARKDOWN_FILE).read_text() + report)
 
 
 def _eval_mlm(args: argparse.Namespace) -> None:
     from roformer.files import check_output_file
     from roformer.study.length_eval import (
+        default_device,
         default_output,
         evaluate_lengths,
         parse_rope_scalings,
-        results_table,
         write_results,
     )
+    from roformer.study.markdown import length_results_table
     from roformer.train.run_dir import FINAL_DIR
 
     model = Path(args.model)
@@ -215,11 +220,11 @@ def _eval_mlm(args: argparse.Namespace) -> None:
         raise UserError(f"--seq-lens: expected comma-separated integers, got {args.seq_lens!r}") from None
     scalings = parse_rope_scalings(args.rope_scaling) if args.rope_scaling else None
     results = evaluate_lengths(
-        model, data, lengths, max_tokens=args.max_tokens, batch_size=args.batch_size, rope_scalings=scalings,
-        trained_length=args.trained_length,
+        model, data, lengths, max_tokens=args.max_tokens, batch_size=args.batch_size,
+        device=args.device or default_device(), rope_scalings=scalings, trained_length=args.trained_length,
     )  # fmt: skip
     write_results(out, model, results)
-    print(results_table(results) + f"written to {out}")
+    print(length_results_table(results) + f"written to {out}")
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser, config_help: str, default_out: str) -> None:
@@ -233,6 +238,8 @@ def _add_run_arguments(parser: argparse.ArgumentParser, config_help: str, defaul
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of all subcommands."""
+    from roformer.train.run_dir import LENGTH_FILE
+
     parser = _Parser(prog="roformer", description="RoFormer and BERT baseline: convert, pretrain, fine-tune, compare.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -285,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     eval_mlm.add_argument("--seq-lens", default="128,256,512,1024", metavar="L1,L2", help="lengths to evaluate")
     eval_mlm.add_argument("--max-tokens", type=int, default=65536, help="tokens scored at every length")
     eval_mlm.add_argument("--batch-size", type=int, default=8)
-    eval_mlm.add_argument("--out", metavar="FILE", help="JSON results (default: <run>/length_extrapolation.json)")
+    eval_mlm.add_argument("--out", metavar="FILE", help=f"JSON results (default: <run>/{LENGTH_FILE})")
     eval_mlm.add_argument(
         "--rope-scaling",
         metavar="M1,M2",
@@ -293,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default factor: length / trained length)",
     )
     eval_mlm.add_argument("--trained-length", type=int, help="the model's training length (default: from final/)")
+    eval_mlm.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: cuda if available, else cpu)")
     eval_mlm.set_defaults(func=_eval_mlm)
 
     compare = sub.add_parser("compare", help="compare pretraining runs (curves, steps-to-target) and GLUE results")

@@ -18,7 +18,8 @@ import json
 from pathlib import Path
 
 from roformer.config import load
-from roformer.study.length_eval import evaluate_lengths, parse_rope_scalings, results_table
+from roformer.study.length_eval import evaluate_lengths, parse_rope_scalings
+from roformer.study.markdown import length_results_table
 from roformer.train.config import PretrainConfig
 from roformer.train.pretrain import pretrain
 
@@ -68,7 +69,7 @@ def main() -> None:
     scalings = parse_rope_scalings(",".join(METHODS))
     zero_shot = evaluate_lengths(base / "final", base, lengths, max_tokens=args.max_tokens, rope_scalings=scalings)
     tables = [f"Trained at {args.trained} tokens, evaluated with each method (factor = length / {args.trained}):\n",
-              results_table(zero_shot)]  # fmt: skip
+              length_results_table(zero_shot)]  # fmt: skip
     rows = []
     factor = args.long / args.trained
     for method in METHODS:

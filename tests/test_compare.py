@@ -10,6 +10,8 @@ import pytest
 from roformer.cli import main
 from roformer.config import write_yaml
 from roformer.study.compare import compare
+from roformer.study.outputs import CURVES_PLOT_FILE, SUMMARY_JSON_FILE, SUMMARY_MARKDOWN_FILE
+from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, METRICS_FILE, RESULTS_FILE, RUN_CONFIG_FILE
 
 
 def make_run(path: Path, label: str, encoding: str, eval_losses: dict[int, float], seconds_per_step: float,
@@ -19,7 +21,7 @@ def make_run(path: Path, label: str, encoding: str, eval_losses: dict[int, float
     config = {"label": label, "model": {"position_encoding": encoding}, "data": {"vocab_hash": vocab_hash}}
     if seed is not None:
         config["train"] = {"seed": seed}
-    write_yaml(path / "config.yaml", config)
+    write_yaml(path / RUN_CONFIG_FILE, config)
     lines = []
     for step in sorted(eval_losses):
         lines.append({"event": "train", "step": step, "loss": eval_losses[step] + 0.1, "lr": 1e-3, "grad_norm": 1.0,
@@ -27,7 +29,7 @@ def make_run(path: Path, label: str, encoding: str, eval_losses: dict[int, float
                       "elapsed_sec": step * seconds_per_step})  # fmt: skip
         lines.append({"event": "eval", "step": step, "eval_loss": eval_losses[step], "eval_accuracy": 0.5,
                       "elapsed_sec": step * seconds_per_step})  # fmt: skip
-    (path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    (path / METRICS_FILE).write_text("".join(json.dumps(e) + "\n" for e in lines))
     return path
 
 
@@ -60,9 +62,10 @@ def test_steps_to_target_and_ratios_are_exact(runs: list[Path], tmp_path: Path) 
     assert ratios[1]["tokens"] == pytest.approx(200 / 300)
     assert summary["ratios"]["final_eval_loss"] == pytest.approx(3.0 / 4.0)
     out = tmp_path / "out"
-    assert {p.name for p in out.iterdir()} == {"curves.png", "summary.md", "summary.json"}
-    assert (out / "curves.png").stat().st_size > 10_000
-    assert "| 4.500 | 100 (100k tok, 110 s) | 300 (300k tok, 300 s) | 0.33 | 0.37 |" in (out / "summary.md").read_text()
+    assert {p.name for p in out.iterdir()} == {CURVES_PLOT_FILE, SUMMARY_MARKDOWN_FILE, SUMMARY_JSON_FILE}
+    assert (out / CURVES_PLOT_FILE).stat().st_size > 10_000
+    table = (out / SUMMARY_MARKDOWN_FILE).read_text()
+    assert "| 4.500 | 100 (100k tok, 110 s) | 300 (300k tok, 300 s) | 0.33 | 0.37 |" in table
 
 
 def test_explicit_targets_and_baseline(runs: list[Path], tmp_path: Path) -> None:
@@ -78,10 +81,10 @@ def test_glue_table(tmp_path: Path) -> None:
         run.mkdir()
         summary = {"dev": {"accuracy": {"mean": score, "std": 0.01}, "score": {"mean": score, "std": 0.01}}}
         results = {"task": "rte", "label": label, "selection_split": "dev", "summary": summary}
-        (run / "results.json").write_text(json.dumps(results))
+        (run / RESULTS_FILE).write_text(json.dumps(results))
     summary = compare([tmp_path / "glue-roformer", tmp_path / "glue-bert"], tmp_path / "out")
     assert summary["glue"]["roformer"]["rte"]["score"]["mean"] == 0.7
-    assert "| roformer | 70.0 ± 1.0 |" in (tmp_path / "out" / "summary.md").read_text()
+    assert "| roformer | 70.0 ± 1.0 |" in (tmp_path / "out" / SUMMARY_MARKDOWN_FILE).read_text()
 
 
 def glue_run(path: Path, label: str, task: str, splits: dict[str, float], head: str = "mlp") -> Path:
@@ -90,7 +93,7 @@ def glue_run(path: Path, label: str, task: str, splits: dict[str, float], head: 
     summary = {s: {"score": {"mean": v, "std": 0.0}} for s, v in splits.items()}
     results = {"task": task, "label": label, "selection_split": next(iter(splits)), "summary": summary,
                "classifier_head": head}  # fmt: skip
-    (path / "results.json").write_text(json.dumps(results))
+    (path / RESULTS_FILE).write_text(json.dumps(results))
     return path
 
 
@@ -99,7 +102,7 @@ def test_glue_table_reports_mnli_mismatched_and_says_selection_is_on_dev(tmp_pat
             for label, m, mm in (("roformer", 0.8, 0.81), ("bert", 0.7, 0.72))]  # fmt: skip
     summary = compare(runs, tmp_path / "out")
     assert summary["glue"]["bert"]["mnli-mm"]["score"]["mean"] == 0.72
-    text = (tmp_path / "out" / "summary.md").read_text()
+    text = (tmp_path / "out" / SUMMARY_MARKDOWN_FILE).read_text()
     assert "| arm | mnli-m | mnli-mm |" in text and "| roformer | 80.0 ± 0.0 | 81.0 ± 0.0 |" in text
     assert "Selected on dev" in text
 
@@ -124,14 +127,14 @@ def test_bad_inputs(runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixt
     assert "not a run directory" in capsys.readouterr().err
     no_eval = tmp_path / "no-eval"
     no_eval.mkdir()
-    (no_eval / "metrics.jsonl").write_text(json.dumps({"event": "train", "step": 1, "loss": 3.0}) + "\n")
+    (no_eval / METRICS_FILE).write_text(json.dumps({"event": "train", "step": 1, "loss": 3.0}) + "\n")
     assert main(["compare", str(no_eval), str(runs[0]), "--out", str(tmp_path / "o2")]) == 2
     assert "no eval events" in capsys.readouterr().err
     for label, task in (("a", "rte"), ("b", "mrpc")):
         run = tmp_path / f"glue-{label}"
         run.mkdir()
         results = {"task": task, "label": label, "selection_split": "dev", "summary": {"dev": {"score": {"mean": 1}}}}
-        (run / "results.json").write_text(json.dumps(results))
+        (run / RESULTS_FILE).write_text(json.dumps(results))
     assert main(["compare", str(tmp_path / "glue-a"), str(tmp_path / "glue-b"), "--out", str(tmp_path / "o3")]) == 2
     assert "share no task" in capsys.readouterr().err
     assert main(["compare", *map(str, runs), "--out", str(tmp_path / "o4"), "--targets", "x"]) == 2
@@ -159,9 +162,9 @@ def test_differences_have_paired_intervals_over_seeds(tmp_path: Path) -> None:
     assert steps[0]["mean"] == 0.0 and steps[0]["low"] < 0 < steps[0]["high"]  # per seed -100, +100, 0
     assert steps[0]["significant"] is False
     assert steps[1]["mean"] is None  # bert's seed 1 ends at 4.1: never reaches 4.05
-    text = (tmp_path / "out" / "summary.md").read_text()
+    text = (tmp_path / "out" / SUMMARY_MARKDOWN_FILE).read_text()
     assert "paired t" in text and "n.s." in text and "not reached" in text
-    assert json.loads((tmp_path / "out" / "summary.json").read_text())["differences"]["roformer"]["final_eval_loss"]
+    assert json.loads((tmp_path / "out" / SUMMARY_JSON_FILE).read_text())["differences"]["roformer"]["final_eval_loss"]
 
 
 def seeded_glue_run(path: Path, label: str, scores: dict[int, float], init: str = "") -> Path:
@@ -173,7 +176,7 @@ def seeded_glue_run(path: Path, label: str, scores: dict[int, float], init: str 
     results = {"task": "rte", "label": label, "init": init, "selection_split": "dev", "runs": runs,
                "selected": {"peak_lr": 2e-5, "seed": 0},
                "summary": {"dev": {"score": {"mean": mean, "std": 0.0}}}}  # fmt: skip
-    (path / "results.json").write_text(json.dumps(results))
+    (path / RESULTS_FILE).write_text(json.dumps(results))
     return path
 
 
@@ -186,16 +189,16 @@ def test_glue_differences_paired_by_fine_tuning_seed_then_by_pretraining_seed(tm
     d = summary["glue_differences"]["roformer"]["rte"]
     expected = stats.ttest_rel(list(rope.values()), list(bert.values())).confidence_interval(0.95)
     assert d["test"] == "paired t" and (d["low"], d["high"]) == pytest.approx((expected.low, expected.high))
-    assert "Dev score differences from bert" in (tmp_path / "out" / "summary.md").read_text()
+    assert "Dev score differences from bert" in (tmp_path / "out" / SUMMARY_MARKDOWN_FILE).read_text()
     # one GLUE run per pretraining seed (init = <run>/final, whose config.yaml has the seed): paired by that seed
     runs = []
     for seed, (r, b_) in enumerate([(0.62, 0.60), (0.70, 0.61), (0.64, 0.63)]):
         for label, value in (("roformer", r), ("bert", b_)):
             pre = tmp_path / "pre" / f"{label}-seed{seed}"
-            (pre / "final").mkdir(parents=True)
-            write_yaml(pre / "config.yaml", {"train": {"seed": seed}})
+            (pre / FINAL_DIR).mkdir(parents=True)
+            write_yaml(pre / RUN_CONFIG_FILE, {"train": {"seed": seed}})
             runs.append(seeded_glue_run(tmp_path / f"g-{label}-{seed}", label, {0: value, 1: value},
-                                        init=str(pre / "final")))  # fmt: skip
+                                        init=str(pre / FINAL_DIR)))  # fmt: skip
     summary = compare(runs, tmp_path / "out2", baseline="bert")
     d = summary["glue_differences"]["roformer"]["rte"]
     assert d["test"] == "paired t" and d["n"] == [3, 3] and d["mean"] == pytest.approx((0.02 + 0.09 + 0.01) / 3)
@@ -209,10 +212,10 @@ def test_length_differences_paired_by_seed(tmp_path: Path) -> None:
         for label, encoding, offset in (("roformer", "rotary", 0.0), ("bert", "sinusoidal", bert_offset)):
             run = make_run(tmp_path / f"{label}-{seed}", label, encoding, {100: 4.0}, 1.0, seed=seed)
             rows = [{"seq_len": n, "eval_loss": 3.0 + offset + n / 1000, "eval_accuracy": 0.3} for n in (128, 512)]
-            (run / "length_extrapolation.json").write_text(json.dumps({"results": rows}))
+            (run / LENGTH_FILE).write_text(json.dumps({"results": rows}))
             runs.append(run)
     summary = compare(runs, tmp_path / "out")
     d = summary["length_differences"]["roformer"]
     assert set(d) == {128, 512} and d[128]["test"] == "paired t"
     assert d[512]["mean"] == pytest.approx(-0.55) and d[512]["significant"] is True
-    assert "Eval-loss differences from bert" in (tmp_path / "out" / "summary.md").read_text()
+    assert "Eval-loss differences from bert" in (tmp_path / "out" / SUMMARY_MARKDOWN_FILE).read_text()

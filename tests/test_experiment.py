@@ -11,8 +11,18 @@ from test_pretrain import interrupted_run, tiny_run_config
 
 from roformer.cli import main
 from roformer.config import ConfigError, read_yaml, write_yaml
-from roformer.study.experiment import load_experiment, run_experiment
+from roformer.model.weights import WEIGHTS_FILE
+from roformer.study.experiment import arm_run_path, load_experiment, run_experiment
+from roformer.study.outputs import (
+    COMPARE_DIR,
+    CURVES_PLOT_FILE,
+    GLUE_DIR,
+    LENGTH_PLOT_FILE,
+    REPORT_FILE,
+    SUMMARY_JSON_FILE,
+)
 from roformer.train.pretrain import Pretrainer
+from roformer.train.run_dir import CHECKPOINTS_DIR, FINAL_DIR, METRICS_FILE, RESULTS_FILE
 
 
 def experiment_files(tmp_path: Path, **train) -> Path:
@@ -29,19 +39,20 @@ def test_experiment_end_to_end(tmp_path: Path) -> None:
     assert main(["experiment", "--config", str(config), "--output-dir", str(tmp_path / "out")]) == 0
     out = tmp_path / "out"
     assert {p.name for p in out.iterdir()} == {"roformer-seed0", "bert-seed0", "roformer-seed1", "bert-seed1",
-                                               "compare", "report.md"}  # fmt: skip
-    report = (out / "report.md").read_text()
-    assert "![MLM loss curves](compare/curves.png)" in report and "## How this was made" in report
+                                               COMPARE_DIR, REPORT_FILE}  # fmt: skip
+    assert arm_run_path(out, "bert", 1) == out / "bert-seed1"
+    report = (out / REPORT_FILE).read_text()
+    assert f"![MLM loss curves]({COMPARE_DIR}/{CURVES_PLOT_FILE})" in report and "## How this was made" in report
     assert "Differences from the baseline (bert)" in report and "Arm `roformer`, resolved pretraining config" in report
-    summary = json.loads((out / "compare" / "summary.json").read_text())
+    summary = json.loads((out / COMPARE_DIR / SUMMARY_JSON_FILE).read_text())
     assert summary["baseline"] == "bert" and summary["roformer"] == "roformer"
     assert [a["seeds"] for a in summary["arms"]] == [2, 2]
     # same initial weights and batches per seed: the first train loss differs only through the position encoding,
     # and the two seeds of an arm differ
-    first = {d.name: json.loads((d / "metrics.jsonl").read_text().splitlines()[0])["loss"]
+    first = {d.name: json.loads((d / METRICS_FILE).read_text().splitlines()[0])["loss"]
              for d in out.iterdir() if d.name.endswith(("seed0", "seed1"))}  # fmt: skip
     assert first["roformer-seed0"] != first["roformer-seed1"]
-    a = load_file(out / "roformer-seed0" / "checkpoints" / "step-3" / "model.safetensors")
+    a = load_file(out / "roformer-seed0" / CHECKPOINTS_DIR / "step-3" / WEIGHTS_FILE)
     assert a  # checkpoints exist for resuming
 
 
@@ -135,16 +146,16 @@ def test_glue_and_length_stages_resume_and_report(tmp_path: Path, monkeypatch: p
     write_yaml(config, data)
     summary = run_experiment(config, tmp_path / "out")
     out = tmp_path / "out"
-    assert sorted(p.name for p in (out / "glue").iterdir()) == ["bert-seed0", "bert-seed1", "roformer-seed0",
-                                                                "roformer-seed1"]  # fmt: skip
-    results = json.loads((out / "glue" / "roformer-seed1" / "sst2" / "results.json").read_text())
-    assert results["label"] == "roformer" and results["init"].endswith("roformer-seed1/final")
+    assert sorted(p.name for p in (out / GLUE_DIR).iterdir()) == ["bert-seed0", "bert-seed1", "roformer-seed0",
+                                                                  "roformer-seed1"]  # fmt: skip
+    results = json.loads((out / GLUE_DIR / "roformer-seed1" / "sst2" / RESULTS_FILE).read_text())
+    assert results["label"] == "roformer" and results["init"].endswith(f"roformer-seed1/{FINAL_DIR}")
     assert summary["glue"]["roformer"]["sst2"]["runs"] == 2 and "sst2" in summary["glue_differences"]["roformer"]
     assert set(summary["length_differences"]["roformer"]) == {32, 64}
-    report = (out / "report.md").read_text()
+    report = (out / REPORT_FILE).read_text()
     assert "### GLUE" in report and "Dev score differences from bert" in report and "GLUE suite" in report
     assert f"GLUE suite (`{tmp_path / 'suite.yaml'}`)" in report  # the path shown without `..`
-    assert "![eval loss against length](compare/length.png)" in report
+    assert f"![eval loss against length]({COMPARE_DIR}/{LENGTH_PLOT_FILE})" in report
 
     calls = []
     monkeypatch.setattr(experiment_module, "pretrain", lambda *a, **k: calls.append("pretrain"))

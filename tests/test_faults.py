@@ -367,3 +367,23 @@ def test_a_signal_before_training_stops_at_once_with_the_requeue_code(
     monkeypatch.setattr(pretrain_module, "build_data", build_data)
     code, err = run_cli(["--config", str(yaml), "--output-dir", str(tmp_path / "run")], capsys)
     assert code == 75 and "outside training" in err and not (tmp_path / "run").exists()
+
+
+def test_train_events_after_a_graceful_stop_equal_the_uninterrupted_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """log_every 3, SIGTERM after step 5: the step-6 event must average steps 4-6, as without the stop."""
+    yaml = tiny_run_config(tmp_path / "c.yaml", model={"hidden_dropout": 0.1}, max_steps=9, log_every=3, save_every=4)
+    assert run_cli(["--config", str(yaml), "--output-dir", str(tmp_path / "full")], capsys)[0] == 0
+    at_step(monkeypatch, 4, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    assert run_cli(["--config", str(yaml), "--output-dir", str(tmp_path / "cut")], capsys)[0] == 75
+    monkeypatch.undo()
+    assert run_cli(["--output-dir", str(tmp_path / "cut"), "--resume"], capsys)[0] == 0
+    timing = {"tokens_per_sec", "elapsed_sec", "data_fraction"}
+
+    def train_events(run: Path) -> list[dict]:
+        events = read_metrics(run / "metrics.jsonl")
+        return [{k: v for k, v in e.items() if k not in timing} for e in events if e["event"] == "train"]
+
+    assert [e["step"] for e in train_events(tmp_path / "full")] == [3, 6, 9]
+    assert train_events(tmp_path / "cut") == train_events(tmp_path / "full")

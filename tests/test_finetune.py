@@ -154,11 +154,13 @@ def test_mnli_writes_matched_mismatched_and_ax(tmp_path: Path, pretrained: Path)
 
 
 def test_glue_suite_writes_one_table(tmp_path: Path, pretrained: Path, number_task: dict) -> None:
+    from roformer.study.outputs import SUITE_TABLE_FILE
+
     task_config(tmp_path / "sst2.yaml", pretrained, number_task, max_steps=3, seeds=[0])
     write_yaml(tmp_path / "suite.yaml", {"tasks": ["sst2.yaml"], "overrides": ["train.batch_size=8"]})
     assert main(["glue", "--config", str(tmp_path / "suite.yaml"), "--output-dir", str(tmp_path / "out")]) == 0
     out = tmp_path / "out"
-    table = (out / "results.md").read_text()
+    table = (out / SUITE_TABLE_FILE).read_text()
     assert table.startswith("| task | split | metric |") and "| sst2 | dev | accuracy |" in table
     assert (out / "submission" / "SST-2.tsv").is_file()
     assert set(json.loads((out / "results.json").read_text())) == {"sst2"}
@@ -268,6 +270,7 @@ def test_an_interrupted_glue_suite_resumes_where_it_stopped(
     tmp_path: Path, pretrained: Path, number_task: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Finished tasks are read back, the interrupted task keeps its finished (lr, seed) runs and continues."""
+    from roformer.study.outputs import SUITE_TABLE_FILE
     from roformer.study.suite import run_suite
     from roformer.train.engine import Engine
     from roformer.train.finetune import Finetuner
@@ -301,7 +304,7 @@ def test_an_interrupted_glue_suite_resumes_where_it_stopped(
     results = run_suite(tmp_path / "suite.yaml", tmp_path / "out", resume=True)
     assert trained == [("cola", 1)]  # sst2 finished, cola seed 0 finished: only the interrupted run trains
     assert results["sst2"]["summary"] == first["summary"] and set(results) == {"sst2", "cola"}
-    assert (tmp_path / "out" / "results.md").is_file() and (tmp_path / "out" / "cola" / "results.json").is_file()
+    assert (tmp_path / "out" / SUITE_TABLE_FILE).is_file() and (tmp_path / "out" / "cola" / "results.json").is_file()
 
 
 def test_bf16_finetuning_on_cpu(tmp_path: Path, pretrained: Path, number_task: dict) -> None:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import REPO
 from test_pretrain import run_python, tiny_run_config
 
@@ -13,8 +14,10 @@ import roformer
 from roformer.cli import main
 from roformer.config import load
 from roformer.study.compare import compare
+from roformer.study.outputs import LENGTH_PLOT_FILE, SUMMARY_MARKDOWN_FILE
 from roformer.train.config import PretrainConfig
 from roformer.train.pretrain import pretrain
+from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +33,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_two_lengths_and_compare(runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     for encoding, run in runs.items():
-        assert main(["eval-mlm", "--model", str(run / "final"), "--seq-lens", "32,128", "--max-tokens", "1024"]) == 0
+        assert main(["eval-mlm", "--model", str(run / FINAL_DIR), "--seq-lens", "32,128", "--max-tokens", "1024"]) == 0
         printed = capsys.readouterr().out
-        results = json.loads((run / "length_extrapolation.json").read_text())["results"]
+        results = json.loads((run / LENGTH_FILE).read_text())["results"]
         assert [r["seq_len"] for r in results] == [32, 128]
         assert results[0]["eval_loss"] > 0 and results[0]["blocks"] == 1024 // 32
         if encoding == "rotary":  # trained at 32 tokens, evaluated at 4x that: rotary has no length limit
@@ -43,27 +46,27 @@ def test_two_lengths_and_compare(runs: dict[str, Path], tmp_path: Path, capsys: 
     summary = compare(list(runs.values()), tmp_path / "cmp")
     table = summary["length_extrapolation"]
     assert [r["seq_len"] for r in table["rotary"]] == [32, 128] and "error" in table["learned"][1]
-    assert (tmp_path / "cmp" / "length.png").is_file()
-    assert "cannot" in (tmp_path / "cmp" / "summary.md").read_text()
+    assert (tmp_path / "cmp" / LENGTH_PLOT_FILE).is_file()
+    assert "cannot" in (tmp_path / "cmp" / SUMMARY_MARKDOWN_FILE).read_text()
 
 
 def test_length_beyond_the_validation_text(runs: dict[str, Path]) -> None:
     from roformer.study.length_eval import evaluate_lengths
 
-    results = evaluate_lengths(runs["rotary"] / "final", runs["rotary"], [32, 100_000])
+    results = evaluate_lengths(runs["rotary"] / FINAL_DIR, runs["rotary"], [32, 100_000])
     assert "eval_loss" in results[0] and "corpus too small" in results[1]["error"]
 
 
 def test_bad_lengths(runs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
-    assert main(["eval-mlm", "--model", str(runs["rotary"] / "final"), "--seq-lens", "32,abc"]) == 2
+    assert main(["eval-mlm", "--model", str(runs["rotary"] / FINAL_DIR), "--seq-lens", "32,abc"]) == 2
     assert "--seq-lens" in capsys.readouterr().err
-    assert main(["eval-mlm", "--model", str(runs["rotary"] / "final"), "--data", "/nonexistent.yaml"]) == 2
+    assert main(["eval-mlm", "--model", str(runs["rotary"] / FINAL_DIR), "--data", "/nonexistent.yaml"]) == 2
     assert "neither a pretraining config" in capsys.readouterr().err
 
 
 def test_rope_scaling_methods(runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Trained at 32: at 32 every method's factor is 1 (the same tables); at 128 they differ, same weights."""
-    final = runs["rotary"] / "final"
+    final = runs["rotary"] / FINAL_DIR
     out = tmp_path / "scaled.json"
     args = ["eval-mlm", "--model", str(final), "--seq-lens", "32,128", "--max-tokens", "1024", "--out", str(out)]
     assert main([*args, "--rope-scaling", "none,linear,ntk,yarn,linear:2"]) == 0
@@ -80,10 +83,25 @@ def test_rope_scaling_methods(runs: dict[str, Path], tmp_path: Path, capsys: pyt
 def test_rope_scaling_bad_input(runs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
     for model, scaling, message in [("rotary", "pi", "unknown method 'pi'"), ("rotary", "yarn:0.5", "factor >= 1"),
                                     ("learned", "linear", "learned positions, not rotary")]:  # fmt: skip
-        args = ["eval-mlm", "--model", str(runs[model] / "final"), "--seq-lens", "32", "--rope-scaling", scaling]
+        args = ["eval-mlm", "--model", str(runs[model] / FINAL_DIR), "--seq-lens", "32", "--rope-scaling", scaling]
         assert main(args) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_device(runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--device cpu evaluates there; a device this machine cannot run on: one line, exit code 2, nothing written."""
+    args = ["eval-mlm", "--model", str(runs["rotary"] / FINAL_DIR), "--seq-lens", "32", "--max-tokens", "256"]
+    assert main([*args, "--device", "cpu", "--out", str(tmp_path / "cpu.json")]) == 0
+    assert json.loads((tmp_path / "cpu.json").read_text())["results"][0]["eval_loss"] > 0
+    capsys.readouterr()
+    missing = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+    for device in ("nonsense", "meta", missing):
+        out = tmp_path / f"{device}.json"
+        assert main([*args, "--device", device, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"--device {device!r}: not a device this machine can run on" in err
+        assert len(err.strip().splitlines()) == 1 and not out.exists()
 
 
 def test_rope_scaling_study_script(tmp_path: Path) -> None:
@@ -98,4 +116,4 @@ def test_rope_scaling_study_script(tmp_path: Path) -> None:
     assert all(f"| {m} |" in tables for m in ("none", "linear", "ntk", "yarn"))
     results = json.loads((tmp_path / "study" / "results.json").read_text())
     assert set(results["continued"]) == {"none", "linear", "ntk", "yarn"}
-    assert roformer.load(tmp_path / "study" / "continued-yarn" / "final").config.rope_scaling.factor == 2
+    assert roformer.load(tmp_path / "study" / "continued-yarn" / FINAL_DIR).config.rope_scaling.factor == 2

@@ -1,4 +1,5 @@
 """Studies built from training runs: experiments (arms x seeds), GLUE suites, length evaluation and comparisons.
 
-`compare` reads run directories only and imports no torch.
+The computing modules (compare, stats, suite, length_eval) return data; `markdown` renders every table of it and
+`outputs` names every file the studies write. `compare`, `markdown` and `outputs` import no torch.
 """

@@ -7,18 +7,21 @@ losses (by default the baseline's final eval loss and a few levels above it); th
 of each. Seeds are averaged first: an arm's eval curve is the mean over its seeds at the steps they all evaluated,
 and a target counts as reached at the first of those steps whose mean loss is at or below it (no interpolation,
 so the numbers are exact and reproducible from metrics.jsonl); tokens and seconds are the seeds' means there.
+
+This module computes the comparison (`summarise`: a JSON-ready dict); roformer.study.markdown renders summary.md.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from pathlib import Path
 from typing import Any
 
 from roformer.errors import UserError
 from roformer.files import check_output_dir, staged_output_dir
+from roformer.study.markdown import summary_markdown
+from roformer.study.outputs import CURVES_PLOT_FILE, LENGTH_PLOT_FILE, SUMMARY_JSON_FILE, SUMMARY_MARKDOWN_FILE
 from roformer.study.plots import plot_curves, plot_lengths
 from roformer.study.runs import (
     Arm,
@@ -34,11 +37,6 @@ from roformer.study.runs import (
 from roformer.study.stats import glue_differences, length_differences, pretraining_differences
 
 TARGET_OFFSETS = (0.5, 0.25, 0.1, 0.0)  # eval-loss levels above the baseline's final eval loss
-GLUE_NOTE = (
-    "Selected on dev: each cell is the mean over seeds at the learning rate with the best mean dev score (MNLI: on "
-    "matched), each seed at its best dev checkpoint, so the numbers are optimistic estimates; unbiased ones need "
-    "the test server (each run's submission/)."
-)
 
 
 def mean_eval_curve(arm: Arm) -> list[dict[str, Any]]:
@@ -140,7 +138,7 @@ def summarise(
         summary["roformer"] = rope.label if rope else None
         summary["targets"] = levels
         summary["arms"] = per_arm
-        lengths = length_table(arms)
+        lengths = length_means(arms)
         if lengths:
             summary["length_extrapolation"] = lengths
             summary["length_differences"] = length_differences(arms, base)
@@ -149,7 +147,7 @@ def summarise(
             summary["ratios"] = _ratios(next(a for a in per_arm if a["label"] == rope.label),
                                         next(a for a in per_arm if a["label"] == base.label))  # fmt: skip
     if glue:
-        summary["glue"] = glue_table(glue)
+        summary["glue"] = glue_means(glue)
         base_label = summary.get("baseline") or baseline
         if base_label is not None:
             summary["glue_baseline"] = base_label
@@ -157,7 +155,7 @@ def summarise(
     return summary
 
 
-def length_table(arms: list[Arm]) -> dict[str, list[dict[str, Any]]]:
+def length_means(arms: list[Arm]) -> dict[str, list[dict[str, Any]]]:
     """{label: [{seq_len, eval_loss, eval_accuracy} means over seeds, or {seq_len, error}]} where measured."""
     table = {}
     for arm in arms:
@@ -199,7 +197,7 @@ def _ratios(rope: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def glue_table(glue: list[GlueRun]) -> dict[str, dict[str, Any]]:
+def glue_means(glue: list[GlueRun]) -> dict[str, dict[str, Any]]:
     """{label: {column: {metric: mean/std}}} from GLUE results: over seeds at the selected lr, and over runs.
 
     Every dev split is reported: MNLI gives `mnli-m` (matched, the split that selects) and `mnli-mm` (mismatched).
@@ -232,131 +230,6 @@ def glue_table(glue: list[GlueRun]) -> dict[str, dict[str, Any]]:
     return table
 
 
-def _fmt(value: float | None, digits: int = 3) -> str:
-    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
-
-
-def summary_markdown(summary: dict[str, Any]) -> str:
-    """summary.md: the arms table, steps-to-target table with ratios, and the GLUE table."""
-    lines = []
-    if "arms" in summary:
-        header = (
-            "| arm | position encoding | seeds | final step | final eval loss | eval loss at common step | accuracy |"
-        )
-        lines += ["## MLM pretraining", "", header, "|---|---|---:|---:|---:|---:|---:|"]
-        for a in summary["arms"]:
-            loss = _fmt(a["final_eval_loss"]) + (f" ± {a['final_eval_loss_std']:.3f}" if a["seeds"] > 1 else "")
-            acc = a["final_eval_accuracy"]
-            lines.append(
-                f"| {a['label']} | {a['position_encoding']} | {a['seeds']} | {a['final_step']:.0f} | {loss} | "
-                f"{_fmt(a.get('eval_loss_at_common_step'))} | {'—' if acc is None else f'{100 * acc:.1f}%'} |"
-            )
-        ratio_columns = " ratio steps | ratio seconds |" if "ratios" in summary else ""
-        lines += [
-            "",
-            f"Steps (tokens, training seconds) to first reach an eval loss; baseline: {summary['baseline']}.",
-            "",
-            "| target eval loss | " + " | ".join(a["label"] for a in summary["arms"]) + " |" + ratio_columns,
-            "|---:|" + "---:|" * len(summary["arms"]) + ("---:|---:|" if ratio_columns else ""),
-        ]
-        for i, target in enumerate(summary["targets"]):
-            cells = []
-            for a in summary["arms"]:
-                r = a["targets"][i]
-                cells.append("not reached" if r["steps"] is None else f"{r['steps']:.0f} ({_tokens(r['tokens'])}, "
-                             f"{_fmt(r['seconds'], 0)} s)")  # fmt: skip
-            row = f"| {target:.3f} | " + " | ".join(cells) + " |"
-            if "ratios" in summary:
-                ratio = summary["ratios"]["targets"][i]
-                row += f" {_fmt(ratio['steps'], 2)} | {_fmt(ratio['seconds'], 2)} |"
-            lines.append(row)
-        if "ratios" in summary:
-            ratios = summary["ratios"]
-            lines += ["", f"RoFormer ({summary['roformer']}) / baseline ({summary['baseline']}): final eval loss "
-                      f"{_fmt(ratios['final_eval_loss'])}"]  # fmt: skip
-    if summary.get("differences"):
-        lines += _differences_markdown(summary)
-    if "length_extrapolation" in summary:
-        lines += ["", "## Length extrapolation (eval MLM loss / masked-token accuracy, fixed mask)", ""]
-        lengths = sorted({r["seq_len"] for rows in summary["length_extrapolation"].values() for r in rows})
-        lines += ["| arm | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
-        for label, rows in summary["length_extrapolation"].items():
-            by_length = {r["seq_len"]: r for r in rows}
-            cells = []
-            for n in lengths:
-                r = by_length.get(n)
-                if r is None or "error" in r:
-                    cells.append("—" if r is None else "cannot")
-                else:
-                    cells.append(f"{r['eval_loss']:.3f} / {100 * r['eval_accuracy']:.1f}%")
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        if summary.get("length_differences"):
-            intro = (f"Eval-loss differences from {summary['baseline']} (arm - baseline, mean [95% interval over "
-                     "seeds]; n.s. = the interval includes 0):")  # fmt: skip
-            rows = {label: [_difference_cell(by_length[n], 3) if n in by_length else "—" for n in lengths]
-                    for label, by_length in summary["length_differences"].items()}  # fmt: skip
-            lines += _difference_table(intro, [str(n) for n in lengths], rows)
-    if "glue" in summary:
-        tasks = sorted({t for rows in summary["glue"].values() for t in rows})
-        lines += ["", "## GLUE (dev, mean ± std over seeds, %)", "", GLUE_NOTE, "",
-                  "| arm | " + " | ".join(tasks) + " |", "|---|" + "---:|" * len(tasks)]  # fmt: skip
-        for label, rows in summary["glue"].items():
-            cells = [f"{100 * rows[t]['score']['mean']:.1f} ± {100 * rows[t]['score']['std']:.1f}" if t in rows else "—"
-                     for t in tasks]  # fmt: skip
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        if summary.get("glue_differences"):
-            intro = (f"Dev score differences from {summary['glue_baseline']} (points, arm - baseline, mean [95% "
-                     "interval over seeds]; n.s. = the interval includes 0):")  # fmt: skip
-            rows = {label: [_difference_cell(_points(columns[t]), 1) if t in columns else "—" for t in tasks]
-                    for label, columns in summary["glue_differences"].items()}  # fmt: skip
-            lines += _difference_table(intro, tasks, rows)
-    return "\n".join(lines) + "\n"
-
-
-def _points(d: dict[str, Any]) -> dict[str, Any]:
-    """A score difference in percentage points."""
-    return {**d, **{k: 100 * d[k] for k in ("mean", "low", "high") if d.get(k) is not None}}
-
-
-def _differences_markdown(summary: dict[str, Any]) -> list[str]:
-    """Arm - baseline for the final loss and the steps to each target, with the 95% interval over seeds."""
-    tests = sorted({d["test"] for arm in summary["differences"].values() for d in _all(arm) if d.get("test")})
-    intro = (f"Differences from the baseline ({summary['baseline']}): arm - baseline, mean over seeds [95% "
-             f"interval; {', '.join(tests) or 'one seed: no interval'}]; n.s. = the interval includes 0.")
-    headers = ["final eval loss", *(f"steps to {t:.3f}" for t in summary["targets"])]
-    rows = {
-        label: [_difference_cell(arm["final_eval_loss"], 3), *(_difference_cell(d, 0) for d in arm["steps_to_target"])]
-        for label, arm in summary["differences"].items()
-    }
-    return _difference_table(intro, headers, rows)
-
-
-def _difference_table(intro: str, headers: list[str], rows: dict[str, list[str]]) -> list[str]:
-    """Markdown lines: the intro, then one row of difference cells per arm."""
-    table = ["| arm | " + " | ".join(headers) + " |", "|---|" + "---:|" * len(headers)]
-    return ["", intro, "", *table, *(f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows.items())]
-
-
-def _all(arm: dict[str, Any]) -> list[dict[str, Any]]:
-    return [arm["final_eval_loss"], *arm["steps_to_target"]]
-
-
-def _difference_cell(d: dict[str, Any], digits: int) -> str:
-    if d.get("mean") is None:
-        return "not reached"
-    cell = f"{d['mean']:+.{digits}f}"
-    if d.get("low") is None:
-        return cell
-    cell += f" [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]"
-    return cell if d["significant"] else cell + " n.s."
-
-
-def _tokens(value: float | None) -> str:
-    if value is None:
-        return "—"
-    return f"{value / 1e6:.2f}M tok" if value >= 1e6 else f"{value / 1e3:.0f}k tok"
-
-
 def compare(
     paths: list[str | Path],
     out: str | Path,
@@ -364,7 +237,7 @@ def compare(
     targets: list[float] | None = None,
     overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Read the runs, write curves.png, summary.md and summary.json into `out`; returns the summary.
+    """Read the runs, write curves.png (and length.png), summary.md and summary.json into `out`; returns the summary.
 
     Raises:
         UserError: a directory that is not a run, runs without evaluations, GLUE runs sharing no task.
@@ -379,9 +252,9 @@ def compare(
     summary["runs"] = [str(Path(p)) for p in paths]
     with staged_output_dir(out, overwrite) as staging:
         if runs:
-            plot_curves(group_arms(runs), staging / "curves.png")
+            plot_curves(group_arms(runs), staging / CURVES_PLOT_FILE)
         if "length_extrapolation" in summary:
-            plot_lengths(summary["length_extrapolation"], staging / "length.png")
-        (staging / "summary.json").write_text(json.dumps(summary, indent=2))
-        (staging / "summary.md").write_text(summary_markdown(summary))
+            plot_lengths(summary["length_extrapolation"], staging / LENGTH_PLOT_FILE)
+        (staging / SUMMARY_JSON_FILE).write_text(json.dumps(summary, indent=2))
+        (staging / SUMMARY_MARKDOWN_FILE).write_text(summary_markdown(summary))
     return summary

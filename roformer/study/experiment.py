@@ -28,16 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from roformer.config import check_types, load, read_yaml
 from roformer.errors import ConfigError
 from roformer.files import check_output_dir
 from roformer.model.config import ModelConfig
 from roformer.model.weights import WEIGHTS_FILE
 from roformer.study.compare import compare
-from roformer.study.length_eval import evaluate_lengths, write_results
-from roformer.study.report import GLUE_DIR, write_report
+from roformer.study.length_eval import default_device, evaluate_lengths, write_results
+from roformer.study.outputs import COMPARE_DIR, GLUE_DIR
+from roformer.study.report import write_report
 from roformer.study.runs import check_same_vocabulary, load_runs
 from roformer.study.suite import load_suite_config, run_suite
 from roformer.train.config import PretrainConfig
@@ -62,8 +61,12 @@ POSITION_FIELDS = {
 
 
 @dataclass
-class Arm:
-    """An arm given as a pretraining config plus overrides of its own (e.g. `model.position_encoding=none`)."""
+class ArmSpec:
+    """How to make an arm's runs: a pretraining config plus overrides of its own (e.g. `model.position_encoding=none`).
+
+    The `{config: ..., set: [...]}` form of an entry of `arms:` (a plain string is the config alone). The runs it
+    makes, read back for a comparison, are a roformer.study.runs.Arm.
+    """
 
     config: str = ""
     set: list[str] = field(default_factory=list)
@@ -127,7 +130,7 @@ class ExperimentConfig:
         length: Optional length-evaluation stage (LengthStage).
     """
 
-    arms: dict[str, str | Arm] = field(default_factory=dict)
+    arms: dict[str, str | ArmSpec] = field(default_factory=dict)
     seeds: list[int] = field(default_factory=lambda: [0])
     overrides: list[str] = field(default_factory=list)
     baseline: str | None = None
@@ -159,7 +162,7 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tup
     experiment = load(ExperimentConfig, path)
     arms = {}
     for label, arm in experiment.arms.items():
-        arm = arm if isinstance(arm, Arm) else Arm(config=arm)
+        arm = arm if isinstance(arm, ArmSpec) else ArmSpec(config=arm)
         config = load(PretrainConfig, path.parent / arm.config, arm.set + experiment.overrides + list(overrides or []))
         config.label = label
         arms[label] = config
@@ -195,8 +198,8 @@ def check_controlled(arms: dict[str, PretrainConfig], source: str, vary: set[str
                 )
 
 
-def run_dir(out: Path, label: str, seed: int) -> Path:
-    """Where the run of an arm and seed lives."""
+def arm_run_path(out: Path, label: str, seed: int) -> Path:
+    """Where the pretraining run of an arm and seed lives: `<out>/<label>-seed<seed>/`."""
     return out / f"{label}-seed{seed}"
 
 
@@ -215,7 +218,7 @@ def run_experiment(path: str | Path, out: str | Path, overrides: list[str] | Non
     process_state().wait_for_everyone()
     if not _is_main_process():
         return {}
-    summary = compare(runs + glue_dirs, out / "compare", baseline=experiment.baseline, targets=experiment.targets,
+    summary = compare(runs + glue_dirs, out / COMPARE_DIR, baseline=experiment.baseline, targets=experiment.targets,
                       overwrite=True)  # fmt: skip
     write_report(out, path, experiment, arms, list(overrides or []))
     return summary
@@ -230,7 +233,7 @@ def pretrain_arms(experiment: ExperimentConfig, arms: dict[str, PretrainConfig],
         order = list(arms.items()) if index % 2 == 0 else list(reversed(arms.items()))
         for label, config in order:
             config.train.seed = seed
-            directory = run_dir(out, label, seed)
+            directory = arm_run_path(out, label, seed)
             runs.append(directory)
             if (directory / FINAL_DIR / WEIGHTS_FILE).is_file():
                 logger.info("%s: done, skipped", directory)
@@ -261,7 +264,7 @@ def finetune_runs(experiment: ExperimentConfig, path: Path, runs: list[Path], ou
 
 def evaluate_run_lengths(stage: LengthStage, runs: list[Path]) -> None:
     """eval-mlm of every run's final model at the stage's lengths (a run that has its file is kept)."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = default_device()
     for directory in runs:
         target = directory / LENGTH_FILE
         if target.is_file():

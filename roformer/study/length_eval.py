@@ -10,6 +10,9 @@ sinusoidal positions run at any length; learned positions stop at their table, w
 paper's RoPE), `linear` (position interpolation), `ntk`, `yarn`, each with a fixed factor (`yarn:4`) or, by
 default, factor = length / trained length at every length longer than the trained one (the factor a user would
 choose to run at that length). The weights are the same; only the rotation tables change.
+
+The results are rows of numbers (written as JSON by `write_results`); roformer.study.markdown.length_results_table
+lays them out as the table eval-mlm prints.
 """
 
 from __future__ import annotations
@@ -50,6 +53,24 @@ def data_config_of(source: str | Path) -> Any:
     if not path.is_file():
         raise UserError(f"{source}: neither a pretraining config nor a run directory with {RUN_CONFIG_FILE}")
     return roformer.config.load(PretrainConfig, path).data
+
+
+def default_device() -> str:
+    """`cuda` where this machine has a CUDA device, else `cpu`: where eval-mlm and experiments' length stage run."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_device(name: str) -> None:
+    """Refuse a device this machine cannot run on: a name torch does not know, or a device it does not have.
+
+    Raises:
+        UserError: one line, naming the device and torch's reason.
+    """
+    try:
+        torch.zeros(1, device=torch.device(name)).cpu()  # allocates: a missing device or device index fails here
+    except Exception as e:  # RuntimeError (unknown name, bad index), AssertionError (torch built without it), ...
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"--device {name!r}: not a device this machine can run on ({reason})") from None
 
 
 SCALING_METHODS = ("none", "linear", "ntk", "yarn")
@@ -111,7 +132,7 @@ def evaluate_lengths(
         seq_lens: Block lengths.
         max_tokens: Tokens scored at every length.
         batch_size: Blocks per forward.
-        device: Where to run.
+        device: Where to run (checked first: `check_device`).
         rope_scalings: (method, factor) pairs from `parse_rope_scalings`; None = the model as saved.
         trained_length: The length the model was trained at (default: its pretraining.json), for the factors.
 
@@ -120,6 +141,7 @@ def evaluate_lengths(
     """
     if not seq_lens or any(n < 8 for n in seq_lens):
         raise UserError(f"--seq-lens: lengths must be >= 8, got {seq_lens}")
+    check_device(device)
     model_dir = Path(model_dir)
     model = load(model_dir, architecture="masked_lm", device=device)
     if rope_scalings is not None:
@@ -169,26 +191,3 @@ def default_output(model_dir: str | Path) -> Path:
 def write_results(path: Path, model_dir: str | Path, results: list[dict[str, Any]]) -> None:
     """Write the results JSON (atomically)."""
     atomic_write_text(path, json.dumps({"model": str(model_dir), "results": results}, indent=2))
-
-
-def results_table(results: list[dict[str, Any]]) -> str:
-    """Markdown table of the results (one column per scaling method when there are several)."""
-    methods = list(dict.fromkeys(r.get("rope_scaling", "").split(" ")[0] for r in results if "error" not in r))
-    if methods and methods != [""]:
-        lines = ["| length | " + " | ".join(methods) + " |", "|---:|" + "---:|" * len(methods)]
-        for length in dict.fromkeys(r["seq_len"] for r in results):
-            row = {r.get("rope_scaling", "").split(" ")[0]: r for r in results if r["seq_len"] == length}
-            cells = [_cell(row[m]) if m in row else "—" for m in methods]
-            lines.append(f"| {length} | " + " | ".join(cells) + " |")
-        return "\n".join(lines) + "\n(eval loss / masked-token accuracy)\n"
-    lines = ["| length | eval loss | masked-token accuracy | blocks |", "|---:|---:|---:|---:|"]
-    for r in results:
-        if "error" in r:
-            lines.append(f"| {r['seq_len']} | — | — | {r['error']} |")
-        else:
-            lines.append(f"| {r['seq_len']} | {r['eval_loss']:.3f} | {100 * r['eval_accuracy']:.1f}% | {r['blocks']} |")
-    return "\n".join(lines) + "\n"
-
-
-def _cell(result: dict[str, Any]) -> str:
-    return f"{result['eval_loss']:.3f} / {100 * result['eval_accuracy']:.1f}%"

@@ -2,44 +2,44 @@
 
 The report is the compare summary (arms, steps-to-target, differences with 95% intervals over seeds, GLUE and
 length tables) with the curves and the length plot embedded, followed by the exact command, the experiment YAML as
-read, and every arm's fully resolved pretraining config (what the runs' config.yaml files hold).
+read, and every arm's fully resolved pretraining config (what the runs' config.yaml files hold). This module
+gathers those sources; roformer.study.markdown.experiment_report_markdown lays them out.
 """
 
 from __future__ import annotations
 
 import os
-import shlex
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from roformer.files import atomic_write_text
+from roformer.study.markdown import experiment_report_markdown
+from roformer.study.outputs import COMPARE_DIR, CURVES_PLOT_FILE, LENGTH_PLOT_FILE, REPORT_FILE, SUMMARY_MARKDOWN_FILE
 
-GLUE_DIR = "glue"  # <out>/glue/<arm>-seed<k>/<task>/: the GLUE stage's fine-tuning runs
-REPORT_FILE = "report.md"
+FIGURES = ((CURVES_PLOT_FILE, "MLM loss curves"), (LENGTH_PLOT_FILE, "eval loss against length"))  # with captions
 
 
 def write_report(out: Path, path: Path, experiment: Any, arms: dict[str, Any], overrides: list[str]) -> Path:
     """Write `<out>/report.md` from `<out>/compare/` (run after compare); returns its path."""
-    compare_dir = out / "compare"
-    lines = [f"# Experiment report: {path.name}", ""]
-    for image, caption in (("curves.png", "MLM loss curves"), ("length.png", "eval loss against length")):
-        if (compare_dir / image).is_file():
-            lines += [f"![{caption}](compare/{image})", ""]
-    lines += [(compare_dir / "summary.md").read_text().replace("\n## ", "\n### "), ""]
+    compare_dir = out / COMPARE_DIR
+    figures = [(f"{COMPARE_DIR}/{image}", caption) for image, caption in FIGURES if (compare_dir / image).is_file()]
     command = ["roformer", "experiment", "--config", str(path), "--output-dir", str(out)]
     command += [arg for item in overrides for arg in ("--set", item)]
-    lines += ["## How this was made", "", "```bash", shlex.join(command), "```", "",
-              f"Experiment config (`{path}`):", "", "```yaml", path.read_text().rstrip(), "```", ""]  # fmt: skip
+    glue_suite = None
     if experiment.glue is not None:
         suite = Path(os.path.normpath(path.parent / experiment.glue.suite))  # configs/glue/x, not configs/y/../glue/x
-        lines += [f"GLUE suite (`{suite}`), with overrides {experiment.glue.overrides} and each run's `init` and "
-                  "`label`:", "", "```yaml", suite.read_text().rstrip(), "```", ""]  # fmt: skip
-    for label, config in arms.items():
-        resolved = yaml.safe_dump(config.to_dict(), sort_keys=False).rstrip()
-        lines += [f"Arm `{label}`, resolved pretraining config (the seed is each run's):", "", "```yaml", resolved,
-                  "```", ""]  # fmt: skip
+        glue_suite = (suite, suite.read_text(), experiment.glue.overrides)
+    text = experiment_report_markdown(
+        config_path=path,
+        config_text=path.read_text(),
+        command=command,
+        figures=figures,
+        summary=(compare_dir / SUMMARY_MARKDOWN_FILE).read_text(),
+        resolved_arms={label: yaml.safe_dump(config.to_dict(), sort_keys=False) for label, config in arms.items()},
+        glue_suite=glue_suite,
+    )
     target = out / REPORT_FILE
-    atomic_write_text(target, "\n".join(lines))
+    atomic_write_text(target, text)
     return target

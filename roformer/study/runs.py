@@ -43,7 +43,7 @@ class GlueRun:
 
 @dataclass
 class Arm:
-    """Runs sharing a label."""
+    """An arm as run: the pretraining runs (its seeds) sharing a label (what made them: experiment.ArmSpec)."""
 
     label: str
     position_encoding: str

@@ -11,6 +11,8 @@ from typing import Any
 from roformer.config import check_types, load
 from roformer.errors import ConfigError
 from roformer.files import atomic_write_text
+from roformer.study.markdown import glue_suite_table
+from roformer.study.outputs import SUITE_TABLE_FILE
 from roformer.train.config import FinetuneConfig
 from roformer.train.finetune import finetune
 from roformer.train.launch import process_state
@@ -57,7 +59,8 @@ def run_suite(
 ) -> dict[str, Any]:
     """Fine-tune every task of a suite config into output_dir/<task>/ and write one table and one submission.
 
-    Writes results.json, results.md and submission/ (every task's server files, ready to zip). With `resume`, an
+    Writes results.json, results.md (roformer.study.markdown.glue_suite_table) and submission/ (every task's server
+    files, ready to zip). With `resume`, an
     interrupted suite continues: finished tasks are read back, a started one continues its grid (roformer.train.
     finetune), the others start.
 
@@ -83,25 +86,6 @@ def run_suite(
             for file in (out / task / SUBMISSION_DIR).iterdir():
                 shutil.copy2(file, out / SUBMISSION_DIR / file.name)
         atomic_write_text(out / RESULTS_FILE, json.dumps({t: r["summary"] for t, r in results.items()}, indent=2))
-        (out / "results.md").write_text(results_table(results))
+        (out / SUITE_TABLE_FILE).write_text(glue_suite_table(results))
     state.wait_for_everyone()
     return results
-
-
-def results_table(results: dict[str, dict[str, Any]]) -> str:
-    """Markdown: one row per task and metric (mean +- std over seeds, median, max, selected lr, seeds)."""
-    lines = [
-        "| task | split | metric | mean ± std | median | max | lr | seeds |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for task, r in results.items():
-        for split, metrics in r["summary"].items():
-            for name, s in metrics.items():
-                if name == "score" and len(metrics) == 2:
-                    continue  # one metric: its score is the same number
-                numbers = (
-                    f"{100 * s['mean']:.2f} ± {100 * s['std']:.2f} | {100 * s['median']:.2f} | {100 * s['max']:.2f}"
-                )
-                lr, seeds = r["selected"]["peak_lr"], len(s["values"])
-                lines.append(f"| {task} | {split} | {name} | {numbers} | {lr:g} | {seeds} |")
-    return "\n".join(lines) + "\n"

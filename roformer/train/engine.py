@@ -130,6 +130,7 @@ class Engine:
         if args.compile:
             model = torch.compile(model)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.interval = Interval()  # sums since the last train event: part of every checkpoint
         self.accelerator.register_for_checkpointing(self.scheduler)
         self.total_steps = total_steps
 
@@ -194,7 +195,7 @@ class Engine:
         evaluate_at = self.eval_points(recipe)
         show = self.is_main_process and args.progress
         bar = tqdm(total=total, initial=state.step, desc=desc, disable=not show)
-        interval = Interval()
+        interval = self.interval
         with GracefulStop() as stop:
             for step in range(state.step, total):
                 result = self.train_step(recipe, step)
@@ -242,6 +243,14 @@ class Engine:
         self.log({"event": "stopped", **self.tags, "step": state.step, "reason": reason})
         path = self.checkpoints.directory / f"step-{state.step}"
         raise Preempted(f"stopped by {reason} after step {state.step}; checkpoint {path} (continue with --resume)")
+
+    def _gather(self, value: Any) -> list[Any]:
+        """`value` of every process, in rank order, on every process (no collective with one process)."""
+        if self.accelerator.num_processes == 1:
+            return [value]
+        from accelerate.utils import gather_object
+
+        return gather_object([value])
 
     def agree(self, flag: bool) -> bool:
         """True on every process if `flag` is true on any (one small all-reduce; free with one process)."""
@@ -328,9 +337,15 @@ class Engine:
         failure = self._attempt(lambda: self.checkpoints.begin(step), main_only=True)
         # every process writes its files (RNG states) before the checkpoint is committed
         failure = failure or self._attempt(lambda: acc.save_state(str(tmp)))
+        intervals = self._gather(self.interval.state_dict())
         if failure is None:
             def commit() -> None:
-                trainer_state = {**asdict(state), "global_batch": self.global_batch, "data_state": recipe.save(tmp)}
+                trainer_state = {
+                    **asdict(state),
+                    "global_batch": self.global_batch,
+                    "data_state": recipe.save(tmp),
+                    "intervals": intervals,  # per process: the sums since the last train event
+                }
                 (tmp / TRAINER_STATE_FILE).write_text(json.dumps(trainer_state))
                 self.checkpoints.commit(step)
 
@@ -402,8 +417,24 @@ class Engine:
             )
         recipe.load(path, saved.get("data_state", {}), step)
         logger.info("resumed from %s (step %d)", path, step)
+        if saved.get("intervals"):
+            mine = _interval_of(saved["intervals"], self.accelerator.process_index, self.accelerator.num_processes)
+            self.interval.load_state_dict(mine, self.accelerator.device)
         counters = {k: saved[k] for k in ("tokens_seen", "elapsed_sec", "skipped_steps", "bad_steps") if k in saved}
         return RunState(step=step, **counters)
+
+
+def _interval_of(saved: list[dict[str, Any]], rank: int, num_processes: int) -> dict[str, Any]:
+    """This process's interval sums from a checkpoint's (one entry per process that wrote it).
+
+    Under another process layout (same global batch) the loss shares are summed onto rank 0 and the others start
+    from zero: the event's loss, a sum over processes, is the same.
+    """
+    if len(saved) == num_processes:
+        return saved[rank]
+    losses = [entry["loss"] for entry in saved if entry["loss"] is not None]
+    total = sum(losses) if losses else None
+    return {**saved[0], "loss": total if rank == 0 or total is None else 0.0}
 
 
 def _epoch(recipe: Recipe, step: int) -> float:

@@ -60,6 +60,20 @@ class Interval:
         self.steps += 1
         self.lr = result.lr
 
+    def state_dict(self) -> dict[str, Any]:
+        """The sums so far (JSON-ready; the loss share exactly, as the float32 value it is), for a checkpoint."""
+        sums = {k: v for k, v in vars(self).items() if k != "loss"}
+        return {**sums, "loss": None if self.loss is None else self.loss.item()}
+
+    def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
+        """Continue the sums of `state_dict` (a resumed run's first event then averages the same steps)."""
+        self.reset()
+        for key, value in state.items():
+            if key != "loss":
+                setattr(self, key, value)
+        if state.get("loss") is not None:
+            self.loss = torch.tensor(state["loss"], dtype=torch.float32, device=device)
+
     def event(self, reduce: Callable[..., torch.Tensor], state: RunState) -> dict[str, Any]:
         """The numbers of a train event (loss summed over processes, averaged over the interval), then reset.
 

@@ -1,0 +1,256 @@
+"""The studies' markdown: every table and cell that `roformer compare`, `glue`, `eval-mlm` and `experiment` write.
+
+The modules that compute (compare, stats, suite, length_eval) return plain data; this one only lays it out, with
+no arithmetic beyond units for display (fractions as %, tokens as k/M), and imports no torch.
+
+    summary_markdown            summary.md of `roformer compare` (the dict of roformer.study.compare.summarise)
+    glue_suite_table            results.md of `roformer glue` (per task: roformer.train.finetune's results)
+    length_results_table        the table `roformer eval-mlm` prints (roformer.study.length_eval.evaluate_lengths)
+    experiment_report_markdown  report.md of `roformer experiment` (its sources, gathered by roformer.study.report)
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from pathlib import Path
+from typing import Any
+
+GLUE_NOTE = (
+    "Selected on dev: each cell is the mean over seeds at the learning rate with the best mean dev score (MNLI: on "
+    "matched), each seed at its best dev checkpoint, so the numbers are optimistic estimates; unbiased ones need "
+    "the test server (each run's submission/)."
+)
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    """summary.md: the arms table, steps-to-target table with ratios, differences, and the length and GLUE tables."""
+    lines = []
+    if "arms" in summary:
+        lines += _pretraining_lines(summary)
+    if summary.get("differences"):
+        lines += _differences_lines(summary)
+    if "length_extrapolation" in summary:
+        lines += _length_lines(summary)
+    if "glue" in summary:
+        lines += _glue_lines(summary)
+    return "\n".join(lines) + "\n"
+
+
+def glue_suite_table(results: dict[str, dict[str, Any]]) -> str:
+    """results.md of a GLUE suite: a row per task and metric (mean +- std over seeds, median, max, selected lr, seeds).
+
+    Args:
+        results: {task: the results of roformer.train.finetune (its `summary` and `selected`)}.
+    """
+    lines = [
+        "| task | split | metric | mean ± std | median | max | lr | seeds |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for task, r in results.items():
+        for split, metrics in r["summary"].items():
+            for name, s in metrics.items():
+                if name == "score" and len(metrics) == 2:
+                    continue  # one metric: its score is the same number
+                numbers = (
+                    f"{100 * s['mean']:.2f} ± {100 * s['std']:.2f} | {100 * s['median']:.2f} | {100 * s['max']:.2f}"
+                )
+                lr, seeds = r["selected"]["peak_lr"], len(s["values"])
+                lines.append(f"| {task} | {split} | {name} | {numbers} | {lr:g} | {seeds} |")
+    return "\n".join(lines) + "\n"
+
+
+def length_results_table(results: list[dict[str, Any]]) -> str:
+    """The eval-mlm table of one model: a row per length (one column per scaling method when there are several).
+
+    Args:
+        results: The rows of roformer.study.length_eval.evaluate_lengths.
+    """
+    methods = list(dict.fromkeys(r.get("rope_scaling", "").split(" ")[0] for r in results if "error" not in r))
+    if methods and methods != [""]:
+        lines = ["| length | " + " | ".join(methods) + " |", "|---:|" + "---:|" * len(methods)]
+        for length in dict.fromkeys(r["seq_len"] for r in results):
+            row = {r.get("rope_scaling", "").split(" ")[0]: r for r in results if r["seq_len"] == length}
+            cells = [_loss_accuracy_cell(row[m]) if m in row else "—" for m in methods]
+            lines.append(f"| {length} | " + " | ".join(cells) + " |")
+        return "\n".join(lines) + "\n(eval loss / masked-token accuracy)\n"
+    lines = ["| length | eval loss | masked-token accuracy | blocks |", "|---:|---:|---:|---:|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['seq_len']} | — | — | {r['error']} |")
+        else:
+            lines.append(f"| {r['seq_len']} | {r['eval_loss']:.3f} | {100 * r['eval_accuracy']:.1f}% | {r['blocks']} |")
+    return "\n".join(lines) + "\n"
+
+
+def experiment_report_markdown(
+    *,
+    config_path: Path,
+    config_text: str,
+    command: list[str],
+    figures: list[tuple[str, str]],
+    summary: str,
+    resolved_arms: dict[str, str],
+    glue_suite: tuple[Path, str, list[str]] | None = None,
+) -> str:
+    """report.md of an experiment: the figures, the comparison's summary.md, and how to reproduce it.
+
+    Args:
+        config_path: The experiment YAML as given on the command line.
+        config_text: Its text.
+        command: The command line that makes the experiment (argv).
+        figures: (link relative to the report, caption) of every figure to embed.
+        summary: The comparison's summary.md (its sections become subsections).
+        resolved_arms: {label: the arm's fully resolved pretraining config as YAML}.
+        glue_suite: (path, text, overrides of every task) of the GLUE stage's suite, if any.
+    """
+    lines = [f"# Experiment report: {config_path.name}", ""]
+    for link, caption in figures:
+        lines += [f"![{caption}]({link})", ""]
+    lines += [summary.replace("\n## ", "\n### "), ""]
+    lines += ["## How this was made", "", "```bash", shlex.join(command), "```", "",
+              f"Experiment config (`{config_path}`):", "", "```yaml", config_text.rstrip(), "```", ""]  # fmt: skip
+    if glue_suite is not None:
+        suite, text, overrides = glue_suite
+        lines += [f"GLUE suite (`{suite}`), with overrides {overrides} and each run's `init` and `label`:", "",
+                  "```yaml", text.rstrip(), "```", ""]  # fmt: skip
+    for label, resolved in resolved_arms.items():
+        lines += [f"Arm `{label}`, resolved pretraining config (the seed is each run's):", "", "```yaml",
+                  resolved.rstrip(), "```", ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def _pretraining_lines(summary: dict[str, Any]) -> list[str]:
+    """The arms table, the steps-to-target table (with RoFormer / baseline ratios) and the final-loss ratio."""
+    header = "| arm | position encoding | seeds | final step | final eval loss | eval loss at common step | accuracy |"
+    lines = ["## MLM pretraining", "", header, "|---|---|---:|---:|---:|---:|---:|"]
+    for a in summary["arms"]:
+        loss = _number(a["final_eval_loss"]) + (f" ± {a['final_eval_loss_std']:.3f}" if a["seeds"] > 1 else "")
+        acc = a["final_eval_accuracy"]
+        lines.append(
+            f"| {a['label']} | {a['position_encoding']} | {a['seeds']} | {a['final_step']:.0f} | {loss} | "
+            f"{_number(a.get('eval_loss_at_common_step'))} | {'—' if acc is None else f'{100 * acc:.1f}%'} |"
+        )
+    ratio_columns = " ratio steps | ratio seconds |" if "ratios" in summary else ""
+    lines += [
+        "",
+        f"Steps (tokens, training seconds) to first reach an eval loss; baseline: {summary['baseline']}.",
+        "",
+        "| target eval loss | " + " | ".join(a["label"] for a in summary["arms"]) + " |" + ratio_columns,
+        "|---:|" + "---:|" * len(summary["arms"]) + ("---:|---:|" if ratio_columns else ""),
+    ]
+    for i, target in enumerate(summary["targets"]):
+        cells = [_steps_to_target_cell(a["targets"][i]) for a in summary["arms"]]
+        row = f"| {target:.3f} | " + " | ".join(cells) + " |"
+        if "ratios" in summary:
+            ratio = summary["ratios"]["targets"][i]
+            row += f" {_number(ratio['steps'], 2)} | {_number(ratio['seconds'], 2)} |"
+        lines.append(row)
+    if "ratios" in summary:
+        ratios = summary["ratios"]
+        lines += ["", f"RoFormer ({summary['roformer']}) / baseline ({summary['baseline']}): final eval loss "
+                  f"{_number(ratios['final_eval_loss'])}"]  # fmt: skip
+    return lines
+
+
+def _steps_to_target_cell(reached: dict[str, Any]) -> str:
+    """`steps (tokens, seconds)` of one arm and target, or `not reached`."""
+    if reached["steps"] is None:
+        return "not reached"
+    return f"{reached['steps']:.0f} ({_tokens(reached['tokens'])}, {_number(reached['seconds'], 0)} s)"
+
+
+def _differences_lines(summary: dict[str, Any]) -> list[str]:
+    """Arm - baseline for the final loss and the steps to each target, with the 95% interval over seeds."""
+    differences = summary["differences"].values()
+    tests = sorted({d["test"] for arm in differences for d in (arm["final_eval_loss"], *arm["steps_to_target"])
+                    if d.get("test")})  # fmt: skip
+    intro = (f"Differences from the baseline ({summary['baseline']}): arm - baseline, mean over seeds [95% "
+             f"interval; {', '.join(tests) or 'one seed: no interval'}]; n.s. = the interval includes 0.")  # fmt: skip
+    headers = ["final eval loss", *(f"steps to {t:.3f}" for t in summary["targets"])]
+    rows = {
+        label: [_difference_cell(arm["final_eval_loss"], 3), *(_difference_cell(d, 0) for d in arm["steps_to_target"])]
+        for label, arm in summary["differences"].items()
+    }
+    return _difference_table(intro, headers, rows)
+
+
+def _length_lines(summary: dict[str, Any]) -> list[str]:
+    """Eval loss / accuracy of every arm at every length, then the arms' eval-loss differences from the baseline."""
+    lines = ["", "## Length extrapolation (eval MLM loss / masked-token accuracy, fixed mask)", ""]
+    lengths = sorted({r["seq_len"] for rows in summary["length_extrapolation"].values() for r in rows})
+    lines += ["| arm | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
+    for label, rows in summary["length_extrapolation"].items():
+        by_length = {r["seq_len"]: r for r in rows}
+        cells = []
+        for n in lengths:
+            r = by_length.get(n)
+            if r is None or "error" in r:
+                cells.append("—" if r is None else "cannot")
+            else:
+                cells.append(_loss_accuracy_cell(r))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if summary.get("length_differences"):
+        intro = (f"Eval-loss differences from {summary['baseline']} (arm - baseline, mean [95% interval over "
+                 "seeds]; n.s. = the interval includes 0):")  # fmt: skip
+        rows = {label: [_difference_cell(by_length[n], 3) if n in by_length else "—" for n in lengths]
+                for label, by_length in summary["length_differences"].items()}  # fmt: skip
+        lines += _difference_table(intro, [str(n) for n in lengths], rows)
+    return lines
+
+
+def _glue_lines(summary: dict[str, Any]) -> list[str]:
+    """Dev score (mean ± std, %) of every arm and GLUE column, then the arms' differences from the baseline."""
+    tasks = sorted({t for rows in summary["glue"].values() for t in rows})
+    lines = ["", "## GLUE (dev, mean ± std over seeds, %)", "", GLUE_NOTE, "",
+             "| arm | " + " | ".join(tasks) + " |", "|---|" + "---:|" * len(tasks)]  # fmt: skip
+    for label, rows in summary["glue"].items():
+        cells = [f"{100 * rows[t]['score']['mean']:.1f} ± {100 * rows[t]['score']['std']:.1f}" if t in rows else "—"
+                 for t in tasks]  # fmt: skip
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if summary.get("glue_differences"):
+        intro = (f"Dev score differences from {summary['glue_baseline']} (points, arm - baseline, mean [95% "
+                 "interval over seeds]; n.s. = the interval includes 0):")  # fmt: skip
+        rows = {label: [_difference_cell(_points(columns[t]), 1) if t in columns else "—" for t in tasks]
+                for label, columns in summary["glue_differences"].items()}  # fmt: skip
+        lines += _difference_table(intro, tasks, rows)
+    return lines
+
+
+def _difference_table(intro: str, headers: list[str], rows: dict[str, list[str]]) -> list[str]:
+    """Markdown lines: the intro, then one row of difference cells per arm."""
+    table = ["| arm | " + " | ".join(headers) + " |", "|---|" + "---:|" * len(headers)]
+    return ["", intro, "", *table, *(f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows.items())]
+
+
+def _difference_cell(d: dict[str, Any], digits: int) -> str:
+    """`+mean [+low, +high]`, with `n.s.` where the interval includes 0 (roformer.study.stats.difference)."""
+    if d.get("mean") is None:
+        return "not reached"
+    cell = f"{d['mean']:+.{digits}f}"
+    if d.get("low") is None:
+        return cell
+    cell += f" [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]"
+    return cell if d["significant"] else cell + " n.s."
+
+
+def _points(d: dict[str, Any]) -> dict[str, Any]:
+    """A score difference in percentage points."""
+    return {**d, **{k: 100 * d[k] for k in ("mean", "low", "high") if d.get(k) is not None}}
+
+
+def _loss_accuracy_cell(result: dict[str, Any]) -> str:
+    """`eval loss / masked-token accuracy` of one evaluation, e.g. `3.412 / 41.3%`."""
+    return f"{result['eval_loss']:.3f} / {100 * result['eval_accuracy']:.1f}%"
+
+
+def _number(value: float | None, digits: int = 3) -> str:
+    """`value` with `digits` decimals; `—` for None or NaN."""
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def _tokens(value: float | None) -> str:
+    """A token count as `12k tok` or `1.25M tok`; `—` for None."""
+    if value is None:
+        return "—"
+    return f"{value / 1e6:.2f}M tok" if value >= 1e6 else f"{value / 1e3:.0f}k tok"
