@@ -72,6 +72,61 @@ def test_imports_run_down_the_floors_only() -> None:
     assert not upward, upward
 
 
+# Rooms inside each floor, lowest first: a module imports only modules of lower rooms of its own package. The data
+# floor reads the way data flows: its config, then text and tokens, then blocks and stores, then the batches.
+ROOMS = {
+    "roformer.model": [{"config"}, {"weights", "flops"}, {"model"}, {"hf"}, {"pretrained"}],
+    "roformer.data": [
+        {"builtin", "text", "glue_tasks", "glue_metrics", "masking", "sampling", "token_store"},
+        {"config"},
+        {"tokenizer", "packing"},
+        {"corpus", "cache"},
+        {"store", "streaming", "glue"},
+        {"mlm"},
+    ],
+    "roformer.train": [
+        {"config", "interval", "faults", "checkpoints", "evaluate"},
+        {"launch", "optim", "run_dir"},
+        {"engine"},
+        {"pretrain", "finetune"},
+    ],
+    "roformer.study": [
+        {"outputs", "markdown", "runs", "length_eval"},
+        {"stats", "plots", "report", "suite"},
+        {"compare"},
+        {"experiment"},
+    ],
+}
+
+
+def room(name: str) -> tuple[str, int] | None:
+    """(package, room index) of a module of a floor with declared rooms; None for the package modules themselves."""
+    package, _, leaf = name.rpartition(".")
+    if package not in ROOMS:
+        return None
+    rooms = [i for i, members in enumerate(ROOMS[package]) if leaf in members]
+    assert rooms, f"{name} is in no room of tests/test_layout.py ROOMS: place it"
+    return package, rooms[0]
+
+
+def test_imports_inside_a_floor_run_down_its_rooms() -> None:
+    upward = []
+    for name, targets in graph().items():
+        here = room(name)
+        for target in targets:
+            there = room(target)
+            if here and there and here[0] == there[0] and there[1] >= here[1]:
+                upward.append(f"{name} -> {target}")
+    assert not upward, upward
+
+
+def test_the_room_checker_catches_an_import_up_a_room(tmp_path: Path) -> None:
+    path = tmp_path / "x.py"
+    path.write_text("from roformer.data.mlm import MLMBatches\n")  # as if data.config imported the batches
+    (target,) = imports_of(path, "roformer.data.config")
+    assert room(target)[1] > room("roformer.data.config")[1]
+
+
 def test_no_import_cycles() -> None:
     edges = graph()
     state: dict[str, int] = {}
