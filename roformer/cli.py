@@ -97,8 +97,10 @@ def pretraining_summary(run: Path) -> str:
         last = trains[-1]
         seconds = last.get("elapsed_sec") or 0.0
         rate = last.get("tokens_seen", 0) / seconds if seconds else 0.0
-        lines.append(f"{last['step']} steps in {seconds / 60:.1f} min, {last.get('tokens_seen', 0):,} tokens "
-                     f"({rate:,.0f} tokens/s)")  # fmt: skip
+        lines.append(
+            f"{last['step']} steps in {seconds / 60:.1f} min, {last.get('tokens_seen', 0):,} tokens "
+            f"({rate:,.0f} tokens/s)"
+        )
     lines.append(f"model: {run / FINAL_DIR} (roformer.load, roformer convert --to-hf)")
     return "pretraining finished: " + "; ".join(lines)
 
@@ -147,8 +149,10 @@ def _finetune(args: argparse.Namespace) -> None:
     results = finetune(config, out, overwrite=args.overwrite, resume=args.resume)
     if results:
         seeds = len(results["summary"][results["selection_split"]]["score"]["values"])
-        print(f"{results['task']}: dev metrics of lr {results['selected']['peak_lr']:g} (mean ± std over {seeds} "
-              "seed(s), %, each seed at its best dev checkpoint)")  # fmt: skip
+        print(
+            f"{results['task']}: dev metrics of lr {results['selected']['peak_lr']:g} (mean ± std over {seeds} "
+            "seed(s), %, each seed at its best dev checkpoint)"
+        )
         for split, metrics in results["summary"].items():
             cells = ", ".join(f"{name} {100 * m['mean']:.2f} ± {100 * m['std']:.2f}" for name, m in metrics.items())
             print(f"  {split}: {cells}")
@@ -220,9 +224,15 @@ def _eval_mlm(args: argparse.Namespace) -> None:
         raise UserError(f"--seq-lens: expected comma-separated integers, got {args.seq_lens!r}") from None
     scalings = parse_rope_scalings(args.rope_scaling) if args.rope_scaling else None
     results = evaluate_lengths(
-        model, data, lengths, max_tokens=args.max_tokens, batch_size=args.batch_size,
-        device=args.device or default_device(), rope_scalings=scalings, trained_length=args.trained_length,
-    )  # fmt: skip
+        model,
+        data,
+        lengths,
+        max_tokens=args.max_tokens,
+        batch_size=args.batch_size,
+        device=args.device or default_device(),
+        rope_scalings=scalings,
+        trained_length=args.trained_length,
+    )
     write_results(out, model, results)
     print(length_results_table(results) + f"written to {out}")
 

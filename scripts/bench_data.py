@@ -29,8 +29,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def config_for(corpus: Path, cache: Path, tokenizer: Path | None) -> dict:
-    data = {"source": "text", "paths": [str(corpus)], "vocab_size": 8000, "max_seq_len": 128,
-            "decode_errors": "replace", "cache_dir": str(cache), "max_eval_blocks": 64}  # fmt: skip
+    data = {
+        "source": "text",
+        "paths": [str(corpus)],
+        "vocab_size": 8000,
+        "max_seq_len": 128,
+        "decode_errors": "replace",
+        "cache_dir": str(cache),
+        "max_eval_blocks": 64,
+    }
     if tokenizer is not None:
         data["tokenizer"] = str(tokenizer)
     model = {"vocab_size": 8000, "hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128}
@@ -69,8 +76,13 @@ def child_build(config_path: Path) -> dict:
         t0 = time.perf_counter()
         encoded += sum(len(e.ids) for e in backend.encode_batch(batch, add_special_tokens=False))
         raw_sec += time.perf_counter() - t0
-    return {"build_sec": build_sec, "build_rss_mb": build_rss, "tokens": tokens, "disk_bytes": disk,
-            "raw_tokens_per_sec": encoded / raw_sec}  # fmt: skip
+    return {
+        "build_sec": build_sec,
+        "build_rss_mb": build_rss,
+        "tokens": tokens,
+        "disk_bytes": disk,
+        "raw_tokens_per_sec": encoded / raw_sec,
+    }
 
 
 def child_train(config_path: Path, out: Path) -> dict:
@@ -135,16 +147,20 @@ def main() -> int:
             trained = run_child("train", str(path), str(work / f"run-{size}x"))
             rows.append({"size": size, "text_mb": text_mb, **built, **trained})
             shutil.rmtree(corpus)
-        print("\n| corpus | text | tokens | build s | build tokens/s | raw encode_batch tokens/s | build / raw | "
-              "build peak RSS | train peak RSS | bytes/token | loader tokens/s |")  # fmt: skip
+        print(
+            "\n| corpus | text | tokens | build s | build tokens/s | raw encode_batch tokens/s | build / raw | "
+            "build peak RSS | train peak RSS | bytes/token | loader tokens/s |"
+        )
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
             rate = r["tokens"] / r["build_sec"]
-            print(f"| gutenberg x{r['size']} | {r['text_mb']:.0f} MB | {r['tokens'] / 1e6:.1f}M | "
-                  f"{r['build_sec']:.1f} | "
-                  f"{rate / 1e6:.2f}M | {r['raw_tokens_per_sec'] / 1e6:.2f}M | {rate / r['raw_tokens_per_sec']:.0%} | "
-                  f"{r['build_rss_mb']:.0f} MB | {r['train_rss_mb']:.0f} MB | {r['disk_bytes'] / r['tokens']:.2f} | "
-                  f"{r['loader_tokens_per_sec'] / 1e6:.1f}M |")  # fmt: skip
+            print(
+                f"| gutenberg x{r['size']} | {r['text_mb']:.0f} MB | {r['tokens'] / 1e6:.1f}M | "
+                f"{r['build_sec']:.1f} | "
+                f"{rate / 1e6:.2f}M | {r['raw_tokens_per_sec'] / 1e6:.2f}M | {rate / r['raw_tokens_per_sec']:.0%} | "
+                f"{r['build_rss_mb']:.0f} MB | {r['train_rss_mb']:.0f} MB | {r['disk_bytes'] / r['tokens']:.2f} | "
+                f"{r['loader_tokens_per_sec'] / 1e6:.1f}M |"
+            )
         first, last = rows[0], rows[-1]
         build_ratio = last["build_rss_mb"] / first["build_rss_mb"]
         train_ratio = last["train_rss_mb"] / first["train_rss_mb"]

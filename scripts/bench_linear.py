@@ -36,8 +36,7 @@ def _rss_bytes() -> int:
 def child(variant: str, length: int, args: argparse.Namespace) -> dict[str, float]:
     """Time and memory of one (variant, length) in this process."""
     attention, dropout = VARIANTS[variant]
-    config = ModelConfig(hidden_size=args.hidden, num_heads=args.heads, attention=attention,
-                         attention_dropout=dropout)  # fmt: skip
+    config = ModelConfig(hidden_size=args.hidden, num_heads=args.heads, attention=attention, attention_dropout=dropout)
     device = torch.device(args.device)
     layer = SelfAttention(config).to(device).train()
     rotary = RotaryEmbedding(config.head_size)
@@ -80,8 +79,10 @@ def main() -> None:
         print(json.dumps(child(args._child[0], int(args._child[1]), args)))
         return
     lengths = [int(n) for n in args.seq_lens.split(",")]
-    print(f"torch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads; one attention layer "
-          f"(hidden {args.hidden}, {args.heads} heads, rotary), forward + backward, batch 1")  # fmt: skip
+    print(
+        f"torch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads; one attention layer "
+        f"(hidden {args.hidden}, {args.heads} heads, rotary), forward + backward, batch 1"
+    )
     print("| T | " + " | ".join(f"{v} ms | {v} MiB" for v in VARIANTS) + " | linear / softmax time |")
     print("|---:|" + "---:|---:|" * len(VARIANTS) + "---:|")
     results = []

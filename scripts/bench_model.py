@@ -41,8 +41,14 @@ SHAPES = {  # --shape presets: (vocab, hidden, layers, heads, ffn)
     "small": (8000, 256, 4, 4, 1024),
     "base": (30522, 768, 12, 12, 3072),  # BERT-base, the paper's shapes
 }
-DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-          "float16": "float16", "fp16": "float16"}  # fmt: skip
+DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+}
 
 
 def model_config(name: str, args: argparse.Namespace, max_len: int) -> roformer.ModelConfig:
@@ -256,13 +262,23 @@ def main() -> None:
         mem = {name: peak_memory_mb(args, name, batch, length) for name in MODELS}
         mfu = {name: tps[name] * flops[name] / 1e12 / peak for name in MODELS}
         results.append(
-            {"seq_len": length, "batch": batch, "tokens_per_sec": tps, "peak_mb": mem, "mfu": mfu,
-             "flops_per_token": flops, "gemm_tflops": peak, "spec_tflops": spec}
-        )  # fmt: skip
+            {
+                "seq_len": length,
+                "batch": batch,
+                "tokens_per_sec": tps,
+                "peak_mb": mem,
+                "mfu": mfu,
+                "flops_per_token": flops,
+                "gemm_tflops": peak,
+                "spec_tflops": spec,
+            }
+        )
         print(f"\nT={length}, batch {batch}")
         spec_col = " | MFU (spec)" if spec else ""
-        print(f"| model | tokens/s | vs HF RoFormer | vs ours-sinusoidal | MFU (GEMM){spec_col} | peak MiB "
-              "| mem vs HF RoFormer |")  # fmt: skip
+        print(
+            f"| model | tokens/s | vs HF RoFormer | vs ours-sinusoidal | MFU (GEMM){spec_col} | peak MiB "
+            "| mem vs HF RoFormer |"
+        )
         print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if spec else ""))
         for name in MODELS:
             spec_mfu = f" | {100 * tps[name] * flops[name] / 1e12 / spec:.1f}%" if spec else ""

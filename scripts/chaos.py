@@ -43,12 +43,28 @@ EXIT_PREEMPTED, EXIT_WRITE_FAILED = 75, 74
 def write_config(path: Path, steps: int, cache: Path) -> Path:
     """A tiny pretraining config: 2 layers x 32, built-in corpus, a checkpoint every 3 steps, dropout on."""
     config = {
-        "model": {"vocab_size": 300, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64,
-                  "max_position_embeddings": 64, "hidden_dropout": 0.1, "attention_dropout": 0.1},
+        "model": {
+            "vocab_size": 300,
+            "hidden_size": 32,
+            "num_layers": 2,
+            "num_heads": 2,
+            "intermediate_size": 64,
+            "max_position_embeddings": 64,
+            "hidden_dropout": 0.1,
+            "attention_dropout": 0.1,
+        },
         "data": {"builtin_documents": 300, "vocab_size": 300, "max_seq_len": 32, "cache_dir": str(cache)},
-        "train": {"max_steps": steps, "batch_size": 4, "lr": 1e-3, "log_every": 4, "eval_every": 6, "save_every": 3,
-                  "keep_checkpoints": 2, "progress": False},
-    }  # fmt: skip
+        "train": {
+            "max_steps": steps,
+            "batch_size": 4,
+            "lr": 1e-3,
+            "log_every": 4,
+            "eval_every": 6,
+            "save_every": 3,
+            "keep_checkpoints": 2,
+            "progress": False,
+        },
+    }
     path.write_text(yaml.safe_dump(config))
     return path
 
@@ -63,8 +79,14 @@ def launch(config: Path | None, out: Path, resume: bool, limit_bytes: int | None
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
 
-    return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=limit_file_size if limit_bytes else None)  # fmt: skip
+    return subprocess.Popen(
+        args,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=limit_file_size if limit_bytes else None,
+    )
 
 
 def last_step(out: Path) -> int:
@@ -217,9 +239,13 @@ def disk_full_fault(config: Path, out: Path, steps: int) -> dict:
     checkpoint = sum(p.stat().st_size for p in (out / "checkpoints" / f"step-{kept}").rglob("*") if p.is_file())
     mount = Path(tempfile.mkdtemp(prefix="roformer-full-disk-"))
     size = used + checkpoint // 2  # room for the metrics of a few steps, not for another checkpoint
-    mounted = os.geteuid() == 0 and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True
-    ).returncode == 0
+    mounted = (
+        os.geteuid() == 0
+        and subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True
+        ).returncode
+        == 0
+    )
     try:
         small = mount / "run"
         shutil.copytree(out, small)

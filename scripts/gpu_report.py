@@ -36,8 +36,11 @@ def tests_section(out: Path) -> list[str]:
 
 
 def bench_section(out: Path) -> list[str]:
-    lines = ["", "| mode | T x batch | model | tokens/s | vs HF RoFormer | MFU (GEMM) | MFU (spec) | peak MiB |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "",
+        "| mode | T x batch | model | tokens/s | vs HF RoFormer | MFU (GEMM) | MFU (spec) | peak MiB |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
     found = False
     for mode in ("eager", "compiled"):
         path = out / f"bench-{mode}.json"
@@ -78,8 +81,11 @@ def pretrain_section(out: Path, runs: Path | None) -> list[str]:
     if not summary.is_file():
         return ["", "Base pretraining: not run"]
     arms = {arm["label"]: arm for arm in json.loads(summary.read_text())["arms"]}
-    lines = ["", "| arm | steps | final eval loss | eval accuracy | median tokens/s | non-finite losses |",
-             "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "",
+        "| arm | steps | final eval loss | eval accuracy | median tokens/s | non-finite losses |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for label, arm in arms.items():
         events = _train_events(runs, label) if runs else []
         rates = [e["tokens_per_sec"] for e in events if e["event"] == "train" and "tokens_per_sec" in e]

@@ -68,8 +68,10 @@ def main() -> None:
     args.trained = load(PretrainConfig, base / "config.yaml").data.max_seq_len
     scalings = parse_rope_scalings(",".join(METHODS))
     zero_shot = evaluate_lengths(base / "final", base, lengths, max_tokens=args.max_tokens, rope_scalings=scalings)
-    tables = [f"Trained at {args.trained} tokens, evaluated with each method (factor = length / {args.trained}):\n",
-              length_results_table(zero_shot)]  # fmt: skip
+    tables = [
+        f"Trained at {args.trained} tokens, evaluated with each method (factor = length / {args.trained}):\n",
+        length_results_table(zero_shot),
+    ]
     rows = []
     factor = args.long / args.trained
     for method in METHODS:

@@ -14,8 +14,16 @@ from roformer.study.outputs import CURVES_PLOT_FILE, SUMMARY_JSON_FILE, SUMMARY_
 from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, METRICS_FILE, RESULTS_FILE, RUN_CONFIG_FILE
 
 
-def make_run(path: Path, label: str, encoding: str, eval_losses: dict[int, float], seconds_per_step: float,
-             tokens_per_step: int = 1000, vocab_hash: str = "abc", seed: int | None = None) -> Path:  # fmt: skip
+def make_run(
+    path: Path,
+    label: str,
+    encoding: str,
+    eval_losses: dict[int, float],
+    seconds_per_step: float,
+    tokens_per_step: int = 1000,
+    vocab_hash: str = "abc",
+    seed: int | None = None,
+) -> Path:
     """A pretraining run directory whose metrics.jsonl holds the given eval losses (and linear train losses)."""
     path.mkdir(parents=True)
     config = {"label": label, "model": {"position_encoding": encoding}, "data": {"vocab_hash": vocab_hash}}
@@ -24,11 +32,27 @@ def make_run(path: Path, label: str, encoding: str, eval_losses: dict[int, float
     write_yaml(path / RUN_CONFIG_FILE, config)
     lines = []
     for step in sorted(eval_losses):
-        lines.append({"event": "train", "step": step, "loss": eval_losses[step] + 0.1, "lr": 1e-3, "grad_norm": 1.0,
-                      "tokens_seen": step * tokens_per_step, "tokens_per_sec": 1.0,
-                      "elapsed_sec": step * seconds_per_step})  # fmt: skip
-        lines.append({"event": "eval", "step": step, "eval_loss": eval_losses[step], "eval_accuracy": 0.5,
-                      "elapsed_sec": step * seconds_per_step})  # fmt: skip
+        lines.append(
+            {
+                "event": "train",
+                "step": step,
+                "loss": eval_losses[step] + 0.1,
+                "lr": 1e-3,
+                "grad_norm": 1.0,
+                "tokens_seen": step * tokens_per_step,
+                "tokens_per_sec": 1.0,
+                "elapsed_sec": step * seconds_per_step,
+            }
+        )
+        lines.append(
+            {
+                "event": "eval",
+                "step": step,
+                "eval_loss": eval_losses[step],
+                "eval_accuracy": 0.5,
+                "elapsed_sec": step * seconds_per_step,
+            }
+        )
     (path / METRICS_FILE).write_text("".join(json.dumps(e) + "\n" for e in lines))
     return path
 
@@ -91,15 +115,22 @@ def glue_run(path: Path, label: str, task: str, splits: dict[str, float], head: 
     """A results.json of a fine-tuning job with the given mean dev score per split."""
     path.mkdir()
     summary = {s: {"score": {"mean": v, "std": 0.0}} for s, v in splits.items()}
-    results = {"task": task, "label": label, "selection_split": next(iter(splits)), "summary": summary,
-               "classifier_head": head}  # fmt: skip
+    results = {
+        "task": task,
+        "label": label,
+        "selection_split": next(iter(splits)),
+        "summary": summary,
+        "classifier_head": head,
+    }
     (path / RESULTS_FILE).write_text(json.dumps(results))
     return path
 
 
 def test_glue_table_reports_mnli_mismatched_and_says_selection_is_on_dev(tmp_path: Path) -> None:
-    runs = [glue_run(tmp_path / f"mnli-{label}", label, "mnli", {"dev_matched": m, "dev_mismatched": mm})
-            for label, m, mm in (("roformer", 0.8, 0.81), ("bert", 0.7, 0.72))]  # fmt: skip
+    runs = [
+        glue_run(tmp_path / f"mnli-{label}", label, "mnli", {"dev_matched": m, "dev_mismatched": mm})
+        for label, m, mm in (("roformer", 0.8, 0.81), ("bert", 0.7, 0.72))
+    ]
     summary = compare(runs, tmp_path / "out")
     assert summary["glue"]["bert"]["mnli-mm"]["score"]["mean"] == 0.72
     text = (tmp_path / "out" / SUMMARY_MARKDOWN_FILE).read_text()
@@ -149,10 +180,26 @@ def test_differences_have_paired_intervals_over_seeds(tmp_path: Path) -> None:
     rope_first, bert_first = {0: 4.5, 1: 4.7, 2: 4.5}, {0: 4.7, 1: 4.5, 2: 4.5}  # 4.6 reached at 100 or 200
     runs = []
     for seed in (0, 1, 2):
-        runs.append(make_run(tmp_path / f"r{seed}", "roformer", "rotary",
-                             {100: rope_first[seed], 200: rope_final[seed]}, 1.0, seed=seed))  # fmt: skip
-        runs.append(make_run(tmp_path / f"b{seed}", "bert", "sinusoidal",
-                             {100: bert_first[seed], 200: bert_final[seed]}, 1.0, seed=seed))  # fmt: skip
+        runs.append(
+            make_run(
+                tmp_path / f"r{seed}",
+                "roformer",
+                "rotary",
+                {100: rope_first[seed], 200: rope_final[seed]},
+                1.0,
+                seed=seed,
+            )
+        )
+        runs.append(
+            make_run(
+                tmp_path / f"b{seed}",
+                "bert",
+                "sinusoidal",
+                {100: bert_first[seed], 200: bert_final[seed]},
+                1.0,
+                seed=seed,
+            )
+        )
     summary = compare(runs, tmp_path / "out", targets=[4.6, 4.05])
     final = summary["differences"]["roformer"]["final_eval_loss"]
     expected = stats.ttest_rel(list(rope_final.values()), list(bert_final.values())).confidence_interval(0.95)
@@ -173,9 +220,15 @@ def seeded_glue_run(path: Path, label: str, scores: dict[int, float], init: str 
     runs = [{"peak_lr": 2e-5, "seed": s, "dev": {"dev": {"score": v}}} for s, v in scores.items()]
     runs += [{"peak_lr": 5e-5, "seed": s, "dev": {"dev": {"score": v - 0.1}}} for s, v in scores.items()]
     mean = sum(scores.values()) / len(scores)
-    results = {"task": "rte", "label": label, "init": init, "selection_split": "dev", "runs": runs,
-               "selected": {"peak_lr": 2e-5, "seed": 0},
-               "summary": {"dev": {"score": {"mean": mean, "std": 0.0}}}}  # fmt: skip
+    results = {
+        "task": "rte",
+        "label": label,
+        "init": init,
+        "selection_split": "dev",
+        "runs": runs,
+        "selected": {"peak_lr": 2e-5, "seed": 0},
+        "summary": {"dev": {"score": {"mean": mean, "std": 0.0}}},
+    }
     (path / RESULTS_FILE).write_text(json.dumps(results))
     return path
 
@@ -197,8 +250,9 @@ def test_glue_differences_paired_by_fine_tuning_seed_then_by_pretraining_seed(tm
             pre = tmp_path / "pre" / f"{label}-seed{seed}"
             (pre / FINAL_DIR).mkdir(parents=True)
             write_yaml(pre / RUN_CONFIG_FILE, {"train": {"seed": seed}})
-            runs.append(seeded_glue_run(tmp_path / f"g-{label}-{seed}", label, {0: value, 1: value},
-                                        init=str(pre / FINAL_DIR)))  # fmt: skip
+            runs.append(
+                seeded_glue_run(tmp_path / f"g-{label}-{seed}", label, {0: value, 1: value}, init=str(pre / FINAL_DIR))
+            )
     summary = compare(runs, tmp_path / "out2", baseline="bert")
     d = summary["glue_differences"]["roformer"]["rte"]
     assert d["test"] == "paired t" and d["n"] == [3, 3] and d["mean"] == pytest.approx((0.02 + 0.09 + 0.01) / 3)

@@ -26,10 +26,17 @@ from roformer.train.run_dir import CHECKPOINTS_DIR, FINAL_DIR, METRICS_FILE, RES
 
 
 def experiment_files(tmp_path: Path, **train) -> Path:
-    tiny_run_config(tmp_path / "rope.yaml", model={"position_encoding": "rotary"}, max_steps=6, eval_every=3,
-                    save_every=3, **train)  # fmt: skip
-    tiny_run_config(tmp_path / "bert.yaml", model={"position_encoding": "sinusoidal"}, max_steps=6, eval_every=3,
-                    save_every=3, **train)  # fmt: skip
+    tiny_run_config(
+        tmp_path / "rope.yaml", model={"position_encoding": "rotary"}, max_steps=6, eval_every=3, save_every=3, **train
+    )
+    tiny_run_config(
+        tmp_path / "bert.yaml",
+        model={"position_encoding": "sinusoidal"},
+        max_steps=6,
+        eval_every=3,
+        save_every=3,
+        **train,
+    )
     write_yaml(tmp_path / "exp.yaml", {"arms": {"roformer": "rope.yaml", "bert": "bert.yaml"}, "seeds": [0, 1]})
     return tmp_path / "exp.yaml"
 
@@ -38,8 +45,14 @@ def test_experiment_end_to_end(tmp_path: Path) -> None:
     config = experiment_files(tmp_path)
     assert main(["experiment", "--config", str(config), "--output-dir", str(tmp_path / "out")]) == 0
     out = tmp_path / "out"
-    assert {p.name for p in out.iterdir()} == {"roformer-seed0", "bert-seed0", "roformer-seed1", "bert-seed1",
-                                               COMPARE_DIR, REPORT_FILE}  # fmt: skip
+    assert {p.name for p in out.iterdir()} == {
+        "roformer-seed0",
+        "bert-seed0",
+        "roformer-seed1",
+        "bert-seed1",
+        COMPARE_DIR,
+        REPORT_FILE,
+    }
     assert arm_run_path(out, "bert", 1) == out / "bert-seed1"
     report = (out / REPORT_FILE).read_text()
     assert f"![MLM loss curves]({COMPARE_DIR}/{CURVES_PLOT_FILE})" in report and "## How this was made" in report
@@ -49,8 +62,11 @@ def test_experiment_end_to_end(tmp_path: Path) -> None:
     assert [a["seeds"] for a in summary["arms"]] == [2, 2]
     # same initial weights and batches per seed: the first train loss differs only through the position encoding,
     # and the two seeds of an arm differ
-    first = {d.name: json.loads((d / METRICS_FILE).read_text().splitlines()[0])["loss"]
-             for d in out.iterdir() if d.name.endswith(("seed0", "seed1"))}  # fmt: skip
+    first = {
+        d.name: json.loads((d / METRICS_FILE).read_text().splitlines()[0])["loss"]
+        for d in out.iterdir()
+        if d.name.endswith(("seed0", "seed1"))
+    }
     assert first["roformer-seed0"] != first["roformer-seed1"]
     a = load_file(out / "roformer-seed0" / CHECKPOINTS_DIR / "step-3" / WEIGHTS_FILE)
     assert a  # checkpoints exist for resuming
@@ -83,20 +99,36 @@ def test_experiment_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_uncontrolled_arms_are_refused(tmp_path: Path) -> None:
     config = experiment_files(tmp_path)
-    tiny_run_config(tmp_path / "bert.yaml", model={"position_encoding": "sinusoidal"}, max_steps=6, eval_every=3,
-                    save_every=3, lr=5e-3)  # fmt: skip
+    tiny_run_config(
+        tmp_path / "bert.yaml",
+        model={"position_encoding": "sinusoidal"},
+        max_steps=6,
+        eval_every=3,
+        save_every=3,
+        lr=5e-3,
+    )
     with pytest.raises(ConfigError, match="differ in train.lr"):
         load_experiment(config)
-    tiny_run_config(tmp_path / "bert.yaml", model={"position_encoding": "sinusoidal", "num_layers": 3}, max_steps=6,
-                    eval_every=3, save_every=3)  # fmt: skip
+    tiny_run_config(
+        tmp_path / "bert.yaml",
+        model={"position_encoding": "sinusoidal", "num_layers": 3},
+        max_steps=6,
+        eval_every=3,
+        save_every=3,
+    )
     with pytest.raises(ConfigError, match="differ in model.num_layers"):
         load_experiment(config)
 
 
 def test_arms_with_different_classifier_heads_are_refused(tmp_path: Path) -> None:
     config = experiment_files(tmp_path)
-    tiny_run_config(tmp_path / "bert.yaml", model={"position_encoding": "sinusoidal", "classifier_head": "pooler"},
-                    max_steps=6, eval_every=3, save_every=3)  # fmt: skip
+    tiny_run_config(
+        tmp_path / "bert.yaml",
+        model={"position_encoding": "sinusoidal", "classifier_head": "pooler"},
+        max_steps=6,
+        eval_every=3,
+        save_every=3,
+    )
     with pytest.raises(ConfigError, match="differ in model.classifier_head"):
         load_experiment(config)
 
@@ -104,17 +136,30 @@ def test_arms_with_different_classifier_heads_are_refused(tmp_path: Path) -> Non
 def test_arm_overrides_and_the_fields_under_comparison(tmp_path: Path) -> None:
     """Arms as {config, set}; a non-position field may differ only when `vary` names it; new position fields may."""
     experiment_files(tmp_path)
-    arms = {"softmax": "rope.yaml", "linear": {"config": "rope.yaml", "set": ["model.attention=linear"]},
-            "linear-none": {"config": "rope.yaml", "set": ["model.attention=linear", "model.position_encoding=none"]}}
-    write_yaml(tmp_path / "exp.yaml", {"arms": arms})  # fmt: skip
+    arms = {
+        "softmax": "rope.yaml",
+        "linear": {"config": "rope.yaml", "set": ["model.attention=linear"]},
+        "linear-none": {"config": "rope.yaml", "set": ["model.attention=linear", "model.position_encoding=none"]},
+    }
+    write_yaml(tmp_path / "exp.yaml", {"arms": arms})
     with pytest.raises(ConfigError, match="differ in model.attention"):
         load_experiment(tmp_path / "exp.yaml")
     write_yaml(tmp_path / "exp.yaml", {"arms": arms, "vary": ["attention"]})
     _, loaded = load_experiment(tmp_path / "exp.yaml")
     assert loaded["linear-none"].model.attention == "linear" and loaded["linear-none"].model.position_encoding == "none"
     assert loaded["softmax"].model.attention == "softmax"
-    write_yaml(tmp_path / "exp.yaml", {"arms": {"a": "rope.yaml", "b": {"config": "rope.yaml",
-               "set": ["model.rotary_dim=8", "model.rope_scaling={type: linear, factor: 2}"]}}})  # fmt: skip
+    write_yaml(
+        tmp_path / "exp.yaml",
+        {
+            "arms": {
+                "a": "rope.yaml",
+                "b": {
+                    "config": "rope.yaml",
+                    "set": ["model.rotary_dim=8", "model.rope_scaling={type: linear, factor: 2}"],
+                },
+            }
+        },
+    )
     assert load_experiment(tmp_path / "exp.yaml")[1]["b"].model.rotary_dim == 8
     write_yaml(tmp_path / "exp.yaml", {"arms": arms, "vary": ["atention"]})
     with pytest.raises(ConfigError, match="'atention' is not a model field"):
@@ -132,22 +177,38 @@ def test_glue_and_length_stages_resume_and_report(tmp_path: Path, monkeypatch: p
     sentences = [s.strip() for d in generate_documents(400, seed=9) for s in d.split(" . ") if s.strip()][:120]
     for split, rows in (("train", sentences[:80]), ("dev", sentences[80:])):
         with (tmp_path / f"{split}.csv").open("w", newline="") as f:
-            csv.writer(f).writerows([("sentence", "label"), *((s, int(bool(set(NUMBERS) & set(s.split()))))
-                                                               for s in rows)])  # fmt: skip
-    task = {"data": {"task": "sst2", "source": "files", "train_file": "train.csv", "validation_file": "dev.csv",
-                     "max_length": 32},
-            "train": {"max_steps": 2, "batch_size": 8, "lr": 1e-3, "seeds": [0, 1], "progress": False}}  # fmt: skip
+            csv.writer(f).writerows(
+                [("sentence", "label"), *((s, int(bool(set(NUMBERS) & set(s.split())))) for s in rows)]
+            )
+    task = {
+        "data": {
+            "task": "sst2",
+            "source": "files",
+            "train_file": "train.csv",
+            "validation_file": "dev.csv",
+            "max_length": 32,
+        },
+        "train": {"max_steps": 2, "batch_size": 8, "lr": 1e-3, "seeds": [0, 1], "progress": False},
+    }
     write_yaml(tmp_path / "sst2.yaml", {"init": "unused", **task})
     write_yaml(tmp_path / "suite.yaml", {"tasks": ["sst2.yaml"]})
     data = read_yaml(config)
     suite = f"../{tmp_path.name}/suite.yaml"  # a path through `..`, as configs/experiments/ names configs/glue/
-    data.update({"glue": {"suite": suite, "overrides": ["data.max_length=32"]},
-                 "length": {"seq_lens": [32, 64], "max_tokens": 512}})  # fmt: skip
+    data.update(
+        {
+            "glue": {"suite": suite, "overrides": ["data.max_length=32"]},
+            "length": {"seq_lens": [32, 64], "max_tokens": 512},
+        }
+    )
     write_yaml(config, data)
     summary = run_experiment(config, tmp_path / "out")
     out = tmp_path / "out"
-    assert sorted(p.name for p in (out / GLUE_DIR).iterdir()) == ["bert-seed0", "bert-seed1", "roformer-seed0",
-                                                                  "roformer-seed1"]  # fmt: skip
+    assert sorted(p.name for p in (out / GLUE_DIR).iterdir()) == [
+        "bert-seed0",
+        "bert-seed1",
+        "roformer-seed0",
+        "roformer-seed1",
+    ]
     results = json.loads((out / GLUE_DIR / "roformer-seed1" / "sst2" / RESULTS_FILE).read_text())
     assert results["label"] == "roformer" and results["init"].endswith(f"roformer-seed1/{FINAL_DIR}")
     assert summary["glue"]["roformer"]["sst2"]["runs"] == 2 and "sst2" in summary["glue_differences"]["roformer"]

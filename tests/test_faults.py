@@ -26,8 +26,9 @@ from roformer.train.run_dir import read_metrics
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The config (dropout on) and an uninterrupted run of it: 8 steps, checkpoints every 2."""
     tmp = tmp_path_factory.mktemp("reference")
-    yaml = tiny_run_config(tmp / "c.yaml", model={"hidden_dropout": 0.1}, max_steps=8, save_every=2, eval_every=4,
-                           keep_checkpoints=3)  # fmt: skip
+    yaml = tiny_run_config(
+        tmp / "c.yaml", model={"hidden_dropout": 0.1}, max_steps=8, save_every=2, eval_every=4, keep_checkpoints=3
+    )
     assert main(["pretrain", "--config", str(yaml), "--output-dir", str(tmp / "run")]) == 0
     return yaml, tmp / "run"
 
@@ -106,8 +107,22 @@ def test_a_damaged_newest_checkpoint_falls_back_to_an_intact_one(
 ) -> None:
     yaml, ref = reference
     out = tmp_path / "run"
-    assert run_cli(["--config", str(yaml), "--output-dir", str(out), "--set", "train.max_steps=6",
-                    "--set", "train.eval_every=2"], capsys)[0] == 0  # fmt: skip
+    assert (
+        run_cli(
+            [
+                "--config",
+                str(yaml),
+                "--output-dir",
+                str(out),
+                "--set",
+                "train.max_steps=6",
+                "--set",
+                "train.eval_every=2",
+            ],
+            capsys,
+        )[0]
+        == 0
+    )
     checkpoints = out / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-2", "step-4", "step-6"]
     weights = checkpoints / "step-6" / "model.safetensors"
@@ -125,9 +140,12 @@ def test_a_damaged_newest_checkpoint_falls_back_to_an_intact_one(
 
 
 def test_resume_from_an_older_intact_checkpoint_reproduces_the_run(
-    reference: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+    reference: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     yaml, ref = reference
     out = tmp_path / "run"
     at_step(monkeypatch, 6, lambda: (_ for _ in ()).throw(KeyboardInterrupt))  # killed after checkpoint 6
@@ -141,9 +159,12 @@ def test_resume_from_an_older_intact_checkpoint_reproduces_the_run(
 
 
 def test_a_checkpoint_that_fails_to_load_despite_its_manifest_falls_back(
-    reference: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+    reference: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     """A newest checkpoint without a manifest (written before manifests) whose weights are unreadable: the older."""
     yaml, ref = reference
     out = tmp_path / "run"
@@ -249,9 +270,12 @@ def test_consecutive_non_finite_steps_stop_the_run_naming_the_last_good_checkpoi
     ],
 )
 def test_an_output_below_a_file_is_refused_before_any_work(
-    command: list[str], reference: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    command: list[str],
+    reference: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     from roformer.data import store
 
     yaml, ref = reference
@@ -291,8 +315,20 @@ def test_a_real_sigterm_to_a_running_process_exits_75_with_its_last_step_saved(
     yaml, _ = reference
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    args = [sys.executable, "-m", "roformer", "pretrain", "--config", str(yaml), "--output-dir", str(out),
-            "--set", "train.max_steps=100000", "--set", "train.save_every=1000"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "roformer",
+        "pretrain",
+        "--config",
+        str(yaml),
+        "--output-dir",
+        str(out),
+        "--set",
+        "train.max_steps=100000",
+        "--set",
+        "train.save_every=1000",
+    ]
     process = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not any(e.get("step", 0) >= 3 for e in _events(out)) and time.monotonic() < deadline:
@@ -346,8 +382,22 @@ def test_two_processes_stop_after_the_same_step_when_one_gets_the_signal(
     )
     launcher = REPO / "configs" / "accelerate" / "multi-cpu.yaml"
     out = tmp_path / "run"
-    done = run_python(["-m", "accelerate.commands.launch", "--config_file", str(launcher), str(wrapper), "pretrain",
-                       "--config", str(yaml), "--output-dir", str(out), "--set", "train.batch_size=2"])  # fmt: skip
+    done = run_python(
+        [
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(launcher),
+            str(wrapper),
+            "pretrain",
+            "--config",
+            str(yaml),
+            "--output-dir",
+            str(out),
+            "--set",
+            "train.batch_size=2",
+        ]
+    )
     assert done.returncode != 0 and "stopped by" in done.stderr, done.stderr[-3000:]
     assert CheckpointManager(out / "checkpoints").latest_intact()[0] == 3
     assert read_metrics(out / "metrics.jsonl")[-1]["event"] == "stopped"

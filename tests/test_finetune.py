@@ -58,11 +58,24 @@ def task_config(path: Path, init: Path, files: dict[str, Path], model: dict | No
     config = {
         "model": model or {},
         "init": str(init),
-        "data": {"task": "sst2", "source": "files", "train_file": str(files["train"]),
-                 "validation_file": str(files["dev"]), "test_file": str(files["test"]), "max_length": 64},
-        "train": {"epochs": 3, "batch_size": 16, "lr": 1e-3, "seeds": [0, 1], "progress": False, "log_every": 5,
-                  **train},
-    }  # fmt: skip
+        "data": {
+            "task": "sst2",
+            "source": "files",
+            "train_file": str(files["train"]),
+            "validation_file": str(files["dev"]),
+            "test_file": str(files["test"]),
+            "max_length": 64,
+        },
+        "train": {
+            "epochs": 3,
+            "batch_size": 16,
+            "lr": 1e-3,
+            "seeds": [0, 1],
+            "progress": False,
+            "log_every": 5,
+            **train,
+        },
+    }
     write_yaml(path, config)
     return path
 
@@ -74,8 +87,14 @@ def test_finetune_beats_the_majority_class(tmp_path: Path, pretrained: Path, num
     accuracy = results["summary"]["dev"]["accuracy"]
     assert accuracy["mean"] > 0.5 + 0.2, accuracy  # the majority class gets 50% here
     assert len(accuracy["values"]) == 2 and accuracy["max"] >= accuracy["median"] >= min(accuracy["values"])
-    assert {p.name for p in run.iterdir()} == {"config.yaml", "metrics.jsonl", "results.json", "predictions",
-                                               "submission", "best"}  # fmt: skip
+    assert {p.name for p in run.iterdir()} == {
+        "config.yaml",
+        "metrics.jsonl",
+        "results.json",
+        "predictions",
+        "submission",
+        "best",
+    }
     saved = json.loads((run / "results.json").read_text())
     assert [(r["peak_lr"], r["seed"]) for r in saved["runs"]] == [(1e-3, 0), (1e-3, 1)]
     assert all(r["best_step"] > 0 for r in saved["runs"]) and saved["selected"]["seed"] in (0, 1)
@@ -99,8 +118,21 @@ def test_multiprocess_evaluation_equals_one_process(tmp_path: Path, pretrained: 
     yaml = task_config(tmp_path / "c.yaml", pretrained, number_task, max_steps=0, seeds=[3], eval_batch_size=8)
     assert main(["finetune", "--config", str(yaml), "--output-dir", str(tmp_path / "one")]) == 0
     launcher = REPO / "configs" / "accelerate" / "multi-cpu.yaml"
-    done = run_python(["-m", "accelerate.commands.launch", "--config_file", str(launcher), "-m", "roformer",
-                       "finetune", "--config", str(yaml), "--output-dir", str(tmp_path / "two")])  # fmt: skip
+    done = run_python(
+        [
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(launcher),
+            "-m",
+            "roformer",
+            "finetune",
+            "--config",
+            str(yaml),
+            "--output-dir",
+            str(tmp_path / "two"),
+        ]
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     one = json.loads((tmp_path / "one" / "results.json").read_text())
     two = json.loads((tmp_path / "two" / "results.json").read_text())
@@ -114,9 +146,11 @@ def test_multiprocess_evaluation_equals_one_process(tmp_path: Path, pretrained: 
 def test_real_glue_tasks_write_server_files(tmp_path: Path, pretrained: Path, shared_data: Path) -> None:
     """RTE (classification, names) and STS-B (regression, scores) from the official TSVs, a few steps each."""
     for task, rows in (("rte", 3000), ("stsb", 1379)):
-        config = {"init": str(pretrained), "data": {"task": task, "glue_dir": str(shared_data / "glue"),
-                                                    "max_train_examples": 64, "max_length": 64},
-                  "train": {"max_steps": 4, "batch_size": 8, "lr": 1e-3, "progress": False}}  # fmt: skip
+        config = {
+            "init": str(pretrained),
+            "data": {"task": task, "glue_dir": str(shared_data / "glue"), "max_train_examples": 64, "max_length": 64},
+            "train": {"max_steps": 4, "batch_size": 8, "lr": 1e-3, "progress": False},
+        }
         write_yaml(tmp_path / f"{task}.yaml", config)
         results = finetune(load(FinetuneConfig, tmp_path / f"{task}.yaml"), tmp_path / task)
         name = {"rte": "RTE.tsv", "stsb": "STS-B.tsv"}[task]
@@ -144,8 +178,11 @@ def test_mnli_writes_matched_mismatched_and_ax(tmp_path: Path, pretrained: Path)
         rows = "".join(f"{i}\tp\tq\tfiction\tun duo\ttri {i}\n" for i in range(n))
         (glue / "MNLI" / f"{split}.tsv").write_text("index\tpromptID\tpairID\tgenre\tsentence1\tsentence2\n" + rows)
     (glue / "diagnostic" / "diagnostic.tsv").write_text("index\tsentence1\tsentence2\n0\tun\tduo\n1\ttri\ttet\n")
-    config = {"init": str(pretrained), "data": {"task": "mnli", "glue_dir": str(glue)},
-              "train": {"max_steps": 2, "batch_size": 4, "progress": False}}  # fmt: skip
+    config = {
+        "init": str(pretrained),
+        "data": {"task": "mnli", "glue_dir": str(glue)},
+        "train": {"max_steps": 2, "batch_size": 4, "progress": False},
+    }
     write_yaml(tmp_path / "mnli.yaml", config)
     results = finetune(load(FinetuneConfig, tmp_path / "mnli.yaml"), tmp_path / "run")
     assert set(results["summary"]) == {"dev_matched", "dev_mismatched"}
@@ -207,8 +244,9 @@ def test_interrupted_grid_resumes_exactly(tmp_path: Path, pretrained: Path, numb
 
     from roformer.train.engine import Engine
 
-    yaml = task_config(tmp_path / "c.yaml", pretrained, number_task, epochs=1, save_every=5, log_every=1,
-                       model={"hidden_dropout": 0.1})  # fmt: skip
+    yaml = task_config(
+        tmp_path / "c.yaml", pretrained, number_task, epochs=1, save_every=5, log_every=1, model={"hidden_dropout": 0.1}
+    )
     whole = finetune(load(FinetuneConfig, yaml), tmp_path / "whole")
     original = Engine.train_step
 
@@ -313,8 +351,7 @@ def test_bf16_finetuning_on_cpu(tmp_path: Path, pretrained: Path, number_task: d
 
     path = task_config(tmp_path / "c.yaml", pretrained, number_task, epochs=1, seeds=[0], mixed_precision="bf16")
     results = finetune(load(FinetuneConfig, path), tmp_path / "run")
-    losses = [e["loss"] for e in read_metrics(tmp_path / "run" / "metrics.jsonl")
-              if e["event"] == "train"]  # fmt: skip
+    losses = [e["loss"] for e in read_metrics(tmp_path / "run" / "metrics.jsonl") if e["event"] == "train"]
     assert losses and all(math.isfinite(v) for v in losses)
     assert math.isfinite(results["summary"]["dev"]["score"]["mean"])
     padding = [e["padding_fraction"] for e in read_metrics(tmp_path / "run" / "metrics.jsonl") if e["event"] == "train"]

@@ -12,9 +12,15 @@ from roformer.data.masking import masked_positions
 from roformer.model.flops import encoder_parameters, measure_matmul_tflops, spec_tflops, training_flops_per_token
 
 CONFIG = roformer.ModelConfig(
-    vocab_size=1000, hidden_size=128, num_layers=2, num_heads=4, intermediate_size=512, hidden_dropout=0.0,
-    attention_dropout=0.0, max_position_embeddings=256,
-)  # fmt: skip
+    vocab_size=1000,
+    hidden_size=128,
+    num_layers=2,
+    num_heads=4,
+    intermediate_size=512,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+    max_position_embeddings=256,
+)
 B, T = 4, 256
 
 

@@ -109,12 +109,20 @@ def test_mnli_from_local_files_with_unlabelled_tests_and_both_dev_splits(tmp_pat
         (tmp_path / f"{name}.csv").write_text(labelled)
     for name in ("test_m", "test_mm"):
         (tmp_path / f"{name}.csv").write_text("idx,premise,hypothesis\n0,a dog runs,an animal moves\n")
-    files = {"source": "files", "task": "mnli", "train_file": str(tmp_path / "train.csv"),
-             "validation_file": str(tmp_path / "dev_m.csv"), "test_file": str(tmp_path / "test_m.csv")}  # fmt: skip
+    files = {
+        "source": "files",
+        "task": "mnli",
+        "train_file": str(tmp_path / "train.csv"),
+        "validation_file": str(tmp_path / "dev_m.csv"),
+        "test_file": str(tmp_path / "test_m.csv"),
+    }
     splits = load_splits(GlueDataConfig(**files))
     assert set(splits) == {"train", "dev_matched", "test_matched"} and splits["test_matched"][0].label is None
-    both = GlueDataConfig(**files, validation_mismatched_file=str(tmp_path / "dev_mm.csv"),
-                          test_mismatched_file=str(tmp_path / "test_mm.csv"))  # fmt: skip
+    both = GlueDataConfig(
+        **files,
+        validation_mismatched_file=str(tmp_path / "dev_mm.csv"),
+        test_mismatched_file=str(tmp_path / "test_mm.csv"),
+    )
     assert set(load_splits(both)) == {"train", "dev_matched", "dev_mismatched", "test_matched", "test_mismatched"}
     with pytest.raises(ConfigError, match="for MNLI"):
         GlueDataConfig(source="files", task="rte", train_file="a", validation_file="b", validation_mismatched_file="c")

@@ -59,8 +59,9 @@ def test_flash_attention_accepts_a_pretraining_batch(encoding: str) -> None:
     """Full blocks carry no mask, so nothing stops the fused kernel: forcing FLASH must not raise."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    config = roformer.ModelConfig(vocab_size=1000, hidden_size=256, num_layers=2, num_heads=4, intermediate_size=512,
-                                  position_encoding=encoding)  # fmt: skip
+    config = roformer.ModelConfig(
+        vocab_size=1000, hidden_size=256, num_layers=2, num_heads=4, intermediate_size=512, position_encoding=encoding
+    )
     model = roformer.MaskedLM(config).cuda().train()  # dropout on: flash applies it inside the kernel
     ids = torch.randint(5, 1000, (8, 512), device="cuda")
     labels = torch.where(torch.rand(ids.shape, device="cuda") < 0.15, ids, -100)
@@ -88,8 +89,12 @@ def test_compiled_bf16_run_matches_eager(tmp_path: Path) -> None:
 
 def test_resumed_bf16_run_repeats_the_uninterrupted_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Exact where the GPU is deterministic: as exact as two uninterrupted runs agree with each other."""
-    yaml = tiny_run_config(tmp_path / "c.yaml", model={"hidden_dropout": 0.1, "attention_dropout": 0.1},
-                           max_steps=10, mixed_precision="bf16")  # fmt: skip
+    yaml = tiny_run_config(
+        tmp_path / "c.yaml",
+        model={"hidden_dropout": 0.1, "attention_dropout": 0.1},
+        max_steps=10,
+        mixed_precision="bf16",
+    )
     config = load(PretrainConfig, yaml)
     first = train_losses(pretrain(config, tmp_path / "first"))
     second = train_losses(pretrain(config, tmp_path / "second"))
@@ -107,8 +112,19 @@ def launch(launcher: str, *args: str) -> None:
     """`accelerate launch` with one of configs/accelerate/*.yaml on every visible GPU; fails with its stderr."""
     processes = str(torch.cuda.device_count())
     config = str(REPO / "configs" / "accelerate" / f"{launcher}.yaml")
-    done = run_python(["-m", "accelerate.commands.launch", "--config_file", config, "--num_processes", processes,
-                       "-m", "roformer", *args])  # fmt: skip
+    done = run_python(
+        [
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            config,
+            "--num_processes",
+            processes,
+            "-m",
+            "roformer",
+            *args,
+        ]
+    )
     assert done.returncode == 0, done.stderr[-4000:]
 
 
@@ -133,10 +149,17 @@ def test_pretrain_and_finetune_under_sharded_launchers(launcher: str, tmp_path: 
     launch(launcher, "pretrain", "--config", str(yaml), "--output-dir", str(tmp_path / "run"))
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
     files = sst2_files(tmp_path)
-    glue = {"init": str(tmp_path / "run" / "final"),
-            "data": {"task": "sst2", "source": "files", "train_file": str(files["train"]),
-                     "validation_file": str(files["dev"]), "max_length": 32},
-            "train": {"max_steps": 6, "batch_size": 8, "lr": 1e-3, "eval_every": 3, "progress": False}}  # fmt: skip
+    glue = {
+        "init": str(tmp_path / "run" / "final"),
+        "data": {
+            "task": "sst2",
+            "source": "files",
+            "train_file": str(files["train"]),
+            "validation_file": str(files["dev"]),
+            "max_length": 32,
+        },
+        "train": {"max_steps": 6, "batch_size": 8, "lr": 1e-3, "eval_every": 3, "progress": False},
+    }
     write_yaml(tmp_path / "glue.yaml", glue)
     launch(launcher, "finetune", "--config", str(tmp_path / "glue.yaml"), "--output-dir", str(tmp_path / "glue"))
     assert (tmp_path / "glue" / "best" / "model.safetensors").is_file()

@@ -13,10 +13,17 @@ from conftest import REPO
 @pytest.mark.slow
 def test_gpu_check_smoke_run_prints_one_report(tmp_path: Path) -> None:
     """~2 minutes on 2 cores: gpu tests (skipped here), eager benchmark, both arms' pretraining, the report."""
-    env = {**os.environ, "GPU_CHECK_SMOKE": "1", "GPU_CHECK_MODES": "eager", "OUT": str(tmp_path / "out"),
-           "GPU_CHECK_WORK": str(tmp_path / "work"), "OMP_NUM_THREADS": "1"}  # fmt: skip
-    done = subprocess.run(["bash", "scripts/gpu_check.sh", "all"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=900)  # fmt: skip
+    env = {
+        **os.environ,
+        "GPU_CHECK_SMOKE": "1",
+        "GPU_CHECK_MODES": "eager",
+        "OUT": str(tmp_path / "out"),
+        "GPU_CHECK_WORK": str(tmp_path / "work"),
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "all"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = (tmp_path / "out" / "gpu-report.md").read_text()
     assert "GPU tests: " in report and "| eager | 64 x 4 | ours-rotary |" in report

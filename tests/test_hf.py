@@ -220,8 +220,15 @@ def test_convert_cli_bad_input(tmp_path) -> None:
 @pytest.mark.parametrize("rotary_value", [False, True])
 def test_rotary_layout_conversion_with_partial_rotary(rotary_value: bool) -> None:
     """rotary_dim < head_size: only the rotated features change layout; the outputs stay the same."""
-    config = roformer.ModelConfig(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=64,
-                                  rotary_dim=16, rotary_value=rotary_value)  # fmt: skip
+    config = roformer.ModelConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=64,
+        rotary_dim=16,
+        rotary_value=rotary_value,
+    )
     torch.manual_seed(0)
     model = roformer.MaskedLM(config).eval()
     half = roformer.convert_rotary_layout(model, "half").eval()

@@ -1,5 +1,5 @@
-"""The package's architecture, checked: data flows one way (cli -> study -> train -> data / model -> base), no import
-cycles, reporting without torch, small modules with a docstring each."""
+"""The package's architecture, checked: data flows one way (cli -> study -> train -> data / model -> base) and down
+the rooms of each floor, no import cycles, reporting without torch, a docstring per module, one formatter."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import REPO
 
 PACKAGE = REPO / "roformer"
@@ -161,8 +162,21 @@ def test_reporting_imports_no_torch() -> None:
 def test_public_api_is_unchanged() -> None:
     import roformer
 
-    names = ["Backbone", "CheckpointError", "ConfigError", "MaskedLM", "Model", "ModelConfig", "ModelOutput",
-             "SequenceClassifier", "UserError", "convert_rotary_layout", "from_hf", "load", "to_hf"]  # fmt: skip
+    names = [
+        "Backbone",
+        "CheckpointError",
+        "ConfigError",
+        "MaskedLM",
+        "Model",
+        "ModelConfig",
+        "ModelOutput",
+        "SequenceClassifier",
+        "UserError",
+        "convert_rotary_layout",
+        "from_hf",
+        "load",
+        "to_hf",
+    ]
     assert sorted(set(roformer.__all__) - {"__version__"}) == names
     for name in names:
         assert getattr(roformer, name) is not None
@@ -172,3 +186,22 @@ def test_modules_say_what_they_are_for() -> None:
     """Every module opens with its purpose. (No line cap: a room is as big as what belongs together in it.)"""
     for name, path in modules().items():
         assert ast.get_docstring(ast.parse(path.read_text())), f"{name} has no module docstring"
+
+
+def test_code_is_formatted_by_ruff_format() -> None:
+    """One formatter for the package, the tests and the scripts (`ruff format`, line length 120), no opt-outs."""
+    import shutil
+
+    ruff = shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed (pip install -e '.[dev]')")
+    done = subprocess.run(
+        [ruff, "format", "--check", "roformer", "tests", "scripts"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    skips = [str(p) for p in (REPO / "roformer").rglob("*.py") if "fmt: skip" in p.read_text()]
+    assert not skips, skips

@@ -25,8 +25,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("length")
     out = {}
     for encoding in ("rotary", "learned"):
-        yaml = tiny_run_config(tmp / f"{encoding}.yaml", model={"position_encoding": encoding}, max_steps=4,
-                               eval_every=2, save_every=0)  # fmt: skip
+        yaml = tiny_run_config(
+            tmp / f"{encoding}.yaml", model={"position_encoding": encoding}, max_steps=4, eval_every=2, save_every=0
+        )
         out[encoding] = pretrain(load(PretrainConfig, yaml), tmp / encoding)
     return out
 
@@ -75,14 +76,18 @@ def test_rope_scaling_methods(runs: dict[str, Path], tmp_path: Path, capsys: pyt
     results = json.loads(out.read_text())["results"]
     by = {(r["seq_len"], r["rope_scaling"]): r["eval_loss"] for r in results}
     assert set(by) == {(n, m) for n in (32, 128) for m in ("none", "linear x1", "ntk x1", "yarn x1", "linear x2")} - {
-        (128, m) for m in ("linear x1", "ntk x1", "yarn x1")} | {(128, m) for m in ("linear x4", "ntk x4", "yarn x4")}
+        (128, m) for m in ("linear x1", "ntk x1", "yarn x1")
+    } | {(128, m) for m in ("linear x4", "ntk x4", "yarn x4")}
     assert by[(32, "none")] == pytest.approx(by[(32, "linear x1")], rel=1e-6) == pytest.approx(by[(32, "yarn x1")])
     assert compare([runs["rotary"]], tmp_path / "cmp")  # compare still reads the run (scaled rows are elsewhere)
 
 
 def test_rope_scaling_bad_input(runs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
-    for model, scaling, message in [("rotary", "pi", "unknown method 'pi'"), ("rotary", "yarn:0.5", "factor >= 1"),
-                                    ("learned", "linear", "learned positions, not rotary")]:  # fmt: skip
+    for model, scaling, message in [
+        ("rotary", "pi", "unknown method 'pi'"),
+        ("rotary", "yarn:0.5", "factor >= 1"),
+        ("learned", "linear", "learned positions, not rotary"),
+    ]:
         args = ["eval-mlm", "--model", str(runs[model] / FINAL_DIR), "--seq-lens", "32", "--rope-scaling", scaling]
         assert main(args) == 2
         err = capsys.readouterr().err
@@ -107,9 +112,23 @@ def test_device(runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFix
 def test_rope_scaling_study_script(tmp_path: Path) -> None:
     """scripts/rope_scaling_study.py end to end at toy size: both tables, every method, continued runs."""
     yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=3, eval_every=3, save_every=0)
-    done = run_python([str(REPO / "scripts" / "rope_scaling_study.py"), "--config", str(yaml), "--out",
-                       str(tmp_path / "study"), "--seq-lens", "32,64", "--long", "64", "--continue-steps", "2",
-                       "--max-tokens", "512"])  # fmt: skip
+    done = run_python(
+        [
+            str(REPO / "scripts" / "rope_scaling_study.py"),
+            "--config",
+            str(yaml),
+            "--out",
+            str(tmp_path / "study"),
+            "--seq-lens",
+            "32,64",
+            "--long",
+            "64",
+            "--continue-steps",
+            "2",
+            "--max-tokens",
+            "512",
+        ]
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     tables = (tmp_path / "study" / "tables.md").read_text()
     assert "| length | none | linear | ntk | yarn |" in tables

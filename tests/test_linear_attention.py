@@ -67,8 +67,16 @@ def test_numerator_scores_depend_only_on_relative_position() -> None:
 
 @pytest.mark.parametrize("encoding", ["rotary", "sinusoidal", "learned", "none"])
 def test_every_position_encoding_trains_and_padding_is_ignored(encoding: str) -> None:
-    config = ModelConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                         attention="linear", position_encoding=encoding, hidden_dropout=0.0)  # fmt: skip
+    config = ModelConfig(
+        vocab_size=50,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=64,
+        attention="linear",
+        position_encoding=encoding,
+        hidden_dropout=0.0,
+    )
     model = roformer.MaskedLM(config)
     ids = torch.randint(5, 50, (2, 12))
     labels = torch.where(torch.rand(2, 12) < 0.3, ids, -100)
@@ -104,8 +112,9 @@ class LargestTensor(TorchDispatchMode):
 
 def test_memory_is_linear_in_length() -> None:
     """No T x T matrix at T = 4096, forward and backward (softmax attention would build B*H*T*T elements)."""
-    config = ModelConfig(vocab_size=50, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
-                         attention="linear")  # fmt: skip
+    config = ModelConfig(
+        vocab_size=50, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, attention="linear"
+    )
     model = roformer.MaskedLM(config)
     T = 4096
     ids = torch.randint(5, 50, (1, T))

@@ -82,8 +82,8 @@ def run_python(args: list[str]) -> subprocess.CompletedProcess:
 
 
 def test_tiny_run_end_to_end(tmp_path: Path) -> None:
-    config = load(PretrainConfig,
-        tiny_run_config(tmp_path / "c.yaml", max_steps=30, eval_every=10, save_every=10, lr=3e-3)
+    config = load(
+        PretrainConfig, tiny_run_config(tmp_path / "c.yaml", max_steps=30, eval_every=10, save_every=10, lr=3e-3)
     )
     run = pretrain(config, tmp_path / "run")
     assert {p.name for p in run.iterdir()} == {"config.yaml", "metrics.jsonl", "checkpoints", "final", "tokenizer"}
@@ -147,8 +147,21 @@ def test_two_cpu_processes_match_one(tmp_path: Path) -> None:
     single = pretrain(load(PretrainConfig, yaml, ["train.batch_size=8"]), tmp_path / "one")
     launcher = REPO / "configs" / "accelerate" / "multi-cpu.yaml"
     out = str(tmp_path / "two")
-    done = run_python(["-m", "accelerate.commands.launch", "--config_file", str(launcher), "-m", "roformer", "pretrain",
-                       "--config", str(yaml), "--output-dir", out])  # fmt: skip
+    done = run_python(
+        [
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(launcher),
+            "-m",
+            "roformer",
+            "pretrain",
+            "--config",
+            str(yaml),
+            "--output-dir",
+            out,
+        ]
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     one_events, two_events = read_metrics(single / "metrics.jsonl"), read_metrics(tmp_path / "two" / "metrics.jsonl")
     assert one_events[0]["loss"] == pytest.approx(two_events[0]["loss"], rel=1e-6)
@@ -353,8 +366,9 @@ def test_compiled_run_resumes_exactly(tmp_path: Path, monkeypatch: pytest.Monkey
     Inductor's compiled backward accumulates with atomics on the CPU: without `deterministic`, two uninterrupted
     compiled runs already differ at 1e-7 (measured: one run in three); with it, runs and resumes repeat bitwise.
     """
-    yaml = tiny_run_config(tmp_path / "c.yaml", model={"hidden_dropout": 0.1}, max_steps=10, compile=True,
-                           deterministic=True)  # fmt: skip
+    yaml = tiny_run_config(
+        tmp_path / "c.yaml", model={"hidden_dropout": 0.1}, max_steps=10, compile=True, deterministic=True
+    )
     config = load(PretrainConfig, yaml)
     try:
         torch._dynamo.reset()
@@ -452,8 +466,9 @@ def test_vocabulary_hash_is_recorded_pinned_and_checked_on_resume(
     recorded = roformer.config.read_yaml(run / "config.yaml")["data"]["vocab_hash"]
     assert recorded == vocab_hash(load_tokenizer(run / "tokenizer")) and len(recorded) == 16
     assert Pretrainer(load(PretrainConfig, yaml, [f"data.vocab_hash={recorded}"]), tmp_path / "same").data
-    code, err = run_cli(["--config", str(yaml), "--output-dir", str(tmp_path / "x"), "--set", "data.vocab_hash=beef"],
-                        capsys)  # fmt: skip
+    code, err = run_cli(
+        ["--config", str(yaml), "--output-dir", str(tmp_path / "x"), "--set", "data.vocab_hash=beef"], capsys
+    )
     assert code == 2 and "data.vocab_hash" in err and not (tmp_path / "x").exists()
     args = ["--config", str(yaml), "--output-dir", str(run), "--resume", "--set", "data.vocab_size=250"]
     code, err = run_cli(args, capsys)
@@ -464,20 +479,24 @@ def test_continued_pretraining_from_a_model_with_position_interpolation(tmp_path
     """init: the first run's final/ starts the second, at 2x the length with rope_scaling linear x2."""
     first = pretrain(load(PretrainConfig, tiny_run_config(tmp_path / "a.yaml", max_steps=4)), tmp_path / "a")
     start = roformer.load(first / "final")
-    yaml = tiny_run_config(tmp_path / "b.yaml", data={"max_seq_len": 64}, max_steps=2, eval_every=1, save_every=0,
-                           lr=1e-9)  # fmt: skip
+    yaml = tiny_run_config(
+        tmp_path / "b.yaml", data={"max_seq_len": 64}, max_steps=2, eval_every=1, save_every=0, lr=1e-9
+    )
     overrides = [f"init={first / 'final'}", "model.rope_scaling={type: linear, factor: 2}"]
     config = load(PretrainConfig, yaml, overrides)
     assert config.data.tokenizer == str(first / "final")  # the init model's tokenizer
     second = pretrain(config, tmp_path / "b")
     continued = roformer.load(second / "final")
-    assert continued.config.rope_scaling.factor == 2 and json.loads(
-        (second / "final" / "pretraining.json").read_text())["max_seq_len"] == 64
+    assert (
+        continued.config.rope_scaling.factor == 2
+        and json.loads((second / "final" / "pretraining.json").read_text())["max_seq_len"] == 64
+    )
     for name, weight in start.state_dict().items():  # lr 1e-9: two steps leave the init weights
         torch.testing.assert_close(continued.state_dict()[name], weight, atol=1e-6, rtol=0)
     bad = tiny_run_config(tmp_path / "c.yaml", model={"intermediate_size": 48}, max_steps=1)
-    code, err = run_cli(["--config", str(bad), "--output-dir", str(tmp_path / "c"), "--set", f"init={first / 'final'}"],
-                        capsys)  # fmt: skip
+    code, err = run_cli(
+        ["--config", str(bad), "--output-dir", str(tmp_path / "c"), "--set", f"init={first / 'final'}"], capsys
+    )
     assert code == 2 and "does not fit the model section" in err and len(err.strip().splitlines()) == 1
 
 

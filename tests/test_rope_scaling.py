@@ -26,8 +26,9 @@ def hf_config(rope: dict, partial: float = 1.0, max_positions: int = 512) -> Lla
     parameters = {"rope_theta": 10000.0, **rope}
     if partial != 1.0:
         parameters["partial_rotary_factor"] = partial
-    return LlamaConfig(hidden_size=HEAD * 4, num_attention_heads=4, max_position_embeddings=max_positions,
-                       rope_parameters=parameters)  # fmt: skip
+    return LlamaConfig(
+        hidden_size=HEAD * 4, num_attention_heads=4, max_position_embeddings=max_positions, rope_parameters=parameters
+    )
 
 
 def ours(dim: int, scaling: RopeScaling) -> tuple[torch.Tensor, float]:
@@ -65,11 +66,17 @@ def test_ntk_equals_transformers_dynamic_ntk_at_the_scaled_length(factor: float,
 @pytest.mark.parametrize("betas", [(32.0, 1.0), (16.0, 2.0)])
 @pytest.mark.parametrize("partial", [1.0, 0.5])
 def test_yarn_equals_transformers(factor: float, original: int, betas: tuple[float, float], partial: float) -> None:
-    rope = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original,
-            "beta_fast": betas[0], "beta_slow": betas[1]}  # fmt: skip
+    rope = {
+        "rope_type": "yarn",
+        "factor": factor,
+        "original_max_position_embeddings": original,
+        "beta_fast": betas[0],
+        "beta_slow": betas[1],
+    }
     expected, attention = _compute_yarn_parameters(hf_config(rope, partial), "cpu")
-    scaling = RopeScaling(type="yarn", factor=factor, original_max_position=original, beta_fast=betas[0],
-                          beta_slow=betas[1])  # fmt: skip
+    scaling = RopeScaling(
+        type="yarn", factor=factor, original_max_position=original, beta_fast=betas[0], beta_slow=betas[1]
+    )
     got, magnitude = ours(int(HEAD * partial), scaling)
     assert_close(got, expected)
     assert magnitude == pytest.approx(attention) and magnitude == pytest.approx(0.1 * math.log(factor) + 1)
@@ -77,8 +84,9 @@ def test_yarn_equals_transformers(factor: float, original: int, betas: tuple[flo
 
 def test_yarn_magnitude_scales_scores_by_its_square() -> None:
     scaling = RopeScaling(type="yarn", factor=4.0, original_max_position=128, attention_factor=1.5)
-    plain = RotaryEmbedding(16, scaling=RopeScaling(type="yarn", factor=4.0, original_max_position=128,
-                                                    attention_factor=1.0))  # fmt: skip
+    plain = RotaryEmbedding(
+        16, scaling=RopeScaling(type="yarn", factor=4.0, original_max_position=128, attention_factor=1.0)
+    )
     scaled = RotaryEmbedding(16, scaling=scaling)
     q = torch.randn(1, 50, 2, 16)
     qp, qs = plain(q), scaled(q)
@@ -97,8 +105,7 @@ def test_partial_rotary_rotates_only_the_first_features() -> None:
 
 def test_partial_rotary_model_scores_stay_relative() -> None:
     """Shift every position by s (left-pad with a prefix that nothing attends to is not possible; rotate directly)."""
-    config = ModelConfig(vocab_size=100, hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64,
-                         rotary_dim=8)  # fmt: skip
+    config = ModelConfig(vocab_size=100, hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64, rotary_dim=8)
     model = roformer.MaskedLM(config).eval()
     assert model.backbone.rotary.dim == 8
     q, k = torch.randn(2, 32), torch.randn(2, 32)
@@ -127,16 +134,25 @@ def test_new_fields_are_validated_saved_and_loaded(tmp_path) -> None:
     with pytest.raises(ConfigError, match="original_max_position"):
         ModelConfig(rope_scaling={"type": "yarn", "factor": 4})
     with pytest.raises(ConfigError, match="unknown key 'model.rope_scaling.fator'"):
-        roformer.config.from_dict(roformer.model.config.ModelConfig, {"rope_scaling": {"fator": 2}}, "m.yaml",
-                                  prefix="model.")  # fmt: skip
+        roformer.config.from_dict(
+            roformer.model.config.ModelConfig, {"rope_scaling": {"fator": 2}}, "m.yaml", prefix="model."
+        )
     with pytest.raises(ConfigError, match="attention"):
         ModelConfig(attention="performer")
     yarn = {"type": "yarn", "factor": 4, "original_max_position": 128}
     with pytest.raises(ConfigError, match="yarn cannot be used with attention: linear"):  # its magnitude is in the
         ModelConfig(hidden_size=64, num_heads=2, attention="linear", rope_scaling=yarn)  # tables: eq. 19 scaled by m^2
     for attention, scaling in (("softmax", yarn), ("linear", {"type": "ntk", "factor": 4})):
-        config = ModelConfig(vocab_size=100, hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64,
-                             rotary_dim=16, attention=attention, rope_scaling=scaling)  # fmt: skip
+        config = ModelConfig(
+            vocab_size=100,
+            hidden_size=64,
+            num_layers=1,
+            num_heads=2,
+            intermediate_size=64,
+            rotary_dim=16,
+            attention=attention,
+            rope_scaling=scaling,
+        )
         model = roformer.MaskedLM(config)
         model.save(tmp_path / attention)
         loaded = roformer.load(tmp_path / attention)
@@ -147,9 +163,12 @@ def test_new_fields_are_validated_saved_and_loaded(tmp_path) -> None:
 
 @pytest.mark.parametrize(
     "fields, reason",
-    [({"rotary_dim": 16}, "rotary_dim"), ({"rope_scaling": {"type": "linear", "factor": 2}}, "rope_scaling"),
-     ({"attention": "linear"}, "linear attention")],
-)  # fmt: skip
+    [
+        ({"rotary_dim": 16}, "rotary_dim"),
+        ({"rope_scaling": {"type": "linear", "factor": 2}}, "rope_scaling"),
+        ({"attention": "linear"}, "linear attention"),
+    ],
+)
 def test_hf_export_refuses_what_hf_roformer_cannot_express(fields: dict, reason: str) -> None:
     config = ModelConfig(vocab_size=100, hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64, **fields)
     with pytest.raises(CheckpointError, match=reason):
@@ -159,8 +178,16 @@ def test_hf_export_refuses_what_hf_roformer_cannot_express(fields: dict, reason:
 def test_eval_variants_share_weights_and_differ_only_beyond_the_trained_length() -> None:
     from roformer.study.length_eval import scaled
 
-    config = ModelConfig(vocab_size=100, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=64,
-                         initializer_range=0.3, hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip
+    config = ModelConfig(
+        vocab_size=100,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=64,
+        initializer_range=0.3,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
     model = roformer.MaskedLM(config).eval()
     ids = torch.randint(5, 100, (1, 128))
     logits = {}

@@ -26,11 +26,13 @@ def corpus() -> tuple[list[str], object]:
 @pytest.mark.parametrize("max_seq_len", [16, 32, 128])
 def test_store_blocks_equal_in_memory_packing_across_shards(corpus, tmp_path: Path, max_seq_len: int) -> None:
     documents, tokenizer = corpus
-    store = write_token_store(tmp_path / "store", iter(documents), tokenizer, vocab_hash(tokenizer),
-                              batch_size=7, shard_tokens=1000)  # fmt: skip
+    store = write_token_store(
+        tmp_path / "store", iter(documents), tokenizer, vocab_hash(tokenizer), batch_size=7, shard_tokens=1000
+    )
     assert len(store.shards) > 3  # blocks cross shard boundaries
-    packed = pack_blocks(tokenize_documents(documents, tokenizer), max_seq_len, tokenizer.cls_token_id,
-                         tokenizer.sep_token_id)  # fmt: skip
+    packed = pack_blocks(
+        tokenize_documents(documents, tokenizer), max_seq_len, tokenizer.cls_token_id, tokenizer.sep_token_id
+    )
     assert store.num_blocks(max_seq_len) == len(packed)
     every = store.blocks(torch.arange(len(packed)), max_seq_len, tokenizer.cls_token_id, tokenizer.sep_token_id)
     assert torch.equal(every, packed)
@@ -52,8 +54,10 @@ def test_two_bytes_per_token_and_document_offsets(corpus, tmp_path: Path) -> Non
     assert len(offsets) == len(documents) - 1 == store.info["documents"]  # the empty one skipped
     first = tokenizer(documents[0], add_special_tokens=False)["input_ids"]
     assert store.tokens(0, len(first)).tolist() == first and store.tokens(len(first), len(first) + 1)[0] == 3
-    assert store.tokens(int(offsets[1]), int(offsets[1]) + 3).tolist() == tokenizer(
-        documents[1], add_special_tokens=False)["input_ids"][:3]  # fmt: skip
+    assert (
+        store.tokens(int(offsets[1]), int(offsets[1]) + 3).tolist()
+        == tokenizer(documents[1], add_special_tokens=False)["input_ids"][:3]
+    )
 
 
 def test_damaged_and_missing_stores_are_one_line_errors(corpus, tmp_path: Path) -> None:
@@ -111,9 +115,16 @@ def test_hub_sources_feed_the_same_store_builder(tmp_path: Path, monkeypatch) ->
 
     rows = [{"text": d} for d in generate_documents(200, seed=8)] + [{"text": ""}]
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_list(rows))
-    config = DataConfig(source="hub", hub_name="some/corpus", hub_revision="abc", vocab_size=300, max_seq_len=32,
-                        cache_dir=str(tmp_path))  # fmt: skip
+    config = DataConfig(
+        source="hub",
+        hub_name="some/corpus",
+        hub_revision="abc",
+        vocab_size=300,
+        max_seq_len=32,
+        cache_dir=str(tmp_path),
+    )
     data = build_mlm_data(config)
-    in_memory = build_mlm_data(DataConfig(builtin_documents=200, builtin_seed=8, vocab_size=300, max_seq_len=32,
-                                          cache_dir=str(tmp_path)))  # fmt: skip
+    in_memory = build_mlm_data(
+        DataConfig(builtin_documents=200, builtin_seed=8, vocab_size=300, max_seq_len=32, cache_dir=str(tmp_path))
+    )
     assert torch.equal(data.train[:], in_memory.train[:])  # the same documents give the same blocks

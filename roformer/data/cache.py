@@ -23,8 +23,15 @@ logger = logging.getLogger(__name__)
 
 # Fields that do not change the tokenizer or the packed blocks, left out of the cache key.
 _NOT_IN_KEY = (
-    "vocab_hash", "mask_rate", "eval_mask_seed", "max_eval_blocks", "num_proc", "whole_word_mask", "cache", "cache_dir"
-)  # fmt: skip
+    "vocab_hash",
+    "mask_rate",
+    "eval_mask_seed",
+    "max_eval_blocks",
+    "num_proc",
+    "whole_word_mask",
+    "cache",
+    "cache_dir",
+)
 _CACHE_VERSION = 1  # bump when tokenization or packing changes what they produce
 
 
@@ -66,5 +73,3 @@ def same_vocabulary(cached_hash: str | None, tokenizer: Any) -> bool:
         return True
     logger.warning("the data cache was made with another tokenizer than the main process's: not used")
     return False
-
-

@@ -25,8 +25,10 @@ def load_splits(data: GlueDataConfig) -> dict[str, list[Example]]:
     elif data.source == "hub":
         splits = read_hub(task, data.hub_name)
     else:
-        given = [(task.dev, data.validation_file, data.validation_mismatched_file),
-                 (task.test, data.test_file, data.test_mismatched_file)]  # fmt: skip
+        given = [
+            (task.dev, data.validation_file, data.validation_mismatched_file),
+            (task.test, data.test_file, data.test_mismatched_file),
+        ]
         files = {"train": data.train_file}
         for splits_of_kind, first, second in given:
             for split, path in zip(splits_of_kind, (first, second)):

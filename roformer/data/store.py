@@ -69,14 +69,19 @@ def build_mlm_data(config: DataConfig, base: Path | None = None, tokenizer: Any 
         view = BlockView(TokenStore(directory / split), config.max_seq_len, cls, sep)
         if len(view) == 0:
             body = config.max_seq_len - 2
-            raise UserError(f"{split} split: corpus too small: {view.store.num_tokens} tokens, a block of "
-                            f"max_seq_len={config.max_seq_len} needs {body}")  # fmt: skip
+            raise UserError(
+                f"{split} split: corpus too small: {view.store.num_tokens} tokens, a block of "
+                f"max_seq_len={config.max_seq_len} needs {body}"
+            )
         splits[split] = view
     validation = splits["validation"][eval_indices(len(splits["validation"]), config)]
     logger.info(
         "%d train blocks (memory-mapped), %d validation blocks of %d tokens, vocabulary %d",
-        len(splits["train"]), len(validation), config.max_seq_len, len(tokenizer),
-    )  # fmt: skip
+        len(splits["train"]),
+        len(validation),
+        config.max_seq_len,
+        len(tokenizer),
+    )
     return MLMData(train=splits["train"], validation=validation, tokenizer=tokenizer)
 
 
@@ -167,5 +172,3 @@ def store_usable(directory: Path, tokenizer: Any = None) -> bool:
     if tokenizer is None:
         return True
     return same_vocabulary(json.loads((directory / "train" / STORE_FILE).read_text()).get("vocab_hash"), tokenizer)
-
-

@@ -105,8 +105,13 @@ class StreamPacker:
 
     def state_dict(self) -> dict[str, Any]:
         """Position in the stream: JSON-serialisable."""
-        return {"epoch": self.epoch, "consumed": self.consumed, "carry": list(self.carry), "sep": self.pending_sep,
-                "epoch_tokens": self.epoch_tokens}  # fmt: skip
+        return {
+            "epoch": self.epoch,
+            "consumed": self.consumed,
+            "carry": list(self.carry),
+            "sep": self.pending_sep,
+            "epoch_tokens": self.epoch_tokens,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved position (the consumed documents are skipped, not tokenized)."""

@@ -138,9 +138,14 @@ def write_token_store(
         if position == 0:
             raise UserError("the corpus has no tokens: every document is empty")
         info = {
-            "version": STORE_VERSION, "dtype": dtype.name, "tokens": position, "documents": documents_kept,
-            "shards": shards.shards, "vocab_size": len(tokenizer), "vocab_hash": vocab_hash,
-        }  # fmt: skip
+            "version": STORE_VERSION,
+            "dtype": dtype.name,
+            "tokens": position,
+            "documents": documents_kept,
+            "shards": shards.shards,
+            "vocab_size": len(tokenizer),
+            "vocab_hash": vocab_hash,
+        }
         (staging / STORE_FILE).write_text(json.dumps(info, indent=2))
     return TokenStore(directory)
 

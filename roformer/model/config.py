@@ -86,6 +86,7 @@ class RopeScaling:
         if self.attention_factor is not None and self.attention_factor <= 0:
             raise ConfigError(f"rope_scaling.attention_factor must be > 0, got {self.attention_factor}")
 
+
 # Model classes a model directory may hold (`roformer.model.model.ARCHITECTURES` maps them to the classes).
 ARCHITECTURE_NAMES = ("backbone", "masked_lm", "sequence_classification")
 
@@ -210,9 +211,7 @@ class ModelConfig:
             if getattr(self, name) is not None and self.position_encoding != "rotary":
                 raise ConfigError(f"{name} is only meaningful with position_encoding: rotary")
         if self.rotary_dim is not None and not (2 <= self.rotary_dim <= self.head_size and self.rotary_dim % 2 == 0):
-            raise ConfigError(
-                f"rotary_dim must be even and in [2, head size {self.head_size}], got {self.rotary_dim}"
-            )
+            raise ConfigError(f"rotary_dim must be even and in [2, head size {self.head_size}], got {self.rotary_dim}")
         if self.attention == "linear" and self.rotary_value:
             raise ConfigError("attention: linear rotates the feature-mapped q and k (eq. 19): rotary_value must be off")
         if self.rope_scaling is not None and self.rope_scaling.type == "ntk" and self.rotary_size <= 2:

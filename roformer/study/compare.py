@@ -144,8 +144,10 @@ def summarise(
             summary["length_differences"] = length_differences(arms, base)
         summary["differences"] = pretraining_differences(arms, base, levels)
         if rope is not None:
-            summary["ratios"] = _ratios(next(a for a in per_arm if a["label"] == rope.label),
-                                        next(a for a in per_arm if a["label"] == base.label))  # fmt: skip
+            summary["ratios"] = _ratios(
+                next(a for a in per_arm if a["label"] == rope.label),
+                next(a for a in per_arm if a["label"] == base.label),
+            )
     if glue:
         summary["glue"] = glue_means(glue)
         base_label = summary.get("baseline") or baseline

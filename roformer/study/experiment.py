@@ -218,8 +218,9 @@ def run_experiment(path: str | Path, out: str | Path, overrides: list[str] | Non
     process_state().wait_for_everyone()
     if not _is_main_process():
         return {}
-    summary = compare(runs + glue_dirs, out / COMPARE_DIR, baseline=experiment.baseline, targets=experiment.targets,
-                      overwrite=True)  # fmt: skip
+    summary = compare(
+        runs + glue_dirs, out / COMPARE_DIR, baseline=experiment.baseline, targets=experiment.targets, overwrite=True
+    )
     write_report(out, path, experiment, arms, list(overrides or []))
     return summary
 
@@ -270,8 +271,9 @@ def evaluate_run_lengths(stage: LengthStage, runs: list[Path]) -> None:
         if target.is_file():
             continue
         logger.info("%s: evaluating at lengths %s", directory, stage.seq_lens)
-        results = evaluate_lengths(directory / FINAL_DIR, directory, stage.seq_lens, stage.max_tokens,
-                                   stage.batch_size, device)  # fmt: skip
+        results = evaluate_lengths(
+            directory / FINAL_DIR, directory, stage.seq_lens, stage.max_tokens, stage.batch_size, device
+        )
         write_results(target, directory / FINAL_DIR, results)
 
 

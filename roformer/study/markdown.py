@@ -108,15 +108,39 @@ def experiment_report_markdown(
     for link, caption in figures:
         lines += [f"![{caption}]({link})", ""]
     lines += [summary.replace("\n## ", "\n### "), ""]
-    lines += ["## How this was made", "", "```bash", shlex.join(command), "```", "",
-              f"Experiment config (`{config_path}`):", "", "```yaml", config_text.rstrip(), "```", ""]  # fmt: skip
+    lines += [
+        "## How this was made",
+        "",
+        "```bash",
+        shlex.join(command),
+        "```",
+        "",
+        f"Experiment config (`{config_path}`):",
+        "",
+        "```yaml",
+        config_text.rstrip(),
+        "```",
+        "",
+    ]
     if glue_suite is not None:
         suite, text, overrides = glue_suite
-        lines += [f"GLUE suite (`{suite}`), with overrides {overrides} and each run's `init` and `label`:", "",
-                  "```yaml", text.rstrip(), "```", ""]  # fmt: skip
+        lines += [
+            f"GLUE suite (`{suite}`), with overrides {overrides} and each run's `init` and `label`:",
+            "",
+            "```yaml",
+            text.rstrip(),
+            "```",
+            "",
+        ]
     for label, resolved in resolved_arms.items():
-        lines += [f"Arm `{label}`, resolved pretraining config (the seed is each run's):", "", "```yaml",
-                  resolved.rstrip(), "```", ""]  # fmt: skip
+        lines += [
+            f"Arm `{label}`, resolved pretraining config (the seed is each run's):",
+            "",
+            "```yaml",
+            resolved.rstrip(),
+            "```",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -148,8 +172,11 @@ def _pretraining_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(row)
     if "ratios" in summary:
         ratios = summary["ratios"]
-        lines += ["", f"RoFormer ({summary['roformer']}) / baseline ({summary['baseline']}): final eval loss "
-                  f"{_number(ratios['final_eval_loss'])}"]  # fmt: skip
+        lines += [
+            "",
+            f"RoFormer ({summary['roformer']}) / baseline ({summary['baseline']}): final eval loss "
+            f"{_number(ratios['final_eval_loss'])}",
+        ]
     return lines
 
 
@@ -163,10 +190,13 @@ def _steps_to_target_cell(reached: dict[str, Any]) -> str:
 def _differences_lines(summary: dict[str, Any]) -> list[str]:
     """Arm - baseline for the final loss and the steps to each target, with the 95% interval over seeds."""
     differences = summary["differences"].values()
-    tests = sorted({d["test"] for arm in differences for d in (arm["final_eval_loss"], *arm["steps_to_target"])
-                    if d.get("test")})  # fmt: skip
-    intro = (f"Differences from the baseline ({summary['baseline']}): arm - baseline, mean over seeds [95% "
-             f"interval; {', '.join(tests) or 'one seed: no interval'}]; n.s. = the interval includes 0.")  # fmt: skip
+    tests = sorted(
+        {d["test"] for arm in differences for d in (arm["final_eval_loss"], *arm["steps_to_target"]) if d.get("test")}
+    )
+    intro = (
+        f"Differences from the baseline ({summary['baseline']}): arm - baseline, mean over seeds [95% "
+        f"interval; {', '.join(tests) or 'one seed: no interval'}]; n.s. = the interval includes 0."
+    )
     headers = ["final eval loss", *(f"steps to {t:.3f}" for t in summary["targets"])]
     rows = {
         label: [_difference_cell(arm["final_eval_loss"], 3), *(_difference_cell(d, 0) for d in arm["steps_to_target"])]
@@ -191,10 +221,14 @@ def _length_lines(summary: dict[str, Any]) -> list[str]:
                 cells.append(_loss_accuracy_cell(r))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if summary.get("length_differences"):
-        intro = (f"Eval-loss differences from {summary['baseline']} (arm - baseline, mean [95% interval over "
-                 "seeds]; n.s. = the interval includes 0):")  # fmt: skip
-        rows = {label: [_difference_cell(by_length[n], 3) if n in by_length else "—" for n in lengths]
-                for label, by_length in summary["length_differences"].items()}  # fmt: skip
+        intro = (
+            f"Eval-loss differences from {summary['baseline']} (arm - baseline, mean [95% interval over "
+            "seeds]; n.s. = the interval includes 0):"
+        )
+        rows = {
+            label: [_difference_cell(by_length[n], 3) if n in by_length else "—" for n in lengths]
+            for label, by_length in summary["length_differences"].items()
+        }
         lines += _difference_table(intro, [str(n) for n in lengths], rows)
     return lines
 
@@ -202,17 +236,30 @@ def _length_lines(summary: dict[str, Any]) -> list[str]:
 def _glue_lines(summary: dict[str, Any]) -> list[str]:
     """Dev score (mean ± std, %) of every arm and GLUE column, then the arms' differences from the baseline."""
     tasks = sorted({t for rows in summary["glue"].values() for t in rows})
-    lines = ["", "## GLUE (dev, mean ± std over seeds, %)", "", GLUE_NOTE, "",
-             "| arm | " + " | ".join(tasks) + " |", "|---|" + "---:|" * len(tasks)]  # fmt: skip
+    lines = [
+        "",
+        "## GLUE (dev, mean ± std over seeds, %)",
+        "",
+        GLUE_NOTE,
+        "",
+        "| arm | " + " | ".join(tasks) + " |",
+        "|---|" + "---:|" * len(tasks),
+    ]
     for label, rows in summary["glue"].items():
-        cells = [f"{100 * rows[t]['score']['mean']:.1f} ± {100 * rows[t]['score']['std']:.1f}" if t in rows else "—"
-                 for t in tasks]  # fmt: skip
+        cells = [
+            f"{100 * rows[t]['score']['mean']:.1f} ± {100 * rows[t]['score']['std']:.1f}" if t in rows else "—"
+            for t in tasks
+        ]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if summary.get("glue_differences"):
-        intro = (f"Dev score differences from {summary['glue_baseline']} (points, arm - baseline, mean [95% "
-                 "interval over seeds]; n.s. = the interval includes 0):")  # fmt: skip
-        rows = {label: [_difference_cell(_points(columns[t]), 1) if t in columns else "—" for t in tasks]
-                for label, columns in summary["glue_differences"].items()}  # fmt: skip
+        intro = (
+            f"Dev score differences from {summary['glue_baseline']} (points, arm - baseline, mean [95% "
+            "interval over seeds]; n.s. = the interval includes 0):"
+        )
+        rows = {
+            label: [_difference_cell(_points(columns[t]), 1) if t in columns else "—" for t in tasks]
+            for label, columns in summary["glue_differences"].items()
+        }
         lines += _difference_table(intro, tasks, rows)
     return lines
 

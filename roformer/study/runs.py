@@ -129,8 +129,10 @@ def glue_columns(run: GlueRun) -> dict[str, str]:
     summary = run.results["summary"]
     if len(summary) == 1:
         return {split: run.task for split in summary}
-    return {s: {"dev_matched": f"{run.task}-m", "dev_mismatched": f"{run.task}-mm"}.get(s, f"{run.task}-{s}")
-            for s in summary}  # fmt: skip
+    return {
+        s: {"dev_matched": f"{run.task}-m", "dev_mismatched": f"{run.task}-mm"}.get(s, f"{run.task}-{s}")
+        for s in summary
+    }
 
 
 def glue_seed_scores(run: GlueRun) -> dict[str, dict[int, float]]:

@@ -41,6 +41,7 @@ def pretraining_differences(arms: list[Arm], base: Arm, targets: list[float]) ->
 
 def length_differences(arms: list[Arm], base: Arm) -> dict[str, dict[int, dict[str, Any]]]:
     """{label: {length: arm - baseline eval loss}} at every length both arms were evaluated at (eval-mlm)."""
+
     def losses(arm: Arm) -> dict[int, dict[int | str, float]]:
         table: dict[int, dict[int | str, float]] = {}
         for run in arm.runs:
@@ -119,8 +120,14 @@ def difference(values: dict[int, float], baseline: dict[int, float], confidence:
         interval)}.
     """
     mean = statistics.fmean(values.values()) - statistics.fmean(baseline.values())
-    out: dict[str, Any] = {"mean": mean, "low": None, "high": None, "test": None, "significant": None,
-                           "n": [len(values), len(baseline)]}  # fmt: skip
+    out: dict[str, Any] = {
+        "mean": mean,
+        "low": None,
+        "high": None,
+        "test": None,
+        "significant": None,
+        "n": [len(values), len(baseline)],
+    }
     if set(values) == set(baseline) and len(values) >= 2:
         diffs = [values[seed] - baseline[seed] for seed in sorted(values)]
         half = t_quantile((1 + confidence) / 2, len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
@@ -187,8 +194,10 @@ def _beta_fraction(x: float, a: float, b: float) -> float:
     d = 1.0 / (d if abs(d) > tiny else tiny)
     h = d
     for m in range(1, 500):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):  # fmt: skip
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
             d = 1.0 + numerator * d
             d = 1.0 / (d if abs(d) > tiny else tiny)
             c = 1.0 + numerator / c

@@ -219,9 +219,14 @@ class FinetuneConfig:
     """
 
     PATH_KEYS: ClassVar = (
-        "init", "data.glue_dir", "data.train_file", "data.validation_file", "data.test_file",
-        "data.validation_mismatched_file", "data.test_mismatched_file",
-    )  # fmt: skip
+        "init",
+        "data.glue_dir",
+        "data.train_file",
+        "data.validation_file",
+        "data.test_file",
+        "data.validation_mismatched_file",
+        "data.test_mismatched_file",
+    )
     NAME_KEYS: ClassVar = ("init",)  # an HF hub name is not a path
 
     init: str = ""

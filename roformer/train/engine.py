@@ -124,9 +124,15 @@ class Engine:
         """AdamW and its schedule over `total_steps`, torch.compile if asked, accelerate's prepare."""
         args = self.args
         optimizer, self.scheduler = make_optimizer(
-            model, lr, args.weight_decay, (args.adam_beta1, args.adam_beta2), args.adam_eps,
-            args.warmup_for(total_steps), total_steps, args.schedule,
-        )  # fmt: skip
+            model,
+            lr,
+            args.weight_decay,
+            (args.adam_beta1, args.adam_beta2),
+            args.adam_eps,
+            args.warmup_for(total_steps),
+            total_steps,
+            args.schedule,
+        )
         if args.compile:
             model = torch.compile(model)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
@@ -339,6 +345,7 @@ class Engine:
         failure = failure or self._attempt(lambda: acc.save_state(str(tmp)))
         intervals = self._gather(self.interval.state_dict())
         if failure is None:
+
             def commit() -> None:
                 trainer_state = {
                     **asdict(state),

@@ -44,9 +44,12 @@ def evaluate_mlm(
         out = model(x, labels=y, masked_only=True, masked_positions=positions)
         target = y.flatten()[positions]  # padded rows carry -100 and never count as correct
         totals += torch.stack(
-            [out.loss.to(totals.dtype) * n, (out.logits.argmax(-1) == target).sum().to(totals.dtype),
-             torch.tensor(n, dtype=totals.dtype, device=device)]
-        )  # fmt: skip
+            [
+                out.loss.to(totals.dtype) * n,
+                (out.logits.argmax(-1) == target).sum().to(totals.dtype),
+                torch.tensor(n, dtype=totals.dtype, device=device),
+            ]
+        )
     if reduce is not None:
         totals = reduce(totals)
     model.train(was_training)

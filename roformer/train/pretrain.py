@@ -37,6 +37,7 @@ from roformer.train.run_dir import CHECKPOINTS_DIR, FINAL_DIR, METRICS_FILE, TOK
 
 logger = logging.getLogger(__name__)
 
+
 def resolve_config(config: PretrainConfig, tokenizer: Any) -> PretrainConfig:
     """Fit the config to the tokenizer: its vocabulary size, [PAD] id and hash; no pooler (MLM trains none).
 
@@ -156,6 +157,7 @@ class Pretrainer:
 
     def prepare_run_dir(self) -> None:
         """Write config.yaml and the tokenizer (fresh runs; an --overwrite run first clears the directory)."""
+
         def write_tokenizer(run: Path) -> None:
             save_tokenizer(self.data.tokenizer, run / TOKENIZER_DIR)
 
@@ -181,9 +183,13 @@ class Pretrainer:
         engine.start_logging("roformer-pretrain", flat_config(self.config.to_dict()))
         logger.info(
             "%s: %s parameters, %s, global batch %d x %d tokens, %d processes",
-            self.config.arm, f"{self.num_parameters:,}", self.batches.describe(), self.batches.global_batch,
-            self.config.data.max_seq_len, engine.accelerator.num_processes,
-        )  # fmt: skip
+            self.config.arm,
+            f"{self.num_parameters:,}",
+            self.batches.describe(),
+            self.batches.global_batch,
+            self.config.data.max_seq_len,
+            engine.accelerator.num_processes,
+        )
         return engine.fit(self, state)
 
     def run(self) -> Path:
@@ -219,9 +225,15 @@ class Pretrainer:
         """Masked-token loss and accuracy on the validation blocks under the fixed mask (all processes)."""
         acc = self.engine.accelerator
         scores = evaluate_mlm(
-            self.engine.model, self.eval_ids, self.eval_labels, self.config.train.eval_size, acc.device,
-            acc.process_index, acc.num_processes, reduce=lambda t: acc.reduce(t, "sum"),
-        )  # fmt: skip
+            self.engine.model,
+            self.eval_ids,
+            self.eval_labels,
+            self.config.train.eval_size,
+            acc.device,
+            acc.process_index,
+            acc.num_processes,
+            reduce=lambda t: acc.reduce(t, "sum"),
+        )
         return [scores]
 
     def epoch_of(self, step: int) -> float:

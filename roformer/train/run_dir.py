@@ -49,10 +49,20 @@ LENGTH_FILE = "length_extrapolation.json"  # written by roformer eval-mlm next t
 # the checkpoint holds (weights, optimizer, schedule, data order, masks, RNG), so any field that enters it is refused;
 # fields that only watch or keep the run, or say where it ends, may change (logged as a warning).
 RESUME_MAY_CHANGE = (
-    "label", "train.progress", "train.report_to", "train.log_every", "train.eval_every", "train.eval_batch_size",
-    "train.save_every", "train.keep_checkpoints", "train.max_bad_steps", "train.max_steps", "train.epochs",
-    "data.num_proc", "data.cache_dir",
-)  # fmt: skip
+    "label",
+    "train.progress",
+    "train.report_to",
+    "train.log_every",
+    "train.eval_every",
+    "train.eval_batch_size",
+    "train.save_every",
+    "train.keep_checkpoints",
+    "train.max_bad_steps",
+    "train.max_steps",
+    "train.epochs",
+    "data.num_proc",
+    "data.cache_dir",
+)
 RESUME_UNLOGGED = ("train.progress", "train.report_to")  # display only: not worth a warning
 
 
