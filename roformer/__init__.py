@@ -5,7 +5,7 @@ directory), `Model.save`, and HF interop `from_hf` / `to_hf`.
 
 Package layout (data flows one way: cli -> study -> train -> data / model -> config / files / errors):
 
-    config, files, errors   the typed YAML loader, atomic files and staged directories, user-facing errors
+    config, files, errors   the one config loader, atomic files and staged directories, user-facing errors
     model/                  ModelConfig, the encoder (one file), model directories on disk, HF interop
     data/                   corpora, tokenizers, packing, MLM masking and batches, GLUE tasks and metrics
     train/                  the one training engine, run directories, the pretraining and fine-tuning recipes

@@ -1,6 +1,7 @@
-"""Data: corpora, tokenizers, packed and streamed blocks, MLM masking and batches, GLUE tasks and metrics.
+"""Data: the data: sections, corpora, tokenizers, token stores and streams, MLM batches, GLUE tasks and metrics.
 
-Pretraining text: builtin (generated), text (files), corpus (sources and the document split), tokenizer, packing,
-streaming, store (build + cache); the batches of every step: masking, sampling, mlm. GLUE: glue_tasks (metadata and
-readers), glue (config, encoding, padding), glue_metrics. Imports no model and no training code.
+In the order data flows: config; builtin and text (documents), corpus (sources and the document split); tokenizer,
+packing; cache, store (the memory-mapped token store) and streaming; masking, sampling and mlm (the batch of every
+step). GLUE: glue_tasks (metadata and readers), glue (encoding, padding), glue_metrics. Imports no model and no
+training code.
 """

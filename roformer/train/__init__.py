@@ -1,6 +1,6 @@
-"""Training: the one engine and the two tasks it runs.
+"""Training: the one engine and the two recipes it runs.
 
-engine (the loop, evaluation points, checkpoint save/restore and resume), launch (accelerate set-up), optim,
-checkpoints, evaluate, run_dir (every file name, metrics, the model + tokenizer writer), args (the `train:` sections,
-PretrainConfig), and the tasks: pretrain, finetune (with finetune_config). Imports data and model, never study.
+config (the train: sections and whole run configs), engine (the loop, evaluation points, checkpoint save and
+resume), launch (accelerate set-up), optim, checkpoints, interval, faults, evaluate, run_dir (the run-directory
+lifecycle and every file name), and the recipes: pretrain, finetune. Imports data and model, never study.
 """
