@@ -124,7 +124,7 @@ def _prepare_data(args: argparse.Namespace) -> None:
     if store_usable(directory) and not args.overwrite:
         status = "up to date"
     else:
-        build_token_store(data, directory)
+        build_token_store(data, directory, replace=args.overwrite)
         status = f"built in {time.perf_counter() - started:.1f} s"
     train, validation = TokenStore(directory / "train"), TokenStore(directory / "validation")
     size, tokens = train.nbytes + validation.nbytes, train.num_tokens + validation.num_tokens

@@ -50,10 +50,19 @@ def check_output_file(path: Path) -> None:
 
 
 @contextmanager
-def staged_output_dir(out: str | Path, overwrite: bool = False) -> Iterator[Path]:
+def staged_output_dir(
+    out: str | Path, overwrite: bool = False, keep_existing: Callable[[Path], bool] | None = None
+) -> Iterator[Path]:
     """Yield a temporary sibling directory that replaces `out` only when the block succeeds.
 
     A failure half-way leaves `out` exactly as it was, and a crash leaves at most a hidden `.tmp` directory.
+
+    Args:
+        out: The directory to write.
+        overwrite: Replace a non-empty `out`.
+        keep_existing: For caches that several processes may fill at once: when it is true of an `out` that another
+            process published meanwhile, that one is kept and this copy discarded (first wins), instead of deleting a
+            directory another process may be reading.
     """
     out = Path(out)
     check_output_dir(out, overwrite)
@@ -64,9 +73,17 @@ def staged_output_dir(out: str | Path, overwrite: bool = False) -> Iterator[Path
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    if keep_existing is not None and keep_existing(out):
+        shutil.rmtree(staging, ignore_errors=True)
+        return
     if out.exists():
         shutil.rmtree(out)
-    staging.rename(out)
+    try:
+        staging.rename(out)
+    except OSError:  # another process published `out` between the check and the rename
+        shutil.rmtree(staging, ignore_errors=True)
+        if keep_existing is None or not keep_existing(out):
+            raise
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:

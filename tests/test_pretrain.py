@@ -445,7 +445,7 @@ def test_only_the_main_process_trains_the_tokenizer(tmp_path: Path, monkeypatch:
     sent = tokenizer_to_json(on_main.tokenizer)
 
     class OtherProcess:
-        is_main_process, num_processes = False, 2
+        is_main_process, is_local_main_process, num_processes = False, False, 2
 
     monkeypatch.setattr(pretrain_module, "process_state", OtherProcess)
     monkeypatch.setattr(pretrain_module, "broadcast_from_main", lambda value: sent if value is None else value)

@@ -88,14 +88,17 @@ def build_mlm_data(config: DataConfig, base: Path | None = None, tokenizer: Any 
 TOKENIZER_SUBDIR = "tokenizer"
 
 
-def build_token_store(config: DataConfig, directory: Path, base: Path | None = None, tokenizer: Any = None) -> Path:
+def build_token_store(
+    config: DataConfig, directory: Path, base: Path | None = None, tokenizer: Any = None, replace: bool = False
+) -> Path:
     """Split, make the tokenizer and tokenize the corpus into `directory` (tokenizer/, train/, validation/).
 
     Memory stays bounded whatever the corpus size: documents stream from the source (read several times: to count
     them, to sample the tokenizer's training text, to write each split); the split needs only their number
     (`validation_mask`); the tokenizer learns from at most `tokenizer_documents` training documents, a seeded
     sample (all of them when there are fewer, in corpus order). Written into a hidden sibling and renamed when
-    complete: a killed build leaves nothing that looks finished, and running again builds it.
+    complete: a killed build leaves nothing that looks finished, and running again builds it. A complete store that
+    another process published meanwhile (several nodes filling one shared cache) is kept unless `replace`.
 
     Raises:
         UserError: an empty corpus, bad paths, an unusable tokenizer.
@@ -126,7 +129,8 @@ def build_token_store(config: DataConfig, directory: Path, base: Path | None = N
         sample = _sample(train_docs(), train_count, config.tokenizer_documents, config.split_seed)
         tokenizer = make_tokenizer(config, base, sample, transform)
     digest = vocab_hash(tokenizer)
-    with staged_output_dir(directory, overwrite=True) as staging:
+    keep = None if replace else (lambda existing: store_usable(existing, tokenizer))
+    with staged_output_dir(directory, overwrite=True, keep_existing=keep) as staging:
         save_tokenizer(tokenizer, staging / TOKENIZER_SUBDIR)
         for split, documents in (("train", train_docs), ("validation", val_docs)):
             try:

@@ -211,7 +211,7 @@ def _read_cache(directory: Path, tokenizer: Any) -> tuple[Any, torch.Tensor] | N
     None when the entry is absent, damaged, or made with another vocabulary than `tokenizer` (the main process's,
     handed to the others).
     """
-    if not (directory / "info.json").is_file():
+    if not _is_cache_entry(directory):
         return None
     try:
         cached = load_tokenizer(directory / "tokenizer")
@@ -224,11 +224,16 @@ def _read_cache(directory: Path, tokenizer: Any) -> tuple[Any, torch.Tensor] | N
     return cached, validation
 
 
+def _is_cache_entry(directory: Path) -> bool:
+    """A complete cache entry is there (another process's, published first: it is kept)."""
+    return (directory / "info.json").is_file()
+
+
 def _write_cache(directory: Path, tokenizer: Any, validation: torch.Tensor) -> None:
     """Cache the tokenizer and the validation blocks (the entry's train.npy is empty: training streams)."""
     dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max else np.int32
     try:
-        with staged_output_dir(directory, overwrite=True) as staging:
+        with staged_output_dir(directory, overwrite=True, keep_existing=_is_cache_entry) as staging:
             save_tokenizer(tokenizer, staging / "tokenizer")
             np.save(staging / "train.npy", np.zeros((0, validation.shape[1]), dtype=dtype))
             np.save(staging / "validation.npy", validation.numpy().astype(dtype))

@@ -40,7 +40,7 @@ from roformer.study.report import write_report
 from roformer.study.runs import check_same_vocabulary, load_runs
 from roformer.study.suite import load_suite_config, run_suite
 from roformer.train.config import PretrainConfig
-from roformer.train.launch import process_state
+from roformer.train.launch import process_state, run_on_main
 from roformer.train.pretrain import pretrain
 from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, RUN_CONFIG_FILE
 
@@ -213,9 +213,8 @@ def run_experiment(path: str | Path, out: str | Path, overrides: list[str] | Non
     out.mkdir(parents=True, exist_ok=True)
     runs = pretrain_arms(experiment, arms, out)
     glue_dirs = finetune_runs(experiment, path, runs, out) if experiment.glue is not None else []
-    if experiment.length is not None and _is_main_process():
-        evaluate_run_lengths(experiment.length, runs)
-    process_state().wait_for_everyone()
+    if experiment.length is not None:
+        run_on_main(lambda: evaluate_run_lengths(experiment.length, runs))
     if not _is_main_process():
         return {}
     summary = compare(
@@ -242,8 +241,8 @@ def pretrain_arms(experiment: ExperimentConfig, arms: dict[str, PretrainConfig],
             resume = (directory / RUN_CONFIG_FILE).is_file()
             logger.info("%s: %s", directory, "resuming" if resume else "starting")
             pretrain(config, directory, resume=resume, overwrite=not resume)
-            if _is_main_process():  # one data section, one tokenizer: stop at the first run that disagrees
-                check_same_vocabulary(load_runs(runs)[0])
+            # one data section, one tokenizer: every process stops at the first run that disagrees
+            run_on_main(lambda: check_same_vocabulary(load_runs(runs)[0]))
     return runs
 
 

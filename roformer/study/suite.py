@@ -15,7 +15,7 @@ from roformer.study.markdown import glue_suite_table
 from roformer.study.outputs import SUITE_TABLE_FILE
 from roformer.train.config import FinetuneConfig
 from roformer.train.finetune import finetune
-from roformer.train.launch import process_state
+from roformer.train.launch import run_on_main
 from roformer.train.run_dir import RESULTS_FILE, RUN_CONFIG_FILE, SUBMISSION_DIR, RunDir
 
 
@@ -72,20 +72,21 @@ def run_suite(
     run_dir = RunDir(out, overwrite, resume)
     extra = suite.overrides + list(overrides or [])
     configs = [load(FinetuneConfig, path.parent / t, extra) for t in suite.tasks]
-    state = process_state()
     # the suite's own record; a resume is checked task by task (each task directory holds its resolved config)
-    run_dir.prepare({"suite": str(path.resolve()), "tasks": suite.tasks, "overrides": extra}, state)
+    run_on_main(lambda: run_dir.prepare({"suite": str(path.resolve()), "tasks": suite.tasks, "overrides": extra}))
     results = {}
     for config in configs:
         task_dir = out / config.data.task
         started = resume and (task_dir / RUN_CONFIG_FILE).is_file()
         results[config.data.task] = finetune(config, task_dir, resume=started, overwrite=resume and not started)
-    if state.is_main_process:
+
+    def write() -> None:  # the main process: one submission folder and one table
         (out / SUBMISSION_DIR).mkdir(exist_ok=True)
         for task in results:
             for file in (out / task / SUBMISSION_DIR).iterdir():
                 shutil.copy2(file, out / SUBMISSION_DIR / file.name)
         atomic_write_text(out / RESULTS_FILE, json.dumps({t: r["summary"] for t, r in results.items()}, indent=2))
         (out / SUITE_TABLE_FILE).write_text(glue_suite_table(results))
-    state.wait_for_everyone()
+
+    run_on_main(write)
     return results

@@ -30,7 +30,7 @@ from roformer.train.checkpoints import CheckpointManager
 from roformer.train.config import TrainArgs
 from roformer.train.faults import GracefulStop, describe_write_error, write_errors
 from roformer.train.interval import Interval, RunState, StepResult
-from roformer.train.launch import make_accelerator
+from roformer.train.launch import agree_on_errors, make_accelerator, run_on_main
 from roformer.train.optim import finish_micro_step, make_optimizer
 from roformer.train.run_dir import TRAINER_STATE_FILE, MetricsWriter, keep_metrics
 
@@ -142,8 +142,7 @@ class Engine:
 
     def start_logging(self, project: str, config: dict[str, Any], tracker_prefix: str = "") -> None:
         """Open metrics.jsonl (main process) and the accelerate trackers."""
-        if self.is_main_process:
-            self.metrics = MetricsWriter(self.metrics_path)
+        self.metrics = run_on_main(lambda: MetricsWriter(self.metrics_path))
         self.tracker_prefix = tracker_prefix
         self.accelerator.init_trackers(project, config=config)
 
@@ -316,14 +315,18 @@ class Engine:
         Raises:
             WriteFailed: metrics.jsonl could not be written (disk full); the last checkpoint is intact.
         """
-        if self.metrics is not None:
+        metrics = self.metrics
+
+        def write() -> None:
             try:
-                self.metrics.write(event)
+                metrics.write(event)
             except OSError as e:
                 latest = self.checkpoints.latest()
                 kept = f"the last checkpoint {latest[1]} is intact" if latest else "there is no checkpoint"
                 message = f"cannot write {self.metrics_path}: {describe_write_error(e, self.out)}; {kept}"
                 raise WriteFailed(message) from None
+
+        agree_on_errors(write if metrics is not None else None)  # the main process writes; all learn of a failure
         skip = {"step", "event", *self.tags}
         numbers = {k: v for k, v in event.items() if isinstance(v, int | float) and k not in skip}
         prefix = self.tracker_prefix + ("eval/" if event.get("event") == "eval" else "train/")
@@ -400,10 +403,12 @@ class Engine:
         if state is None:
             logger.info("no complete checkpoint in %s: starting from step 0", self.checkpoints.directory)
         last = state.step if state is not None else -1
-        if self.is_main_process:
-            mine = self.tags.items()
-            keep_metrics(self.metrics_path, lambda e: any(e.get(k) != v for k, v in mine) or e.get("step", 0) <= last)
-        self.accelerator.wait_for_everyone()
+        mine = self.tags.items()
+
+        def kept(event: dict[str, Any]) -> bool:  # other runs' events, and this run's up to the checkpoint
+            return any(event.get(k) != v for k, v in mine) or event.get("step", 0) <= last
+
+        run_on_main(lambda: keep_metrics(self.metrics_path, kept))
         return state or RunState()
 
     def _load_latest_checkpoint(self, recipe: Recipe) -> RunState | None:

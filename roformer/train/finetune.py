@@ -51,7 +51,7 @@ from roformer.model.pretrained import load_pretrained, pretrained_config
 from roformer.train.config import FinetuneConfig
 from roformer.train.engine import Engine, ProcessLayout, RunState, to_device
 from roformer.train.evaluate import eval_chunks
-from roformer.train.launch import process_state
+from roformer.train.launch import run_on_main
 from roformer.train.run_dir import (
     BEST_DIR,
     CANDIDATES_DIR,
@@ -233,13 +233,11 @@ class Finetuner:
         Returns:
             The results (in the main process; other processes return an empty dict).
         """
-        state = process_state()
         if self.resume and (self.out / RESULTS_FILE).is_file():
             logger.info("%s: finished already", self.out)
-            if state.is_main_process:
-                self.clean_up()  # a publish interrupted after results.json
-            return json.loads((self.out / RESULTS_FILE).read_text()) if state.is_main_process else {}
-        self.run_dir.prepare(self.config.to_dict(), state)
+            results = run_on_main(self.finished_results)
+            return results or {}
+        run_on_main(lambda: self.run_dir.prepare(self.config.to_dict()))
         runs = []
         for lr, seed in self.config.train.grid:
             record = self.progress_dir(lr, seed) / RECORD_FILE
@@ -247,11 +245,8 @@ class Finetuner:
                 runs.append(json.loads(record.read_text()))
             else:
                 runs.append(self._run_one(lr, seed))
-        results = self.select(runs) if state.is_main_process else {}
-        if state.is_main_process:
-            self.publish(results)
-        state.wait_for_everyone()
-        return results
+        results = run_on_main(lambda: self.publish(self.select(runs)))
+        return results or {}
 
     def progress_dir(self, lr: float, seed: int) -> Path:
         """Where a run keeps its checkpoints while it trains, and its record once it has finished."""
@@ -276,18 +271,21 @@ class Finetuner:
             engine.evaluate(run, state)
         engine.fit(run, state, checkpoint_at_end=False, desc=f"{self.task.name} {tag}")
         engine.load_full_state_dict(run.best["state"])
-        self._write_predictions(engine, tag)
-        if engine.is_main_process:
+        predictions = {split: self.predict(engine, split) for split in self.eval_splits}
+        tests = {split.name: self.predict(engine, split.name) for split in self.test_splits}
+        record = {"peak_lr": lr, "seed": seed, "best_step": run.best["step"], "steps": steps, "dev": run.best["dev"]}
+
+        def write() -> None:  # the main process: predictions, the candidate model, the run's record
+            self._write_predictions(tag, predictions, tests)
             best = type(engine.bare_model())(engine.bare_model().config)
             best.load_state_dict(run.best["state"])
             self._keep_candidate(best, lr, run.best["score"])
-        engine.finish()
-        record = {"peak_lr": lr, "seed": seed, "best_step": run.best["step"], "steps": steps, "dev": run.best["dev"]}
-        if engine.is_main_process:
             progress.mkdir(parents=True, exist_ok=True)
             atomic_write_text(progress / RECORD_FILE, json.dumps(record))
             shutil.rmtree(progress / CHECKPOINTS_DIR, ignore_errors=True)
-        engine.accelerator.wait_for_everyone()
+
+        engine.finish()
+        run_on_main(write)
         return record
 
     @torch.no_grad()
@@ -318,12 +316,11 @@ class Finetuner:
             in_order[example] = by_length[position]
         return in_order
 
-    def _write_predictions(self, engine: Engine, tag: str) -> None:
+    def _write_predictions(
+        self, tag: str, results: dict[str, list[int | float]], tests: dict[str, list[int | float]]
+    ) -> None:
+        """Dev predictions (index, prediction, label) and the test splits' server files of run `tag`."""
         folder = self.out / PREDICTIONS_DIR / tag
-        results = {split: self.predict(engine, split) for split in self.eval_splits}
-        tests = {split.name: self.predict(engine, split.name) for split in self.test_splits}
-        if not engine.is_main_process:
-            return
         folder.mkdir(parents=True, exist_ok=True)
         for split, predictions in results.items():
             encoded = self.encoded[split]
@@ -378,7 +375,12 @@ class Finetuner:
             "summary": by_lr[best_lr],
         }
 
-    def publish(self, results: dict[str, Any]) -> None:
+    def finished_results(self) -> dict[str, Any]:
+        """The results.json of a finished job (leftovers of a publish interrupted after writing it removed)."""
+        self.clean_up()
+        return json.loads((self.out / RESULTS_FILE).read_text())
+
+    def publish(self, results: dict[str, Any]) -> dict[str, Any]:
         """Write submission/, best/ and results.json of the selected run, then drop what only a resume needed.
 
         Safe to run again after an interruption at any point: results.json is written last but the clean-up, so a
@@ -397,6 +399,7 @@ class Finetuner:
             candidate.rename(self.out / BEST_DIR)
         atomic_write_text(self.out / RESULTS_FILE, json.dumps(results, indent=2))
         self.clean_up()
+        return results
 
     def clean_up(self) -> None:
         """Remove the candidates and the progress records (a finished job's results.json holds what they held)."""

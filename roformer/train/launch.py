@@ -1,12 +1,19 @@
-"""accelerate set-up: the process group (also on CPU-only machines), the Accelerator of one run, trackers."""
+"""accelerate set-up: the process group (also on CPU-only machines), the Accelerator of one run, trackers.
+
+Several processes behave as one: `agree_on_errors` makes a failure that happens on some processes (the main
+process building the data, a write on one rank) every process's failure, so none waits forever in a collective; the
+process group's collective timeout (`collective_timeout`) is long enough for the first token-store build of a large
+corpus, which the other processes wait for.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -16,13 +23,80 @@ if TYPE_CHECKING:
     from roformer.train.config import TrainArgs
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+COLLECTIVE_TIMEOUT_ENV = "ROFORMER_COLLECTIVE_TIMEOUT"  # seconds, for every collective of the process group
+DEFAULT_COLLECTIVE_TIMEOUT = 4 * 3600  # a first token-store build of a large corpus, the other processes waiting
+
+
+def collective_timeout() -> timedelta:
+    """How long a process waits in a collective before the group fails (NCCL's default is 10 minutes).
+
+    Raises:
+        UserError: ROFORMER_COLLECTIVE_TIMEOUT is not a positive number of seconds.
+    """
+    raw = os.environ.get(COLLECTIVE_TIMEOUT_ENV)
+    try:
+        seconds = float(raw) if raw is not None else DEFAULT_COLLECTIVE_TIMEOUT
+    except ValueError:
+        seconds = -1.0
+    if seconds <= 0:
+        raise UserError(f"{COLLECTIVE_TIMEOUT_ENV}={raw!r}: expected a positive number of seconds")
+    return timedelta(seconds=seconds)
 
 
 def process_state() -> Any:
-    """Accelerate's PartialState (rank, world size) with the CPU process group formed when there is no GPU."""
+    """Accelerate's PartialState (rank, world size) with the CPU process group formed when there is no GPU.
+
+    The first call in a process forms the group, with `collective_timeout()`.
+    """
     from accelerate import PartialState
 
-    return PartialState(cpu=not has_accelerator_device())
+    return PartialState(cpu=not has_accelerator_device(), timeout=collective_timeout())
+
+
+def gather(value: Any) -> list[Any]:
+    """`value` of every process in rank order, on every process (a picklable object; no-op with one process)."""
+    if process_state().num_processes == 1:
+        return [value]
+    from accelerate.utils import gather_object
+
+    return gather_object([value])
+
+
+def agree_on_errors(work: Callable[[], T] | None) -> T | None:
+    """Run `work` (None: nothing to do on this process), then fail on every process if it failed on any.
+
+    A UserError (bad data, a run stopped for a reason the user must know) on one process is raised on the others
+    with the same type and message, so all exit with the same code; another exception keeps its traceback where it
+    happened and is a one-line UserError on the others, which would otherwise wait in the next collective.
+
+    Raises:
+        UserError: the first failure by rank.
+    """
+    result, failure, error = None, None, None
+    try:
+        result = work() if work is not None else None
+    except UserError as e:
+        failure, error = (type(e), str(e)), e
+    except Exception as e:
+        first_line = str(e).splitlines()[0] if str(e) else ""
+        failure, error = (UserError, f"another process failed: {type(e).__name__}: {first_line}"), e
+    failures = [f for f in gather(failure) if f is not None]
+    if error is not None:
+        raise error  # this process's own failure (a bug keeps its traceback)
+    if failures:
+        kind, message = failures[0]
+        raise kind(message)
+    return result
+
+
+def run_on_main(work: Callable[[], T]) -> T | None:
+    """`work()` on the main process (None elsewhere), every process waiting for it and failing if it fails.
+
+    For what only the main process does (writing files) before all go on: a barrier that also carries the outcome.
+    """
+    return agree_on_errors(work if process_state().is_main_process else None)
 
 
 def broadcast_from_main(value: Any) -> Any:
@@ -46,6 +120,7 @@ def make_accelerator(args: TrainArgs, project_dir: Path) -> Any:
         UserError: a tracker that is unknown or not installed, fp16 without a GPU, a conflicting launcher config.
     """
     from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
 
     check_trackers(args.report_to)
     check_launcher_settings(args, os.environ)
@@ -71,6 +146,7 @@ def make_accelerator(args: TrainArgs, project_dir: Path) -> Any:
         gradient_accumulation_steps=args.grad_accum,
         log_with=args.report_to or None,
         project_dir=str(project_dir),
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=collective_timeout())],
     )
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
     if plugin is not None:

@@ -32,7 +32,7 @@ from roformer.model.pretrained import load_weights_from
 from roformer.train.config import PretrainConfig
 from roformer.train.engine import Engine, ProcessLayout, RunState, to_device
 from roformer.train.evaluate import evaluate_mlm
-from roformer.train.launch import broadcast_from_main, process_state
+from roformer.train.launch import agree_on_errors, broadcast_from_main, process_state, run_on_main
 from roformer.train.run_dir import CHECKPOINTS_DIR, FINAL_DIR, METRICS_FILE, TOKENIZER_DIR, RunDir, write_model_dir
 
 logger = logging.getLogger(__name__)
@@ -55,18 +55,26 @@ def resolve_config(config: PretrainConfig, tokenizer: Any) -> PretrainConfig:
 
 
 def build_data(config: PretrainConfig) -> Any:
-    """The run's data in every process, the tokenizer made once.
+    """The run's data in every process: the tokenizer made once, the token store built once per node.
 
-    The main process builds first (training the tokenizer, filling the cache); a trained tokenizer is then sent to
-    the other processes, which use it instead of training their own (or trusting a cache they may not share).
+    The main process builds first (training the tokenizer, filling the cache) while the others wait; a trained
+    tokenizer is then sent to them. Next the first process of every other node builds (from the cache when the nodes
+    share it, else into its own), then the rest, which find the store built. A failure on any process (bad data, a
+    full disk) is every process's failure, in one line (roformer.train.launch.agree_on_errors).
     """
     build = build_streaming_mlm_data if config.data.streaming else build_mlm_data
-    main = process_state().is_main_process
-    data = build(config.data) if main else None
-    if config.data.tokenizer:  # loaded from a file: the same in every process
-        return data if main else build(config.data)
-    shared = broadcast_from_main(tokenizer_to_json(data.tokenizer) if main else None)
-    return data if main else build(config.data, tokenizer=tokenizer_from_json(shared, config.data.lowercase))
+    state = process_state()
+    main = state.is_main_process
+    data = agree_on_errors((lambda: build(config.data)) if main else None)
+    tokenizer = None  # loaded from config.data.tokenizer: the same file in every process
+    if not config.data.tokenizer:  # trained by the main process: sent to the others
+        shared = broadcast_from_main(tokenizer_to_json(data.tokenizer) if main else None)
+        tokenizer = None if main else tokenizer_from_json(shared, config.data.lowercase)
+    for node_first in (True, False):
+        mine = not main and state.is_local_main_process == node_first
+        built = agree_on_errors((lambda: build(config.data, tokenizer=tokenizer)) if mine else None)
+        data = built if mine else data
+    return data
 
 
 class _MaskedStep:
@@ -161,7 +169,7 @@ class Pretrainer:
         def write_tokenizer(run: Path) -> None:
             save_tokenizer(self.data.tokenizer, run / TOKENIZER_DIR)
 
-        self.run_dir.prepare(self.config.to_dict(), self.engine.accelerator, write_more=write_tokenizer)
+        run_on_main(lambda: self.run_dir.prepare(self.config.to_dict(), write_more=write_tokenizer))
 
     def build_model(self) -> None:
         """The initial model (seeded: the same seed gives every arm the same weights where shapes agree), prepared."""
@@ -203,17 +211,18 @@ class Pretrainer:
 
     def save_final(self) -> None:
         """Write final/: the trained MaskedLM (gathered from every process) and the tokenizer."""
-        acc = self.engine.accelerator
-        acc.wait_for_everyone()
-        state = self.engine.full_state_dict()
-        if acc.is_main_process:
+        self.engine.accelerator.wait_for_everyone()
+        state = self.engine.full_state_dict()  # a collective under FSDP: every process
+
+        def write() -> None:
             final = MaskedLM(self.engine.bare_model().config)
             final.load_state_dict(state)
             data = self.config.data
             steps = self.config.train.max_steps
             pretraining = {"max_seq_len": data.max_seq_len, "vocab_hash": data.vocab_hash, "steps": steps}
             write_model_dir(final, self.data.tokenizer, self.out / FINAL_DIR, pretraining)
-        acc.wait_for_everyone()
+
+        run_on_main(write)
 
     # -- the engine's recipe ------------------------------------------------------------------------------------
 

@@ -114,24 +114,24 @@ class RunDir:
             if not key.startswith(RESUME_UNLOGGED):
                 logger.warning("resuming with a changed setting: %s: %r -> %r", key, old, new)
 
-    def prepare(self, config: dict[str, Any], process: Any, write_more: Callable[[Path], None] | None = None) -> None:
+    def prepare(self, config: dict[str, Any], write_more: Callable[[Path], None] | None = None) -> None:
         """Start a fresh run's directory: clear it, create it, write config.yaml and `write_more(path)`.
 
-        A resumed run's directory is left as it is. The main process writes; every process waits for it.
+        A resumed run's directory is left as it is. For the main process (roformer.train.launch.run_on_main: the
+        others wait and share its outcome).
 
         Args:
             config: The resolved config to record.
-            process: What knows the process layout (accelerate's `PartialState` or `Accelerator`).
-            write_more: Further files of a fresh run (e.g. the tokenizer), written before the others go on.
+            write_more: Further files of a fresh run (e.g. the tokenizer).
         """
-        if not self.resume and process.is_main_process:
-            if self.path.exists():
-                shutil.rmtree(self.path)
-            self.path.mkdir(parents=True)
-            write_yaml(self.config_file, config)
-            if write_more is not None:
-                write_more(self.path)
-        process.wait_for_everyone()
+        if self.resume:
+            return
+        if self.path.exists():
+            shutil.rmtree(self.path)
+        self.path.mkdir(parents=True)
+        write_yaml(self.config_file, config)
+        if write_more is not None:
+            write_more(self.path)
 
 
 class MetricsWriter:

@@ -1,0 +1,155 @@
+"""Several processes behave as one (2 CPU processes, gloo): a failure on one rank is every rank's, nothing waits
+forever in a collective, the token store is built once per node, the collective timeout is ours.
+
+The processes are started directly with the torch.distributed environment (what torchrun and accelerate launch
+set), so that each one's exit code and stderr can be checked; a wrapper script patches the moment to test.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from test_pretrain import tiny_run_config
+
+WRAPPER_TAIL = "from roformer.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_two(wrapper: Path, args: list[str], env: dict[str, str] | None = None, timeout: float = 180) -> list:
+    """Run `python WRAPPER ARGS` as ranks 0 and 1 of one gloo group; returns (exit code, stderr) per rank.
+
+    A rank still running at `timeout` (waiting in a collective) fails the test.
+    """
+    port = str(free_port())
+    processes = []
+    for rank in range(2):
+        rank_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": port, "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
+                    "LOCAL_WORLD_SIZE": "2", **(env or {})}  # fmt: skip
+        command = [sys.executable, str(wrapper), *args]
+        processes.append(subprocess.Popen(command, env=rank_env, stderr=subprocess.PIPE, text=True))
+    results = []
+    try:
+        for process in processes:
+            _, err = process.communicate(timeout=timeout)
+            results.append((process.returncode, err))
+    except subprocess.TimeoutExpired:
+        for process in processes:
+            process.kill()
+        pytest.fail(f"a rank was still waiting after {timeout} s (a collective nobody else reached)")
+    return results
+
+
+def write_wrapper(path: Path, patch: str) -> Path:
+    path.write_text("import os, sys\nRANK = int(os.environ['RANK'])\n" + patch + "\n" + WRAPPER_TAIL)
+    return path
+
+
+def last_line(err: str) -> str:
+    lines = [line for line in err.strip().splitlines() if line.startswith("roformer ")]
+    return lines[-1] if lines else err.strip()[-500:]
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    return tiny_run_config(tmp_path / "c.yaml", max_steps=4, save_every=2, eval_every=2, batch_size=2,
+                           data={"cache_dir": str(tmp_path / "cache")})  # fmt: skip
+
+
+def test_a_data_error_on_the_main_process_stops_every_process(tmp_path: Path, config: Path) -> None:
+    """The main process builds the data first; its one-line error must reach rank 1, waiting for the tokenizer."""
+    wrapper = write_wrapper(
+        tmp_path / "w.py",
+        "import roformer.train.pretrain as p\n"
+        "from roformer.errors import UserError\n"
+        "def broken(*a, **k):\n"
+        "    raise UserError('corpus.txt: not UTF-8 at byte 12')\n"
+        "if RANK == 0:\n"
+        "    p.build_mlm_data = broken\n",
+    )
+    results = launch_two(wrapper, ["pretrain", "--config", str(config), "--output-dir", str(tmp_path / "run")])
+    assert [code for code, _ in results] == [2, 2], results
+    assert all("corpus.txt: not UTF-8 at byte 12" in last_line(err) for _, err in results), results
+
+
+def test_a_metrics_write_error_on_the_main_process_stops_every_process(tmp_path: Path, config: Path) -> None:
+    """Only the main process writes metrics.jsonl: a full disk there is exit 74 on both ranks, not a hang."""
+    wrapper = write_wrapper(
+        tmp_path / "w.py",
+        "import errno\n"
+        "from roformer.train.run_dir import MetricsWriter\n"
+        "original = MetricsWriter.write\n"
+        "def write(self, event):\n"
+        "    if event.get('step') == 3:\n"
+        "        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n"
+        "    original(self, event)\n"
+        "MetricsWriter.write = write\n",
+    )
+    results = launch_two(wrapper, ["pretrain", "--config", str(config), "--output-dir", str(tmp_path / "run")])
+    assert [code for code, _ in results] == [74, 74], results
+    assert all("No space left on device" in last_line(err) for _, err in results), results
+
+
+def test_the_token_store_is_built_once_when_the_tokenizer_comes_from_a_file(tmp_path: Path, config: Path) -> None:
+    """data.tokenizer (and every init: run): rank 1 must not build the same store at the same time as rank 0."""
+    from roformer.cli import main
+
+    first = tmp_path / "first"
+    assert main(["pretrain", "--config", str(config), "--output-dir", str(first), "--set", "train.max_steps=1"]) == 0
+    builds = tmp_path / "builds.txt"
+    wrapper = write_wrapper(
+        tmp_path / "w.py",
+        "import roformer.data.store as store\n"
+        "original = store.build_token_store\n"
+        "def build(*a, **k):\n"
+        f"    with open({str(builds)!r}, 'a') as f:\n"
+        "        f.write(f'{RANK}\\n')\n"
+        "    return original(*a, **k)\n"
+        "store.build_token_store = build\n",
+    )
+    fresh_cache = ["--set", f"data.cache_dir={tmp_path / 'cache2'}", "--set", f"data.tokenizer={first / 'tokenizer'}"]
+    args = ["pretrain", "--config", str(config), "--output-dir", str(tmp_path / "run"), *fresh_cache]
+    results = launch_two(wrapper, args)
+    assert [code for code, _ in results] == [0, 0], results
+    assert builds.read_text().split() == ["0"]  # one node: the main process builds, the other reads the store
+
+
+def test_the_collective_timeout_is_ours(tmp_path: Path, config: Path) -> None:
+    """ROFORMER_COLLECTIVE_TIMEOUT reaches the process group: rank 1 gives up waiting for a slow rank 0."""
+    wrapper = write_wrapper(
+        tmp_path / "w.py",
+        "import time\n"
+        "import roformer.train.pretrain as p\n"
+        "original = p.build_mlm_data\n"
+        "def slow(*a, **k):\n"
+        "    time.sleep(12)\n"
+        "    return original(*a, **k)\n"
+        "if RANK == 0:\n"
+        "    p.build_mlm_data = slow\n",
+    )
+    args = ["pretrain", "--config", str(config), "--output-dir", str(tmp_path / "run")]
+    results = launch_two(wrapper, args, env={"ROFORMER_COLLECTIVE_TIMEOUT": "3"}, timeout=120)
+    assert results[1][0] != 0, results  # timed out after 3 s instead of gloo's default 30 minutes
+
+
+def test_the_collective_timeout_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from roformer.errors import UserError
+    from roformer.train.launch import DEFAULT_COLLECTIVE_TIMEOUT, collective_timeout
+
+    assert collective_timeout().total_seconds() == DEFAULT_COLLECTIVE_TIMEOUT
+    monkeypatch.setenv("ROFORMER_COLLECTIVE_TIMEOUT", "90")
+    assert collective_timeout().total_seconds() == 90
+    monkeypatch.setenv("ROFORMER_COLLECTIVE_TIMEOUT", "soon")
+    with pytest.raises(UserError, match="ROFORMER_COLLECTIVE_TIMEOUT"):
+        collective_timeout()
