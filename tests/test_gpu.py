@@ -1,6 +1,7 @@
 """What only a GPU can exercise (skipped on CPU): mixed precision, fused kernels, compile, sharded launchers.
 
-- bf16 and fp16 pretraining steps have finite, falling losses; fp16 runs through a loss scaler;
+- bf16 and fp16 pretraining steps have finite, falling losses; fp16 runs through a loss scaler, whose skipped
+  steps count towards max_bad_steps;
 - the flash SDPA backend accepts a pretraining batch (no mask) in bf16, forward and backward, for every encoding;
 - a compiled bf16 run matches eager and compiles few graphs; a resumed bf16 run repeats the uninterrupted one;
 - FSDP and DeepSpeed pretraining and fine-tuning: every process runs the same number of evaluation forwards (an FSDP
@@ -52,6 +53,24 @@ def test_mixed_precision_pretraining_on_the_gpu(precision: str, tmp_path: Path) 
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.3, losses
     if precision == "fp16":
         assert 0 < trainer.engine.accelerator.scaler.get_scale() < float("inf")
+
+
+def test_fp16_run_whose_every_step_overflows_stops_as_diverged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused AdamW's skips are read from the loss scale: max_bad_steps applies, no silent final/ without updates."""
+    from roformer.errors import Diverged
+    from roformer.train import pretrain as pretrain_module
+
+    original = pretrain_module._MaskedStep.loss
+
+    def overflowing(self, model, batch):
+        value, share = original(self, model, batch)
+        return value * float("inf"), share
+
+    monkeypatch.setattr(pretrain_module._MaskedStep, "loss", overflowing)
+    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=40, save_every=0, eval_every=0, max_bad_steps=5)
+    with pytest.raises(Diverged, match="5 consecutive steps"):
+        pretrain(load(PretrainConfig, yaml, ["train.mixed_precision=fp16"]), tmp_path / "run")
+    assert not (tmp_path / "run" / "final").exists()
 
 
 @pytest.mark.parametrize("encoding", ["rotary", "sinusoidal", "learned", "none"])

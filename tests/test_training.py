@@ -220,3 +220,52 @@ def test_fused_adamw_only_where_cuda_is() -> None:
     model = torch.nn.Linear(3, 2)
     optimizer, _ = make_optimizer(model, 1e-3, 0.0, (0.9, 0.999), 1e-8, 0, 10)
     assert bool(optimizer.defaults.get("fused")) == torch.cuda.is_available()
+
+
+def test_fp16_steps_skipped_by_the_loss_scaler_are_reported() -> None:
+    """With a fused AdamW accelerate cannot see the scaler's skips (optimizer_step_was_skipped stays false): the
+    lowered scale tells, so skips count towards max_bad_steps and the schedule still advances."""
+    from roformer.train.optim import finish_micro_step
+
+    class Scaler:  # torch.amp.GradScaler's contract: a step with inf gradients is skipped and the scale halved
+        def __init__(self) -> None:
+            self.scale = 65536.0
+
+        def get_scale(self) -> float:
+            return self.scale
+
+    class Optimizer:
+        def __init__(self, scaler: Scaler, overflow: bool) -> None:
+            self.scaler, self.overflow, self.steps = scaler, overflow, 0
+
+        def step(self) -> None:
+            if self.overflow:
+                self.scaler.scale /= 2
+            else:
+                self.steps += 1
+
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            pass
+
+    class Scheduler:
+        steps = 0
+
+        def step(self) -> None:
+            self.steps += 1
+
+    class Accelerator:
+        sync_gradients, optimizer_step_was_skipped = True, False
+
+        def __init__(self, scaler: Scaler) -> None:
+            self.scaler = scaler
+
+        def clip_grad_norm_(self, parameters, max_norm):
+            return torch.tensor(float("inf") if optimizer.overflow else 1.5)
+
+    for overflow in (True, False):
+        scaler, scheduler = Scaler(), Scheduler()
+        optimizer = Optimizer(scaler, overflow)
+        model = torch.nn.Linear(1, 1)
+        norm, skipped = finish_micro_step(Accelerator(scaler), model, optimizer, scheduler, 1.0, guard=False)
+        assert skipped is overflow and scheduler.steps == 1 and optimizer.steps == (0 if overflow else 1)
+        assert (norm == float("inf")) is overflow

@@ -56,7 +56,8 @@ def finish_micro_step(
     With `guard`, a non-finite gradient norm (a NaN or inf loss gives one too) skips the update: the gradients are
     dropped and the weights and optimizer state stay as they were. The norm is reduced over all processes, so they
     all skip together. The schedule still advances (it is indexed by step, like the data). Under fp16 loss scaling
-    the scaler skips such steps itself, so the caller passes `guard=False`.
+    the scaler skips such steps itself, so the caller passes `guard=False`; its skips are reported all the same, so
+    that they count towards `train.max_bad_steps` and stay out of the averaged loss and gradient norm.
 
     Returns:
         (the global gradient norm before clipping at the last micro-batch, nan if unknown, else None;
@@ -73,11 +74,18 @@ def finish_micro_step(
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
             scheduler.step()
         return norm, True
+    scaler = getattr(accelerator, "scaler", None) if accelerator.sync_gradients else None
+    scale = scaler.get_scale() if scaler is not None else None
     optimizer.step()  # accelerate's wrapper only steps when gradients are synchronised
-    if accelerator.sync_gradients and not accelerator.optimizer_step_was_skipped:
-        scheduler.step()
+    # fp16: the scaler skips a step with inf/nan gradients and lowers its scale. Read the skip from the scale: with a
+    # fused optimizer (the CUDA default) accelerate's `optimizer_step_was_skipped` never sees it.
+    skipped = scaler is not None and scaler.get_scale() < scale
+    if accelerator.sync_gradients:
+        with warnings.catch_warnings():  # a skipped step still advances the schedule (indexed by step)
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return norm, False
+    return norm, skipped
 
 
 def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str = "linear") -> float:
