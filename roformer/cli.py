@@ -345,4 +345,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"roformer {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        _close_process_group()
     return 0
+
+
+def _close_process_group() -> None:
+    """Destroy the process group before the interpreter exits (several processes).
+
+    Left to the interpreter's shutdown, gloo's threads may be torn down while still joinable: the process then
+    aborts (SIGABRT, "terminate called without an active exception") after its work is done, and the launcher
+    reports a failure.
+    """
+    if "torch" not in sys.modules:  # reporting commands never load torch
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -442,3 +442,32 @@ def test_resume_policy_is_the_same_for_both_recipes(
         err = capsys.readouterr().err
         assert code == 2 and "train.weight_decay" in err and len(err.strip().splitlines()) == 1, err
         assert main(args + ["--resume", "--set", "train.log_every=3", "--set", "label=renamed"]) == 0
+
+
+def test_run_length_may_change_on_resume_only_until_a_run_finishes(
+    tmp_path: Path, pretrained: Path, number_task: dict, capsys: pytest.CaptureFixture
+) -> None:
+    """Every run of a grid must train for as long and be selected alike: epochs are frozen once one has finished."""
+    yaml = task_config(tmp_path / "c.yaml", pretrained, number_task, epochs=1, seeds=[0])
+    args = ["finetune", "--config", str(yaml), "--output-dir", str(tmp_path / "ft")]
+    assert main(args) == 0, capsys.readouterr().err
+    code = main(args + ["--resume", "--set", "train.epochs=2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "train.epochs" in err and "1 run(s) finished" in err, err
+
+
+def test_a_suite_written_before_suites_had_a_config_yaml_resumes(
+    tmp_path: Path, pretrained: Path, number_task: dict
+) -> None:
+    from roformer.study.suite import run_suite
+
+    write_yaml(tmp_path / "sst2.yaml", yaml_of(task_config(tmp_path / "t.yaml", pretrained, number_task, epochs=1)))
+    write_yaml(tmp_path / "suite.yaml", {"tasks": ["sst2.yaml"], "overrides": ["train.seeds=[0]"]})
+    first = run_suite(tmp_path / "suite.yaml", tmp_path / "out")
+    (tmp_path / "out" / "config.yaml").unlink()  # as an older version left it
+    again = run_suite(tmp_path / "suite.yaml", tmp_path / "out", resume=True)
+    assert again["sst2"]["summary"] == first["sst2"]["summary"] and (tmp_path / "out" / "config.yaml").is_file()
+
+
+def yaml_of(path: Path) -> dict:
+    return roformer.config.read_yaml(path)

@@ -18,6 +18,7 @@ from roformer.cli import main
 from roformer.config import load
 from roformer.data.config import DataConfig
 from roformer.data.mlm import MLMBatches, PackedBlocks
+from roformer.data.sampling import share
 from roformer.train.config import PretrainConfig
 from roformer.train.engine import Engine
 from roformer.train.pretrain import Pretrainer, pretrain
@@ -186,7 +187,7 @@ def test_step_batches_split_one_global_batch() -> None:
         ids, labels = one.step(step)
         ids2, labels2 = two.step(step)
         assert torch.equal(ids, ids2) and torch.equal(labels, labels2)
-        shares = [two.share(ids2, m, r) for m in range(2) for r in range(2)]
+        shares = [share(ids2, m, r, num_processes=2, batch_size=2) for m in range(2) for r in range(2)]
         assert torch.equal(torch.cat(shares), ids)
     epoch = torch.cat([one.source.indices(s) for s in range(5)])
     assert sorted(epoch.tolist()) == list(range(40))  # an epoch visits every block once

@@ -269,3 +269,24 @@ def test_fp16_steps_skipped_by_the_loss_scaler_are_reported() -> None:
         norm, skipped = finish_micro_step(Accelerator(scaler), model, optimizer, scheduler, 1.0, guard=False)
         assert skipped is overflow and scheduler.steps == 1 and optimizer.steps == (0 if overflow else 1)
         assert (norm == float("inf")) is overflow
+
+
+def test_processes_agree_on_which_checkpoint_to_resume(tmp_path) -> None:
+    """A checkpoint that one process cannot use is skipped by all (FSDP's load is a collective): `agree` decides."""
+    from roformer.train.checkpoints import CheckpointManager
+
+    manager = CheckpointManager(tmp_path, keep=3)
+    for step in (2, 4):
+        save_checkpoint(manager, step, lambda d: (d / "state.json").write_text("{}"))
+    loaded = []
+
+    told = []
+
+    def other_rank_fails_at_4(problem):  # this process's verdict joined with rank 1's, which cannot load step-4
+        if [p.name for p in loaded] == ["step-4"] and not told:
+            told.append(True)
+            return problem or "cannot be loaded on rank 1"
+        return problem
+
+    assert manager.latest_intact(load=loaded.append, agree=other_rank_fails_at_4)[0] == 2
+    assert [p.name for p in loaded] == ["step-4", "step-2"]  # tried together, skipped together

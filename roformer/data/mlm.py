@@ -15,7 +15,7 @@ import torch
 
 from roformer.data.config import DataConfig
 from roformer.data.masking import continuation_table, mask_tokens
-from roformer.data.sampling import EpochSampler, global_batch_size, share
+from roformer.data.sampling import EpochSampler, global_batch_size
 from roformer.data.streaming import StreamingMLMData, StreamPacker
 from roformer.data.tokenizer import jieba_presegmenter
 
@@ -96,7 +96,7 @@ class StreamedBlocks:
 
 
 class MLMBatches:
-    """The masked global batch of every optimizer step, and each process's share of it.
+    """The masked global batch of every optimizer step (each process takes its rows with sampling.share).
 
     Args:
         source: Where the unmasked blocks of a step come from.
@@ -144,10 +144,6 @@ class MLMBatches:
         """Masked (G, T) ids and labels of `step`, identical in every process."""
         generator = torch.Generator().manual_seed((self.seed << 32) + step)
         return mask_tokens(self.source.blocks_of(step), generator=generator, **self.mask_args)
-
-    def share(self, batch: torch.Tensor, micro: int, rank: int) -> torch.Tensor:
-        """Rows of micro-batch `micro` for process `rank` (chunk micro * processes + rank of the global batch)."""
-        return share(batch, micro, rank, self.num_processes, self.batch_size)
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint must hold to continue the data exactly (a stream's position; nothing for packed)."""

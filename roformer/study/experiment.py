@@ -42,7 +42,7 @@ from roformer.study.suite import load_suite_config, run_suite
 from roformer.train.config import PretrainConfig
 from roformer.train.launch import process_state, run_on_main
 from roformer.train.pretrain import pretrain
-from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, RUN_CONFIG_FILE
+from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, RUN_CONFIG_FILE, RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ def pretrain_arms(experiment: ExperimentConfig, arms: dict[str, PretrainConfig],
             if (directory / FINAL_DIR / WEIGHTS_FILE).is_file():
                 logger.info("%s: done, skipped", directory)
                 continue
-            resume = (directory / RUN_CONFIG_FILE).is_file()
+            resume = RunDir.started(directory)
             logger.info("%s: %s", directory, "resuming" if resume else "starting")
             pretrain(config, directory, resume=resume, overwrite=not resume)
             # one data section, one tokenizer: every process stops at the first run that disagrees

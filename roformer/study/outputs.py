@@ -1,7 +1,8 @@
 """The names of what the studies write, each defined once (a run directory's own files are in roformer.train.run_dir).
 
     roformer compare --out DIR:         summary.md, summary.json, curves.png, length.png (when lengths were measured)
-    roformer glue --output-dir DIR:     results.md (next to run_dir.RESULTS_FILE and run_dir.SUBMISSION_DIR)
+    roformer glue --output-dir DIR:     results.md (next to run_dir.RESULTS_FILE, run_dir.SUBMISSION_DIR and the
+                                        suite's own run_dir.RUN_CONFIG_FILE: its tasks and overrides)
     roformer experiment --output-dir:   <arm>-seed<k>/ (experiment.arm_run_path), glue/<arm>-seed<k>/<task>/,
                                         compare/ (the files of roformer compare), report.md
     roformer eval-mlm:                  run_dir.LENGTH_FILE next to a run's final/

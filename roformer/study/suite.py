@@ -16,7 +16,7 @@ from roformer.study.outputs import SUITE_TABLE_FILE
 from roformer.train.config import FinetuneConfig
 from roformer.train.finetune import finetune
 from roformer.train.launch import run_on_main
-from roformer.train.run_dir import RESULTS_FILE, RUN_CONFIG_FILE, SUBMISSION_DIR, RunDir
+from roformer.train.run_dir import RESULTS_FILE, SUBMISSION_DIR, RunDir
 
 
 @dataclass
@@ -69,7 +69,7 @@ def run_suite(
     """
     path, out = Path(path), Path(output_dir)
     suite = load_suite_config(path)
-    run_dir = RunDir(out, overwrite, resume)
+    run_dir = RunDir(out, overwrite, resume, record_required=False)  # older suites: no config.yaml
     extra = suite.overrides + list(overrides or [])
     configs = [load(FinetuneConfig, path.parent / t, extra) for t in suite.tasks]
     # the suite's own record; a resume is checked task by task (each task directory holds its resolved config)
@@ -77,7 +77,7 @@ def run_suite(
     results = {}
     for config in configs:
         task_dir = out / config.data.task
-        started = resume and (task_dir / RUN_CONFIG_FILE).is_file()
+        started = resume and RunDir.started(task_dir)
         results[config.data.task] = finetune(config, task_dir, resume=started, overwrite=resume and not started)
 
     def write() -> None:  # the main process: one submission folder and one table

@@ -12,9 +12,10 @@ DeepSpeed write sharded files of their own):
     custom_checkpoint_0.pkl  the learning-rate schedule (a LambdaLR given to `register_for_checkpointing`)
     random_states_P.pkl      Python, NumPy, torch (and CUDA) RNG states, one file per process P
     scaler.pt                the gradient scaler, only with fp16 mixed precision
-    trainer_state.json       RunState (step, tokens_seen, elapsed_sec, skipped_steps, bad_steps), global_batch and
-                             data_state, the task's own state: pretraining's data position ({} for in-memory blocks,
-                             the stream position when streamed), fine-tuning's best dev result so far
+    trainer_state.json       RunState (step, tokens_seen, elapsed_sec, skipped_steps, bad_steps), global_batch,
+                             intervals (per process, the train-event sums since the last event) and data_state, the
+                             recipe's own state: pretraining's data position ({} for in-memory blocks, the stream
+                             position when streamed), fine-tuning's best dev result so far
     best.safetensors         fine-tuning only, once the dev set was evaluated: the best dev weights so far
     COMPLETE                 written last: {"step", "time", "files": {relative path: [size, sha256]}}
 """
@@ -70,23 +71,28 @@ class CheckpointManager:
         done = self.complete()
         return done[-1] if done else None
 
-    def latest_intact(self, load: Callable[[Path], None] | None = None) -> tuple[int, Path] | None:
+    def latest_intact(
+        self, load: Callable[[Path], None] | None = None, agree: Callable[[str | None], str | None] | None = None
+    ) -> tuple[int, Path] | None:
         """The newest complete checkpoint whose files match their manifest (and that `load` loads); None if none exists.
 
         A damaged one, or one whose `load(path)` raises although its manifest passes (or it has none), is reported in
         one line and the next older one is tried.
 
+        Args:
+            load: Loads a candidate (the engine's accelerate `load_state`, a collective under FSDP).
+            agree: Turns this process's verdict on a candidate (None: intact, else what is wrong) into every
+                process's (the first problem any process found), so that all skip, or load, the same checkpoint.
+
         Raises:
             CheckpointError: checkpoints exist but none is intact.
         """
+        agreed = agree or (lambda problem: problem)
         problems = []
         for step, path in reversed(self.complete()):
-            problem = self.verify(path)
+            problem = agreed(self.verify(path))  # before loading: a load may be a collective
             if problem is None and load is not None:
-                try:
-                    load(path)
-                except Exception as e:  # any reader's error: torch.load, safetensors, pickle, shapes
-                    problem = f"cannot be loaded ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                problem = agreed(_load_problem(load, path))
             if problem is None:
                 if problems:
                     logger.warning("resuming from %s instead", path.name)
@@ -166,4 +172,21 @@ def verify_manifest(directory: Path, manifest: dict[str, list[Any]]) -> str | No
             return f"{name} has {path.stat().st_size} bytes, {size} were written"
         if file_digest(path) != digest:
             return f"{name} does not match its checksum"
+    return None
+
+
+def _load_problem(load: Callable[[Path], None], path: Path) -> str | None:
+    """None if `load(path)` succeeds, else what its reader said (out of memory is not a damaged checkpoint)."""
+    import pickle
+
+    import torch
+    from safetensors import SafetensorError
+
+    try:
+        load(path)
+    except torch.OutOfMemoryError:
+        raise
+    except (OSError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError, SafetensorError) as e:
+        first_line = str(e).splitlines()[0] if str(e) else ""
+        return f"cannot be loaded ({type(e).__name__}: {first_line})"
     return None

@@ -238,6 +238,8 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         if not self.init:
             raise ConfigError("init is required: the model directory to fine-tune")
+        if "num_labels" in self.model:
+            raise ConfigError("model.num_labels comes from the task (data.task); remove it")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (YAML-ready)."""

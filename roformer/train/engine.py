@@ -30,7 +30,7 @@ from roformer.train.checkpoints import CheckpointManager
 from roformer.train.config import TrainArgs
 from roformer.train.faults import GracefulStop, describe_write_error, write_errors
 from roformer.train.interval import Interval, RunState, StepResult
-from roformer.train.launch import agree_on_errors, make_accelerator, run_on_main
+from roformer.train.launch import agree_on_errors, gather, make_accelerator, run_on_main
 from roformer.train.optim import finish_micro_step, make_optimizer
 from roformer.train.run_dir import TRAINER_STATE_FILE, MetricsWriter, keep_metrics
 
@@ -249,14 +249,6 @@ class Engine:
         path = self.checkpoints.directory / f"step-{state.step}"
         raise Preempted(f"stopped by {reason} after step {state.step}; checkpoint {path} (continue with --resume)")
 
-    def _gather(self, value: Any) -> list[Any]:
-        """`value` of every process, in rank order, on every process (no collective with one process)."""
-        if self.accelerator.num_processes == 1:
-            return [value]
-        from accelerate.utils import gather_object
-
-        return gather_object([value])
-
     def agree(self, flag: bool) -> bool:
         """True on every process if `flag` is true on any (one small all-reduce; free with one process)."""
         if self.accelerator.num_processes == 1:
@@ -346,7 +338,7 @@ class Engine:
         failure = self._attempt(lambda: self.checkpoints.begin(step), main_only=True)
         # every process writes its files (RNG states) before the checkpoint is committed
         failure = failure or self._attempt(lambda: acc.save_state(str(tmp)))
-        intervals = self._gather(self.interval.state_dict())
+        intervals = gather(self.interval.state_dict())
         if failure is None:
 
             def commit() -> None:
@@ -417,7 +409,10 @@ class Engine:
         Raises:
             UserError: the checkpoint was written with another global batch.
         """
-        latest = self.checkpoints.latest_intact(load=lambda path: self.accelerator.load_state(str(path)))
+        latest = self.checkpoints.latest_intact(
+            load=lambda path: self.accelerator.load_state(str(path)),
+            agree=lambda problem: next((p for p in gather(problem) if p is not None), None),
+        )
         if latest is None:
             return None
         step, path = latest

@@ -42,8 +42,9 @@ from roformer.config import flat_config
 from roformer.data.glue import Encoded, collate, encode, load_splits, padded_length
 from roformer.data.glue_metrics import compute
 from roformer.data.glue_tasks import get_task
-from roformer.data.sampling import EpochSampler, LengthGroupedSampler, share
+from roformer.data.sampling import EpochSampler, LengthGroupedSampler, global_batch_size, share
 from roformer.data.tokenizer import load_tokenizer
+from roformer.errors import UserError
 from roformer.files import atomic_write_text
 from roformer.model.config import ModelConfig
 from roformer.model.model import Model
@@ -51,7 +52,7 @@ from roformer.model.pretrained import load_pretrained, pretrained_config
 from roformer.train.config import FinetuneConfig
 from roformer.train.engine import Engine, ProcessLayout, RunState, to_device
 from roformer.train.evaluate import eval_chunks
-from roformer.train.launch import run_on_main
+from roformer.train.launch import process_state, run_on_main
 from roformer.train.run_dir import (
     BEST_DIR,
     CANDIDATES_DIR,
@@ -178,11 +179,11 @@ class Finetuner:
         self.resume = resume
         self.run_dir = RunDir(self.out, overwrite, resume)  # before any data work
         if resume:
-            self.run_dir.check_resume(config.to_dict())
+            self.run_dir.check_resume(config.to_dict(), finished_runs=self._count_finished_runs())
         self.task = get_task(config.data.task)
         self.tokenizer = load_tokenizer(Path(config.init))
         self.splits = load_splits(config.data)
-        model_config = self.model_config()  # fails early on a bad init
+        model_config = self.model_config()  # a missing or unreadable init fails here, before any training
         self.classifier_head = model_config.classifier_head
         self.max_length = self._max_length(model_config)
         self.encoded: dict[str, Encoded] = {
@@ -242,11 +243,34 @@ class Finetuner:
         for lr, seed in self.config.train.grid:
             record = self.progress_dir(lr, seed) / RECORD_FILE
             if record.is_file():
-                runs.append(json.loads(record.read_text()))
+                runs.append(self._finished_run(record))
             else:
                 runs.append(self._run_one(lr, seed))
         results = run_on_main(lambda: self.publish(self.select(runs)))
         return results or {}
+
+    def _count_finished_runs(self) -> int:
+        """Runs of this directory that have finished: all of a published job's, else those with a record."""
+        results = self.out / RESULTS_FILE
+        if results.is_file():
+            return len(json.loads(results.read_text()).get("runs", []))
+        return len(list((self.out / PROGRESS_DIR).glob(f"*/{RECORD_FILE}")))
+
+    def _finished_run(self, path: Path) -> dict[str, Any]:
+        """The record of a run finished before a resume; it must have trained with this job's global batch.
+
+        Raises:
+            UserError: it was trained with another global batch (batch_size x processes x grad_accum).
+        """
+        record = json.loads(path.read_text())
+        train = self.config.train
+        current = global_batch_size(train.batch_size, process_state().num_processes, train.grad_accum)
+        if record.get("global_batch", current) != current:
+            raise UserError(
+                f"{path.parent}: finished with a global batch of {record['global_batch']} examples, now {current} "
+                "(same batch_size x processes x grad_accum needed to resume a grid)"
+            )
+        return record
 
     def progress_dir(self, lr: float, seed: int) -> Path:
         """Where a run keeps its checkpoints while it trains, and its record once it has finished."""
@@ -273,7 +297,14 @@ class Finetuner:
         engine.load_full_state_dict(run.best["state"])
         predictions = {split: self.predict(engine, split) for split in self.eval_splits}
         tests = {split.name: self.predict(engine, split.name) for split in self.test_splits}
-        record = {"peak_lr": lr, "seed": seed, "best_step": run.best["step"], "steps": steps, "dev": run.best["dev"]}
+        record = {
+            "peak_lr": lr,
+            "seed": seed,
+            "best_step": run.best["step"],
+            "steps": steps,
+            "dev": run.best["dev"],
+            "global_batch": engine.global_batch,
+        }
 
         def write() -> None:  # the main process: predictions, the candidate model, the run's record
             self._write_predictions(tag, predictions, tests)

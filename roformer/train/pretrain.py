@@ -4,7 +4,7 @@ The config has three sections, `model:` (a ModelConfig, inline or the path of a 
 DataConfig) and `train:` (a TrainConfig). The run directory (roformer.train.run_dir) holds config.yaml,
 metrics.jsonl, tokenizer/, checkpoints/step-N and final/ (model + tokenizer).
 
-This module is the pretraining task of the engine (roformer.train.engine): the masked global batch of a step
+This module is the pretraining recipe of the engine (roformer.train.engine): the masked global batch of a step
 (roformer.data.mlm), its loss, and the evaluation under the fixed mask. The loss of a step is the sum of
 masked-token cross-entropies divided by the number of masked tokens of the whole global batch, so one process with
 batch 2B, two with B, or one with B and grad_accum 2 compute the same gradient.

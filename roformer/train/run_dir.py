@@ -46,22 +46,28 @@ LENGTH_FILE = "length_extrapolation.json"  # written by roformer eval-mlm next t
 
 
 # What a resumed run may change in its config.yaml: one policy for every recipe. A resume continues the computation
-# the checkpoint holds (weights, optimizer, schedule, data order, masks, RNG), so any field that enters it is refused;
-# fields that only watch or keep the run, or say where it ends, may change (logged as a warning).
-RESUME_MAY_CHANGE = (
+# the checkpoint holds (weights, optimizer, schedule, data order, masks, RNG) and, for a fine-tuning grid, joins
+# runs that have finished: any field that enters that computation is refused, by name, with both values.
+RESUME_MAY_CHANGE = (  # what only watches or keeps the run (logged as a warning)
     "label",
     "train.progress",
     "train.report_to",
     "train.log_every",
-    "train.eval_every",
     "train.eval_batch_size",
     "train.save_every",
     "train.keep_checkpoints",
     "train.max_bad_steps",
-    "train.max_steps",
-    "train.epochs",
     "data.num_proc",
     "data.cache_dir",
+    # the process layout, under the same global batch (batch_size x processes x grad_accum): the checkpoint and
+    # every finished run's record carry it, and a resume under another one is refused (roformer.train.engine)
+    "train.batch_size",
+    "train.grad_accum",
+)
+RESUME_MAY_CHANGE_UNTIL_A_RUN_FINISHES = (  # where a run ends and what it selects: the same for all runs of a grid
+    "train.max_steps",
+    "train.epochs",
+    "train.eval_every",
 )
 RESUME_UNLOGGED = ("train.progress", "train.report_to")  # display only: not worth a warning
 
@@ -72,59 +78,77 @@ class RunDir:
     Args:
         path: The run directory.
         overwrite: Replace a non-empty directory (`--overwrite`).
-        resume: Continue what the directory holds (`--resume`); its config.yaml must exist.
+        resume: Continue what the directory holds (`--resume`).
+        record_required: A resume needs the directory's config.yaml (a GLUE suite written before suites had one
+            adopts its directory instead).
 
     Raises:
         UserError: both flags, nothing to resume, or a directory that cannot be used (roformer.files).
     """
 
-    def __init__(self, path: str | Path, overwrite: bool = False, resume: bool = False) -> None:
+    def __init__(
+        self, path: str | Path, overwrite: bool = False, resume: bool = False, record_required: bool = True
+    ) -> None:
         self.path, self.resume = Path(path), resume
         if resume and overwrite:
             raise UserError("--resume and --overwrite exclude each other")
-        if resume and not self.config_file.is_file():
+        if resume and record_required and not self.config_file.is_file():
             raise UserError(f"{self.path}: nothing to resume (no {RUN_CONFIG_FILE})")
         check_output_dir(self.path, overwrite, resume)
+
+    @staticmethod
+    def started(path: str | Path) -> bool:
+        """A run was started in `path` (it has its config.yaml): continue it rather than start over."""
+        return (Path(path) / RUN_CONFIG_FILE).is_file()
 
     @property
     def config_file(self) -> Path:
         """The run's config.yaml."""
         return self.path / RUN_CONFIG_FILE
 
-    def check_resume(self, config: dict[str, Any], saved: dict[str, Any] | None = None) -> None:
-        """Refuse a resume whose config differs from the saved one outside RESUME_MAY_CHANGE; warn about the rest.
+    def check_resume(self, config: dict[str, Any], saved: dict[str, Any] | None = None, finished_runs: int = 0) -> None:
+        """Refuse a resume whose config differs from the saved one beyond the policy; warn about the rest.
 
         Args:
             config: The resumed run's resolved config (`to_dict()`).
             saved: The saved config, if the recipe has already read (and completed) it; None reads config.yaml.
+            finished_runs: Runs of this directory that have finished (a fine-tuning grid's records): the run length
+                and evaluation schedule may change only while there are none.
 
         Raises:
             UserError: naming the first field that may not change, its two values, and what may change.
         """
         diffs = config_differences(read_yaml(self.config_file) if saved is None else saved, config)
-        refused = [key for key in diffs if not key.startswith(RESUME_MAY_CHANGE)]
+        allowed = RESUME_MAY_CHANGE + (() if finished_runs else RESUME_MAY_CHANGE_UNTIL_A_RUN_FINISHES)
+        refused = [key for key in diffs if key not in allowed]
         if refused:
             key = refused[0]
             old, new = diffs[key]
+            why = (
+                f"{finished_runs} run(s) finished with {old!r}" if key in RESUME_MAY_CHANGE_UNTIL_A_RUN_FINISHES else ""
+            )
             raise UserError(
-                f"{self.path}: cannot resume with a changed {key} ({old!r} -> {new!r}): a resume may change only "
-                f"{', '.join(RESUME_MAY_CHANGE)}"
+                f"{self.path}: cannot resume with a changed {key} ({old!r} -> {new!r}{'; ' + why if why else ''}): "
+                f"a resume may change only {', '.join(allowed)}"
             )
         for key, (old, new) in diffs.items():
-            if not key.startswith(RESUME_UNLOGGED):
+            if key not in RESUME_UNLOGGED:
                 logger.warning("resuming with a changed setting: %s: %r -> %r", key, old, new)
 
     def prepare(self, config: dict[str, Any], write_more: Callable[[Path], None] | None = None) -> None:
         """Start a fresh run's directory: clear it, create it, write config.yaml and `write_more(path)`.
 
-        A resumed run's directory is left as it is. For the main process (roformer.train.launch.run_on_main: the
-        others wait and share its outcome).
+        A resumed run's directory is left as it is (a directory without its config.yaml gets one). For the main
+        process (roformer.train.launch.run_on_main: the others wait and share its outcome).
 
         Args:
             config: The resolved config to record.
             write_more: Further files of a fresh run (e.g. the tokenizer).
         """
         if self.resume:
+            if not self.config_file.is_file():
+                self.path.mkdir(parents=True, exist_ok=True)
+                write_yaml(self.config_file, config)
             return
         if self.path.exists():
             shutil.rmtree(self.path)
