@@ -363,7 +363,7 @@ def test_two_processes_stop_after_the_same_step_when_one_gets_the_signal(
     reference: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """Rank 1 alone receives SIGTERM: both ranks finish the step, write one checkpoint together, exit 75."""
-    from test_pretrain import run_python
+    from test_pretrain import accelerate_launch
 
     yaml, _ = reference
     wrapper = tmp_path / "wrapper.py"
@@ -380,24 +380,9 @@ def test_two_processes_stop_after_the_same_step_when_one_gets_the_signal(
         "from roformer.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
-    launcher = REPO / "configs" / "accelerate" / "multi-cpu.yaml"
     out = tmp_path / "run"
-    done = run_python(
-        [
-            "-m",
-            "accelerate.commands.launch",
-            "--config_file",
-            str(launcher),
-            str(wrapper),
-            "pretrain",
-            "--config",
-            str(yaml),
-            "--output-dir",
-            str(out),
-            "--set",
-            "train.batch_size=2",
-        ]
-    )
+    args = ["pretrain", "--config", str(yaml), "--output-dir", str(out), "--set", "train.batch_size=2"]
+    done = accelerate_launch([str(wrapper), *args])
     assert done.returncode != 0 and "stopped by" in done.stderr, done.stderr[-3000:]
     assert CheckpointManager(out / "checkpoints").latest_intact()[0] == 3
     assert read_metrics(out / "metrics.jsonl")[-1]["event"] == "stopped"

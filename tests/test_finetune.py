@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
-from test_pretrain import run_python, tiny_run_config
+from test_pretrain import accelerate_launch, tiny_run_config
 
 import roformer
 from roformer.cli import main
@@ -117,21 +116,8 @@ def test_multiprocess_evaluation_equals_one_process(tmp_path: Path, pretrained: 
     """max_steps: 0 evaluates the initial model: 2 processes must give exactly the 1-process predictions (101 rows)."""
     yaml = task_config(tmp_path / "c.yaml", pretrained, number_task, max_steps=0, seeds=[3], eval_batch_size=8)
     assert main(["finetune", "--config", str(yaml), "--output-dir", str(tmp_path / "one")]) == 0
-    launcher = REPO / "configs" / "accelerate" / "multi-cpu.yaml"
-    done = run_python(
-        [
-            "-m",
-            "accelerate.commands.launch",
-            "--config_file",
-            str(launcher),
-            "-m",
-            "roformer",
-            "finetune",
-            "--config",
-            str(yaml),
-            "--output-dir",
-            str(tmp_path / "two"),
-        ]
+    done = accelerate_launch(
+        ["-m", "roformer", "finetune", "--config", str(yaml), "--output-dir", str(tmp_path / "two")]
     )
     assert done.returncode == 0, done.stderr[-3000:]
     one = json.loads((tmp_path / "one" / "results.json").read_text())

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
-from test_pretrain import interrupted_run, run_python, tiny_run_config, train_losses
+from test_pretrain import accelerate_launch, interrupted_run, tiny_run_config, train_losses
 
 import roformer
 from roformer.cli import main
@@ -130,20 +129,7 @@ def test_resumed_bf16_run_repeats_the_uninterrupted_one(tmp_path: Path, monkeypa
 def launch(launcher: str, *args: str) -> None:
     """`accelerate launch` with one of configs/accelerate/*.yaml on every visible GPU; fails with its stderr."""
     processes = str(torch.cuda.device_count())
-    config = str(REPO / "configs" / "accelerate" / f"{launcher}.yaml")
-    done = run_python(
-        [
-            "-m",
-            "accelerate.commands.launch",
-            "--config_file",
-            config,
-            "--num_processes",
-            processes,
-            "-m",
-            "roformer",
-            *args,
-        ]
-    )
+    done = accelerate_launch(["-m", "roformer", *args], launcher, "--num_processes", processes)
     assert done.returncode == 0, done.stderr[-4000:]
 
 

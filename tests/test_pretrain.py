@@ -82,6 +82,12 @@ def run_python(args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=300)
 
 
+def accelerate_launch(program: list[str], launcher: str = "multi-cpu", *options: str) -> subprocess.CompletedProcess:
+    """`accelerate launch --config_file configs/accelerate/LAUNCHER.yaml OPTIONS PROGRAM` (e.g. `-m roformer ...`)."""
+    config = str(REPO / "configs" / "accelerate" / f"{launcher}.yaml")
+    return run_python(["-m", "accelerate.commands.launch", "--config_file", config, *options, *program])
+
+
 def test_tiny_run_end_to_end(tmp_path: Path) -> None:
     config = load(
         PretrainConfig, tiny_run_config(tmp_path / "c.yaml", max_steps=30, eval_every=10, save_every=10, lr=3e-3)
@@ -146,23 +152,8 @@ def test_two_cpu_processes_match_one(tmp_path: Path) -> None:
     """accelerate launch with 2 CPU processes (gloo, configs/accelerate/multi-cpu.yaml), batch 4 each == one with 8."""
     yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=1, save_every=0, eval_every=0)
     single = pretrain(load(PretrainConfig, yaml, ["train.batch_size=8"]), tmp_path / "one")
-    launcher = REPO / "configs" / "accelerate" / "multi-cpu.yaml"
     out = str(tmp_path / "two")
-    done = run_python(
-        [
-            "-m",
-            "accelerate.commands.launch",
-            "--config_file",
-            str(launcher),
-            "-m",
-            "roformer",
-            "pretrain",
-            "--config",
-            str(yaml),
-            "--output-dir",
-            out,
-        ]
-    )
+    done = accelerate_launch(["-m", "roformer", "pretrain", "--config", str(yaml), "--output-dir", out])
     assert done.returncode == 0, done.stderr[-3000:]
     one_events, two_events = read_metrics(single / "metrics.jsonl"), read_metrics(tmp_path / "two" / "metrics.jsonl")
     assert one_events[0]["loss"] == pytest.approx(two_events[0]["loss"], rel=1e-6)
