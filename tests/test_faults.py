@@ -139,6 +139,13 @@ def test_a_damaged_newest_checkpoint_falls_back_to_an_intact_one(
     assert code == 2 and f"{checkpoints}: no intact checkpoint" in err and len(err.strip().splitlines()) == 1
 
 
+def killed_after_checkpoint_6(yaml: Path, out: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """A run of `yaml` into `out` killed (KeyboardInterrupt) right after its step-6 checkpoint."""
+    at_step(monkeypatch, 6, lambda: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert run_cli(["--config", str(yaml), "--output-dir", str(out)], capsys)[0] == 130
+    monkeypatch.undo()
+
+
 def test_resume_from_an_older_intact_checkpoint_reproduces_the_run(
     reference: tuple[Path, Path],
     tmp_path: Path,
@@ -148,9 +155,7 @@ def test_resume_from_an_older_intact_checkpoint_reproduces_the_run(
 ) -> None:
     yaml, ref = reference
     out = tmp_path / "run"
-    at_step(monkeypatch, 6, lambda: (_ for _ in ()).throw(KeyboardInterrupt))  # killed after checkpoint 6
-    assert run_cli(["--config", str(yaml), "--output-dir", str(out)], capsys)[0] == 130
-    monkeypatch.undo()
+    killed_after_checkpoint_6(yaml, out, monkeypatch, capsys)
     weights = out / "checkpoints" / "step-6" / "model.safetensors"
     weights.write_bytes(b"\0" * weights.stat().st_size)
     assert run_cli(["--output-dir", str(out), "--resume"], capsys)[0] == 0
@@ -168,9 +173,7 @@ def test_a_checkpoint_that_fails_to_load_despite_its_manifest_falls_back(
     """A newest checkpoint without a manifest (written before manifests) whose weights are unreadable: the older."""
     yaml, ref = reference
     out = tmp_path / "run"
-    at_step(monkeypatch, 6, lambda: (_ for _ in ()).throw(KeyboardInterrupt))  # killed after checkpoint 6
-    assert run_cli(["--config", str(yaml), "--output-dir", str(out)], capsys)[0] == 130
-    monkeypatch.undo()
+    killed_after_checkpoint_6(yaml, out, monkeypatch, capsys)
     newest = out / "checkpoints" / "step-6"
     (newest / "COMPLETE").write_text(json.dumps({"step": 6}))  # no file list: the manifest check passes
     (newest / "model.safetensors").write_bytes(b"\0" * 64)
