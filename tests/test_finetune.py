@@ -457,3 +457,34 @@ def test_a_suite_written_before_suites_had_a_config_yaml_resumes(
 
 def yaml_of(path: Path) -> dict:
     return roformer.config.read_yaml(path)
+
+
+def test_a_nan_dev_score_neither_locks_the_best_checkpoint_nor_crashes_the_summary(
+    tmp_path: Path, pretrained: Path, number_task: dict, monkeypatch
+) -> None:
+    """Seed 0 scores NaN at every evaluation, seed 1 NaN first and then numbers: seed 1 is selected at a later step,
+    and the summary over the two seeds leaves the NaN out (statistics.stdev raises on one)."""
+    import roformer.train.finetune as finetune_module
+
+    calls = {0: 0, 1: 0}
+    seed_of = {}
+
+    def scores(metrics, predictions, labels):
+        seed = seed_of["current"]
+        calls[seed] += 1
+        value = float("nan") if seed == 0 or calls[seed] == 1 else 0.5 + 0.1 * calls[seed]
+        return {"accuracy": value, "score": value}
+
+    original = finetune_module.Finetuner._run_one
+
+    def run_one(self, lr, seed):
+        seed_of["current"] = seed
+        return original(self, lr, seed)
+
+    monkeypatch.setattr(finetune_module, "compute", scores)
+    monkeypatch.setattr(finetune_module.Finetuner, "_run_one", run_one)
+    yaml = task_config(tmp_path / "c.yaml", pretrained, number_task, epochs=3, seeds=[0, 1])
+    results = finetune(load(FinetuneConfig, yaml), tmp_path / "run")
+    assert results["selected"]["seed"] == 1 and results["selected"]["best_step"] > results["runs"][1]["steps"] / 3
+    score = results["summary"]["dev"]["score"]
+    assert score["mean"] == pytest.approx(0.5 + 0.1 * 3) and score["non_finite"] == 1

@@ -40,3 +40,26 @@ def test_welch_interval_equals_scipy_and_zero_inside_is_not_significant() -> Non
 def test_one_seed_has_no_interval() -> None:
     result = difference({0: 1.0}, {0: 2.0})
     assert result["mean"] == -1.0 and result["low"] is None and result["significant"] is None
+
+
+def test_non_finite_values_are_left_out_and_named() -> None:
+    nan = float("nan")
+    paired = difference({0: 1.0, 1: nan, 2: 1.4, 3: 1.1}, {0: 2.0, 1: 2.1, 2: 2.2, 3: 1.9})
+    assert paired["n"] == [3, 3] and paired["test"] == "paired t" and "seed 1" in paired["note"]
+    assert paired["mean"] == pytest.approx((1.0 + 1.4 + 1.1) / 3 - (2.0 + 2.2 + 1.9) / 3)
+    welch = difference({0: nan, 1: 0.5, 2: 0.6}, {5: 0.4, 6: 0.45, 7: float("inf")})
+    assert welch["n"] == [2, 2] and welch["test"] == "Welch t" and welch["significant"] is not None
+    assert "non-finite" in welch["note"]
+    nothing = difference({0: nan}, {0: 1.0})
+    assert nothing["mean"] is None and nothing["significant"] is None
+
+
+def test_differences_without_spread_have_no_interval() -> None:
+    """Seen on real GLUE files: each arm predicting one class, two seeds, reported as -8.5 [-8.5, -8.5] significant."""
+    from roformer.study.markdown import _difference_cell
+
+    paired = difference({0: 0.40, 1: 0.45}, {0: 0.485, 1: 0.535})  # equal paired differences
+    assert paired["low"] is None and paired["significant"] is None and paired["note"] == "no interval: zero variance"
+    assert _difference_cell(paired, 1).startswith("-0.1 (no interval: zero variance")
+    welch = difference({0: 0.4, 1: 0.4}, {5: 0.5, 6: 0.5})  # both arms constant
+    assert welch["low"] is None and welch["significant"] is None and "zero variance" in welch["note"]

@@ -7,7 +7,10 @@ against scikit-learn and scipy.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -87,3 +90,32 @@ def compute(names: Sequence[str], predictions: Sequence, labels: Sequence) -> di
     values = {name: METRICS[name](predictions, labels) for name in names}
     values["score"] = float(np.mean(list(values.values())))
     return values
+
+
+def seed_summary(values: list[float]) -> dict[str, Any]:
+    """mean, std (sample; 0 for one value), median and max of a metric over seeds, and the values themselves.
+
+    Non-finite values (a NaN correlation of constant predictions) are left out of the statistics and counted in
+    `non_finite`; with no finite value the statistics are NaN. (`statistics.stdev` raises on a NaN.)
+    """
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        stats = dict.fromkeys(("mean", "std", "median", "max"), math.nan)
+    else:
+        stats = {
+            "mean": statistics.fmean(finite),
+            "std": statistics.stdev(finite) if len(finite) > 1 else 0.0,
+            "median": statistics.median(finite),
+            "max": max(finite),
+        }
+    missing = {"non_finite": len(values) - len(finite)} if len(finite) < len(values) else {}
+    return {**stats, "values": list(values), **missing}
+
+
+def ranked(score: float) -> float:
+    """`score` for comparisons (best checkpoint, learning rate, seed): NaN ranks below every number.
+
+    `nan > x` is false for every x, so a NaN best score would otherwise never be replaced, and `max` over NaNs
+    depends on their order.
+    """
+    return -math.inf if math.isnan(score) else score

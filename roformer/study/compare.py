@@ -18,6 +18,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from roformer.data.glue_metrics import seed_summary
 from roformer.errors import UserError
 from roformer.files import check_output_dir, staged_output_dir
 from roformer.study.markdown import summary_markdown
@@ -225,9 +226,9 @@ def glue_means(glue: list[GlueRun]) -> dict[str, dict[str, Any]]:
     for (label, column), runs in cells.items():
         metrics = {}
         for m in runs[0]:
-            means = [r[m]["mean"] for r in runs]
-            std = runs[0][m]["std"] if len(runs) == 1 else statistics.stdev(means)
-            metrics[m] = {"mean": statistics.fmean(means), "std": std}
+            over_seeds = seed_summary([r[m]["mean"] for r in runs])  # non-finite means left out, counted
+            std = runs[0][m]["std"] if len(runs) == 1 else over_seeds["std"]
+            metrics[m] = {"mean": over_seeds["mean"], "std": std}
         table.setdefault(label, {})[column] = {**metrics, "runs": len(runs)}
     return table
 

@@ -271,14 +271,15 @@ def _difference_table(intro: str, headers: list[str], rows: dict[str, list[str]]
 
 
 def _difference_cell(d: dict[str, Any], digits: int) -> str:
-    """`+mean [+low, +high]`, with `n.s.` where the interval includes 0 (roformer.study.stats.difference)."""
+    """`+mean [+low, +high]`, `n.s.` where the interval includes 0, and the difference's note (roformer.study.stats)."""
+    note = f" ({d['note']})" if d.get("note") else ""
     if d.get("mean") is None:
-        return "not reached"
+        return ("no finite value" if note else "not reached") + note
     cell = f"{d['mean']:+.{digits}f}"
     if d.get("low") is None:
-        return cell
+        return cell + note
     cell += f" [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]"
-    return cell if d["significant"] else cell + " n.s."
+    return (cell if d["significant"] else cell + " n.s.") + note
 
 
 def _points(d: dict[str, Any]) -> dict[str, Any]:

@@ -109,43 +109,57 @@ def _steps_to(arm: Arm, target: float) -> dict[int | str, float] | None:
 def difference(values: dict[int, float], baseline: dict[int, float], confidence: float = CONFIDENCE) -> dict[str, Any]:
     """Mean of arm - baseline with its confidence interval, paired by seed when both arms ran the same seeds.
 
+    Non-finite values (a diverged run, a NaN correlation of constant predictions) are left out, paired seeds from
+    both arms, and named in `note`. Differences without spread (equal paired differences, or both arms constant)
+    have no interval: a zero-width one would be marked significant whatever the number of runs.
+
     Args:
         values: {seed: value} of the arm.
         baseline: {seed: value} of the baseline arm.
         confidence: Two-sided confidence level of the interval.
 
     Returns:
-        {"mean": difference of the means, "low", "high": the interval (None with fewer than 2 runs per arm),
-        "test": "paired t" | "Welch t" | None, "n": runs per arm, "significant": interval excludes 0 (None: no
-        interval)}.
+        {"mean": difference of the means (None when an arm has no finite value), "low", "high": the interval
+        (None with fewer than 2 runs per arm or no spread), "test": "paired t" | "Welch t" | None, "n": runs per
+        arm used, "significant": interval excludes 0 (None: no interval), "note": why values or the interval are
+        missing (absent when nothing is)}.
     """
-    mean = statistics.fmean(values.values()) - statistics.fmean(baseline.values())
-    out: dict[str, Any] = {
-        "mean": mean,
-        "low": None,
-        "high": None,
-        "test": None,
-        "significant": None,
-        "n": [len(values), len(baseline)],
-    }
-    if set(values) == set(baseline) and len(values) >= 2:
+    paired = set(values) == set(baseline)
+    bad = sorted({seed for seed, v in (*values.items(), *baseline.items()) if not math.isfinite(v)}, key=str)
+    if paired:
+        values = {seed: v for seed, v in values.items() if seed not in bad}
+        baseline = {seed: v for seed, v in baseline.items() if seed not in bad}
+    else:
+        values = {seed: v for seed, v in values.items() if math.isfinite(v)}
+        baseline = {seed: v for seed, v in baseline.items() if math.isfinite(v)}
+    notes = [f"non-finite value left out (seed {', '.join(map(str, bad))})"] if bad else []
+    out: dict[str, Any] = {"mean": None, "low": None, "high": None, "test": None, "significant": None}
+    out["n"] = [len(values), len(baseline)]
+    if not values or not baseline:
+        return _with_notes(out, notes)
+    out["mean"] = statistics.fmean(values.values()) - statistics.fmean(baseline.values())
+    if paired and len(values) >= 2:
         diffs = [values[seed] - baseline[seed] for seed in sorted(values)]
-        half = t_quantile((1 + confidence) / 2, len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
-        out["test"] = "paired t"
-    elif len(values) >= 2 and len(baseline) >= 2:
+        spread = statistics.stdev(diffs) / math.sqrt(len(diffs))
+        dof, out["test"] = len(diffs) - 1, "paired t"
+    elif not paired and len(values) >= 2 and len(baseline) >= 2:
         va = statistics.variance(values.values()) / len(values)  # squared standard errors of the two means
         vb = statistics.variance(baseline.values()) / len(baseline)
-        if va + vb == 0:
-            half, out["test"] = 0.0, "Welch t"
-        else:
-            dof = (va + vb) ** 2 / (va**2 / (len(values) - 1) + vb**2 / (len(baseline) - 1))
-            half = t_quantile((1 + confidence) / 2, dof) * math.sqrt(va + vb)
-            out["test"] = "Welch t"
+        spread, out["test"] = math.sqrt(va + vb), "Welch t"
+        dof = (va + vb) ** 2 / (va**2 / (len(values) - 1) + vb**2 / (len(baseline) - 1)) if va + vb else 0.0
     else:
-        return out
-    out["low"], out["high"] = mean - half, mean + half
+        return _with_notes(out, notes)
+    scale = max(1.0, *(abs(v) for v in (*values.values(), *baseline.values())))
+    if spread <= 1e-12 * scale:  # equal up to rounding (0.40 - 0.485 vs 0.45 - 0.535): no spread to speak of
+        return _with_notes(out, notes + ["no interval: zero variance"])
+    half = t_quantile((1 + confidence) / 2, dof) * spread
+    out["low"], out["high"] = out["mean"] - half, out["mean"] + half
     out["significant"] = not out["low"] <= 0.0 <= out["high"]
-    return out
+    return _with_notes(out, notes)
+
+
+def _with_notes(result: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    return {**result, "note": "; ".join(notes)} if notes else result
 
 
 def t_quantile(p: float, dof: float) -> float:

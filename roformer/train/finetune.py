@@ -29,7 +29,6 @@ import json
 import logging
 import math
 import shutil
-import statistics
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -40,7 +39,7 @@ from safetensors.torch import load_file, save_file
 
 from roformer.config import flat_config
 from roformer.data.glue import Encoded, collate, encode, load_splits, padded_length
-from roformer.data.glue_metrics import compute
+from roformer.data.glue_metrics import compute, ranked, seed_summary
 from roformer.data.glue_tasks import get_task
 from roformer.data.sampling import EpochSampler, LengthGroupedSampler, global_batch_size, share
 from roformer.data.tokenizer import load_tokenizer
@@ -142,7 +141,7 @@ class FinetuneRun:
             predictions = finetuner.predict(self.engine, split)
             dev[split] = compute(finetuner.task.metrics, predictions, finetuner.encoded[split].labels)
         score = dev[finetuner.eval_splits[0]]["score"]
-        if score > self.best["score"] or self.best["state"] is None:  # a NaN score (constant predictions) keeps one
+        if ranked(score) > ranked(self.best["score"]) or self.best["state"] is None:  # NaN: below every score
             # gathered by every process (FSDP/ZeRO-3 shards), complete at least on the main process
             state = {k: v.detach().cpu().clone() for k, v in self.engine.full_state_dict().items()}
             self.best = {"score": score, "step": step, "state": state, "dev": dev}
@@ -371,7 +370,7 @@ class Finetuner:
         """Keep the model of the best seed so far of this learning rate (at most one model per lr on disk)."""
         directory = self.out / CANDIDATES_DIR / f"lr{lr:g}"
         marker = directory / CANDIDATE_SCORE_FILE
-        if marker.is_file() and json.loads(marker.read_text())["score"] >= score:
+        if marker.is_file() and ranked(json.loads(marker.read_text())["score"]) >= ranked(score):
             return
         write_model_dir(model, self.tokenizer, directory)
         atomic_write_text(marker, json.dumps({"score": score}))
@@ -388,11 +387,11 @@ class Finetuner:
             chosen = [r for r in runs if r["peak_lr"] == lr]
             names = list(chosen[0]["dev"][split])
             by_lr[f"{lr:g}"] = {
-                s: {m: summary([r["dev"][s][m] for r in chosen]) for m in names} for s in self.eval_splits
+                s: {m: seed_summary([r["dev"][s][m] for r in chosen]) for m in names} for s in self.eval_splits
             }
-        best_lr = max(by_lr, key=lambda k: by_lr[k][split]["score"]["mean"])
+        best_lr = max(by_lr, key=lambda k: ranked(by_lr[k][split]["score"]["mean"]))
         candidates = [r for r in runs if f"{r['peak_lr']:g}" == best_lr]
-        selected = max(candidates, key=lambda r: r["dev"][split]["score"])
+        selected = max(candidates, key=lambda r: ranked(r["dev"][split]["score"]))
         return {
             "task": self.task.name,
             "label": self.config.label,
@@ -436,17 +435,6 @@ class Finetuner:
         """Remove the candidates and the progress records (a finished job's results.json holds what they held)."""
         shutil.rmtree(self.out / CANDIDATES_DIR, ignore_errors=True)
         shutil.rmtree(self.out / PROGRESS_DIR, ignore_errors=True)
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    """mean, std (sample; 0 for one value), median, max and the values themselves."""
-    return {
-        "mean": statistics.fmean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "median": statistics.median(values),
-        "max": max(values),
-        "values": list(values),
-    }
 
 
 def _write_tsv(path: Path, header: list[str], rows: Any) -> None:
