@@ -165,3 +165,20 @@ def test_whole_word_masking_warns_without_wordpiece_continuations(caplog: pytest
     with caplog.at_level("WARNING"):
         assert not continuation_table(tokenizer).any()
     assert "masking is per token" in caplog.text
+
+
+def test_validation_files_that_are_also_training_files_are_refused(tmp_path) -> None:
+    (tmp_path / "corpus").mkdir()
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / "corpus" / name).write_text("un duo tri tet pen hex .\n\n" * 40)
+    config = DataConfig(source="text", paths=["corpus"], validation_paths=["corpus/b.txt"], max_seq_len=16)
+    with pytest.raises(UserError, match=r"validation_paths: .*b.txt is also in data.paths"):
+        build_mlm_data(config, base=tmp_path)
+
+
+def test_a_null_text_in_jsonl_is_no_document(tmp_path) -> None:
+    from roformer.data.text import read_documents
+
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"text": "first"}\n{"text": null}\n{"text": "third"}\n')
+    assert list(read_documents(path)) == ["first", "third"]

@@ -87,8 +87,25 @@ def open_documents(
     else:
         _load_hub(config, streaming=False)  # fail now on a bad name or split
         corpus = functools.partial(_iterate_hub, config)
-    held_out = _file_stream(config.validation_paths, config, base) if config.validation_paths else None
+    held_out = None
+    if config.validation_paths:
+        _check_apart(config, base)
+        held_out = _file_stream(config.validation_paths, config, base)
     return corpus, held_out
+
+
+def _check_apart(config: DataConfig, base: Path | None) -> None:
+    """Validation files must not also be training files (evaluation on trained text measures memory).
+
+    Raises:
+        UserError: naming the first file both lists match.
+    """
+    if config.source != "text":
+        return
+    training = {p.resolve() for p in expand_paths(config.paths, base)}
+    both = [p for p in expand_paths(config.validation_paths, base) if p.resolve() in training]
+    if both:
+        raise UserError(f"data.validation_paths: {both[0]} is also in data.paths (evaluation on training text)")
 
 
 def _file_stream(patterns: list[str], config: DataConfig, base: Path | None) -> Callable[[], Iterator[str]]:

@@ -115,8 +115,9 @@ def read_documents(path: Path, text_column: str = "text", decode_errors: str = "
                 raise UserError(f"{path}:{number}: not a JSON line ({e.msg})") from None
             if not isinstance(record, dict) or text_column not in record:
                 raise UserError(f"{path}:{number}: no '{text_column}' field (set data.text_column)")
-            if str(record[text_column]).strip():
-                yield str(record[text_column])
+            value = record[text_column]
+            if value is not None and str(value).strip():  # null: no text (not the document "None")
+                yield str(value)
         return
     yield from paragraphs(text)
 
