@@ -127,3 +127,15 @@ def test_a_stream_without_tokens_or_too_short_for_a_batch_is_an_error_not_a_hang
         short.blocks(4)
     enough = StreamPacker(lambda epoch, seed: iter(list(generate_documents(5, seed=2))), 0, tokenizer, max_seq_len=16)
     assert enough.blocks(4).shape == (4, 16)
+
+
+def test_an_epoch_end_drops_less_than_one_block_whatever_the_batch() -> None:
+    """Requests of a whole global batch (7 blocks): every full block of the epoch is still served, in order."""
+    documents = list(generate_documents(60, seed=3))
+    tokenizer = train_tokenizer(documents, 300)
+    expected = pack_blocks(tokenize_documents(documents, tokenizer), 24, tokenizer.cls_token_id, tokenizer.sep_token_id)
+    assert len(expected) % 7 != 0  # the epoch ends inside a request
+    packer = StreamPacker(lambda epoch, seed: iter(documents), 0, tokenizer, max_seq_len=24)
+    streamed = torch.cat([packer.blocks(7) for _ in range(len(expected) // 7 + 1)])
+    assert torch.equal(streamed[: len(expected)], expected)  # the last request: the epoch's tail, then the next's head
+    assert torch.equal(streamed[len(expected) :], expected[: len(streamed) - len(expected)])

@@ -136,8 +136,11 @@ class StreamPacker:
                 raise UserError("the streamed training corpus has no documents")
             if self.epoch_tokens == 0:  # another epoch would find nothing either
                 raise UserError(f"the streamed training corpus has no tokens: its {self.consumed} documents are empty")
-            # end of the epoch: its remainder (< one block) is dropped, as in the in-memory packing
-            self.epoch, self.consumed, self.carry, self.pending_sep, self._iterator = self.epoch + 1, 0, [], False, None
+            # end of the epoch: its remainder (< one block) is dropped, as in the in-memory packing; its whole blocks
+            # still wait in `carry` for the request that is being filled (the next epoch then starts a new block)
+            whole = len(self.carry) // self.body * self.body
+            self.carry, self.pending_sep = self.carry[:whole], False
+            self.epoch, self.consumed, self._iterator = self.epoch + 1, 0, None
             self.epoch_tokens = 0
 
     def blocks(self, n: int) -> torch.Tensor:
