@@ -136,3 +136,23 @@ def test_rope_scaling_study_script(tmp_path: Path) -> None:
     results = json.loads((tmp_path / "study" / "results.json").read_text())
     assert set(results["continued"]) == {"none", "linear", "ntk", "yarn"}
     assert roformer.load(tmp_path / "study" / "continued-yarn" / FINAL_DIR).config.rope_scaling.factor == 2
+
+
+def test_compare_reads_the_rows_of_the_model_as_trained(tmp_path: Path) -> None:
+    """A model trained with linear x2 tables: `--rope-scaling none` removes them, so that row is not the model."""
+    from roformer.study.runs import load_runs
+
+    yaml = tiny_run_config(
+        tmp_path / "c.yaml",
+        model={"rope_scaling": {"type": "linear", "factor": 2.0}},
+        max_steps=2,
+        eval_every=2,
+        save_every=0,
+    )
+    run = pretrain(load(PretrainConfig, yaml), tmp_path / "run")
+    args = ["eval-mlm", "--model", str(run / FINAL_DIR), "--seq-lens", "32", "--max-tokens", "512"]
+    assert main([*args, "--rope-scaling", "none,linear:2"]) == 0
+    rows = json.loads((run / LENGTH_FILE).read_text())["results"]
+    assert {r["rope_scaling"]: r["as_trained"] for r in rows} == {"none": False, "linear x2": True}
+    (read,) = load_runs([run])[0]
+    assert [r["rope_scaling"] for r in read.lengths] == ["linear x2"]

@@ -9,7 +9,8 @@ sinusoidal positions run at any length; learned positions stop at their table, w
 `rope_scalings` evaluates a rotary model under context-scaling methods (ModelConfig.rope_scaling): `none` (the
 paper's RoPE), `linear` (position interpolation), `ntk`, `yarn`, each with a fixed factor (`yarn:4`) or, by
 default, factor = length / trained length at every length longer than the trained one (the factor a user would
-choose to run at that length). The weights are the same; only the rotation tables change.
+choose to run at that length). The weights are the same; only the rotation tables change. A row is `as_trained`
+when its tables are the model's own (`none` for a model trained without scaling): those are what compare reads.
 
 The results are rows of numbers (written as JSON by `write_results`); roformer.study.markdown.length_results_table
 lays them out as the table eval-mlm prints.
@@ -32,8 +33,8 @@ from roformer.data.packing import pack_blocks, tokenize_documents
 from roformer.data.tokenizer import jieba_presegmenter, load_tokenizer
 from roformer.errors import UserError
 from roformer.files import atomic_write_text
-from roformer.model.config import RopeScaling
-from roformer.model.model import Model, load
+from roformer.model.config import ModelConfig, RopeScaling
+from roformer.model.model import Model, load, rotary_frequencies
 from roformer.train.config import PretrainConfig
 from roformer.train.evaluate import evaluate_mlm
 from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, RUN_CONFIG_FILE, pretraining_length
@@ -112,6 +113,13 @@ def scaled(model: Model, method: str, factor: float | None, length: int, trained
     return copy.to(parameter.device).eval(), label
 
 
+def same_tables(a: ModelConfig, b: ModelConfig) -> bool:
+    """Two rotary configs rotate alike: equal inverse frequencies and magnitude (not necessarily equal fields)."""
+    freq_a, scale_a = rotary_frequencies(a.rotary_size, a.rotary_base, a.rope_scaling)
+    freq_b, scale_b = rotary_frequencies(b.rotary_size, b.rotary_base, b.rope_scaling)
+    return scale_a == scale_b and torch.equal(freq_a, freq_b)
+
+
 def evaluate_lengths(
     model_dir: str | Path,
     data_source: str | Path,
@@ -176,7 +184,9 @@ def evaluate_lengths(
         for method, factor in rope_scalings:
             variant, label = scaled(model, method, factor, length, trained_length)
             scores = evaluate_mlm(variant, ids, labels, batch_size, torch.device(device))
-            results.append({"seq_len": length, "rope_scaling": label, "blocks": len(blocks), **scores})
+            as_trained = same_tables(variant.config, model.config)  # what compare reads as the model
+            row = {"seq_len": length, "rope_scaling": label, "as_trained": as_trained, "blocks": len(blocks)}
+            results.append({**row, **scores})
     return results
 
 

@@ -85,8 +85,9 @@ def _load_pretrain_run(path: Path) -> PretrainRun:
     lengths = []
     if (path / LENGTH_FILE).is_file():
         results = json.loads((path / LENGTH_FILE).read_text()).get("results", [])
-        # the model as trained: rows of `eval-mlm --rope-scaling` with a scaling method are a study of their own
-        lengths = [r for r in results if r.get("rope_scaling", "none") == "none"]
+        # the model as trained: rows of `eval-mlm --rope-scaling` with other tables are a study of their own (files
+        # written before rows said `as_trained`: the rows without a scaling method)
+        lengths = [r for r in results if r.get("as_trained", r.get("rope_scaling", "none") == "none")]
     return PretrainRun(path, str(label), str(encoding), train, evals, lengths, digest, _train_seed(config))
 
 
