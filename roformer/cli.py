@@ -23,7 +23,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _convert(args: argparse.Namespace) -> None:
-    from roformer.data.tokenizer import copy_tokenizer_files
+    from roformer.data.tokenizer import check_fits, copy_tokenizer_files, load_tokenizer
     from roformer.files import check_output_dir, staged_output_dir
     from roformer.model.hf import from_hf, to_hf
     from roformer.model.model import load
@@ -39,6 +39,8 @@ def _convert(args: argparse.Namespace) -> None:
     else:
         source = Path(args.to_hf)
         model = load(source, architecture=args.architecture)
+        if any((source / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
+            check_fits(load_tokenizer(source), model.config.vocab_size, source)
         hf_model = to_hf(model)
         with staged_output_dir(out, args.overwrite) as staging:
             hf_model.save_pretrained(staging)
@@ -233,6 +235,8 @@ def _eval_mlm(args: argparse.Namespace) -> None:
         rope_scalings=scalings,
         trained_length=args.trained_length,
     )
+    if all("error" in r for r in results):  # nothing evaluated: not a result to write
+        raise UserError(f"{model}: no requested length could be evaluated ({results[0]['error']})")
     write_results(out, model, results)
     print(length_results_table(results) + f"written to {out}")
 

@@ -156,3 +156,33 @@ def test_compare_reads_the_rows_of_the_model_as_trained(tmp_path: Path) -> None:
     assert {r["rope_scaling"]: r["as_trained"] for r in rows} == {"none": False, "linear x2": True}
     (read,) = load_runs([run])[0]
     assert [r["rope_scaling"] for r in read.lengths] == ["linear x2"]
+
+
+def test_a_tokenizer_larger_than_the_model_is_one_line(runs: dict[str, Path], tmp_path: Path, capsys) -> None:
+    """A tokenizer copied from another run (more ids than embedding rows): exit 2 in every command, no IndexError."""
+    import shutil
+
+    from roformer.data.builtin import generate_documents
+    from roformer.data.tokenizer import save_tokenizer, train_tokenizer
+
+    model = tmp_path / "model"
+    shutil.copytree(runs["rotary"] / FINAL_DIR, model)
+    bigger = train_tokenizer(generate_documents(300, seed=5), vocab_size=roformer.load(model).config.vocab_size + 200)
+    save_tokenizer(bigger, model)
+    capsys.readouterr()
+    commands = [
+        ["eval-mlm", "--model", str(model), "--data", str(runs["rotary"]), "--seq-lens", "32"],
+        ["convert", "--to-hf", str(model), "--out", str(tmp_path / "hf")],
+    ]
+    for command in commands:
+        assert main(command) == 2, command
+        err = capsys.readouterr().err.strip()
+        assert "the tokenizer has" in err and len(err.splitlines()) == 1, err
+
+
+def test_eval_mlm_with_no_length_it_can_evaluate_exits_2(runs: dict[str, Path], capsys) -> None:
+    final = runs["learned"] / FINAL_DIR
+    code = main(["eval-mlm", "--model", str(final), "--seq-lens", "4096", "--max-tokens", "4096"])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("roformer ")]  # no bars
+    assert code == 2 and len(errors) == 1 and "no requested length could be evaluated" in errors[0], errors
+    assert not (runs["learned"] / LENGTH_FILE).exists() or "4096" not in (runs["learned"] / LENGTH_FILE).read_text()

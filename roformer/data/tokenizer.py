@@ -231,3 +231,16 @@ def make_tokenizer(
     if transform is not None:
         texts = (transform(t) for t in texts)
     return train_tokenizer(texts, config.vocab_size, config.lowercase, split_cjk=not config.jieba)
+
+
+def check_fits(tokenizer: Any, vocab_size: int, where: str | Path) -> None:
+    """The tokenizer's ids must all be rows of the model's embedding (a tokenizer copied from another run may not).
+
+    Raises:
+        UserError: naming `where` (the model directory), both sizes.
+    """
+    if len(tokenizer) > vocab_size:
+        raise UserError(
+            f"{where}: the tokenizer has {len(tokenizer)} ids but the model's vocabulary {vocab_size} "
+            "(a tokenizer from another model?)"
+        )

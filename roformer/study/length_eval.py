@@ -30,7 +30,7 @@ import roformer.config
 from roformer.data.corpus import validation_documents
 from roformer.data.mlm import eval_batch
 from roformer.data.packing import pack_blocks, tokenize_documents
-from roformer.data.tokenizer import jieba_presegmenter, load_tokenizer
+from roformer.data.tokenizer import check_fits, jieba_presegmenter, load_tokenizer
 from roformer.errors import UserError
 from roformer.files import atomic_write_text
 from roformer.model.config import ModelConfig, RopeScaling
@@ -160,6 +160,7 @@ def evaluate_lengths(
             raise UserError(f"--rope-scaling: {model_dir} does not record its training length; pass --trained-length")
     data = data_config_of(data_source)
     tokenizer = load_tokenizer(model_dir, split_cjk=not data.jieba)
+    check_fits(tokenizer, model.config.vocab_size, model_dir)
     transform = jieba_presegmenter() if data.jieba else None
     token_lists = tokenize_documents(validation_documents(data), tokenizer, data.num_proc, transform)
     results = []

@@ -42,7 +42,7 @@ from roformer.data.glue import Encoded, collate, encode, load_splits, padded_len
 from roformer.data.glue_metrics import compute, ranked, seed_summary
 from roformer.data.glue_tasks import get_task
 from roformer.data.sampling import EpochSampler, LengthGroupedSampler, global_batch_size, share
-from roformer.data.tokenizer import load_tokenizer
+from roformer.data.tokenizer import check_fits, load_tokenizer
 from roformer.errors import UserError
 from roformer.files import atomic_write_text
 from roformer.model.config import ModelConfig
@@ -183,6 +183,7 @@ class Finetuner:
         self.tokenizer = load_tokenizer(Path(config.init))
         self.splits = load_splits(config.data)
         model_config = self.model_config()  # a missing or unreadable init fails here, before any training
+        check_fits(self.tokenizer, model_config.vocab_size, config.init)
         self.classifier_head = model_config.classifier_head
         self.max_length = self._max_length(model_config)
         self.encoded: dict[str, Encoded] = {
