@@ -290,3 +290,18 @@ def test_processes_agree_on_which_checkpoint_to_resume(tmp_path) -> None:
 
     assert manager.latest_intact(load=loaded.append, agree=other_rank_fails_at_4)[0] == 2
     assert [p.name for p in loaded] == ["step-4", "step-2"]  # tried together, skipped together
+
+
+def test_an_fsdp_launch_without_a_gpu_is_refused_not_run_as_plain_data_parallel(tmp_path, monkeypatch) -> None:
+    """accelerate 1.15 drops an FSDP config on CPU process groups (MULTI_CPU) without a word: we say so instead."""
+    import torch
+
+    from roformer.errors import UserError
+    from roformer.train.config import TrainConfig
+    from roformer.train.launch import make_accelerator
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: FSDP applies")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(UserError, match="FSDP, which accelerate runs only on GPUs"):
+        make_accelerator(TrainConfig(), tmp_path)

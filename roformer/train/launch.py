@@ -124,6 +124,13 @@ def make_accelerator(args: TrainArgs, project_dir: Path) -> Any:
 
     check_trackers(args.report_to)
     check_launcher_settings(args, os.environ)
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and not has_accelerator_device():
+        # accelerate enables FSDP only on accelerator process groups: on CPU it would drop the plugin silently and
+        # train as plain data parallel (unsharded checkpoints included)
+        raise UserError(
+            "the launcher asks for FSDP, which accelerate runs only on GPUs; on CPU use "
+            "configs/accelerate/multi-cpu.yaml (data parallel)"
+        )
     if args.mixed_precision == "fp16" and not torch.cuda.is_available():
         raise UserError("train.mixed_precision: fp16 needs a GPU (use bf16 or no on CPU)")
     launcher = os.environ.get("ACCELERATE_MIXED_PRECISION")
