@@ -142,3 +142,25 @@ def test_sinusoidal_scale_default_matches_embedding_init() -> None:
     config = ModelConfig(position_encoding="sinusoidal")
     assert config.resolved_sinusoidal_scale == pytest.approx(0.02 * 2**0.5)
     assert ModelConfig(position_encoding="sinusoidal", sinusoidal_scale=1.0).resolved_sinusoidal_scale == 1.0
+
+
+def test_mnli_mismatched_files_are_resolved_against_the_config_file(tmp_path: Path) -> None:
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    roformer.config.write_yaml(
+        folder / "mnli.yaml",
+        {
+            "init": "bert-base-uncased",
+            "data": {
+                "task": "mnli",
+                "source": "files",
+                "train_file": "train.tsv",
+                "validation_file": "dev_matched.tsv",
+                "validation_mismatched_file": "dev_mismatched.tsv",
+                "test_mismatched_file": "test_mismatched.tsv",
+            },
+        },
+    )
+    data = load(FinetuneConfig, folder / "mnli.yaml").data
+    assert data.validation_mismatched_file == str(folder / "dev_mismatched.tsv")
+    assert data.test_mismatched_file == str(folder / "test_mismatched.tsv")
