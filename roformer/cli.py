@@ -335,6 +335,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # per-file "saved ..." lines at every checkpoint
     args = build_parser().parse_args(argv)
+    code = _run(args)
+    if _close_process_group():
+        _exit_now(code)
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the command; bad input and stopped runs become one line on stderr and their exit code."""
     from roformer.train.faults import StopAtOnce
 
     try:
@@ -349,21 +357,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"roformer {args.command}: interrupted", file=sys.stderr)
         return 130
-    finally:
-        _close_process_group()
     return 0
 
 
-def _close_process_group() -> None:
-    """Destroy the process group before the interpreter exits (several processes).
+def _close_process_group() -> bool:
+    """Destroy the process group of a multi-process command; True if there was one.
 
-    Left to the interpreter's shutdown, gloo's threads may be torn down while still joinable: the process then
-    aborts (SIGABRT, "terminate called without an active exception") after its work is done, and the launcher
-    reports a failure.
+    No barrier first: a process that ends on its own (its failure not shared) must not wait for the others.
     """
     if "torch" not in sys.modules:  # reporting commands never load torch
-        return
+        return False
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    dist.destroy_process_group()
+    return True
+
+
+def _exit_now(code: int) -> None:
+    """End a multi-process command without C++ static destructors.
+
+    At interpreter shutdown a process of a finished gloo run can still abort (SIGABRT, "terminate called without an
+    active exception": a communication thread destroyed while joinable; seen twice in 2-process tests, even after
+    destroying the group), and the launcher then reports a failed run. Python's own exit work is done first:
+    atexit handlers (temporary token stores), then the output is flushed.
+    """
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
