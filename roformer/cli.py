@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from roformer.errors import RunStopped, UserError
+from roformer.model.config import ARCHITECTURE_NAMES
 
 EXIT_USAGE = 2
 
@@ -264,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--out", required=True, metavar="DIR", help="output directory")
     convert.add_argument(
         "--architecture",
-        choices=["backbone", "masked_lm", "sequence_classification"],
+        choices=list(ARCHITECTURE_NAMES),
         help="model class to build (default: the checkpoint's own)",
     )
     convert.add_argument(

@@ -163,8 +163,10 @@ def test_from_hf_directory_and_architecture_switch(tmp_path) -> None:
 def test_unsupported_hf_models_give_clear_errors(tmp_path) -> None:
     with pytest.raises(roformer.CheckpointError, match="relative_key"):
         roformer.from_hf(transformers.BertModel(hf_bert_config(position_embedding_type="relative_key")))
-    with pytest.raises(roformer.CheckpointError, match="cannot convert"):
-        roformer.from_hf(transformers.BertForTokenClassification(hf_bert_config()))
+    with pytest.raises(roformer.CheckpointError, match="cannot convert"):  # token classification is a head now
+        roformer.from_hf(transformers.BertForNextSentencePrediction(hf_bert_config()))
+    with pytest.raises(roformer.CheckpointError, match="a start and an end output, this one 3"):
+        roformer.from_hf(transformers.BertForQuestionAnswering(hf_bert_config(num_labels=3)))
     with pytest.raises(roformer.CheckpointError, match="cannot read an HF config"):
         roformer.from_hf(tmp_path)
     rotary_with_pooler = roformer.SequenceClassifier(tiny_config(classifier_head="pooler"))
@@ -237,3 +239,56 @@ def test_rotary_layout_conversion_with_partial_rotary(rotary_value: bool) -> Non
     assert half.config.rotary_layout == "half"
     assert_close(our_output(half, batch), our_output(model, batch))
     assert_close(our_output(back, batch), our_output(model, batch))
+
+
+HEAD_CASES = {
+    "token_classification": ("ForTokenClassification", {"labels": torch.randint(0, 3, (6, 19))}),
+    "question_answering": (
+        "ForQuestionAnswering",
+        {"start_positions": torch.tensor([1, 5, 40, 2, 0, 7]), "end_positions": torch.tensor([3, 6, 41, 30, 0, 9])},
+    ),  # fmt: skip
+    "multiple_choice": ("ForMultipleChoice", {"labels": torch.tensor([0, 2])}),
+}
+
+
+def head_batch(architecture: str, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Six padded rows; for multiple choice two questions of three choices each, (2, 3, T)."""
+    batch = padded_batch(VOCAB, batch=6, seed=seed)
+    if architecture == "multiple_choice":
+        batch = {k: v.view(2, 3, -1) for k, v in batch.items()}
+    return batch
+
+
+def hf_head_logits(out) -> torch.Tensor:
+    if hasattr(out, "start_logits"):  # ours: (B, T, 2), start then end
+        return torch.stack([out.start_logits, out.end_logits], dim=-1)
+    return out.logits
+
+
+@pytest.mark.parametrize("family", ["roformer", "bert"])
+@pytest.mark.parametrize("architecture", list(HEAD_CASES))
+def test_task_heads_equal_transformers_both_ways(family: str, architecture: str, tmp_path) -> None:
+    """Token classification, extractive QA and multiple choice: logits and losses equal HF's, and to_hf round-trips."""
+    suffix, targets = HEAD_CASES[architecture]
+    cls = getattr(transformers, ("RoFormer" if family == "roformer" else "Bert") + suffix)
+    torch.manual_seed(0)
+    labels = {"num_labels": 2} if architecture == "question_answering" else {}  # HF BERT's QA head: num_labels
+    hf_model = cls(hf_config(family, **labels)).eval()
+    with torch.no_grad():
+        for name, p in hf_model.named_parameters():
+            if "embed_positions" not in name:
+                p.add_(torch.randn_like(p) * 0.02)
+    ours = roformer.from_hf(hf_model)
+    assert ours.architecture == architecture
+    batch = head_batch(architecture)
+    with torch.no_grad():
+        expected = hf_model(**batch, **targets)
+        got = ours(**batch, **targets)
+    assert_close(got.logits, hf_head_logits(expected))
+    assert_close(got.loss, expected.loss)
+    back = roformer.to_hf(ours)
+    assert type(back) is cls
+    with torch.no_grad():
+        assert_close(hf_head_logits(back(**batch)), hf_head_logits(expected))
+    ours.save(tmp_path / "m")
+    assert_close(roformer.load(tmp_path / "m")(**batch).logits, got.logits)

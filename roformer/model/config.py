@@ -88,7 +88,14 @@ class RopeScaling:
 
 
 # Model classes a model directory may hold (`roformer.model.model.ARCHITECTURES` maps them to the classes).
-ARCHITECTURE_NAMES = ("backbone", "masked_lm", "sequence_classification")
+ARCHITECTURE_NAMES = (
+    "backbone",
+    "masked_lm",
+    "sequence_classification",
+    "token_classification",
+    "question_answering",
+    "multiple_choice",
+)
 
 
 @dataclass

@@ -49,6 +49,9 @@ _HEAD_KEYS = {
         ("classifier.out_proj.{p}", "out.{p}"),
     ],
     "sequence_classification/pooler": [("classifier.{p}", "out.{p}")],
+    "token_classification": [("classifier.{p}", "out.{p}")],
+    "question_answering": [("qa_outputs.{p}", "out.{p}")],
+    "multiple_choice": [("classifier.{p}", "out.{p}")],  # RoFormer's sequence summary has no weights by default
 }
 # HF keys that are derived from other weights and carry no information of their own.
 _DERIVED_HF_KEYS = re.compile(
@@ -63,6 +66,12 @@ _HF_CLASSES = {
     ("bert", "backbone"): "BertModel",
     ("bert", "masked_lm"): "BertForMaskedLM",
     ("bert", "sequence_classification"): "BertForSequenceClassification",
+    ("roformer", "token_classification"): "RoFormerForTokenClassification",
+    ("roformer", "question_answering"): "RoFormerForQuestionAnswering",
+    ("roformer", "multiple_choice"): "RoFormerForMultipleChoice",
+    ("bert", "token_classification"): "BertForTokenClassification",
+    ("bert", "question_answering"): "BertForQuestionAnswering",
+    ("bert", "multiple_choice"): "BertForMultipleChoice",
 }
 _EXTRA_HF_IMPORTS = {"BertForPreTraining": ("bert", "masked_lm")}  # NSP head dropped, pooler kept
 _PREFIX = {"roformer": "roformer.", "bert": "bert."}
@@ -186,6 +195,8 @@ def _hf_base(model: Any) -> Any:
 def _config_from_hf(c: Any, family: str, arch: str, has_pooler: Any) -> ModelConfig:
     if getattr(c, "is_decoder", False) or getattr(c, "add_cross_attention", False):
         raise CheckpointError("decoder / cross-attention configs are not supported: this is an encoder")
+    if arch == "question_answering" and c.num_labels != 2:
+        raise CheckpointError(f"a question-answering head has a start and an end output, this one {c.num_labels}")
     if not isinstance(c.hidden_act, str) or c.hidden_act not in ACTIVATION_NAMES:
         raise CheckpointError(f"unsupported hidden_act {c.hidden_act!r}")
     position_type = getattr(c, "position_embedding_type", "absolute")
@@ -276,7 +287,7 @@ def to_hf(model: Model) -> Any:
         config = model.config
     family = "roformer" if config.position_encoding == "rotary" else "bert"
     arch = model.architecture
-    hf_config = _config_to_hf(config, family, classifies=arch == "sequence_classification")
+    hf_config = _config_to_hf(config, family, arch)
     hf_model = getattr(transformers, _HF_CLASSES[family, arch])(hf_config)
     if family == "bert" and arch == "backbone" and model.pooler is None:
         hf_model = transformers.BertModel(hf_config, add_pooling_layer=False)
@@ -304,7 +315,7 @@ def to_hf(model: Model) -> Any:
     return hf_model.eval()
 
 
-def _config_to_hf(config: ModelConfig, family: str, classifies: bool) -> Any:
+def _config_to_hf(config: ModelConfig, family: str, arch: str) -> Any:
     import transformers
 
     common = dict(
@@ -322,7 +333,7 @@ def _config_to_hf(config: ModelConfig, family: str, classifies: bool) -> Any:
         layer_norm_eps=config.layer_norm_eps,
         pad_token_id=config.pad_token_id,
         tie_word_embeddings=config.tie_word_embeddings,
-        num_labels=config.num_labels,
+        num_labels=2 if arch == "question_answering" else config.num_labels,  # start and end
     )
     unsupported = {
         "attention": "HF has no linear attention: attention must be softmax to export",
@@ -332,8 +343,9 @@ def _config_to_hf(config: ModelConfig, family: str, classifies: bool) -> Any:
     for name, reason in unsupported.items():
         if getattr(config, name) not in (None, "softmax"):
             raise CheckpointError(reason)
+    summarises = arch in ("sequence_classification", "multiple_choice")  # heads that summarise a sequence
     if family == "roformer":
-        if classifies and config.classifier_head != "mlp":
+        if summarises and config.classifier_head != "mlp":
             raise CheckpointError("HF RoFormer has no pooler head: set classifier_head: mlp to export")
         if config.rotary_base != 10000.0:
             raise CheckpointError(f"HF RoFormer fixes rotary_base at 10000, this model uses {config.rotary_base}")
@@ -342,7 +354,7 @@ def _config_to_hf(config: ModelConfig, family: str, classifies: bool) -> Any:
         )
     if config.embedding_size is not None:
         raise CheckpointError("HF BERT has no embedding projection: embedding_size must be null to export")
-    if classifies and config.classifier_head != "pooler":
+    if summarises and config.classifier_head != "pooler":
         raise CheckpointError("HF BERT classifies from its pooler: set classifier_head: pooler to export")
     return transformers.BertConfig(classifier_dropout=config.classifier_dropout, **common)
 

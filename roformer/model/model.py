@@ -399,6 +399,9 @@ class ModelOutput:
             `MaskedLM`: (B, T, V); with `masked_only=True`, (N, V) for the N labelled positions, or for the N
             entries of `masked_positions` when given (padding included).
             `SequenceClassifier`: (B, L).
+            `TokenClassifier`: (B, T, L).
+            `QuestionAnswering`: (B, T, 2), start and end logits.
+            `MultipleChoice`: (B, K) for inputs of K choices (B, K, T).
             `Backbone`: (B, T, C), the last hidden states (no head).
         loss: Scalar loss when labels were given (never for `Backbone`).
         hidden_states: Embedding output and the output of every block, each (B, T, C), on request.
@@ -623,7 +626,120 @@ class SequenceClassifier(Model):
         return F.cross_entropy(logits.float(), labels.view(-1))
 
 
-ARCHITECTURES: dict[str, type[Model]] = {cls.architecture: cls for cls in (Backbone, MaskedLM, SequenceClassifier)}
+class TokenClassifier(Model):
+    """Backbone + a label per token: dropout, linear (HF's RoFormer/BertForTokenClassification)."""
+
+    architecture = "token_classification"
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.backbone = Backbone(config, init=False)
+        p = config.hidden_dropout if config.classifier_dropout is None else config.classifier_dropout
+        self.dropout = nn.Dropout(p)
+        self.out = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> ModelOutput:
+        """(B, T, num_labels) logits; with labels (B, T) (IGNORE_INDEX: not scored), the mean cross-entropy."""
+        x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        logits = self.out(self.dropout(x))  # (B, T, L)
+        loss = None
+        if labels is not None:
+            flat_logits = logits.view(-1, logits.shape[-1]).float()
+            loss = F.cross_entropy(flat_logits, labels.reshape(-1), ignore_index=IGNORE_INDEX)
+        return ModelOutput(logits=logits, loss=loss, hidden_states=hidden)
+
+
+class QuestionAnswering(Model):
+    """Backbone + extractive QA: every token gets a start and an end logit (HF's ...ForQuestionAnswering).
+
+    `logits` is (B, T, 2): [..., 0] start, [..., 1] end.
+    """
+
+    architecture = "question_answering"
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.backbone = Backbone(config, init=False)
+        self.out = nn.Linear(config.hidden_size, 2)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        start_positions: Tensor | None = None,
+        end_positions: Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> ModelOutput:
+        """(B, T, 2) start/end logits; with both positions (B,), the mean of the start and end cross-entropies.
+
+        Positions outside the input (an answer cut off by truncation) are clamped to T and not scored, as in HF.
+        """
+        x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        logits = self.out(x)  # (B, T, 2)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            outside = logits.shape[1]
+            start, end = (p.view(-1).clamp(0, outside) for p in (start_positions, end_positions))
+            start_loss = F.cross_entropy(logits[..., 0].float(), start, ignore_index=outside)
+            end_loss = F.cross_entropy(logits[..., 1].float(), end, ignore_index=outside)
+            loss = (start_loss + end_loss) / 2
+        return ModelOutput(logits=logits, loss=loss, hidden_states=hidden)
+
+
+class MultipleChoice(Model):
+    """Backbone + one score per choice: inputs (B, K, T), logits (B, K), cross-entropy over the K choices.
+
+    The summary of a choice follows `classifier_head`: `pooler` is BERT's (tanh pooler on x[:, 0], dropout); `mlp` is
+    HF RoFormer's sequence summary with its defaults (the hidden state of the last position, nothing else).
+    """
+
+    architecture = "multiple_choice"
+
+    def __init__(self, config: ModelConfig) -> None:
+        if config.classifier_head == "pooler" and not config.add_pooler:
+            config = replace(config, add_pooler=True)
+        super().__init__(config)
+        self.backbone = Backbone(config, init=False)
+        p = config.hidden_dropout if config.classifier_dropout is None else config.classifier_dropout
+        self.dropout = nn.Dropout(p)
+        self.out = nn.Linear(config.hidden_size, 1)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> ModelOutput:
+        """(B, K, T) ids of K choices each -> (B, K) logits; with labels (B,), the cross-entropy over choices."""
+        B, K, T = input_ids.shape
+        flat = [t.reshape(B * K, T) if t is not None else None for t in (input_ids, attention_mask, token_type_ids)]
+        x, hidden = self.backbone.encode(*flat, output_hidden_states)  # (B*K, T, C)
+        if self.config.classifier_head == "pooler":
+            summary = self.dropout(self.backbone.pool(x))  # (B*K, C)
+        else:
+            summary = x[:, -1]  # (B*K, C)
+        logits = self.out(summary).view(B, K)
+        loss = F.cross_entropy(logits.float(), labels.view(-1)) if labels is not None else None
+        return ModelOutput(logits=logits, loss=loss, hidden_states=hidden)
+
+
+ARCHITECTURES: dict[str, type[Model]] = {
+    cls.architecture: cls
+    for cls in (Backbone, MaskedLM, SequenceClassifier, TokenClassifier, QuestionAnswering, MultipleChoice)
+}
 assert tuple(ARCHITECTURES) == ARCHITECTURE_NAMES
 
 
