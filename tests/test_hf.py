@@ -76,8 +76,12 @@ def our_output(model, batch) -> torch.Tensor:
 def make_hf(name: str, seed: int = 0):
     cls, make_config = CASES[name]
     torch.manual_seed(seed)
-    model = cls(make_config()).eval()
-    with torch.no_grad():  # HF inits biases and LayerNorms to constants: randomise so that a mix-up would show
+    return randomised(cls(make_config()).eval())
+
+
+def randomised(model):
+    """HF inits biases and LayerNorms to constants: randomise every weight so that a mix-up would show."""
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if "embed_positions" not in name:  # the fixed sinusoidal table of HF RoFormer
                 p.add_(torch.randn_like(p) * 0.02)
@@ -273,11 +277,7 @@ def test_task_heads_equal_transformers_both_ways(family: str, architecture: str,
     cls = getattr(transformers, ("RoFormer" if family == "roformer" else "Bert") + suffix)
     torch.manual_seed(0)
     labels = {"num_labels": 2} if architecture == "question_answering" else {}  # HF BERT's QA head: num_labels
-    hf_model = cls(hf_config(family, **labels)).eval()
-    with torch.no_grad():
-        for name, p in hf_model.named_parameters():
-            if "embed_positions" not in name:
-                p.add_(torch.randn_like(p) * 0.02)
+    hf_model = randomised(cls(hf_config(family, **labels)).eval())
     ours = roformer.from_hf(hf_model)
     assert ours.architecture == architecture
     batch = head_batch(architecture)

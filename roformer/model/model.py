@@ -519,6 +519,21 @@ class Backbone(Model):
 IGNORE_INDEX = -100  # labels at this value are not scored (the cross-entropy's ignore_index, as in HF)
 
 
+def token_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean cross-entropy of (..., V) logits against labels, positions labelled IGNORE_INDEX not scored."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+
+
+def head_dropout(config: ModelConfig) -> nn.Dropout:
+    """The dropout of a task head: classifier_dropout, else hidden_dropout."""
+    return nn.Dropout(config.hidden_dropout if config.classifier_dropout is None else config.classifier_dropout)
+
+
+def with_pooler_for_head(config: ModelConfig) -> ModelConfig:
+    """A head that summarises through BERT's pooler (`classifier_head: pooler`) needs the backbone to have one."""
+    return replace(config, add_pooler=True) if config.classifier_head == "pooler" else config
+
+
 class MaskedLM(Model):
     """Backbone + MLM head: dense -> act -> LayerNorm -> decoder tied to the word embeddings (+ bias), as BERT."""
 
@@ -569,10 +584,7 @@ class MaskedLM(Model):
                 x, labels = x.flatten(0, 1)[masked_positions], labels.flatten()[masked_positions]  # (N, C), (N,)
         h = self.transform_norm(self.act(self.transform(x)))
         logits = F.linear(h, self.decoder_weight, self.decoder_bias)  # (B, T, V) or (N, V)
-        loss = None
-        if labels is not None:
-            flat_logits = logits.view(-1, logits.shape[-1]).float()
-            loss = F.cross_entropy(flat_logits, labels.reshape(-1), ignore_index=IGNORE_INDEX)
+        loss = token_cross_entropy(logits, labels) if labels is not None else None
         return ModelOutput(logits=logits, loss=loss, hidden_states=hidden)
 
 
@@ -586,15 +598,13 @@ class SequenceClassifier(Model):
     architecture = "sequence_classification"
 
     def __init__(self, config: ModelConfig) -> None:
-        if config.classifier_head == "pooler" and not config.add_pooler:
-            config = replace(config, add_pooler=True)
+        config = with_pooler_for_head(config)
         super().__init__(config)
         self.backbone = Backbone(config, init=False)
         C = config.hidden_size
         self.dense = nn.Linear(C, C) if config.classifier_head == "mlp" else None
         self.act = ACTIVATIONS[config.hidden_act]
-        p = config.hidden_dropout if config.classifier_dropout is None else config.classifier_dropout
-        self.dropout = nn.Dropout(p)
+        self.dropout = head_dropout(config)
         self.out = nn.Linear(C, config.num_labels)
         self.init_weights()
 
@@ -634,8 +644,7 @@ class TokenClassifier(Model):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         self.backbone = Backbone(config, init=False)
-        p = config.hidden_dropout if config.classifier_dropout is None else config.classifier_dropout
-        self.dropout = nn.Dropout(p)
+        self.dropout = head_dropout(config)
         self.out = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
 
@@ -650,10 +659,7 @@ class TokenClassifier(Model):
         """(B, T, num_labels) logits; with labels (B, T) (IGNORE_INDEX: not scored), the mean cross-entropy."""
         x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states)
         logits = self.out(self.dropout(x))  # (B, T, L)
-        loss = None
-        if labels is not None:
-            flat_logits = logits.view(-1, logits.shape[-1]).float()
-            loss = F.cross_entropy(flat_logits, labels.reshape(-1), ignore_index=IGNORE_INDEX)
+        loss = token_cross_entropy(logits, labels) if labels is not None else None
         return ModelOutput(logits=logits, loss=loss, hidden_states=hidden)
 
 
@@ -706,12 +712,10 @@ class MultipleChoice(Model):
     architecture = "multiple_choice"
 
     def __init__(self, config: ModelConfig) -> None:
-        if config.classifier_head == "pooler" and not config.add_pooler:
-            config = replace(config, add_pooler=True)
+        config = with_pooler_for_head(config)
         super().__init__(config)
         self.backbone = Backbone(config, init=False)
-        p = config.hidden_dropout if config.classifier_dropout is None else config.classifier_dropout
-        self.dropout = nn.Dropout(p)
+        self.dropout = head_dropout(config)
         self.out = nn.Linear(config.hidden_size, 1)
         self.init_weights()
 
