@@ -190,3 +190,54 @@ def test_state_dict_names_are_readable() -> None:
     keys = set(roformer.MaskedLM(tiny_config(embedding_size=16)).state_dict())
     assert "backbone.layers.0.attn.qkv.weight" in keys and "backbone.embeddings.project.weight" in keys
     assert not any("LayerNorm" in k for k in keys)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"position_encoding": "rotary"},
+        {"position_encoding": "rotary", "rotary_dim": 8, "rotary_value": True},
+        {"position_encoding": "rotary", "attention": "linear"},
+        {"position_encoding": "sinusoidal"},
+        {"position_encoding": "learned"},
+    ],
+)
+def test_position_ids_make_a_left_padded_row_equal_itself_unpadded(fields: dict) -> None:
+    """Left padding shifts every token's index; position_ids (cumsum of the mask - 1) give them back their positions."""
+    sizes = {"vocab_size": 50, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 48}
+    config = roformer.ModelConfig(
+        **sizes, max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0, **fields
+    )
+    torch.manual_seed(0)
+    model = roformer.MaskedLM(config).eval()
+    ids = torch.randint(5, 50, (1, 9))
+    pad = 4
+    padded = torch.cat([torch.zeros(1, pad, dtype=torch.long), ids], dim=1)
+    mask = torch.cat([torch.zeros(1, pad, dtype=torch.long), torch.ones_like(ids)], dim=1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        alone = model(ids).logits
+        left = model(padded, attention_mask=mask, position_ids=positions).logits[:, pad:]
+        shifted = model(padded, attention_mask=mask).logits[:, pad:]
+        default = model(ids, position_ids=torch.arange(9)[None]).logits
+    torch.testing.assert_close(left, alone)
+    torch.testing.assert_close(default, alone, rtol=0, atol=0)
+    # RoPE scores depend on m - n only (paper eq. 16): a shift by the padding changes nothing unless v is rotated
+    # too or the positions are absolute; there position_ids are needed
+    relative_only = fields["position_encoding"] == "rotary" and not fields.get("rotary_value")
+    assert torch.allclose(shifted, alone, atol=1e-5) is relative_only
+
+
+def test_position_ids_equal_hf_bert_position_ids() -> None:
+    import transformers
+
+    hf = transformers.BertModel(transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2,
+                                                        num_attention_heads=2, intermediate_size=48,
+                                                        max_position_embeddings=32)).eval()  # fmt: skip
+    ours = roformer.from_hf(hf)
+    ids = torch.randint(1, 50, (2, 11))
+    positions = torch.tensor([[3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3]])  # packed docs
+    with torch.no_grad():
+        expected = hf(ids, position_ids=positions).last_hidden_state
+        got = ours(ids, position_ids=positions).logits
+    torch.testing.assert_close(got, expected)

@@ -15,6 +15,7 @@ import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -169,40 +170,47 @@ class RotaryEmbedding(nn.Module):
             self._real_cache = cached = (cos.float().to(device), sin.float().to(device))
         return cached[0][:length], cached[1][:length]
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Rotate `x` of shape (B, T, ..., D) by the position of its dim-1 index; returns the input dtype."""
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Rotate `x` of shape (B, T, ..., D) by position; returns the input dtype.
+
+        The position of x[b, t] is `positions[b, t]` (B, T) when given (left padding, packed documents), else t.
+        """
         if self.dim < x.shape[-1]:  # partial rotary: the remaining features carry no position
-            return torch.cat((self(x[..., : self.dim]), x[..., self.dim :]), dim=-1)
+            return torch.cat((self(x[..., : self.dim], positions), x[..., self.dim :]), dim=-1)
+        length = x.shape[1] if positions is None else int(positions.max()) + 1
         if torch.compiler.is_compiling():
-            return apply_rotary_real(x, *self.cos_sin(x.shape[1], x.device), self.layout)
-        return apply_rotary(x, self.rotations(x.shape[1], x.device), self.layout)
+            cos, sin = self.cos_sin(length, x.device)
+            if positions is not None:
+                cos, sin = cos[positions], sin[positions]  # (B, T, D/2)
+            return apply_rotary_real(x, cos, sin, self.layout)
+        table = self.rotations(length, x.device)
+        return apply_rotary(x, table if positions is None else table[positions], self.layout)
 
 
 def apply_rotary(x: Tensor, rotations: Tensor, layout: str = "interleaved") -> Tensor:
-    """Rotate pairs of the last dim of `x` (B, T, *, D) by `rotations` (T, D/2) complex; math in float32.
+    """Rotate pairs of the last dim of `x` (B, T, *, D) by `rotations` (T, D/2) or (B, T, D/2) complex; in float32.
 
     Paper eq. 34 computes x * cos + rotate(x) * sin. For the interleaved layout that is exactly the complex product
     (x_2i + i x_2i+1) * e^{i m theta_i}: one kernel forward and one backward, where the stack-and-flatten form
     used by HF costs about twice as much (measured in scripts/bench_model.py).
     """
-    shape = (x.shape[1],) + (1,) * (x.dim() - 3) + (rotations.shape[-1],)  # (T, 1.., D/2): broadcast over B, heads
-    rotations = rotations.view(shape)
+    if layout != "interleaved":
+        return apply_rotary_real(x, rotations.real, rotations.imag, layout)
+    rotations = rotations.view(_broadcastable(rotations, x))
     xf = x.float() if x.element_size() < 4 else x  # bf16/fp16 are rotated in float32 and cast back
-    if layout == "interleaved":
-        if xf.stride(-1) != 1:
-            xf = xf.contiguous()
-        rotated = torch.view_as_real(torch.view_as_complex(xf.unflatten(-1, (-1, 2))) * rotations)
-        return rotated.flatten(-2).to(x.dtype)
-    return apply_rotary_real(x, rotations.real, rotations.imag, layout)
+    if xf.stride(-1) != 1:
+        xf = xf.contiguous()
+    rotated = torch.view_as_real(torch.view_as_complex(xf.unflatten(-1, (-1, 2))) * rotations)
+    return rotated.flatten(-2).to(x.dtype)
 
 
 def apply_rotary_real(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved") -> Tensor:
-    """The rotation of `apply_rotary` in real arithmetic: `cos`, `sin` float32 (T, D/2) or broadcastable to it.
+    """The rotation of `apply_rotary` in real arithmetic: `cos`, `sin` float32, (T, D/2) or (B, T, D/2).
 
     Used for the `half` layout and under torch.compile, whose Inductor backend generates no code for complex ops
     (it would fall back to eager kernels); in real form the rotation fuses with its neighbours.
     """
-    shape = (x.shape[1],) + (1,) * (x.dim() - 3) + (cos.shape[-1],)  # (T, 1.., D/2)
+    shape = _broadcastable(cos, x)
     cos, sin = cos.reshape(shape), sin.reshape(shape)
     xf = x.float() if x.element_size() < 4 else x
     if layout == "interleaved":
@@ -210,6 +218,16 @@ def apply_rotary_real(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interl
         return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2).to(x.dtype)
     x1, x2 = xf.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def _broadcastable(table: Tensor, x: Tensor) -> tuple[int, ...]:
+    """The shape of a (T, D/2) or (B, T, D/2) table that broadcasts over the batch and head dims of x (B, T, *, D).
+
+    A table already shaped to broadcast (e.g. (1, T, 1, D/2)) keeps its shape.
+    """
+    if table.dim() == 2 or (table.dim() == 3 and tuple(table.shape[:2]) == tuple(x.shape[:2])):
+        return tuple(table.shape[:-1]) + (1,) * (x.dim() - 3) + (table.shape[-1],)  # (T, 1.., D/2) / (B, T, 1.., D/2)
+    return tuple(table.shape)
 
 
 class SinusoidalPositions(nn.Module):
@@ -237,9 +255,11 @@ class SinusoidalPositions(nn.Module):
             self._cache = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).float().to(device)
         return self._cache[:length]
 
-    def forward(self, length: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-        """Scaled table (length, dim) in `dtype`."""
-        return (self.table(length, device) * self.scale).to(dtype)
+    def forward(self, length: int, device: torch.device, dtype: torch.dtype, positions: Tensor | None = None) -> Tensor:
+        """Scaled table (length, dim) in `dtype`, or the rows of `positions` (B, T) -> (B, T, dim)."""
+        if positions is None:
+            return (self.table(length, device) * self.scale).to(dtype)
+        return (self.table(int(positions.max()) + 1, device)[positions] * self.scale).to(dtype)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -282,9 +302,11 @@ class Embeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout)
         self.project = nn.Linear(dim, config.hidden_size) if dim != config.hidden_size else None
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
-        """(B, T) ids -> (B, T, hidden_size)."""
-        T = input_ids.shape[1]
+    def forward(
+        self, input_ids: Tensor, token_type_ids: Tensor | None = None, position_ids: Tensor | None = None
+    ) -> Tensor:
+        """(B, T) ids -> (B, T, hidden_size); absolute positions 0..T-1, or `position_ids` (B, T)."""
+        T = input_ids.shape[1] if position_ids is None else int(position_ids.max()) + 1
         x = self.word(input_ids)  # (B, T, E)
         if token_type_ids is None:
             x = x + self.token_type.weight[0]  # same value and gradient as looking up type 0 everywhere
@@ -296,19 +318,21 @@ class Embeddings(nn.Module):
                     f"sequence length {T} exceeds max_position_embeddings={self.position.num_embeddings} of the "
                     "learned position table; rotary and sinusoidal positions have no length limit"
                 )
-            x = x + self.position.weight[:T]
+            x = x + (self.position.weight[:T] if position_ids is None else self.position(position_ids))
         elif self.sinusoidal is not None:
-            x = x + self.sinusoidal(T, x.device, x.dtype)
+            x = x + self.sinusoidal(T, x.device, x.dtype, position_ids)
         x = self.dropout(self.norm(x))
         if self.project is not None:
             x = self.project(x)  # (B, T, C)
         return x
 
 
+Rotation = Callable[[Tensor], Tensor]  # rotates (B, T, ..., D) by position: RotaryEmbedding, or it at position_ids
+
 LINEAR_ATTENTION_EPS = 1e-6  # as Katharopoulos et al.'s reference implementation: a denominator that underflows
 
 
-def linear_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, rotary: RotaryEmbedding | None) -> Tensor:
+def linear_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, rotary: Rotation | None) -> Tensor:
     """Bidirectional linear attention with RoPE (paper sec. 3.3, eq. 19), O(T) memory: no T x T matrix.
 
         out_m = sum_n (R_m phi(q_m))^T (R_n phi(k_n)) v_n / sum_n phi(q_m)^T phi(k_n),   phi = elu + 1
@@ -352,7 +376,7 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.proj = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, x: Tensor, mask: Tensor | None, rotary: RotaryEmbedding | None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None, rotary: Rotation | None) -> Tensor:
         B, T, C = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_size)  # (B, T, 3, H, D)
         if self.linear:  # RoPE goes on the feature-mapped q and k, inside
@@ -385,7 +409,7 @@ class Block(nn.Module):
         self.act = ACTIVATIONS[config.hidden_act]
         self.dropout = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None, rotary: RotaryEmbedding | None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None, rotary: Rotation | None) -> Tensor:
         x = self.attn_norm(x + self.dropout(self.attn(x, mask, rotary)))
         return self.ffn_norm(x + self.dropout(self.ffn_out(self.act(self.ffn_in(x)))))
 
@@ -482,15 +506,23 @@ class Backbone(Model):
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
         output_hidden_states: bool = False,
+        position_ids: Tensor | None = None,
     ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
-        """(B, T) ids -> last hidden states (B, T, C), and all hidden states when asked."""
-        x = self.embeddings(input_ids, token_type_ids)  # (B, T, C)
+        """(B, T) ids -> last hidden states (B, T, C), and all hidden states when asked.
+
+        `position_ids` (B, T) gives every token its position (default 0..T-1): a left-padded row then equals itself
+        unpadded, and documents packed into one row can each start at 0. HF RoFormer cannot take them.
+        """
+        x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, C)
+        rotary = self.rotary
+        if rotary is not None and position_ids is not None:
+            rotary = partial(self.rotary, positions=position_ids)
         mask = None
         if attention_mask is not None:
             mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): True = attend
         hidden = [x] if output_hidden_states else None
         for block in self.layers:
-            x = block(x, mask, self.rotary)
+            x = block(x, mask, rotary)
             if hidden is not None:
                 hidden.append(x)
         return x, tuple(hidden) if hidden is not None else None
@@ -508,11 +540,12 @@ class Backbone(Model):
         token_type_ids: Tensor | None = None,
         labels: None = None,
         output_hidden_states: bool = False,
+        position_ids: Tensor | None = None,
     ) -> ModelOutput:
         """Encode; `logits` holds the last hidden states (B, T, C)."""
         if labels is not None:
             raise ValueError("a bare Backbone has no loss; use MaskedLM or SequenceClassifier")
-        x, hidden = self.encode(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        x, hidden = self.encode(input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids)
         return ModelOutput(logits=x, hidden_states=hidden)
 
 
@@ -564,6 +597,7 @@ class MaskedLM(Model):
         output_hidden_states: bool = False,
         masked_only: bool = False,
         masked_positions: Tensor | None = None,
+        position_ids: Tensor | None = None,
     ) -> ModelOutput:
         """MLM logits and, with `labels` (IGNORE_INDEX: not scored), the mean cross-entropy over the scored ones.
 
@@ -573,7 +607,7 @@ class MaskedLM(Model):
         length (roformer.data.masking.masked_positions): a fixed shape, so torch.compile traces one graph where the
         boolean selection would break it at every new masked-token count.
         """
-        x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids)
         if masked_only:
             if labels is None:
                 raise ValueError("masked_only=True needs labels")
@@ -615,9 +649,10 @@ class SequenceClassifier(Model):
         token_type_ids: Tensor | None = None,
         labels: Tensor | None = None,
         output_hidden_states: bool = False,
+        position_ids: Tensor | None = None,
     ) -> ModelOutput:
         """(B, num_labels) logits; with labels: MSE (1 label), cross-entropy (int labels) or BCE (float labels)."""
-        x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids)
         if self.dense is None:
             h = self.dropout(self.backbone.pool(x))
         else:
@@ -655,9 +690,10 @@ class TokenClassifier(Model):
         token_type_ids: Tensor | None = None,
         labels: Tensor | None = None,
         output_hidden_states: bool = False,
+        position_ids: Tensor | None = None,
     ) -> ModelOutput:
         """(B, T, num_labels) logits; with labels (B, T) (IGNORE_INDEX: not scored), the mean cross-entropy."""
-        x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids)
         logits = self.out(self.dropout(x))  # (B, T, L)
         loss = token_cross_entropy(logits, labels) if labels is not None else None
         return ModelOutput(logits=logits, loss=loss, hidden_states=hidden)
@@ -685,12 +721,13 @@ class QuestionAnswering(Model):
         start_positions: Tensor | None = None,
         end_positions: Tensor | None = None,
         output_hidden_states: bool = False,
+        position_ids: Tensor | None = None,
     ) -> ModelOutput:
         """(B, T, 2) start/end logits; with both positions (B,), the mean of the start and end cross-entropies.
 
         Positions outside the input (an answer cut off by truncation) are clamped to T and not scored, as in HF.
         """
-        x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids)
         logits = self.out(x)  # (B, T, 2)
         loss = None
         if start_positions is not None and end_positions is not None:
@@ -726,11 +763,15 @@ class MultipleChoice(Model):
         token_type_ids: Tensor | None = None,
         labels: Tensor | None = None,
         output_hidden_states: bool = False,
+        position_ids: Tensor | None = None,
     ) -> ModelOutput:
         """(B, K, T) ids of K choices each -> (B, K) logits; with labels (B,), the cross-entropy over choices."""
         B, K, T = input_ids.shape
-        flat = [t.reshape(B * K, T) if t is not None else None for t in (input_ids, attention_mask, token_type_ids)]
-        x, hidden = self.backbone.encode(*flat, output_hidden_states)  # (B*K, T, C)
+        ids, mask, types, positions = (
+            t.reshape(B * K, T) if t is not None else None
+            for t in (input_ids, attention_mask, token_type_ids, position_ids)
+        )
+        x, hidden = self.backbone.encode(ids, mask, types, output_hidden_states, positions)  # (B*K, T, C)
         if self.config.classifier_head == "pooler":
             summary = self.dropout(self.backbone.pool(x))  # (B*K, C)
         else:
