@@ -254,11 +254,24 @@ def _include(path: Path, section: str, name: str) -> Any:
     return content.get(section, content) if isinstance(content, dict) else content
 
 
+class _Absent:
+    """config_differences: the key is not in that config (e.g. a field added since the config was written)."""
+
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+ABSENT = _Absent()
+
+
 def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
-    """{dotted key: (old, new)} for every key whose value differs between two nested configs, in key order."""
+    """{dotted key: (old, new)} for every key whose value differs between two nested configs, in key order.
+
+    A key missing on one side has the value ABSENT there (not None, which a field may hold).
+    """
     diffs: dict[str, tuple[Any, Any]] = {}
     for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
+        a, b = old.get(key, ABSENT), new.get(key, ABSENT)
         if isinstance(a, dict) and isinstance(b, dict):
             diffs.update(config_differences(a, b, f"{prefix}{key}."))
         elif a != b:

@@ -517,3 +517,15 @@ def test_relative_paths_given_with_set_keep_their_meaning(tmp_path: Path, monkey
     monkeypatch.chdir(tmp_path)  # elsewhere: the run's config.yaml still names the corpus
     assert main(["eval-mlm", "--model", str(run / "final"), "--seq-lens", "32", "--max-tokens", "256"]) == 0
     assert main(["pretrain", "--output-dir", str(run), "--resume", "--set", "train.max_steps=3"]) == 0
+
+
+def test_a_run_written_before_a_config_field_existed_resumes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A field added to the config since the run's config.yaml was written is not a change that refuses a resume."""
+    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2, save_every=1)
+    run = tmp_path / "run"
+    assert run_cli(["--config", str(yaml), "--output-dir", str(run)], capsys)[0] == 0
+    saved = roformer.config.read_yaml(run / "config.yaml")
+    del saved["model"]["rotary_layout"]  # as if written by a version without the field
+    roformer.config.write_yaml(run / "config.yaml", saved)
+    code, err = run_cli(["--output-dir", str(run), "--resume", "--set", "train.max_steps=3"], capsys)
+    assert code == 0, err

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from roformer.config import config_differences, read_yaml, write_yaml
+from roformer.config import ABSENT, config_differences, read_yaml, write_yaml
 from roformer.data.tokenizer import save_tokenizer
 from roformer.errors import UserError
 from roformer.files import atomic_write_text, check_output_dir, staged_output_dir
@@ -120,7 +120,12 @@ class RunDir:
         """
         diffs = config_differences(read_yaml(self.config_file) if saved is None else saved, config)
         allowed = RESUME_MAY_CHANGE + (() if finished_runs else RESUME_MAY_CHANGE_UNTIL_A_RUN_FINISHES)
-        refused = [key for key in diffs if key not in allowed]
+        added = [key for key, (old, _) in diffs.items() if old is ABSENT]  # fields newer than the run's config.yaml
+        for key in added:
+            logger.warning(
+                "%s: %s is newer than this run's config.yaml; resuming with %r", self.path, key, diffs[key][1]
+            )
+        refused = [key for key in diffs if key not in allowed and key not in added]
         if refused:
             key = refused[0]
             old, new = diffs[key]
@@ -132,7 +137,7 @@ class RunDir:
                 f"a resume may change only {', '.join(allowed)}"
             )
         for key, (old, new) in diffs.items():
-            if key not in RESUME_UNLOGGED:
+            if key not in RESUME_UNLOGGED and key not in added:
                 logger.warning("resuming with a changed setting: %s: %r -> %r", key, old, new)
 
     def prepare(self, config: dict[str, Any], write_more: Callable[[Path], None] | None = None) -> None:
