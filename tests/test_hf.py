@@ -292,3 +292,31 @@ def test_task_heads_equal_transformers_both_ways(family: str, architecture: str,
         assert_close(hf_head_logits(back(**batch)), hf_head_logits(expected))
     ours.save(tmp_path / "m")
     assert_close(roformer.load(tmp_path / "m")(**batch).logits, got.logits)
+
+
+def test_pooler_output_equals_hf_bert_and_a_linear_pooler_is_ours_alone(tmp_path) -> None:
+    """Every model returns its pooler's output; tanh equals HF BERT's pooler_output, linear (RoFormer-Sim's) is the
+    bare dense layer and is refused by the HF export, as is any pooler on HF RoFormer (it has none)."""
+    hf_model = make_hf("bert-model")
+    ours = roformer.from_hf(hf_model)
+    batch = padded_batch(VOCAB)
+    with torch.no_grad():
+        assert_close(ours(**batch).pooled, hf_model(**batch).pooler_output)
+    linear = roformer.MaskedLM(tiny_config(add_pooler=True, pooler_activation="linear")).eval()
+    with torch.no_grad():
+        out = linear(**batch)
+        hidden = linear.backbone.encode(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])[0]
+        assert_close(out.pooled, linear.backbone.pooler(hidden[:, 0]))
+    linear.save(tmp_path / "sim")
+    reloaded = roformer.load(tmp_path / "sim")
+    assert reloaded.config.pooler_activation == "linear"
+    with torch.no_grad():
+        assert_close(reloaded(**batch).pooled, out.pooled)
+    with pytest.raises(roformer.CheckpointError, match="HF RoFormer has no pooler"):
+        roformer.to_hf(linear)
+    bert_linear = roformer.Backbone(
+        tiny_config(position_encoding="learned", add_pooler=True, pooler_activation="linear")
+    )
+    with pytest.raises(roformer.CheckpointError, match="linear pooler cannot be exported"):
+        roformer.to_hf(bert_linear)
+    assert roformer.MaskedLM(tiny_config())(**batch).pooled is None  # no pooler, nothing pooled

@@ -141,7 +141,10 @@ class ModelConfig:
             comparison fine-tunes the same head on both arms (MLM pretraining trains neither); HF conversion sets
             `pooler` for BERT checkpoints, whose pooler was pretrained.
         classifier_dropout: Dropout in the classification head; None means hidden_dropout.
-        add_pooler: The backbone carries a BERT pooler (needed by the `pooler` head; kept for HF BertModel).
+        add_pooler: The backbone carries a pooler (needed by the `pooler` head; kept for HF BertModel); its output
+            is returned as `ModelOutput.pooled` by every model.
+        pooler_activation: `tanh` (BERT's pooler: tanh(dense(x[:, 0]))) or `linear` (dense(x[:, 0]) only, as
+            RoFormer-Sim's pooler, whose output ranks paraphrases by cosine similarity).
     """
 
     vocab_size: int = 30522
@@ -172,6 +175,7 @@ class ModelConfig:
     classifier_head: Literal["pooler", "mlp"] = "mlp"
     classifier_dropout: float | None = None
     add_pooler: bool = False
+    pooler_activation: Literal["tanh", "linear"] = "tanh"
 
     def __post_init__(self) -> None:
         check_types(self)

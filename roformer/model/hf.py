@@ -347,6 +347,8 @@ def _config_to_hf(config: ModelConfig, family: str, arch: str) -> Any:
     if family == "roformer":
         if summarises and config.classifier_head != "mlp":
             raise CheckpointError("HF RoFormer has no pooler head: set classifier_head: mlp to export")
+        if config.add_pooler:
+            raise CheckpointError("HF RoFormer has no pooler: its weights would be lost (export without add_pooler)")
         if config.rotary_base != 10000.0:
             raise CheckpointError(f"HF RoFormer fixes rotary_base at 10000, this model uses {config.rotary_base}")
         return transformers.RoFormerConfig(
@@ -354,6 +356,8 @@ def _config_to_hf(config: ModelConfig, family: str, arch: str) -> Any:
         )
     if config.embedding_size is not None:
         raise CheckpointError("HF BERT has no embedding projection: embedding_size must be null to export")
+    if config.add_pooler and config.pooler_activation != "tanh":
+        raise CheckpointError("HF BERT's pooler is tanh: a linear pooler cannot be exported")
     if summarises and config.classifier_head != "pooler":
         raise CheckpointError("HF BERT classifies from its pooler: set classifier_head: pooler to export")
     return transformers.BertConfig(classifier_dropout=config.classifier_dropout, **common)

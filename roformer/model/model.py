@@ -429,11 +429,14 @@ class ModelOutput:
             `Backbone`: (B, T, C), the last hidden states (no head).
         loss: Scalar loss when labels were given (never for `Backbone`).
         hidden_states: Embedding output and the output of every block, each (B, T, C), on request.
+        pooled: The pooler's output (B, C) ((B, K, C) for multiple choice) when the backbone has a pooler
+            (`add_pooler`), else None.
     """
 
     logits: Tensor
     loss: Tensor | None = None
     hidden_states: tuple[Tensor, ...] | None = None
+    pooled: Tensor | None = None
 
 
 class Model(nn.Module):
@@ -528,10 +531,15 @@ class Backbone(Model):
         return x, tuple(hidden) if hidden is not None else None
 
     def pool(self, x: Tensor) -> Tensor:
-        """BERT pooler: tanh(dense(x[:, 0])) -> (B, C)."""
+        """The pooler on the first token: tanh(dense(x[:, 0])) (BERT), or dense(x[:, 0]) (pooler_activation: linear)."""
         if self.pooler is None:
             raise ValueError("this backbone has no pooler (config.add_pooler is false)")
-        return torch.tanh(self.pooler(x[:, 0]))
+        h = self.pooler(x[:, 0])  # (B, C)
+        return torch.tanh(h) if self.config.pooler_activation == "tanh" else h
+
+    def pooled(self, x: Tensor) -> Tensor | None:
+        """`pool(x)` when there is a pooler, else None (what every model returns as `ModelOutput.pooled`)."""
+        return self.pool(x) if self.pooler is not None else None
 
     def forward(
         self,
@@ -546,7 +554,7 @@ class Backbone(Model):
         if labels is not None:
             raise ValueError("a bare Backbone has no loss; use MaskedLM or SequenceClassifier")
         x, hidden = self.encode(input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids)
-        return ModelOutput(logits=x, hidden_states=hidden)
+        return ModelOutput(logits=x, hidden_states=hidden, pooled=self.pooled(x))
 
 
 IGNORE_INDEX = -100  # labels at this value are not scored (the cross-entropy's ignore_index, as in HF)
@@ -608,6 +616,7 @@ class MaskedLM(Model):
         boolean selection would break it at every new masked-token count.
         """
         x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids)
+        pooled = self.backbone.pooled(x)  # before any head reads from x
         if masked_only:
             if labels is None:
                 raise ValueError("masked_only=True needs labels")
@@ -619,7 +628,7 @@ class MaskedLM(Model):
         h = self.transform_norm(self.act(self.transform(x)))
         logits = F.linear(h, self.decoder_weight, self.decoder_bias)  # (B, T, V) or (N, V)
         loss = token_cross_entropy(logits, labels) if labels is not None else None
-        return ModelOutput(logits=logits, loss=loss, hidden_states=hidden)
+        return ModelOutput(logits=logits, loss=loss, hidden_states=hidden, pooled=pooled)
 
 
 class SequenceClassifier(Model):
@@ -653,12 +662,13 @@ class SequenceClassifier(Model):
     ) -> ModelOutput:
         """(B, num_labels) logits; with labels: MSE (1 label), cross-entropy (int labels) or BCE (float labels)."""
         x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids)
+        pooled = self.backbone.pooled(x)  # before any head reads from x
         if self.dense is None:
-            h = self.dropout(self.backbone.pool(x))
+            h = self.dropout(pooled)
         else:
             h = self.dropout(self.act(self.dense(self.dropout(x[:, 0]))))
         logits = self.out(h)  # (B, L)
-        return ModelOutput(logits=logits, loss=self.loss(logits, labels), hidden_states=hidden)
+        return ModelOutput(logits=logits, loss=self.loss(logits, labels), hidden_states=hidden, pooled=pooled)
 
     def loss(self, logits: Tensor, labels: Tensor | None) -> Tensor | None:
         """Regression, single-label or multi-label loss, chosen as HF does from num_labels and the label dtype."""
@@ -694,9 +704,10 @@ class TokenClassifier(Model):
     ) -> ModelOutput:
         """(B, T, num_labels) logits; with labels (B, T) (IGNORE_INDEX: not scored), the mean cross-entropy."""
         x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids)
+        pooled = self.backbone.pooled(x)  # before any head reads from x
         logits = self.out(self.dropout(x))  # (B, T, L)
         loss = token_cross_entropy(logits, labels) if labels is not None else None
-        return ModelOutput(logits=logits, loss=loss, hidden_states=hidden)
+        return ModelOutput(logits=logits, loss=loss, hidden_states=hidden, pooled=pooled)
 
 
 class QuestionAnswering(Model):
@@ -728,6 +739,7 @@ class QuestionAnswering(Model):
         Positions outside the input (an answer cut off by truncation) are clamped to T and not scored, as in HF.
         """
         x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids)
+        pooled = self.backbone.pooled(x)  # before any head reads from x
         logits = self.out(x)  # (B, T, 2)
         loss = None
         if start_positions is not None and end_positions is not None:
@@ -736,7 +748,7 @@ class QuestionAnswering(Model):
             start_loss = F.cross_entropy(logits[..., 0].float(), start, ignore_index=outside)
             end_loss = F.cross_entropy(logits[..., 1].float(), end, ignore_index=outside)
             loss = (start_loss + end_loss) / 2
-        return ModelOutput(logits=logits, loss=loss, hidden_states=hidden)
+        return ModelOutput(logits=logits, loss=loss, hidden_states=hidden, pooled=pooled)
 
 
 class MultipleChoice(Model):
@@ -772,13 +784,15 @@ class MultipleChoice(Model):
             for t in (input_ids, attention_mask, token_type_ids, position_ids)
         )
         x, hidden = self.backbone.encode(ids, mask, types, output_hidden_states, positions)  # (B*K, T, C)
+        pooled = self.backbone.pooled(x)  # (B*K, C) or None
         if self.config.classifier_head == "pooler":
-            summary = self.dropout(self.backbone.pool(x))  # (B*K, C)
+            summary = self.dropout(pooled)  # (B*K, C)
         else:
             summary = x[:, -1]  # (B*K, C)
         logits = self.out(summary).view(B, K)
         loss = F.cross_entropy(logits.float(), labels.view(-1)) if labels is not None else None
-        return ModelOutput(logits=logits, loss=loss, hidden_states=hidden)
+        pooled = pooled.view(B, K, -1) if pooled is not None else None
+        return ModelOutput(logits=logits, loss=loss, hidden_states=hidden, pooled=pooled)
 
 
 ARCHITECTURES: dict[str, type[Model]] = {
