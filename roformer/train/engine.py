@@ -30,7 +30,7 @@ from roformer.train.checkpoints import CheckpointManager
 from roformer.train.config import TrainArgs
 from roformer.train.faults import GracefulStop, describe_write_error, write_errors
 from roformer.train.interval import Interval, RunState, StepResult
-from roformer.train.launch import agree_on_errors, gather, make_accelerator, run_on_main
+from roformer.train.launch import agree_on_errors, any_process, gather, make_accelerator, run_on_main
 from roformer.train.optim import finish_micro_step, make_optimizer
 from roformer.train.run_dir import TRAINER_STATE_FILE, MetricsWriter, keep_metrics
 
@@ -219,7 +219,7 @@ class Engine:
                 saved = (args.save_every and done % args.save_every == 0) or (done == total and checkpoint_at_end)
                 if saved:
                     self.save_checkpoint(recipe, state)
-                if self.agree(stop.requested):  # every process stops after the same step
+                if any_process(stop.requested):  # every process stops after the same step
                     self._stop(recipe, state, stop.signal_name or "a signal on another process", already_saved=saved)
         bar.close()
         return state
@@ -248,13 +248,6 @@ class Engine:
         self.log({"event": "stopped", **self.tags, "step": state.step, "reason": reason})
         path = self.checkpoints.directory / f"step-{state.step}"
         raise Preempted(f"stopped by {reason} after step {state.step}; checkpoint {path} (continue with --resume)")
-
-    def agree(self, flag: bool) -> bool:
-        """True on every process if `flag` is true on any (one small all-reduce; free with one process)."""
-        if self.accelerator.num_processes == 1:
-            return flag
-        value = torch.tensor(float(flag), device=self.accelerator.device)
-        return bool(self.accelerator.reduce(value, "max").item())
 
     def eval_points(self, recipe: Recipe) -> set[int]:
         """Steps after which to evaluate: every eval_every steps (0: none), or every epoch's end (null); the last."""
@@ -371,7 +364,7 @@ class Engine:
                 write()
             except write_errors() as e:  # ENOSPC and friends, as Python, torch.save or safetensors report them
                 error = describe_write_error(e, self.checkpoints.directory)
-        failed = self.agree(error is not None)
+        failed = any_process(error is not None)
         return (error or "another process could not write") if failed else None
 
     @property

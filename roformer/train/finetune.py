@@ -175,7 +175,6 @@ class Finetuner:
     ) -> None:
         self.config = config
         self.out = Path(output_dir)
-        self.resume = resume
         self.run_dir = RunDir(self.out, overwrite, resume)  # before any data work
         if resume:
             self.run_dir.check_resume(config.to_dict(), finished_runs=self._count_finished_runs())
@@ -234,7 +233,7 @@ class Finetuner:
         Returns:
             The results (in the main process; other processes return an empty dict).
         """
-        if self.resume and (self.out / RESULTS_FILE).is_file():
+        if self.run_dir.resume and (self.out / RESULTS_FILE).is_file():
             logger.info("%s: finished already", self.out)
             results = run_on_main(self.finished_results)
             return results or {}
@@ -288,7 +287,7 @@ class Finetuner:
         steps = train.max_steps if train.max_steps is not None else math.ceil(train.epochs * n / engine.global_batch)
         engine.setup(model, lr, steps)
         run = FinetuneRun(self, engine, seed)
-        state = engine.resume(run) if self.resume else RunState()
+        state = engine.resume(run) if self.run_dir.resume else RunState()
         config = {**flat_config(self.config.to_dict()), "run": tag}
         engine.start_logging(f"roformer-glue-{self.task.name}", config, tracker_prefix=f"{tag}/")
         if steps == 0:

@@ -64,6 +64,16 @@ def gather(value: Any) -> list[Any]:
     return gather_object([value])
 
 
+def any_process(flag: bool) -> bool:
+    """True on every process if `flag` is true on any (one small all-reduce; free with one process)."""
+    state = process_state()
+    if state.num_processes == 1:
+        return flag
+    value = torch.tensor(float(flag), device=state.device)
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+    return bool(value.item())
+
+
 def agree_on_errors(work: Callable[[], T] | None) -> T | None:
     """Run `work` (None: nothing to do on this process), then fail on every process if it failed on any.
 
@@ -82,13 +92,13 @@ def agree_on_errors(work: Callable[[], T] | None) -> T | None:
     except Exception as e:
         first_line = str(e).splitlines()[0] if str(e) else ""
         failure, error = (UserError, f"another process failed: {type(e).__name__}: {first_line}"), e
+    if not any_process(failure is not None):  # the common case: one small all-reduce, nothing pickled
+        return result
     failures = [f for f in gather(failure) if f is not None]
     if error is not None:
         raise error  # this process's own failure (a bug keeps its traceback)
-    if failures:
-        kind, message = failures[0]
-        raise kind(message)
-    return result
+    kind, message = failures[0]
+    raise kind(message)
 
 
 def run_on_main(work: Callable[[], T]) -> T | None:

@@ -130,7 +130,6 @@ class Pretrainer:
         overwrite: bool = False,
     ) -> None:
         self.out = Path(output_dir)
-        self.resume = resume
         self.run_dir = RunDir(self.out, overwrite, resume)  # before any data work
         train = config.train
         self.engine = Engine(train, self.out, train.seed, self.out / CHECKPOINTS_DIR, self.out / METRICS_FILE)
@@ -183,7 +182,7 @@ class Pretrainer:
 
     def starting_state(self) -> RunState:
         """Load the newest complete checkpoint when resuming; the state to start from (step 0 for a fresh run)."""
-        return self.engine.resume(self) if self.resume else RunState()
+        return self.engine.resume(self) if self.run_dir.resume else RunState()
 
     def fit(self, state: RunState) -> RunState:
         """Train to max_steps (evaluating, logging, checkpointing)."""
