@@ -23,7 +23,7 @@ import time
 import torch
 
 from roformer.model.config import ModelConfig
-from roformer.model.model import RotaryEmbedding, SelfAttention
+from roformer.model.layers import RotaryEmbedding, SelfAttention
 
 VARIANTS = {"softmax": ("softmax", 0.0), "softmax-dropout": ("softmax", 0.1), "linear": ("linear", 0.0)}
 

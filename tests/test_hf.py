@@ -14,7 +14,7 @@ from transformers.activations import ACT2FN
 
 import roformer
 from roformer.model.config import ACTIVATION_NAMES
-from roformer.model.model import ACTIVATIONS
+from roformer.model.layers import ACTIVATIONS
 
 VOCAB = 101
 

@@ -17,7 +17,7 @@ from roformer.config import check_types, from_dict, read_yaml, write_yaml
 from roformer.errors import ConfigError
 
 # Activation names accepted in `hidden_act`: every parameter-free activation that HF BERT/RoFormer configs use.
-# The implementations live in `roformer.model.model.ACTIVATIONS`; this list is the config-level contract.
+# The implementations live in `roformer.model.layers.ACTIVATIONS`; this list is the config-level contract.
 ACTIVATION_NAMES = (
     "gelu",
     "gelu_python",

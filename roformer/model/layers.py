@@ -1,0 +1,407 @@
+"""The layers of the encoder, read top to bottom.
+
+Activations, position encodings (rotary, sinusoidal), norms, embeddings, attention (softmax, linear) and the post-LN
+block. The models that stack them are in `roformer.model.model`.
+
+References:
+    Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding", arXiv 2104.09864 ("paper").
+    Devlin et al. 2019, BERT; Vaswani et al. 2017, "Attention is all you need" (sinusoidal positions).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from roformer.model.config import ModelConfig, RopeScaling
+
+# ----------------------------------------------------------------------------------------------------------------
+# Activations: every parameter-free name HF BERT/RoFormer configs use (config.ACTIVATION_NAMES), written out here.
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _gelu_tanh(x: Tensor) -> Tensor:
+    # "gelu_new": Google BERT / OpenAI GPT tanh approximation.
+    return 0.5 * x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def _laplace(x: Tensor, mu: float = 0.707107, sigma: float = 0.282095) -> Tensor:
+    return 0.5 * (1.0 + torch.erf((x - mu) / (sigma * math.sqrt(2.0))))
+
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "gelu": F.gelu,
+    "gelu_python": lambda x: x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0))),
+    "gelu_new": _gelu_tanh,
+    "gelu_accurate": _gelu_tanh,
+    "gelu_fast": lambda x: 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x))),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_python_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_10": lambda x: torch.clamp(F.gelu(x), -10.0, 10.0),
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
+    "relu": F.relu,
+    "relu2": lambda x: torch.square(F.relu(x)),
+    "relu6": F.relu6,
+    "leaky_relu": F.leaky_relu,
+    "silu": F.silu,
+    "swish": F.silu,
+    "mish": F.mish,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "hardswish": F.hardswish,
+    "laplace": _laplace,
+    "sqrtsoftplus": lambda x: torch.sqrt(F.softplus(x)),
+    "linear": lambda x: x,
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Position encodings
+
+
+def rotary_angles(num_positions: int, dim: int, base: float = 10000.0, scaling: RopeScaling | None = None) -> Tensor:
+    """Angles m * theta_i for positions m < num_positions, theta_i = base^(-2i/dim) (paper eq. 15), or as scaled.
+
+    Computed in float64: in float32, m * theta_i at m = 1e5 is off by ~1e-2 rad, a known bug class (GPT-NeoX,
+    Megatron). Callers cast the cos/sin tables to float32 and cast at use.
+
+    Returns:
+        (num_positions, dim // 2) float64 tensor on the CPU.
+    """
+    inv_freq, _ = rotary_frequencies(dim, base, scaling)  # (dim/2,)
+    return torch.outer(torch.arange(num_positions, dtype=torch.float64), inv_freq)  # (T, dim/2)
+
+
+def rotary_frequencies(dim: int, base: float, scaling: RopeScaling | None = None) -> tuple[Tensor, float]:
+    """float64 inverse frequencies theta_i (dim/2,) and the magnitude of the rotation table (1 but for yarn).
+
+    linear (position interpolation, Chen et al. 2023): theta_i / factor. ntk (NTK-aware, bloc97 2023): the base
+    becomes base * factor^(dim / (dim - 2)), so the lowest frequency is interpolated by `factor` and the highest kept.
+    yarn (Peng et al. 2023, sec. 3.2-3.4): frequency i makes r_i = L / (2 pi / theta_i) rotations over the trained
+    length L; it is kept where r_i > beta_fast, interpolated (/ factor) where r_i < beta_slow, and mixed on a linear
+    ramp over the dimensions between; the table's magnitude 0.1 ln(factor) + 1 scales q.k by its square.
+    """
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # 2i/d
+    if scaling is None:
+        return base**-exponents, 1.0
+    factor = scaling.factor
+    if scaling.type == "linear":
+        return base**-exponents / factor, 1.0
+    if scaling.type == "ntk":
+        return (base * factor ** (dim / (dim - 2))) ** -exponents, 1.0
+    original = base**-exponents
+    low, high = _yarn_ramp_bounds(dim, base, scaling)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0.0, 1.0)  # 0: keep, 1: interp.
+    inv_freq = original * (1.0 - ramp) + original / factor * ramp
+    magnitude = scaling.attention_factor
+    if magnitude is None:
+        magnitude = 0.1 * math.log(factor) + 1.0 if factor > 1.0 else 1.0
+    return inv_freq, magnitude
+
+
+def _yarn_ramp_bounds(dim: int, base: float, scaling: RopeScaling) -> tuple[float, float]:
+    """Pair indices where frequencies make beta_fast / beta_slow rotations over the trained length (floor / ceil)."""
+
+    def pair_index(rotations: float) -> float:  # YaRN eq. 17 solved for the dimension
+        return dim * math.log(scaling.original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(pair_index(scaling.beta_fast)), 0)
+    high = min(math.ceil(pair_index(scaling.beta_slow)), dim - 1)
+    return low, high if high > low else low + 0.001  # one pair: a step, not a division by zero
+
+
+def _capacity(length: int) -> int:
+    """Cache size for a request of `length` positions: the next power of two, so growth happens rarely."""
+    return max(64, 1 << (length - 1).bit_length())
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (RoPE, paper sec. 3.2-3.4): rotates pairs of a head vector by position.
+
+    Pair i of the vector at position m is rotated by angle m * theta_i. In the `interleaved` layout (paper, HF
+    RoFormer) pair i is (x_2i, x_2i+1); in the `half` layout (GPT-NeoX, LLaMA) it is (x_i, x_i+d/2). With `dim`
+    smaller than the head, only the first `dim` features are rotated (partial rotary) and the rest pass through.
+    The table e^{i m theta_i} (times yarn's magnitude) is kept in complex64 (float32 cos/sin, never the model
+    dtype), grown on demand, so there is no length limit.
+    """
+
+    def __init__(
+        self, dim: int, base: float = 10000.0, layout: str = "interleaved", scaling: RopeScaling | None = None
+    ) -> None:
+        super().__init__()
+        self.dim = dim
+        self.base = base
+        self.layout = layout
+        self.scaling = scaling
+        self.magnitude = rotary_frequencies(dim, base, scaling)[1]
+        # Plain attributes, not buffers: `model.to(bfloat16)` must not cast the tables. The real tables start filled
+        # (512 positions, grown on demand): torch.compile guards on them, and a first call that created them would
+        # recompile the model once more.
+        self._cache: Tensor | None = None
+        self._real_cache: tuple[Tensor, Tensor] | None = None
+        self.cos_sin(512, torch.device("cpu"))
+
+    def rotations(self, length: int, device: torch.device) -> Tensor:
+        """complex64 table magnitude * e^{i m theta_i} of shape (length, dim // 2) on `device`."""
+        if self._cache is None or self._cache.shape[0] < length or self._cache.device != device:
+            angles = rotary_angles(_capacity(length), self.dim, self.base, self.scaling)
+            table = torch.polar(torch.full_like(angles, self.magnitude), angles)
+            self._cache = table.to(torch.complex64).to(device)
+        return self._cache[:length]
+
+    def cos_sin(self, length: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """float32 cos and sin tables (times the magnitude), each (length, dim // 2) (real copies, no complex views)."""
+        cached = self._real_cache
+        if cached is None or cached[0].shape[0] < length or cached[0].device != device:
+            angles = rotary_angles(_capacity(length), self.dim, self.base, self.scaling)  # float64
+            cos, sin = angles.cos() * self.magnitude, angles.sin() * self.magnitude
+            self._real_cache = cached = (cos.float().to(device), sin.float().to(device))
+        return cached[0][:length], cached[1][:length]
+
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Rotate `x` of shape (B, T, ..., D) by position; returns the input dtype.
+
+        The position of x[b, t] is `positions[b, t]` (B, T) when given (left padding, packed documents), else t.
+        """
+        if self.dim < x.shape[-1]:  # partial rotary: the remaining features carry no position
+            return torch.cat((self(x[..., : self.dim], positions), x[..., self.dim :]), dim=-1)
+        length = x.shape[1] if positions is None else int(positions.max()) + 1
+        if torch.compiler.is_compiling():
+            cos, sin = self.cos_sin(length, x.device)
+            if positions is not None:
+                cos, sin = cos[positions], sin[positions]  # (B, T, D/2)
+            return apply_rotary_real(x, cos, sin, self.layout)
+        table = self.rotations(length, x.device)
+        return apply_rotary(x, table if positions is None else table[positions], self.layout)
+
+
+def apply_rotary(x: Tensor, rotations: Tensor, layout: str = "interleaved") -> Tensor:
+    """Rotate pairs of the last dim of `x` (B, T, *, D) by `rotations` (T, D/2) or (B, T, D/2) complex; in float32.
+
+    Paper eq. 34 computes x * cos + rotate(x) * sin. For the interleaved layout that is exactly the complex product
+    (x_2i + i x_2i+1) * e^{i m theta_i}: one kernel forward and one backward, where the stack-and-flatten form
+    used by HF costs about twice as much (measured in scripts/bench_model.py).
+    """
+    if layout != "interleaved":
+        return apply_rotary_real(x, rotations.real, rotations.imag, layout)
+    rotations = rotations.view(_broadcastable(rotations, x))
+    xf = x.float() if x.element_size() < 4 else x  # bf16/fp16 are rotated in float32 and cast back
+    if xf.stride(-1) != 1:
+        xf = xf.contiguous()
+    rotated = torch.view_as_real(torch.view_as_complex(xf.unflatten(-1, (-1, 2))) * rotations)
+    return rotated.flatten(-2).to(x.dtype)
+
+
+def apply_rotary_real(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved") -> Tensor:
+    """The rotation of `apply_rotary` in real arithmetic: `cos`, `sin` float32, (T, D/2) or (B, T, D/2).
+
+    Used for the `half` layout and under torch.compile, whose Inductor backend generates no code for complex ops
+    (it would fall back to eager kernels); in real form the rotation fuses with its neighbours.
+    """
+    shape = _broadcastable(cos, x)
+    cos, sin = cos.reshape(shape), sin.reshape(shape)
+    xf = x.float() if x.element_size() < 4 else x
+    if layout == "interleaved":
+        x1, x2 = xf.unflatten(-1, (-1, 2)).unbind(-1)
+        return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2).to(x.dtype)
+    x1, x2 = xf.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def _broadcastable(table: Tensor, x: Tensor) -> tuple[int, ...]:
+    """The shape of a (T, D/2) or (B, T, D/2) table that broadcasts over the batch and head dims of x (B, T, *, D).
+
+    A table already shaped to broadcast (e.g. (1, T, 1, D/2)) keeps its shape.
+    """
+    if table.dim() == 2 or (table.dim() == 3 and tuple(table.shape[:2]) == tuple(x.shape[:2])):
+        return tuple(table.shape[:-1]) + (1,) * (x.dim() - 3) + (table.shape[-1],)  # (T, 1.., D/2) / (B, T, 1.., D/2)
+    return tuple(table.shape)
+
+
+class SinusoidalPositions(nn.Module):
+    """Absolute sinusoidal positions (Vaswani et al. sec. 3.5): PE[m, 2i] = sin(m theta_i), PE[m, 2i+1] = cos(...).
+
+    The table is multiplied by `scale` before it is added to the token embeddings; see
+    `ModelConfig.resolved_sinusoidal_scale` for why a raw table is an unfair baseline. With `learned=True` the scale
+    is a trained scalar (as in Cramming, Geiping & Goldstein 2022).
+    """
+
+    def __init__(self, dim: int, scale: float, learned: bool = False, base: float = 10000.0) -> None:
+        super().__init__()
+        self.dim = dim
+        self.base = base
+        if learned:
+            self.scale = nn.Parameter(torch.tensor(float(scale)))
+        else:
+            self.scale = float(scale)
+        self._cache: Tensor | None = None
+
+    def table(self, length: int, device: torch.device) -> Tensor:
+        """Unscaled float32 table of shape (length, dim) on `device`."""
+        if self._cache is None or self._cache.shape[0] < length or self._cache.device != device:
+            angles = rotary_angles(_capacity(length), self.dim, self.base)
+            self._cache = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).float().to(device)
+        return self._cache[:length]
+
+    def forward(self, length: int, device: torch.device, dtype: torch.dtype, positions: Tensor | None = None) -> Tensor:
+        """Scaled table (length, dim) in `dtype`, or the rows of `positions` (B, T) -> (B, T, dim)."""
+        if positions is None:
+            return (self.table(length, device) * self.scale).to(dtype)
+        return (self.table(int(positions.max()) + 1, device)[positions] * self.scale).to(dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Encoder
+
+
+class LayerNorm(nn.LayerNorm):
+    """LayerNorm computed in float32 under autocast on every device.
+
+    CUDA autocast runs layer_norm in float32 and returns float32; CPU autocast would run it in bfloat16 when its
+    input is bfloat16 (the residual stream after a bf16 matmul), losing the precision the mean and variance need.
+    Outside autocast a bf16 model (`model.to(torch.bfloat16)`) keeps its dtype.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not torch.is_autocast_enabled(x.device.type):
+            return super().forward(x)
+        with torch.autocast(x.device.type, enabled=False):
+            return F.layer_norm(x.float(), self.normalized_shape, self.weight.float(), self.bias.float(), self.eps)
+
+
+class Embeddings(nn.Module):
+    """Token + token-type (+ absolute position) embeddings, LayerNorm, dropout, optional projection to hidden."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        dim = config.embedding_dim
+        self.config = config
+        self.word = nn.Embedding(config.vocab_size, dim, padding_idx=config.pad_token_id)
+        self.token_type = nn.Embedding(config.type_vocab_size, dim)
+        self.position = (
+            nn.Embedding(config.max_position_embeddings, dim) if config.position_encoding == "learned" else None
+        )
+        self.sinusoidal = (
+            SinusoidalPositions(dim, config.resolved_sinusoidal_scale, config.sinusoidal_scale_learned)
+            if config.position_encoding == "sinusoidal"
+            else None
+        )
+        self.norm = LayerNorm(dim, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.project = nn.Linear(dim, config.hidden_size) if dim != config.hidden_size else None
+
+    def forward(
+        self, input_ids: Tensor, token_type_ids: Tensor | None = None, position_ids: Tensor | None = None
+    ) -> Tensor:
+        """(B, T) ids -> (B, T, hidden_size); absolute positions 0..T-1, or `position_ids` (B, T)."""
+        T = input_ids.shape[1] if position_ids is None else int(position_ids.max()) + 1
+        x = self.word(input_ids)  # (B, T, E)
+        if token_type_ids is None:
+            x = x + self.token_type.weight[0]  # same value and gradient as looking up type 0 everywhere
+        else:
+            x = x + self.token_type(token_type_ids)
+        if self.position is not None:
+            if T > self.position.num_embeddings:
+                raise ValueError(
+                    f"sequence length {T} exceeds max_position_embeddings={self.position.num_embeddings} of the "
+                    "learned position table; rotary and sinusoidal positions have no length limit"
+                )
+            x = x + (self.position.weight[:T] if position_ids is None else self.position(position_ids))
+        elif self.sinusoidal is not None:
+            x = x + self.sinusoidal(T, x.device, x.dtype, position_ids)
+        x = self.dropout(self.norm(x))
+        if self.project is not None:
+            x = self.project(x)  # (B, T, C)
+        return x
+
+
+Rotation = Callable[[Tensor], Tensor]  # rotates (B, T, ..., D) by position: RotaryEmbedding, or it at position_ids
+
+LINEAR_ATTENTION_EPS = 1e-6  # as Katharopoulos et al.'s reference implementation: a denominator that underflows
+
+
+def linear_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, rotary: Rotation | None) -> Tensor:
+    """Bidirectional linear attention with RoPE (paper sec. 3.3, eq. 19), O(T) memory: no T x T matrix.
+
+        out_m = sum_n (R_m phi(q_m))^T (R_n phi(k_n)) v_n / sum_n phi(q_m)^T phi(k_n),   phi = elu + 1
+
+    phi is the non-negative feature map of Katharopoulos et al. 2020 (the paper's reference). The rotation enters the
+    numerator only: rotated features can have negative inner products, and a denominator that may cross zero would
+    make the weights unbounded (paper, below eq. 19), so it keeps the unrotated, positive ones. Sums run in float32.
+
+    Args:
+        q: (B, T, H, D) queries.
+        k: (B, T, H, D) keys.
+        v: (B, T, H, D) values.
+        keep: (B, T) bool, True for real tokens (padded keys enter neither sum), or None.
+        rotary: The rotation, or None for the other position encodings (plain linear attention).
+
+    Returns:
+        (B, T, H, D) in the input dtype.
+    """
+    with torch.autocast(q.device.type, enabled=False):
+        phi_q, phi_k = F.elu(q.float()) + 1.0, F.elu(k.float()) + 1.0  # (B, T, H, D), > 0
+        if keep is not None:
+            phi_k = phi_k * keep[:, :, None, None]
+        rot_q, rot_k = rotary(torch.stack((phi_q, phi_k), dim=2)).unbind(2) if rotary is not None else (phi_q, phi_k)
+        kv = torch.einsum("bnhd,bnhe->bhde", rot_k, v.float())  # (B, H, D, D): sum_n R_n phi(k_n) v_n^T
+        numerator = torch.einsum("bmhd,bhde->bmhe", rot_q, kv)  # (B, T, H, D)
+        denominator = torch.einsum("bmhd,bhd->bmh", phi_q, phi_k.sum(dim=1))  # (B, T, H)
+        return (numerator / (denominator[..., None] + LINEAR_ATTENTION_EPS)).to(q.dtype)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with RoPE on q and k (and v if asked): softmax through SDPA, or linear (eq. 19)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.linear = config.attention == "linear"
+        self.num_heads = config.num_heads
+        self.head_size = config.head_size
+        self.rotary_value = config.rotary_value
+        self.dropout = config.attention_dropout
+        # One fused projection: a single GEMM, and rotating q and k together is one kernel.
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.proj = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, x: Tensor, mask: Tensor | None, rotary: Rotation | None) -> Tensor:
+        B, T, C = x.shape
+        qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_size)  # (B, T, 3, H, D)
+        if self.linear:  # RoPE goes on the feature-mapped q and k, inside
+            keep = None if mask is None else mask[:, 0, 0, :]  # (B, T)
+            y = linear_attention(*qkv.unbind(2), keep, rotary)  # (B, T, H, D)
+            return self.proj(y.reshape(B, T, C))
+        if rotary is None:
+            q, k, v = qkv.unbind(2)
+        elif self.rotary_value:
+            q, k, v = rotary(qkv).unbind(2)
+        else:
+            q, k = rotary(qkv[:, :, :2]).unbind(2)  # positions enter only through q.k (paper eq. 16)
+            v = qkv[:, :, 2]
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+        dropout = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)  # (B, H, T, D)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class Block(nn.Module):
+    """Post-LN transformer block (BERT): x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attn = SelfAttention(config)
+        self.attn_norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.ffn_in = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.ffn_norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.act = ACTIVATIONS[config.hidden_act]
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None, rotary: Rotation | None) -> Tensor:
+        x = self.attn_norm(x + self.dropout(self.attn(x, mask, rotary)))
+        return self.ffn_norm(x + self.dropout(self.ffn_out(self.act(self.ffn_in(x)))))
