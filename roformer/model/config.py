@@ -95,6 +95,7 @@ ARCHITECTURE_NAMES = (
     "token_classification",
     "question_answering",
     "multiple_choice",
+    "causal_lm",
 )
 
 
@@ -145,6 +146,18 @@ class ModelConfig:
             is returned as `ModelOutput.pooled` by every model.
         pooler_activation: `tanh` (BERT's pooler: tanh(dense(x[:, 0]))) or `linear` (dense(x[:, 0]) only, as
             RoFormer-Sim's pooler, whose output ranks paraphrases by cosine similarity).
+        attention_pattern: Which keys a token attends to. `bidirectional` (an encoder: all of them); `causal` (a
+            decoder: itself and those before it); `unilm` (UniLM's sequence-to-sequence mask, Dong et al. 2019, as
+            RoFormer-Sim: tokens of segment A (token type 0) see all of segment A, tokens of segment B (type 1) see
+            segment A and the B tokens up to themselves). A `CausalLM` turns bidirectional into causal.
+        use_bias: Biases in the backbone's linear layers (attention, feed-forward, embedding projection, pooler)
+            and the MLM transform. RoFormerV2 has none.
+        norm_type: `layer_norm` (BERT, RoFormer) or `rms_norm`: RoFormerV2's parameter-free x / sqrt(mean(x^2) + eps)
+            in place of every LayerNorm, the embeddings' included.
+        mlm_head: `transform` (BERT: dense, act, norm, then the decoder with a bias) or `bare` (RoFormerV2: the
+            decoder alone, logits = x E^T with the tied embeddings E).
+        initializer: `bert` (normal(0, initializer_range)) or `v2` (RoFormerV2: truncated normal, std
+            1.13684723 / sqrt(fan_in) x num_layers^-1/2; 1.13684723 undoes the truncation at 2 std).
     """
 
     vocab_size: int = 30522
@@ -176,6 +189,11 @@ class ModelConfig:
     classifier_dropout: float | None = None
     add_pooler: bool = False
     pooler_activation: Literal["tanh", "linear"] = "tanh"
+    attention_pattern: Literal["bidirectional", "causal", "unilm"] = "bidirectional"
+    use_bias: bool = True
+    norm_type: Literal["layer_norm", "rms_norm"] = "layer_norm"
+    mlm_head: Literal["transform", "bare"] = "transform"
+    initializer: Literal["bert", "v2"] = "bert"
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -216,6 +234,15 @@ class ModelConfig:
             raise ConfigError(f"num_labels must be > 0, got {self.num_labels}")
         if self.sinusoidal_scale is not None and not math.isfinite(self.sinusoidal_scale):
             raise ConfigError(f"sinusoidal_scale must be finite, got {self.sinusoidal_scale}")
+        if self.attention == "linear" and self.attention_pattern != "bidirectional":
+            # eq. 19 sums over every key; a causal linear attention is a different algorithm (prefix sums)
+            raise ConfigError(
+                f"attention: linear is bidirectional only, got attention_pattern {self.attention_pattern}"
+            )
+        if self.mlm_head == "bare" and self.embedding_dim != self.hidden_size:
+            raise ConfigError(
+                "mlm_head: bare multiplies the hidden states by the embeddings: embedding_size must be null"
+            )
 
     def _validate_rotary_extensions(self) -> None:
         for name in ("rotary_dim", "rope_scaling"):

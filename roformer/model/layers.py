@@ -274,6 +274,32 @@ class LayerNorm(nn.LayerNorm):
             return F.layer_norm(x.float(), self.normalized_shape, self.weight.float(), self.bias.float(), self.eps)
 
 
+class RMSNorm(nn.Module):
+    """RoFormerV2's parameter-free norm, x / sqrt(mean(x^2) + eps) over the last dim: no scale, no shift, no mean.
+
+    Computed in float32 like `LayerNorm`: under autocast it returns float32, outside it the input dtype.
+    """
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.dim = dim
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = F.rms_norm(x.float(), (self.dim,), eps=self.eps)
+        return y if torch.is_autocast_enabled(x.device.type) else y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps}"
+
+
+def make_norm(config: ModelConfig, dim: int) -> nn.Module:
+    """The model's norm over `dim` features: LayerNorm (BERT, RoFormer) or the parameter-free RMSNorm (V2)."""
+    if config.norm_type == "rms_norm":
+        return RMSNorm(dim, config.layer_norm_eps)
+    return LayerNorm(dim, eps=config.layer_norm_eps)
+
+
 class Embeddings(nn.Module):
     """Token + token-type (+ absolute position) embeddings, LayerNorm, dropout, optional projection to hidden."""
 
@@ -291,9 +317,9 @@ class Embeddings(nn.Module):
             if config.position_encoding == "sinusoidal"
             else None
         )
-        self.norm = LayerNorm(dim, eps=config.layer_norm_eps)
+        self.norm = make_norm(config, dim)
         self.dropout = nn.Dropout(config.hidden_dropout)
-        self.project = nn.Linear(dim, config.hidden_size) if dim != config.hidden_size else None
+        self.project = nn.Linear(dim, config.hidden_size, bias=config.use_bias) if dim != config.hidden_size else None
 
     def forward(
         self, input_ids: Tensor, token_type_ids: Tensor | None = None, position_ids: Tensor | None = None
@@ -355,6 +381,128 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, rotar
         return (numerator / (denominator[..., None] + LINEAR_ATTENTION_EPS)).to(q.dtype)
 
 
+KVUpdate = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (B, H, T, D) new k, v -> all k, v (B, H, S, D)
+
+
+class KVCache:
+    """A decoder's memory: the keys and values of every position seen so far, in every layer.
+
+    Generation then computes q, k and v for the new tokens only. Keys are stored rotated (a key's rotation depends on
+    its own position alone), so nothing is recomputed. Each layer's tensors are (B, H, capacity, D), allocated at
+    the first write and doubled when full; `length` slots are filled. Beside them, per slot: whether it is a real
+    token (the padding mask) and its attention rank (see `attention_ranks`), which later queries are masked by.
+    """
+
+    def __init__(self, capacity: int = 0) -> None:
+        self.capacity = capacity
+        self.length = 0
+        self.keys: list[Tensor] = []
+        self.values: list[Tensor] = []
+        self.keep: Tensor | None = None  # (B, capacity) bool: a real token
+        self.ranks: Tensor | None = None  # (B, capacity) long: attention rank
+
+    def last_rank(self) -> Tensor | int:
+        """(B, 1) rank of the last filled slot (0 when empty)."""
+        return 0 if self.length == 0 or self.ranks is None else self.ranks[:, self.length - 1 : self.length]
+
+    def add_tokens(self, keep: Tensor, ranks: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Record T new slots ((B, T) padding mask and ranks); returns both for all slots so far, (B, S)."""
+        B, T = keep.shape
+        start, self.length = self.length, self.length + T
+        if self.keep is None or self.keep.shape[1] < self.length:
+            self.capacity = max(self.capacity, self.length, 2 * (0 if self.keep is None else self.keep.shape[1]))
+            self.keep = _grown(self.keep, (B, self.capacity), torch.bool, keep.device, dim=1)
+            self.ranks = _grown(self.ranks, (B, self.capacity), torch.long, keep.device, dim=1)
+        self.keep[:, start : self.length] = keep
+        if ranks is not None:
+            self.ranks[:, start : self.length] = ranks
+        return self.keep[:, : self.length], None if ranks is None else self.ranks[:, : self.length]
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write layer `layer`'s k, v (B, H, T, D) of the slots just added; returns those of all slots (B, H, S, D)."""
+        B, H, T, D = k.shape
+        if layer == len(self.keys):
+            self.keys.append(torch.empty(0, device=k.device, dtype=k.dtype))
+            self.values.append(torch.empty(0, device=k.device, dtype=k.dtype))
+        if self.keys[layer].shape[-2:-1] != (self.capacity,):
+            self.keys[layer] = _grown(self.keys[layer], (B, H, self.capacity, D), k.dtype, k.device, dim=2)
+            self.values[layer] = _grown(self.values[layer], (B, H, self.capacity, D), v.dtype, v.device, dim=2)
+        start = self.length - T
+        self.keys[layer][:, :, start : self.length] = k
+        self.values[layer][:, :, start : self.length] = v
+        return self.keys[layer][:, :, : self.length], self.values[layer][:, :, : self.length]
+
+
+def _grown(old: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, dim: int) -> Tensor:
+    """A zero tensor of `shape` holding `old` at the start of dimension `dim`."""
+    new = torch.zeros(shape, dtype=dtype, device=device)
+    if old is not None and old.numel():
+        new.narrow(dim, 0, old.shape[dim]).copy_(old)
+    return new
+
+
+def attention_ranks(
+    pattern: str, token_type_ids: Tensor | None, shape: tuple[int, int], device: torch.device
+) -> Tensor:
+    """Ranks (B, T) for a causal or UniLM pattern: a query attends to exactly the keys of lower or equal rank.
+
+    UniLM's mask (Dong et al. 2019, as in bert4keras) is the cumulative sum of the segment ids: segment A (type 0)
+    shares rank 0, so it sees itself and none of B; each B token (type 1) ranks one above the token before it, so
+    it sees A and the B tokens up to itself. A causal decoder is the same with every token in segment B.
+    """
+    if pattern == "causal" or token_type_ids is None:
+        steps = torch.ones(shape, dtype=torch.long, device=device)
+    else:
+        steps = token_type_ids.long()
+    return steps.cumsum(dim=1)
+
+
+def self_attention_mask(
+    pattern: str,
+    attention_mask: Tensor | None,
+    token_type_ids: Tensor | None,
+    cache: KVCache | None,
+    shape: tuple[int, int],
+    device: torch.device,
+) -> tuple[Tensor | None, bool]:
+    """The boolean mask every layer's attention uses, and whether SDPA's causal path replaces it.
+
+    Args:
+        pattern: `bidirectional`, `causal` or `unilm` (ModelConfig.attention_pattern).
+        attention_mask: (B, T) 1 for real tokens, 0 for padding, or None; with a cache it may also cover the
+            cached slots (B, S), as in HF, which the cache already knows.
+        token_type_ids: (B, T) segments (the UniLM pattern reads them), or None.
+        cache: The decoder's KVCache (the new slots are recorded in it), or None.
+        shape: (B, T) of the new tokens.
+        device: Where the mask lives.
+
+    Returns:
+        (B, 1, 1, S) or (B, 1, T, S) bool (True = attend) or None, and True when no mask is needed but causality.
+    """
+    B, T = shape
+    keep = None if attention_mask is None else attention_mask[:, -T:].bool()  # (B, T)
+    ranks = None if pattern == "bidirectional" else attention_ranks(pattern, token_type_ids, shape, device)
+    ranks_all = ranks
+    if cache is not None:
+        if ranks is not None:
+            ranks = ranks + cache.last_rank()  # continue after the cached tokens
+        keep, ranks_all = cache.add_tokens(
+            keep if keep is not None else torch.ones(shape, dtype=torch.bool, device=device), ranks
+        )
+    if ranks is None:
+        return (None if keep is None else keep[:, None, None, :]), False  # (B, 1, 1, S)
+    if keep is None and pattern == "causal":
+        return None, True  # SDPA's own causal path (no cache here: with one, keep is set)
+    allowed = ranks_all[:, None, :] <= ranks[:, :, None]  # (B, T, S)
+    if keep is not None:
+        allowed = allowed & keep[:, None, :]
+        S = allowed.shape[-1]
+        # A padding query may see no key at all, and a row with no key is NaN in SDPA; it sees itself instead
+        # (its output is never read, and no real token attends to it).
+        allowed[:, torch.arange(T, device=device), torch.arange(S - T, S, device=device)] = True
+    return allowed[:, None], False  # (B, 1, T, S)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention with RoPE on q and k (and v if asked): softmax through SDPA, or linear (eq. 19)."""
 
@@ -366,10 +514,26 @@ class SelfAttention(nn.Module):
         self.rotary_value = config.rotary_value
         self.dropout = config.attention_dropout
         # One fused projection: a single GEMM, and rotating q and k together is one kernel.
-        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
-        self.proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.use_bias)
+        self.proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
 
-    def forward(self, x: Tensor, mask: Tensor | None, rotary: Rotation | None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        rotary: Rotation | None,
+        kv: KVUpdate | None = None,
+        causal: bool = False,
+    ) -> Tensor:
+        """(B, T, C) -> (B, T, C).
+
+        Args:
+            x: The new tokens' hidden states.
+            mask: (B, 1, 1 or T, S) bool, True = attend, over the S keys (cached ones first), or None.
+            rotary: Rotates (B, T, ..., D) by the new tokens' positions, or None.
+            kv: Stores the new keys and values in a `KVCache` and returns all of them, or None (no cache).
+            causal: Attend to earlier positions only, by SDPA's own causal path (no cache, no mask).
+        """
         B, T, C = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_size)  # (B, T, 3, H, D)
         if self.linear:  # RoPE goes on the feature-mapped q and k, inside
@@ -384,8 +548,10 @@ class SelfAttention(nn.Module):
             q, k = rotary(qkv[:, :, :2]).unbind(2)  # positions enter only through q.k (paper eq. 16)
             v = qkv[:, :, 2]
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+        if kv is not None:
+            k, v = kv(k, v)  # (B, H, S, D)
         dropout = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)  # (B, H, T, D)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)  # (B,H,T,D)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -395,13 +561,15 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.attn = SelfAttention(config)
-        self.attn_norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.ffn_in = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.ffn_norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.attn_norm = make_norm(config, config.hidden_size)
+        self.ffn_in = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.use_bias)
+        self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
+        self.ffn_norm = make_norm(config, config.hidden_size)
         self.act = ACTIVATIONS[config.hidden_act]
         self.dropout = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None, rotary: Rotation | None) -> Tensor:
-        x = self.attn_norm(x + self.dropout(self.attn(x, mask, rotary)))
+    def forward(
+        self, x: Tensor, mask: Tensor | None, rotary: Rotation | None, kv: KVUpdate | None = None, causal: bool = False
+    ) -> Tensor:
+        x = self.attn_norm(x + self.dropout(self.attn(x, mask, rotary, kv, causal)))
         return self.ffn_norm(x + self.dropout(self.ffn_out(self.act(self.ffn_in(x)))))

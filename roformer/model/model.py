@@ -12,6 +12,7 @@ References:
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -20,9 +21,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from roformer.model.config import ARCHITECTURE_NAMES, ModelConfig
-from roformer.model.layers import ACTIVATIONS, Block, Embeddings, LayerNorm, RotaryEmbedding
+from roformer.model.generation import Sampling, generate
+from roformer.model.layers import (
+    ACTIVATIONS,
+    Block,
+    Embeddings,
+    KVCache,
+    RotaryEmbedding,
+    make_norm,
+    self_attention_mask,
+)
 from roformer.model.weights import load_weights, read_model_dir, save_model
 
 
@@ -67,12 +78,12 @@ class Model(nn.Module):
 
         Each weight draws from its own generator, seeded by `init_seed` and the parameter's name: a parameter that
         only one position encoding has (the learned table) does not shift the draws of the others, so under one
-        seed every shared parameter starts identical in RoFormer and in each BERT baseline.
+        seed every shared parameter starts identical in RoFormer and in each BERT baseline. `initializer: v2` draws
+        the weights as RoFormerV2 does (`v2_std`), truncated at 2 std.
         """
-        std = self.config.initializer_range
         for name, module in self.named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                self._normal_(module.weight, std, f"{name}.weight")
+                self._normal_(module.weight, self.weight_std(module), f"{name}.weight")
                 if isinstance(module, nn.Linear) and module.bias is not None:
                     nn.init.zeros_(module.bias)
                 if isinstance(module, nn.Embedding) and module.padding_idx is not None:
@@ -81,12 +92,35 @@ class Model(nn.Module):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
 
+    def weight_std(self, module: nn.Linear | nn.Embedding) -> float:
+        """The init std of a linear or embedding weight: initializer_range (BERT), or RoFormerV2's.
+
+        V2 (bert4keras `RoFormerV2.initializer`): 1.13684723 / sqrt(fan_in) x num_layers^-1/2, where 1.13684723 is
+        1 / std of a unit normal truncated at 2 std, so the drawn weights have std 1 / sqrt(fan_in) before the depth
+        factor. fan_in is a linear layer's input width and an embedding's width (bert4keras takes the width for
+        tables with more than 10000 or fewer than 10 rows, i.e. every real vocabulary and the token types).
+        """
+        if self.config.initializer != "v2":
+            return self.config.initializer_range
+        fan_in = module.in_features if isinstance(module, nn.Linear) else module.embedding_dim
+        return 1.13684723 / math.sqrt(fan_in) * self.config.num_layers**-0.5
+
     @torch.no_grad()
     def _normal_(self, weight: Tensor, std: float, name: str) -> None:
         digest = hashlib.blake2b(f"{self.init_seed}/{name}".encode(), digest_size=8).digest()
         generator = torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
-        values = torch.empty(weight.shape, dtype=torch.float32).normal_(0.0, std, generator=generator)
+        values = torch.empty(weight.shape, dtype=torch.float32)
+        if self.config.initializer == "v2":
+            nn.init.trunc_normal_(values, 0.0, std, -2 * std, 2 * std, generator=generator)
+        else:
+            values.normal_(0.0, std, generator=generator)
         weight.copy_(values)
+
+    def set_gradient_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute each block in the backward pass instead of keeping its activations (training only)."""
+        for module in self.modules():
+            if isinstance(module, Backbone):
+                module.gradient_checkpointing = enabled
 
     def num_parameters(self) -> int:
         """Number of distinct parameters (tied weights counted once)."""
@@ -111,7 +145,12 @@ class Backbone(Model):
             if config.position_encoding == "rotary"
             else None
         )
-        self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if config.add_pooler else None
+        self.pooler = (
+            nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias) if config.add_pooler else None
+        )
+        # Activation checkpointing (Chen et al. 2016): in training, keep only each block's input and recompute the
+        # block in the backward pass; about a third more compute for activations that no longer grow with depth.
+        self.gradient_checkpointing = False
         if init:  # a head owning this backbone initialises everything once
             self.init_weights()
 
@@ -122,22 +161,33 @@ class Backbone(Model):
         token_type_ids: Tensor | None = None,
         output_hidden_states: bool = False,
         position_ids: Tensor | None = None,
+        cache: KVCache | None = None,
     ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
         """(B, T) ids -> last hidden states (B, T, C), and all hidden states when asked.
 
-        `position_ids` (B, T) gives every token its position (default 0..T-1): a left-padded row then equals itself
-        unpadded, and documents packed into one row can each start at 0. HF RoFormer cannot take them.
+        `position_ids` (B, T) gives every token its position (default 0..T-1, or after the cached ones): a
+        left-padded row then equals itself unpadded, and documents packed into one row can each start at 0. HF
+        RoFormer cannot take them. Which keys a token sees follows `config.attention_pattern`; with a `cache`, the
+        new tokens' keys and values are added to it and the cached ones are attended to.
         """
+        B, T = input_ids.shape
+        if cache is not None and position_ids is None:
+            position_ids = torch.arange(cache.length, cache.length + T, device=input_ids.device).expand(B, T)
+        mask, causal = self_attention_mask(
+            self.config.attention_pattern, attention_mask, token_type_ids, cache, (B, T), input_ids.device
+        )
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, C)
         rotary = self.rotary
         if rotary is not None and position_ids is not None:
             rotary = partial(self.rotary, positions=position_ids)
-        mask = None
-        if attention_mask is not None:
-            mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): True = attend
+        recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         hidden = [x] if output_hidden_states else None
-        for block in self.layers:
-            x = block(x, mask, rotary)
+        for i, block in enumerate(self.layers):
+            kv = partial(cache.update, i) if cache is not None else None
+            if recompute:  # dropout masks are replayed: the same values and gradients as without
+                x = checkpoint(block, x, mask, rotary, kv, causal, use_reentrant=False)
+            else:
+                x = block(x, mask, rotary, kv, causal)
             if hidden is not None:
                 hidden.append(x)
         return x, tuple(hidden) if hidden is not None else None
@@ -187,26 +237,41 @@ def with_pooler_for_head(config: ModelConfig) -> ModelConfig:
     return replace(config, add_pooler=True) if config.classifier_head == "pooler" else config
 
 
-class MaskedLM(Model):
-    """Backbone + MLM head: dense -> act -> LayerNorm -> decoder tied to the word embeddings (+ bias), as BERT."""
+class LanguageModel(Model):
+    """A backbone with a vocabulary head, shared by `MaskedLM` and `CausalLM`.
 
-    architecture = "masked_lm"
+    `mlm_head: transform` is BERT's: dense -> act -> norm -> decoder (+ bias); `bare` is RoFormerV2's: the decoder
+    alone. The decoder is tied to the word embeddings unless `tie_word_embeddings` is false.
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         self.backbone = Backbone(config, init=False)
         dim = config.embedding_dim
-        self.transform = nn.Linear(config.hidden_size, dim)
-        self.transform_norm = LayerNorm(dim, eps=config.layer_norm_eps)
+        bare = config.mlm_head == "bare"
+        self.transform = None if bare else nn.Linear(config.hidden_size, dim, bias=config.use_bias)
+        self.transform_norm = None if bare else make_norm(config, dim)
         self.act = ACTIVATIONS[config.hidden_act]
         self.decoder = None if config.tie_word_embeddings else nn.Linear(dim, config.vocab_size, bias=False)
-        self.decoder_bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.decoder_bias = None if bare else nn.Parameter(torch.zeros(config.vocab_size))
         self.init_weights()
 
     @property
     def decoder_weight(self) -> Tensor:
         """(V, E) output projection: the word embeddings when tied."""
         return self.backbone.embeddings.word.weight if self.decoder is None else self.decoder.weight
+
+    def vocabulary_logits(self, x: Tensor) -> Tensor:
+        """Hidden states (..., C) -> logits over the vocabulary (..., V)."""
+        if self.transform is not None:
+            x = self.transform_norm(self.act(self.transform(x)))
+        return F.linear(x, self.decoder_weight, self.decoder_bias)
+
+
+class MaskedLM(LanguageModel):
+    """Backbone + MLM head: dense -> act -> LayerNorm -> decoder tied to the word embeddings (+ bias), as BERT."""
+
+    architecture = "masked_lm"
 
     def forward(
         self,
@@ -237,10 +302,94 @@ class MaskedLM(Model):
                 x, labels = x[selected], labels[selected]  # (N, C), (N,)
             else:
                 x, labels = x.flatten(0, 1)[masked_positions], labels.flatten()[masked_positions]  # (N, C), (N,)
-        h = self.transform_norm(self.act(self.transform(x)))
-        logits = F.linear(h, self.decoder_weight, self.decoder_bias)  # (B, T, V) or (N, V)
+        logits = self.vocabulary_logits(x)  # (B, T, V) or (N, V)
         loss = token_cross_entropy(logits, labels) if labels is not None else None
         return ModelOutput(logits=logits, loss=loss, hidden_states=hidden, pooled=pooled)
+
+
+def as_decoder(config: ModelConfig) -> ModelConfig:
+    """A causal LM attends causally: a bidirectional pattern (an encoder's config) becomes causal; unilm is kept."""
+    return replace(config, attention_pattern="causal") if config.attention_pattern == "bidirectional" else config
+
+
+class CausalLM(LanguageModel):
+    """Backbone as a decoder + the MLM head predicting the next token (HF's RoFormerForCausalLM, RoFormer-Sim).
+
+    Attention is causal, or UniLM's sequence-to-sequence mask (`attention_pattern: unilm`: the prompt, segment A,
+    is read bidirectionally and segment B is generated left to right). `generate` decodes with a KV cache.
+    """
+
+    architecture = "causal_lm"
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(as_decoder(config))
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_hidden_states: bool = False,
+        position_ids: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> ModelOutput:
+        """(B, T, V) next-token logits; with labels (B, T), the mean cross-entropy of logits[:, t] vs labels[:, t+1].
+
+        Labels are the input ids themselves (shifted here, as in HF), IGNORE_INDEX where not scored (the prompt of a
+        sequence-to-sequence pair, padding). With a `cache`, the input is the tokens after the cached ones.
+        """
+        x, hidden = self.backbone.encode(
+            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids, cache
+        )
+        logits = self.vocabulary_logits(x)  # (B, T, V)
+        loss = token_cross_entropy(logits[:, :-1], labels[:, 1:]) if labels is not None else None
+        pooled = self.backbone.pooled(x) if cache is None else None  # x[:, 0] is not the first token with a cache
+        return ModelOutput(logits=logits, loss=loss, hidden_states=hidden, pooled=pooled)
+
+    def next_token_logits(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        token_type_ids: Tensor | None,
+        position_ids: Tensor,
+        cache: KVCache,
+    ) -> Tensor:
+        """(B, V) logits at the last position only: generation needs no others (the vocabulary matmul is T x less)."""
+        x, _ = self.backbone.encode(input_ids, attention_mask, token_type_ids, False, position_ids, cache)
+        return self.vocabulary_logits(x[:, -1])
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        max_new_tokens: int = 20,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | None = None,
+        pad_token_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Continue left-padded prompts (B, T) with a KV cache: (B, T + N) ids, N <= max_new_tokens.
+
+        Greedy unless `do_sample`; the arguments are those of `roformer.model.generation.generate` and HF's.
+        """
+        sampling = Sampling(do_sample, temperature, top_k, top_p)
+        return generate(
+            self,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            max_new_tokens,
+            sampling,
+            eos_token_id,
+            pad_token_id,
+            generator,
+        )
 
 
 class SequenceClassifier(Model):
@@ -409,7 +558,7 @@ class MultipleChoice(Model):
 
 ARCHITECTURES: dict[str, type[Model]] = {
     cls.architecture: cls
-    for cls in (Backbone, MaskedLM, SequenceClassifier, TokenClassifier, QuestionAnswering, MultipleChoice)
+    for cls in (Backbone, MaskedLM, SequenceClassifier, TokenClassifier, QuestionAnswering, MultipleChoice, CausalLM)
 }
 assert tuple(ARCHITECTURES) == ARCHITECTURE_NAMES
 
