@@ -53,6 +53,7 @@ _HEAD_KEYS = {
     "question_answering": [("qa_outputs.{p}", "out.{p}")],
     "multiple_choice": [("classifier.{p}", "out.{p}")],  # RoFormer's sequence summary has no weights by default
 }
+_HEAD_KEYS["causal_lm"] = _HEAD_KEYS["masked_lm"]  # the same vocabulary head, predicting the next token
 # HF keys that are derived from other weights and carry no information of their own.
 _DERIVED_HF_KEYS = re.compile(
     r"(encoder\.embed_positions\.weight|cls\.predictions\.decoder\.bias|embeddings\.position_ids"
@@ -72,6 +73,8 @@ _HF_CLASSES = {
     ("bert", "token_classification"): "BertForTokenClassification",
     ("bert", "question_answering"): "BertForQuestionAnswering",
     ("bert", "multiple_choice"): "BertForMultipleChoice",
+    ("roformer", "causal_lm"): "RoFormerForCausalLM",
+    ("bert", "causal_lm"): "BertLMHeadModel",
 }
 _EXTRA_HF_IMPORTS = {"BertForPreTraining": ("bert", "masked_lm")}  # NSP head dropped, pooler kept
 _PREFIX = {"roformer": "roformer.", "bert": "bert."}
@@ -193,8 +196,8 @@ def _hf_base(model: Any) -> Any:
 
 
 def _config_from_hf(c: Any, family: str, arch: str, has_pooler: Any) -> ModelConfig:
-    if getattr(c, "is_decoder", False) or getattr(c, "add_cross_attention", False):
-        raise CheckpointError("decoder / cross-attention configs are not supported: this is an encoder")
+    if getattr(c, "add_cross_attention", False):
+        raise CheckpointError("cross-attention (an encoder-decoder's decoder) is not supported")
     if arch == "question_answering" and c.num_labels != 2:
         raise CheckpointError(f"a question-answering head has a start and an end output, this one {c.num_labels}")
     if not isinstance(c.hidden_act, str) or c.hidden_act not in ACTIVATION_NAMES:
@@ -228,6 +231,7 @@ def _config_from_hf(c: Any, family: str, arch: str, has_pooler: Any) -> ModelCon
         classifier_head="mlp" if family == "roformer" else "pooler",
         classifier_dropout=getattr(c, "classifier_dropout", None),
         add_pooler=has_pooler is not None,
+        attention_pattern="causal" if getattr(c, "is_decoder", False) or arch == "causal_lm" else "bidirectional",
     )
 
 
@@ -343,6 +347,8 @@ def _config_to_hf(config: ModelConfig, family: str, arch: str) -> Any:
     for name, reason in unsupported.items():
         if getattr(config, name) not in (None, "softmax"):
             raise CheckpointError(reason)
+    _check_v1(config, family)
+    common["is_decoder"] = config.attention_pattern == "causal"
     summarises = arch in ("sequence_classification", "multiple_choice")  # heads that summarise a sequence
     if family == "roformer":
         if summarises and config.classifier_head != "mlp":
@@ -361,6 +367,20 @@ def _config_to_hf(config: ModelConfig, family: str, arch: str) -> Any:
     if summarises and config.classifier_head != "pooler":
         raise CheckpointError("HF BERT classifies from its pooler: set classifier_head: pooler to export")
     return transformers.BertConfig(classifier_dropout=config.classifier_dropout, **common)
+
+
+def _check_v1(config: ModelConfig, family: str) -> None:
+    """Refuse what HF's RoFormer and BERT would load without error and run wrongly: RoFormerV2, the UniLM mask."""
+    name = "RoFormer" if family == "roformer" else "BERT"
+    v2 = {"norm_type": "layer_norm", "use_bias": True, "mlm_head": "transform"}
+    for field, v1_value in v2.items():
+        if getattr(config, field) != v1_value:
+            raise CheckpointError(
+                f"HF {name} cannot express {field}: {getattr(config, field)} (RoFormerV2): it would load the "
+                "model without error and with norms and biases it does not have"
+            )
+    if config.attention_pattern == "unilm":
+        raise CheckpointError(f"HF {name} has no UniLM attention mask (attention_pattern: unilm)")
 
 
 def _split_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -389,7 +409,7 @@ def _fill_derived(new: dict, hf_state: dict, model: Model, family: str, prefix: 
                     config.max_position_embeddings, torch.device("cpu"), torch.float32
                 )
         new[f"{prefix}embeddings.position_embeddings.weight"] = table.detach().clone()
-    if model.architecture == "masked_lm":
+    if model.architecture in ("masked_lm", "causal_lm"):
         new["cls.predictions.decoder.bias"] = new["cls.predictions.bias"]
         if config.tie_word_embeddings:
             new["cls.predictions.decoder.weight"] = new[f"{prefix}embeddings.word_embeddings.weight"]
