@@ -150,8 +150,8 @@ class ModelConfig:
             decoder: itself and those before it); `unilm` (UniLM's sequence-to-sequence mask, Dong et al. 2019, as
             RoFormer-Sim: tokens of segment A (token type 0) see all of segment A, tokens of segment B (type 1) see
             segment A and the B tokens up to themselves). A `CausalLM` turns bidirectional into causal.
-        use_bias: Biases in the backbone's linear layers (attention, feed-forward, embedding projection, pooler)
-            and the MLM transform. RoFormerV2 has none.
+        use_bias: Biases in the attention and feed-forward layers. RoFormerV2 has none there (its port keeps them
+            in the embedding projection and the pooler, as we do).
         norm_type: `layer_norm` (BERT, RoFormer) or `rms_norm`: RoFormerV2's parameter-free x / sqrt(mean(x^2) + eps)
             in place of every LayerNorm, the embeddings' included.
         mlm_head: `transform` (BERT: dense, act, norm, then the decoder with a bias) or `bare` (RoFormerV2: the

@@ -8,6 +8,7 @@ to HF BERT with the scaled table written into `position_embeddings`, exact up to
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -102,78 +103,149 @@ def from_hf(
     source: Any,
     architecture: str | None = None,
     rotary_layout: str = "interleaved",
-    **hf_kwargs: Any,
+    **overrides: Any,
 ) -> Model:
     """Convert an HF RoFormer or BERT model (an instance, a `save_pretrained` directory or a hub name) into ours.
 
+    A directory (or hub name) is read from its files, not through transformers' classes, so that what HF RoFormer
+    cannot hold survives: a pooler and its `pooler_activation` (JunnYu's port, RoFormer-Sim), RoFormerV2
+    (`norm_type: rms_norm`, no biases: HF would load it without error and with freshly initialised norms and biases)
+    and RoFormer-Sim's UniLM decoding. V2 is recognised from `norm_type` / `use_bias` or, without them, from missing
+    LayerNorm or bias tensors; it is never read as V1.
+
     Args:
-        source: A transformers `RoFormerModel`, `RoFormerForMaskedLM`, `RoFormerForSequenceClassification`,
-            `BertModel`, `BertForMaskedLM`, `BertForSequenceClassification` (or `BertForPreTraining`) instance, or a
-            path / hub name that `from_pretrained` accepts.
-        architecture: For a path: `backbone`, `masked_lm` or `sequence_classification` (None = the checkpoint's
-            `architectures` entry). Loading `sequence_classification` from an MLM checkpoint keeps BERT's pooler.
+        source: A transformers `RoFormer*` / `Bert*` model instance (see `_HF_CLASSES`), or a path / hub name.
+        architecture: The model to build (`backbone`, `masked_lm`, `causal_lm`, ...); None = the checkpoint's own.
+            Another one keeps the backbone (and pooler) and initialises the new head.
         rotary_layout: `interleaved` (as HF) or `half`: q/k weights are permuted so that scores are unchanged.
-        **hf_kwargs: Passed to `from_pretrained` for a path (e.g. `num_labels=3`).
+        **overrides: ModelConfig fields to change (e.g. `num_labels=3`: a classifier saved with another count gets
+            a fresh output layer; `attention_pattern="causal"`).
 
     Returns:
         Our model, in eval mode, with identical outputs.
 
     Raises:
-        CheckpointError: the source cannot be loaded or has features we do not support.
+        CheckpointError: the source cannot be read or has features we do not support.
     """
     if isinstance(source, str | Path):
-        source = _load_hf(str(source), architecture, hf_kwargs)
-    family, arch = _hf_kind(source)
-    config = _config_from_hf(source.config, family, arch, has_pooler=getattr(_hf_base(source), "pooler", None))
+        hf_config, state = read_hf_checkpoint(str(source))
+        family, arch = _checkpoint_kind(hf_config, state, str(source))
+    else:
+        family, arch = _hf_kind(source)
+        hf_config, state = source.config, source.state_dict()
+        if _is_v2_config(hf_config):
+            raise CheckpointError(
+                "this transformers model was built from a RoFormerV2 config (norm_type/use_bias): transformers gave "
+                "it LayerNorms and biases V2 does not have; convert the checkpoint directory instead"
+            )
+    config = _config_from_hf(hf_config, family, arch, set(state))
     model = ARCHITECTURES[arch](config)
-    state = _state_from_hf(source.state_dict(), family, arch, config)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing, unexpected = model.load_state_dict(_state_from_hf(state, family, arch, config), strict=False)
     if missing or unexpected:
         raise CheckpointError(f"HF conversion left missing keys {missing[:5]} and unexpected keys {unexpected[:5]}")
-    if rotary_layout != config.rotary_layout:
+    model = _retargeted(model, architecture or arch, overrides)
+    if rotary_layout != model.config.rotary_layout:
         model = convert_rotary_layout(model, rotary_layout)
     return model.eval()
 
 
-def hf_model_config(path: str, architecture: str | None = None) -> ModelConfig:
-    """Our ModelConfig of an HF checkpoint loaded as `architecture`, from its config.json alone (no weights read).
+def _retargeted(model: Model, architecture: str, overrides: dict[str, Any]) -> Model:
+    """`model` as another architecture and/or config: every weight whose name and shape still fit is kept."""
+    if architecture not in ARCHITECTURES:
+        raise CheckpointError(f"unknown architecture {architecture!r} (known: {', '.join(ARCHITECTURES)})")
+    if architecture == model.architecture and not overrides:
+        return model
+    unknown = [k for k in overrides if k not in model.config.to_dict()]
+    if unknown:
+        raise CheckpointError(f"unknown ModelConfig field {unknown[0]!r}")
+    new = ARCHITECTURES[architecture](replace(model.config, **overrides))
+    state = {_backbone_key(k, model.architecture, architecture): v for k, v in model.state_dict().items()}
+    fits = new.state_dict()
+    new.load_state_dict({k: v for k, v in state.items() if k in fits and fits[k].shape == v.shape}, strict=False)
+    return new
 
-    Whether the backbone has a pooler is known only from the weights; HF BERT has one except under a masked LM.
+
+def _backbone_key(key: str, source: str, target: str) -> str:
+    """A parameter name of a `source` model as named in a `target` model (only the backbone prefix differs)."""
+    bare = key if source == "backbone" else key.removeprefix("backbone.") if key.startswith("backbone.") else None
+    if bare is None:
+        return key  # a head parameter: kept only if the target has the same head
+    return bare if target == "backbone" else f"backbone.{bare}"
+
+
+def read_hf_checkpoint(path: str) -> tuple[Any, dict[str, torch.Tensor]]:
+    """(transformers config, state dict) of a `save_pretrained` directory or a hub name, without building a model.
+
+    Weights come from model.safetensors or pytorch_model.bin (sharded or not); a hub name is downloaded first.
     """
-    hf_config, family, architecture = _read_hf_config(path, architecture)
-    has_pooler = family == "bert" and architecture != "masked_lm"
-    return _config_from_hf(hf_config, family, architecture, has_pooler=True if has_pooler else None)
+    directory = Path(path)
+    if not directory.is_dir():
+        directory = _download(path)
+    hf_config = _read_config(str(directory))
+    return hf_config, _read_weights(directory)
 
 
-def _read_hf_config(path: str, architecture: str | None) -> tuple[Any, str, str]:
-    """(HF config, family, architecture: the checkpoint's own when None)."""
+def _download(name: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "*.bin", "*.txt", "*.model"]
+    try:
+        return Path(snapshot_download(name, allow_patterns=patterns))
+    except Exception as e:  # noqa: BLE001 - the hub raises many types; the user needs one line
+        raise CheckpointError(f"{name}: not a directory, and the hub download failed ({_first_line(e)})") from None
+
+
+def _read_config(path: str) -> Any:
     import transformers
 
     try:
-        hf_config = transformers.AutoConfig.from_pretrained(path)
+        return transformers.AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: cannot read an HF config ({str(e).splitlines()[0]})") from None
+        raise CheckpointError(f"{path}: cannot read an HF config ({_first_line(e)})") from None
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).splitlines() or [type(error).__name__])[0]
+
+
+def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    for name, load in (
+        ("model.safetensors", load_file),
+        ("pytorch_model.bin", lambda f: torch.load(f, map_location="cpu", weights_only=True)),
+    ):
+        index = directory / f"{name}.index.json"
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else [name]
+        if all((directory / f).is_file() for f in files):
+            state: dict[str, torch.Tensor] = {}
+            try:
+                for f in files:
+                    state.update(load(directory / f))
+            except Exception as e:  # noqa: BLE001 - a corrupt file raises whatever its reader raises
+                raise CheckpointError(f"{directory}: cannot read {files[0]} ({_first_line(e)})") from None
+            return state
+    raise CheckpointError(f"{directory}: no model.safetensors or pytorch_model.bin")
+
+
+def hf_model_config(path: str, architecture: str | None = None) -> ModelConfig:
+    """Our ModelConfig of an HF checkpoint loaded as `architecture` (what `from_hf` gives; weights are read)."""
+    return from_hf(path, architecture).config
+
+
+def _checkpoint_kind(hf_config: Any, state: dict[str, torch.Tensor], path: str) -> tuple[str, str]:
+    """(family, architecture) a checkpoint was saved as: its `architectures` entry, else read from its keys."""
     family = hf_config.model_type
     if family not in _PREFIX:
         raise CheckpointError(f"{path}: model_type {family!r} is not roformer or bert")
-    if architecture is None:
-        names = hf_config.architectures or []
-        known = [_hf_class_kind(n) for n in names if _hf_class_kind(n)]
-        architecture = known[0][1] if known else "backbone"
-    if (family, architecture) not in _HF_CLASSES:
-        raise CheckpointError(f"unknown architecture {architecture!r} (known: {', '.join(ARCHITECTURES)})")
-    return hf_config, family, architecture
-
-
-def _load_hf(path: str, architecture: str | None, kwargs: dict[str, Any]) -> Any:
-    import transformers
-
-    _, family, architecture = _read_hf_config(path, architecture)
-    cls = getattr(transformers, _HF_CLASSES[family, architecture])
-    try:
-        return cls.from_pretrained(path, **kwargs)
-    except (OSError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"{path}: cannot load HF weights ({str(e).splitlines()[0]})") from None
+    known = [_hf_class_kind(n) for n in hf_config.architectures or [] if _hf_class_kind(n)]
+    if known:
+        return known[0]
+    heads = {"cls.predictions.decoder.weight": "masked_lm", "qa_outputs.weight": "question_answering"}
+    arch = next((a for k, a in heads.items() if k in state), "backbone")
+    if arch == "masked_lm" and getattr(hf_config, "is_decoder", False):
+        arch = "causal_lm"
+    return family, arch
 
 
 def _hf_class_kind(name: str) -> tuple[str, str] | None:
@@ -191,11 +263,34 @@ def _hf_kind(model: Any) -> tuple[str, str]:
     return kind
 
 
-def _hf_base(model: Any) -> Any:
-    return getattr(model, model.config.model_type, model)
+def _is_v2_config(c: Any) -> bool:
+    """A RoFormerV2 config of JunnYu's port: norm_type other than layer_norm, or use_bias false."""
+    return getattr(c, "norm_type", "layer_norm") != "layer_norm" or not getattr(c, "use_bias", True)
 
 
-def _config_from_hf(c: Any, family: str, arch: str, has_pooler: Any) -> ModelConfig:
+def _v2_fields(c: Any, family: str, arch: str, keys: set[str]) -> dict[str, Any]:
+    """norm_type / use_bias / mlm_head of a checkpoint, from JunnYu's config fields and checked against its tensors.
+
+    Without those fields (a V2 checkpoint with a plain RoFormer config) the tensors decide: no LayerNorm weights
+    means the parameter-free norm, no attention biases means no biases; V2's MLM head is then the bare decoder.
+    """
+    has_norms = any(k.endswith("LayerNorm.weight") for k in keys)
+    has_biases = any(k.endswith("attention.self.query.bias") for k in keys)
+    norm_type = getattr(c, "norm_type", None) or ("layer_norm" if has_norms else "rms_norm")
+    use_bias = getattr(c, "use_bias", None)
+    use_bias = has_biases if use_bias is None else bool(use_bias)
+    if norm_type not in ("layer_norm", "rms_norm"):
+        raise CheckpointError(f"unsupported norm_type {norm_type!r} (layer_norm or rms_norm)")
+    if (norm_type == "layer_norm") != has_norms or use_bias != has_biases:
+        found = f"{'with' if has_norms else 'without'} LayerNorm weights, {'with' if has_biases else 'without'} biases"
+        raise CheckpointError(f"the config says norm_type {norm_type}, use_bias {use_bias}, the weights are {found}")
+    if family == "bert" and (norm_type != "layer_norm" or not use_bias):
+        raise CheckpointError("BERT checkpoints with rms_norm or without biases are not supported")
+    return {"norm_type": norm_type, "use_bias": use_bias, "mlm_head": "transform" if has_norms else "bare"}
+
+
+def _config_from_hf(c: Any, family: str, arch: str, keys: set[str]) -> ModelConfig:
+    """Our ModelConfig for an HF/JunnYu config and the names of its tensors (which say whether there is a pooler)."""
     if getattr(c, "add_cross_attention", False):
         raise CheckpointError("cross-attention (an encoder-decoder's decoder) is not supported")
     if arch == "question_answering" and c.num_labels != 2:
@@ -205,10 +300,18 @@ def _config_from_hf(c: Any, family: str, arch: str, has_pooler: Any) -> ModelCon
     position_type = getattr(c, "position_embedding_type", "absolute")
     if family == "bert" and position_type not in (None, "absolute"):
         raise CheckpointError(f"BERT position_embedding_type {position_type!r} is not supported (only absolute)")
-    embedding_size = getattr(c, "embedding_size", c.hidden_size)
+    embedding_size = getattr(c, "embedding_size", None) or c.hidden_size
     problem_type = getattr(c, "problem_type", None)
     if problem_type not in (None, "regression", "single_label_classification", "multi_label_classification"):
         raise CheckpointError(f"unsupported problem_type {problem_type!r}")
+    pooler_activation = getattr(c, "pooler_activation", "tanh")
+    if pooler_activation not in ("tanh", "linear"):
+        raise CheckpointError(f"unsupported pooler_activation {pooler_activation!r} (tanh or linear)")
+    has_pooler = any(k.endswith("pooler.dense.weight") for k in keys)
+    decoder = getattr(c, "is_decoder", False) or arch == "causal_lm"
+    # RoFormer-Sim (JunnYu's causal LM, with a pooler) reads its prompt bidirectionally and generates as segment B:
+    # the UniLM mask. HF's RoFormerForCausalLM has no pooler and is plainly causal.
+    unilm = decoder and family == "roformer" and has_pooler
     return ModelConfig(
         vocab_size=c.vocab_size,
         hidden_size=c.hidden_size,
@@ -230,8 +333,10 @@ def _config_from_hf(c: Any, family: str, arch: str, has_pooler: Any) -> ModelCon
         num_labels=c.num_labels,
         classifier_head="mlp" if family == "roformer" else "pooler",
         classifier_dropout=getattr(c, "classifier_dropout", None),
-        add_pooler=has_pooler is not None,
-        attention_pattern="causal" if getattr(c, "is_decoder", False) or arch == "causal_lm" else "bidirectional",
+        add_pooler=has_pooler,
+        pooler_activation=pooler_activation,
+        attention_pattern="unilm" if unilm else "causal" if decoder else "bidirectional",
+        **_v2_fields(c, family, arch, keys),
     )
 
 

@@ -319,7 +319,7 @@ class Embeddings(nn.Module):
         )
         self.norm = make_norm(config, dim)
         self.dropout = nn.Dropout(config.hidden_dropout)
-        self.project = nn.Linear(dim, config.hidden_size, bias=config.use_bias) if dim != config.hidden_size else None
+        self.project = nn.Linear(dim, config.hidden_size) if dim != config.hidden_size else None
 
     def forward(
         self, input_ids: Tensor, token_type_ids: Tensor | None = None, position_ids: Tensor | None = None
@@ -450,11 +450,11 @@ def attention_ranks(
     shares rank 0, so it sees itself and none of B; each B token (type 1) ranks one above the token before it, so
     it sees A and the B tokens up to itself. A causal decoder is the same with every token in segment B.
     """
-    if pattern == "causal" or token_type_ids is None:
-        steps = torch.ones(shape, dtype=torch.long, device=device)
-    else:
-        steps = token_type_ids.long()
-    return steps.cumsum(dim=1)
+    if pattern == "causal":
+        return torch.arange(1, shape[1] + 1, device=device).expand(shape)
+    if token_type_ids is None:  # all of it segment A (token type 0, the default everywhere)
+        return torch.zeros(shape, dtype=torch.long, device=device)
+    return token_type_ids.long().cumsum(dim=1)
 
 
 def self_attention_mask(

@@ -249,7 +249,7 @@ class LanguageModel(Model):
         self.backbone = Backbone(config, init=False)
         dim = config.embedding_dim
         bare = config.mlm_head == "bare"
-        self.transform = None if bare else nn.Linear(config.hidden_size, dim, bias=config.use_bias)
+        self.transform = None if bare else nn.Linear(config.hidden_size, dim)
         self.transform_norm = None if bare else make_norm(config, dim)
         self.act = ACTIVATIONS[config.hidden_act]
         self.decoder = None if config.tie_word_embeddings else nn.Linear(dim, config.vocab_size, bias=False)

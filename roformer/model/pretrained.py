@@ -7,14 +7,14 @@ its backbone is kept; a head the source lacks is drawn from the torch RNG, so se
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from roformer.errors import CheckpointError, ConfigError, UserError
 from roformer.model.config import ModelConfig
 from roformer.model.hf import from_hf, hf_model_config
-from roformer.model.model import ARCHITECTURES, Model, load
+from roformer.model.model import Model, load
 from roformer.model.weights import MODEL_CONFIG_FILE, WEIGHTS_FILE, read_model_config
 
 
@@ -61,12 +61,9 @@ def load_pretrained(source: str | Path, architecture: str, num_labels: int | Non
     labels = {} if num_labels is None else {"num_labels": num_labels}
     if is_roformer_dir(path):
         return load(path, architecture=architecture, **labels, **overrides).train()
-    model = from_hf(str(source), architecture=architecture, **labels)
-    if num_labels is not None and model.config.num_labels != num_labels:  # an HF classifier saved for another task
-        model = _rebuild(model, replace(model.config, num_labels=num_labels), keep_output=False)
-    if overrides:
-        model = _rebuild(model, _with(model.config, overrides), keep_output=True)
-    return model.train()
+    _check_fields(overrides)
+    # an HF classifier saved for another task gets a fresh output layer (its shape no longer fits)
+    return from_hf(str(source), architecture=architecture, **labels, **overrides).train()
 
 
 def load_weights_from(model: Model, source: str | Path) -> None:
@@ -93,17 +90,14 @@ def _check_source(source: str | Path) -> Path:
     return path
 
 
-def _with(config: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
-    """`config` with ModelConfig `overrides` (the `model:` section of a fine-tuning config)."""
-    unknown = [k for k in overrides if k not in config.to_dict()]
+def _check_fields(overrides: dict[str, Any]) -> None:
+    """Refuse a name in the `model:` section of a fine-tuning config that is not a ModelConfig field."""
+    unknown = [k for k in overrides if k not in {f.name for f in fields(ModelConfig)}]
     if unknown:
         raise ConfigError(f"model: unknown ModelConfig field '{unknown[0]}'")
+
+
+def _with(config: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
+    """`config` with ModelConfig `overrides` (the `model:` section of a fine-tuning config)."""
+    _check_fields(overrides)
     return replace(config, **overrides)
-
-
-def _rebuild(model: Model, config: ModelConfig, keep_output: bool) -> Model:
-    """A model of the same class with `config` carrying `model`'s weights (the output layer fresh unless kept)."""
-    fresh = ARCHITECTURES[model.architecture](config)
-    state = {k: v for k, v in model.state_dict().items() if keep_output or not k.startswith("out.")}
-    fresh.load_state_dict(state, strict=False)
-    return fresh

@@ -49,6 +49,8 @@ class TrainArgs:
         max_bad_steps: Consecutive steps with a non-finite loss or gradient norm (each skipped and logged) after
             which the run stops, naming its last good checkpoint.
         compile: Wrap the model in torch.compile.
+        gradient_checkpointing: Recompute each block in the backward pass instead of keeping its activations
+            (activation checkpointing): the same losses and gradients, less memory, about a third more compute.
         deterministic: `torch.use_deterministic_algorithms`: bitwise-repeatable runs (and resumes) also where
             kernels would accumulate with atomics (Inductor's compiled backward on CPU, many CUDA kernels), at some
             speed; without it such runs repeat to ~1e-7. Eager CPU runs are bitwise-repeatable either way.
@@ -76,6 +78,7 @@ class TrainArgs:
     report_to: list[str] = field(default_factory=list)
     max_bad_steps: int = 20
     compile: bool = False
+    gradient_checkpointing: bool = False
     deterministic: bool = False
     progress: bool = True
 

@@ -26,6 +26,7 @@ import torch
 
 from roformer.data.sampling import global_batch_size
 from roformer.errors import Diverged, Preempted, UserError, WriteFailed
+from roformer.model.model import Model
 from roformer.train.checkpoints import CheckpointManager
 from roformer.train.config import TrainArgs
 from roformer.train.faults import GracefulStop, describe_write_error, write_errors
@@ -120,7 +121,7 @@ class Engine:
     def is_main_process(self) -> bool:
         return self.accelerator.is_main_process
 
-    def setup(self, model: torch.nn.Module, lr: float, total_steps: int) -> None:
+    def setup(self, model: Model, lr: float, total_steps: int) -> None:
         """AdamW and its schedule over `total_steps`, torch.compile if asked, accelerate's prepare."""
         args = self.args
         optimizer, self.scheduler = make_optimizer(
@@ -133,6 +134,7 @@ class Engine:
             total_steps,
             args.schedule,
         )
+        model.set_gradient_checkpointing(args.gradient_checkpointing)
         if args.compile:
             model = torch.compile(model)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)

@@ -57,6 +57,7 @@ RESUME_MAY_CHANGE = (  # what only watches or keeps the run (logged as a warning
     "train.save_every",
     "train.keep_checkpoints",
     "train.max_bad_steps",
+    "train.gradient_checkpointing",  # the same losses and gradients, recomputed
     "data.num_proc",
     "data.cache_dir",
     # the process layout, under the same global batch (batch_size x processes x grad_accum): the checkpoint and
