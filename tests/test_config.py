@@ -49,7 +49,14 @@ def shipped_configs() -> list[Path]:
 
 def test_configs_exist() -> None:
     names = {p.name for p in (REPO / "configs" / "model").glob("*.yaml")}
-    assert names == {f"{arm}-{size}.yaml" for arm in ("roformer", "bert") for size in ("tiny", "small", "base")}
+    pairs = {f"{arm}-{size}.yaml" for arm in ("roformer", "bert") for size in ("tiny", "small", "base")}
+    assert names == pairs | {"roformer-v2-small.yaml"}
+
+
+def test_v2_config_is_v1_but_for_the_v2_fields() -> None:
+    v1 = ModelConfig.from_yaml(REPO / "configs" / "model" / "roformer-small.yaml").to_dict()
+    v2 = ModelConfig.from_yaml(REPO / "configs" / "model" / "roformer-v2-small.yaml").to_dict()
+    assert {k for k in v1 if v1[k] != v2[k]} == {"use_bias", "norm_type", "mlm_head", "initializer"}
 
 
 @pytest.mark.parametrize("path", shipped_configs(), ids=lambda p: str(p.relative_to(REPO / "configs")))
