@@ -343,7 +343,10 @@ class CausalLM(LanguageModel):
             input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids, cache
         )
         logits = self.vocabulary_logits(x)  # (B, T, V)
-        loss = token_cross_entropy(logits[:, :-1], labels[:, 1:]) if labels is not None else None
+        loss = None
+        if labels is not None:  # shift the labels, not the logits: no copy of the (B, T, V) logits and their gradient
+            ignore = torch.full_like(labels[:, :1], IGNORE_INDEX)
+            loss = token_cross_entropy(logits, torch.cat([labels[:, 1:], ignore], dim=1))
         pooled = self.backbone.pooled(x) if cache is None else None  # x[:, 0] is not the first token with a cache
         return ModelOutput(logits=logits, loss=loss, hidden_states=hidden, pooled=pooled)
 
