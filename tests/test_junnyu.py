@@ -148,3 +148,21 @@ def test_convert_imports_every_family_and_refuses_what_hf_cannot_hold(tmp_path: 
     hf_model = transformers.RoFormerForMaskedLM.from_pretrained(tmp_path / "electra-hf").eval()
     with torch.no_grad():
         assert_close(hf_model(**inputs(io)).logits, io["logits"])
+
+
+@pytest.mark.parametrize("architecture", [None, "backbone", "masked_lm", "sequence_classification", "causal_lm"])
+def test_the_config_read_without_weights_is_the_loaded_models(architecture: str | None) -> None:
+    from roformer.model.hf import hf_model_config
+
+    for name in sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()):
+        loaded = roformer.from_hf(GOLDEN / name, architecture=architecture)
+        assert hf_model_config(str(GOLDEN / name), architecture) == loaded.config, (name, architecture)
+
+
+def test_a_masked_lm_read_as_a_causal_lm_keeps_its_vocabulary_head(tmp_path: Path) -> None:
+    mlm = roformer.from_hf(GOLDEN / "v1_masked_lm_emb16_rotary_value", architecture="masked_lm")
+    mlm.save(tmp_path / "mlm")
+    lm = roformer.load(tmp_path / "mlm", architecture="causal_lm")
+    assert isinstance(lm, CausalLM)
+    for key, value in mlm.state_dict().items():
+        assert torch.equal(lm.state_dict()[key], value), key

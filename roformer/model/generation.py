@@ -142,7 +142,7 @@ def generate(
             token = token.masked_fill(finished, pad)
             finished |= token == eos_token_id
         columns.append(token[:, None])
-        if step == max_new_tokens - 1 or bool(finished.all()):
+        if step == max_new_tokens - 1 or (eos_token_id is not None and bool(finished.all())):  # a sync: only with eos
             break
         real = torch.ones((B, 1), dtype=torch.bool, device=input_ids.device)
         logits = model.next_token_logits(token[:, None], real, new_types, position, cache)

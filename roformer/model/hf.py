@@ -19,6 +19,7 @@ import torch
 from roformer.errors import CheckpointError
 from roformer.model.config import ACTIVATION_NAMES, ModelConfig
 from roformer.model.model import ARCHITECTURES, Model
+from roformer.model.weights import load_weights
 
 # (HF pattern, our pattern) for backbone keys; {i} is a layer index, {p} a parameter name (weight/bias).
 _BACKBONE_KEYS = [
@@ -127,9 +128,10 @@ def from_hf(
     Raises:
         CheckpointError: the source cannot be read or has features we do not support.
     """
+    where = str(source) if isinstance(source, str | Path) else type(source).__name__
     if isinstance(source, str | Path):
-        hf_config, state = read_hf_checkpoint(str(source))
-        family, arch = _checkpoint_kind(hf_config, state, str(source))
+        hf_config, state = read_hf_checkpoint(where)
+        family, arch = _checkpoint_kind(hf_config, state, where)
     else:
         family, arch = _hf_kind(source)
         hf_config, state = source.config, source.state_dict()
@@ -143,14 +145,18 @@ def from_hf(
     missing, unexpected = model.load_state_dict(_state_from_hf(state, family, arch, config), strict=False)
     if missing or unexpected:
         raise CheckpointError(f"HF conversion left missing keys {missing[:5]} and unexpected keys {unexpected[:5]}")
-    model = _retargeted(model, architecture or arch, overrides)
+    model = _retargeted(model, architecture or arch, overrides, where)
     if rotary_layout != model.config.rotary_layout:
         model = convert_rotary_layout(model, rotary_layout)
     return model.eval()
 
 
-def _retargeted(model: Model, architecture: str, overrides: dict[str, Any]) -> Model:
-    """`model` as another architecture and/or config: every weight whose name and shape still fit is kept."""
+def _retargeted(model: Model, architecture: str, overrides: dict[str, Any], where: str) -> Model:
+    """`model` as another architecture and/or config.
+
+    Another architecture keeps the backbone (`load_weights`: the new head fresh, logged). The same architecture
+    keeps every weight whose shape still fits (a classifier saved for another task gets a fresh output layer).
+    """
     if architecture not in ARCHITECTURES:
         raise CheckpointError(f"unknown architecture {architecture!r} (known: {', '.join(ARCHITECTURES)})")
     if architecture == model.architecture and not overrides:
@@ -159,18 +165,13 @@ def _retargeted(model: Model, architecture: str, overrides: dict[str, Any]) -> M
     if unknown:
         raise CheckpointError(f"unknown ModelConfig field {unknown[0]!r}")
     new = ARCHITECTURES[architecture](replace(model.config, **overrides))
-    state = {_backbone_key(k, model.architecture, architecture): v for k, v in model.state_dict().items()}
+    if architecture != model.architecture:
+        load_weights(new, model.state_dict(), model.architecture, Path(where))
+        return new
     fits = new.state_dict()
-    new.load_state_dict({k: v for k, v in state.items() if k in fits and fits[k].shape == v.shape}, strict=False)
+    kept = {k: v for k, v in model.state_dict().items() if k in fits and fits[k].shape == v.shape}
+    new.load_state_dict(kept, strict=False)
     return new
-
-
-def _backbone_key(key: str, source: str, target: str) -> str:
-    """A parameter name of a `source` model as named in a `target` model (only the backbone prefix differs)."""
-    bare = key if source == "backbone" else key.removeprefix("backbone.") if key.startswith("backbone.") else None
-    if bare is None:
-        return key  # a head parameter: kept only if the target has the same head
-    return bare if target == "backbone" else f"backbone.{bare}"
 
 
 def read_hf_checkpoint(path: str) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -178,11 +179,14 @@ def read_hf_checkpoint(path: str) -> tuple[Any, dict[str, torch.Tensor]]:
 
     Weights come from model.safetensors or pytorch_model.bin (sharded or not); a hub name is downloaded first.
     """
+    directory = _local(path)
+    return _read_config(str(directory)), _read_weights(directory)
+
+
+def _local(path: str) -> Path:
+    """A checkpoint directory: `path` itself, or a hub name's download."""
     directory = Path(path)
-    if not directory.is_dir():
-        directory = _download(path)
-    hf_config = _read_config(str(directory))
-    return hf_config, _read_weights(directory)
+    return directory if directory.is_dir() else _download(path)
 
 
 def _download(name: str) -> Path:
@@ -208,32 +212,52 @@ def _first_line(error: Exception) -> str:
     return (str(error).splitlines() or [type(error).__name__])[0]
 
 
-def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    for name, load in (
-        ("model.safetensors", load_file),
-        ("pytorch_model.bin", lambda f: torch.load(f, map_location="cpu", weights_only=True)),
-    ):
+def _weight_files(directory: Path) -> list[Path]:
+    """The files holding a checkpoint's weights: model.safetensors, else pytorch_model.bin, or their shards."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
         index = directory / f"{name}.index.json"
         files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else [name]
         if all((directory / f).is_file() for f in files):
-            state: dict[str, torch.Tensor] = {}
-            try:
-                for f in files:
-                    state.update(load(directory / f))
-            except Exception as e:  # noqa: BLE001 - a corrupt file raises whatever its reader raises
-                raise CheckpointError(f"{directory}: cannot read {files[0]} ({_first_line(e)})") from None
-            return state
+            return [directory / f for f in files]
     raise CheckpointError(f"{directory}: no model.safetensors or pytorch_model.bin")
 
 
+def _read_weights(directory: Path, names_only: bool = False) -> dict[str, Any]:
+    """The state dict of a checkpoint directory; with `names_only`, its tensor names (safetensors: no data read)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    files = _weight_files(directory)
+    state: dict[str, Any] = {}
+    try:
+        for f in files:
+            if f.suffix != ".safetensors":
+                state.update(torch.load(f, map_location="cpu", weights_only=True))
+            elif names_only:
+                with safe_open(f, "pt") as opened:
+                    state.update(dict.fromkeys(opened.keys()))
+            else:
+                state.update(load_file(f))
+    except Exception as e:  # noqa: BLE001 - a corrupt file raises whatever its reader raises
+        raise CheckpointError(f"{directory}: cannot read {files[0].name} ({_first_line(e)})") from None
+    return state
+
+
 def hf_model_config(path: str, architecture: str | None = None) -> ModelConfig:
-    """Our ModelConfig of an HF checkpoint loaded as `architecture` (what `from_hf` gives; weights are read)."""
-    return from_hf(path, architecture).config
+    """Our ModelConfig of an HF checkpoint loaded as `architecture`, as `from_hf` gives it.
+
+    Read from config.json and the tensor names: a safetensors checkpoint's weights are not read.
+    """
+    directory = _local(path)
+    hf_config, keys = _read_config(str(directory)), _read_weights(directory, names_only=True)
+    family, arch = _checkpoint_kind(hf_config, keys, path)
+    target = architecture or arch
+    if target not in ARCHITECTURES:
+        raise CheckpointError(f"unknown architecture {target!r} (known: {', '.join(ARCHITECTURES)})")
+    return ARCHITECTURES[target].adapt_config(_config_from_hf(hf_config, family, arch, set(keys)))
 
 
-def _checkpoint_kind(hf_config: Any, state: dict[str, torch.Tensor], path: str) -> tuple[str, str]:
+def _checkpoint_kind(hf_config: Any, state: dict[str, Any], path: str) -> tuple[str, str]:
     """(family, architecture) a checkpoint was saved as: its `architectures` entry, else read from its keys."""
     family = hf_config.model_type
     if family not in _PREFIX:

@@ -73,6 +73,11 @@ class Model(nn.Module):
         # Drawn before any submodule exists, so it is the same for every position encoding under one seed.
         self.init_seed = int(torch.randint(2**62, ()))
 
+    @staticmethod
+    def adapt_config(config: ModelConfig) -> ModelConfig:
+        """The config this class builds from `config` (a head may need a pooler, a decoder causal attention)."""
+        return config
+
     def init_weights(self) -> None:
         """BERT init: normal(0, initializer_range) weights, zero biases, unit LayerNorm, zero padding embedding.
 
@@ -320,9 +325,10 @@ class CausalLM(LanguageModel):
     """
 
     architecture = "causal_lm"
+    adapt_config = staticmethod(as_decoder)
 
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__(as_decoder(config))
+        super().__init__(self.adapt_config(config))
 
     def forward(
         self,
@@ -403,9 +409,10 @@ class SequenceClassifier(Model):
     """
 
     architecture = "sequence_classification"
+    adapt_config = staticmethod(with_pooler_for_head)
 
     def __init__(self, config: ModelConfig) -> None:
-        config = with_pooler_for_head(config)
+        config = self.adapt_config(config)
         super().__init__(config)
         self.backbone = Backbone(config, init=False)
         C = config.hidden_size
@@ -523,9 +530,10 @@ class MultipleChoice(Model):
     """
 
     architecture = "multiple_choice"
+    adapt_config = staticmethod(with_pooler_for_head)
 
     def __init__(self, config: ModelConfig) -> None:
-        config = with_pooler_for_head(config)
+        config = self.adapt_config(config)
         super().__init__(config)
         self.backbone = Backbone(config, init=False)
         self.dropout = head_dropout(config)

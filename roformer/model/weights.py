@@ -91,14 +91,20 @@ def read_model_dir(
     return saved_architecture, architecture, config, _read_weights(directory / WEIGHTS_FILE)
 
 
+# Architectures with the same head (the vocabulary head: one predicts masked tokens, the other the next token).
+SAME_HEAD = {"masked_lm", "causal_lm"}
+
+
 def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], saved_architecture: str, where: Path) -> None:
     """Copy saved weights into `model`: all of them for the saved architecture, else the backbone (head fresh, logged).
+
+    A masked LM and a causal LM share their head (SAME_HEAD): it is kept when one is loaded as the other.
 
     Raises:
         CheckpointError: a shape mismatch, missing or unexpected weights.
     """
     architecture = model.architecture
-    if architecture == saved_architecture:
+    if architecture == saved_architecture or {architecture, saved_architecture} <= SAME_HEAD:
         _load_state(model, state, where, strict=True)
         return
     backbone = model if architecture == "backbone" else model.backbone
