@@ -14,6 +14,8 @@ decoder rows it computes) times tokens/s, over the peak of a large GEMM measured
 device (and over the spec sheet's dense figure where the device is known).
 
     python scripts/bench_model.py                     # CPU defaults: T=128 (batch 16) and T=2048 (batch 1)
+    python scripts/bench_model.py --models ours-rotary,ours-shaw,ours-t5_bias,ours-alibi,ours-sinusoidal \
+        --seq-lens 128,512 --batch-sizes 16,4         # every position encoding of one backbone, against rotary
     python scripts/bench_model.py --shape base --device cuda --dtype bf16 --compile --seq-lens 128,512 \
         --batch-sizes 128,32
 """
@@ -36,7 +38,7 @@ import roformer
 from roformer.data.masking import masked_positions
 from roformer.model.flops import measure_matmul_tflops, spec_tflops, synchronize, training_flops_per_token
 
-MODELS = ("ours-rotary", "ours-sinusoidal", "hf-roformer", "hf-bert")
+MODELS = ("ours-rotary", "ours-sinusoidal", "hf-roformer", "hf-bert")  # the default set; `ours-<encoding>` for any
 SHAPES = {  # --shape presets: (vocab, hidden, layers, heads, ffn)
     "small": (8000, 256, 4, 4, 1024),
     "base": (30522, 768, 12, 12, 3072),  # BERT-base, the paper's shapes
@@ -53,7 +55,9 @@ DTYPES = {
 
 def model_config(name: str, args: argparse.Namespace, max_len: int) -> roformer.ModelConfig:
     """The shapes every model shares; the position encoding is the model's."""
-    encoding = {"ours-rotary": "rotary", "hf-roformer": "rotary", "ours-sinusoidal": "sinusoidal"}.get(name, "learned")
+    encoding = {"hf-roformer": "rotary", "hf-bert": "learned"}.get(name) or name.removeprefix("ours-")
+    extra = {"shaw_values": True} if encoding == "shaw-values" else {}  # Shaw et al. with a^V too
+    encoding = "shaw" if extra else encoding
     return roformer.ModelConfig(
         vocab_size=args.vocab,
         hidden_size=args.hidden,
@@ -64,6 +68,7 @@ def model_config(name: str, args: argparse.Namespace, max_len: int) -> roformer.
         attention_dropout=args.dropout,
         position_encoding=encoding,
         max_position_embeddings=max(max_len, 512),  # HF RoFormer's table size
+        **extra,
     )
 
 
@@ -120,14 +125,14 @@ def setup(name: str, args: argparse.Namespace, length: int) -> tuple[torch.nn.Mo
 def throughput(args: argparse.Namespace, batch: int, length: int) -> tuple[dict[str, float], dict[str, float]]:
     """Median tokens/s of every model, and its model TFLOPs per step-token (for MFU)."""
     dtype = getattr(torch, args.dtype)
-    runs = {name: setup(name, args, length) for name in MODELS}
+    runs = {name: setup(name, args, length) for name in args.models}
     batches = [make_batch(args, batch, length, seed) for seed in range(args.steps)]
     if args.device.startswith("cuda"):
         batches = [{k: v.pin_memory() for k, v in b.items()} for b in batches]
     for model, opt in runs.values():  # warm-up: allocator, kernels, AdamW state, compilation
         for b in batches[: 3 if args.compile else 2]:
             train_step(model, opt, b, args.device, dtype, args.decoder == "masked")
-    samples: dict[str, list[float]] = {name: [] for name in MODELS}
+    samples: dict[str, list[float]] = {name: [] for name in args.models}
     for _ in range(args.repeats):
         for name, (model, opt) in runs.items():
             synchronize(args.device)
@@ -141,7 +146,7 @@ def throughput(args: argparse.Namespace, batch: int, length: int) -> tuple[dict[
             training_flops_per_token(model_config(name, args, length), length, decoder_rows(name, args, b))
             for b in batches
         )
-        for name in MODELS
+        for name in args.models
     }
     return {name: statistics.median(v) for name, v in samples.items()}, flops
 
@@ -165,6 +170,32 @@ def peak_memory_mb(args: argparse.Namespace, name: str, batch: int, length: int)
     cmd += ["--compile"] if args.compile else []
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_mb"]
+
+
+def print_table(
+    args: argparse.Namespace,
+    length: int,
+    batch: int,
+    tps: dict[str, float],
+    mem: dict[str, float],
+    mfu: dict[str, float],
+    spec_mfu: dict[str, float] | None,
+) -> None:
+    """A markdown table of one shape: ratios against the baseline model (and ours-sinusoidal when it ran)."""
+    base = args.baseline
+    sinusoidal = "ours-sinusoidal" in tps and base != "ours-sinusoidal"
+    print(f"\nT={length}, batch {batch}")
+    print(
+        f"| model | tokens/s | vs {base} |{' vs ours-sinusoidal |' if sinusoidal else ''} MFU (GEMM) |"
+        f"{' MFU (spec) |' if spec_mfu else ''} peak MiB | mem vs {base} |"
+    )
+    print("|---|---:|---:|" + ("---:|" if sinusoidal else "") + "---:|" + ("---:|" if spec_mfu else "") + "---:|---:|")
+    for name in args.models:
+        cells = [f"{tps[name]:,.0f}", f"{tps[name] / tps[base]:.2f}x"]
+        cells += [f"{tps[name] / tps['ours-sinusoidal']:.3f}x"] if sinusoidal else []
+        cells += [f"{100 * mfu[name]:.1f}%"] + ([f"{100 * spec_mfu[name]:.1f}%"] if spec_mfu else [])
+        cells += [f"{mem[name]:,.0f}", f"{mem[name] / mem[base]:.2f}x"]
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 def _shape_args(args: argparse.Namespace) -> dict:
@@ -224,6 +255,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3, help="training steps per timed sample")
     p.add_argument("--repeats", type=int, default=5, help="timed samples per model (median reported)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
+    p.add_argument("--models", default=",".join(MODELS), help="comma list: hf-roformer, hf-bert, ours-<encoding>, ours-shaw-values")
+    p.add_argument("--baseline", help="the model the ratios divide by (default hf-roformer, else the first)")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--_memory-child", help=argparse.SUPPRESS)
     p.add_argument("--_batch", type=int, help=argparse.SUPPRESS)
@@ -241,6 +274,13 @@ def main() -> None:
     if args._memory_child:
         _memory_child(args)
         return
+    args.models = args.models.split(",")
+    unknown = [m for m in args.models if m not in ("hf-roformer", "hf-bert") and not m.startswith("ours-")]
+    if unknown:
+        p.error(f"--models: unknown {', '.join(unknown)} (hf-roformer, hf-bert or ours-<position encoding>)")
+    args.baseline = args.baseline or ("hf-roformer" if "hf-roformer" in args.models else args.models[0])
+    if args.baseline not in args.models:
+        p.error(f"--baseline {args.baseline} is not one of --models")
     lens = [int(x) for x in args.seq_lens.split(",")]
     batches = [int(x) for x in args.batch_sizes.split(",")]
     if len(lens) != len(batches):
@@ -259,8 +299,8 @@ def main() -> None:
     results = []
     for length, batch in zip(lens, batches):
         tps, flops = throughput(args, batch, length)
-        mem = {name: peak_memory_mb(args, name, batch, length) for name in MODELS}
-        mfu = {name: tps[name] * flops[name] / 1e12 / peak for name in MODELS}
+        mem = {name: peak_memory_mb(args, name, batch, length) for name in args.models}
+        mfu = {name: tps[name] * flops[name] / 1e12 / peak for name in args.models}
         results.append(
             {
                 "seq_len": length,
@@ -273,20 +313,8 @@ def main() -> None:
                 "spec_tflops": spec,
             }
         )
-        print(f"\nT={length}, batch {batch}")
-        spec_col = " | MFU (spec)" if spec else ""
-        print(
-            f"| model | tokens/s | vs HF RoFormer | vs ours-sinusoidal | MFU (GEMM){spec_col} | peak MiB "
-            "| mem vs HF RoFormer |"
-        )
-        print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if spec else ""))
-        for name in MODELS:
-            spec_mfu = f" | {100 * tps[name] * flops[name] / 1e12 / spec:.1f}%" if spec else ""
-            print(
-                f"| {name} | {tps[name]:,.0f} | {tps[name] / tps['hf-roformer']:.2f}x | "
-                f"{tps[name] / tps['ours-sinusoidal']:.3f}x | {100 * mfu[name]:.1f}%{spec_mfu} | {mem[name]:,.0f} | "
-                f"{mem[name] / mem['hf-roformer']:.2f}x |"
-            )
+        spec_mfu = {name: tps[name] * flops[name] / 1e12 / spec for name in tps} if spec else None
+        print_table(args, length, batch, tps, mem, mfu, spec_mfu)
         sys.stdout.flush()
     if args.json:
         with open(args.json, "w") as f:

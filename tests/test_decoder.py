@@ -101,7 +101,7 @@ def test_greedy_generate_equals_hf_token_for_token_batched_with_left_padding() -
     assert (got[0, 9 + 4 :] == 0).all()
 
 
-@pytest.mark.parametrize("position_encoding", ["rotary", "learned", "sinusoidal"])
+@pytest.mark.parametrize("position_encoding", ["rotary", "learned", "sinusoidal", "shaw", "t5_bias", "alibi"])
 def test_a_left_padded_prompt_generates_what_it_generates_alone(position_encoding: str) -> None:
     torch.manual_seed(0)
     model = CausalLM(tiny_config(position_encoding=position_encoding)).eval()

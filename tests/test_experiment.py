@@ -161,6 +161,16 @@ def test_arm_overrides_and_the_fields_under_comparison(tmp_path: Path) -> None:
         },
     )
     assert load_experiment(tmp_path / "exp.yaml")[1]["b"].model.rotary_dim == 8
+    relative = {
+        "shaw": {"config": "rope.yaml", "set": ["model.position_encoding=shaw", "model.relative_max_distance=16",
+                                               "model.shaw_values=true", "model.shaw_shared_layers=true"]},
+        "t5": {"config": "rope.yaml", "set": ["model.position_encoding=t5_bias", "model.relative_num_buckets=16"]},
+        "alibi": {"config": "rope.yaml", "set": ["model.position_encoding=alibi"]},
+    }  # fmt: skip
+    write_yaml(tmp_path / "exp.yaml", {"arms": {"rotary": "rope.yaml", **relative}})
+    loaded = load_experiment(tmp_path / "exp.yaml")[1]
+    assert loaded["shaw"].model.shaw_values and loaded["t5"].model.relative_num_buckets == 16
+    assert loaded["alibi"].model.position_encoding == "alibi"
     write_yaml(tmp_path / "exp.yaml", {"arms": arms, "vary": ["atention"]})
     with pytest.raises(ConfigError, match="'atention' is not a model field"):
         load_experiment(tmp_path / "exp.yaml")

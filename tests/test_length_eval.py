@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,17 @@ def test_eval_mlm_with_no_length_it_can_evaluate_exits_2(runs: dict[str, Path], 
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("roformer ")]  # no bars
     assert code == 2 and len(errors) == 1 and "no requested length could be evaluated" in errors[0], errors
     assert not (runs["learned"] / LENGTH_FILE).exists() or "4096" not in (runs["learned"] / LENGTH_FILE).read_text()
+
+
+@pytest.mark.parametrize("encoding", ["shaw", "t5_bias", "alibi"])
+def test_relative_baselines_extrapolate_beyond_their_training_length(encoding: str, tmp_path: Path) -> None:
+    """Trained at 32 tokens with distances clipped at 16 (Shaw) or bucketed up to 16 (T5): eval-mlm at 4x."""
+    model = {"position_encoding": encoding, "max_position_embeddings": 32}
+    if encoding != "alibi":
+        model["relative_max_distance"] = 16
+    yaml = tiny_run_config(tmp_path / "run.yaml", model=model, max_steps=2, eval_every=2, save_every=0)
+    run = pretrain(load(PretrainConfig, yaml), tmp_path / "run")
+    code = main(["eval-mlm", "--model", str(run / FINAL_DIR), "--seq-lens", "32,128", "--max-tokens", "1024"])
+    results = json.loads((run / LENGTH_FILE).read_text())["results"]
+    assert code == 0 and [r["seq_len"] for r in results] == [32, 128]
+    assert all(math.isfinite(r["eval_loss"]) for r in results)

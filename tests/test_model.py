@@ -11,9 +11,10 @@ from torch.testing import assert_close
 import roformer
 from roformer.data import masking
 from roformer.errors import CheckpointError
+from roformer.model.config import RELATIVE_ENCODINGS
 from roformer.model.model import IGNORE_INDEX
 
-ENCODINGS = ["rotary", "sinusoidal", "learned", "none"]
+ENCODINGS = ["rotary", "sinusoidal", "learned", "shaw", "t5_bias", "alibi", "none"]
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
@@ -83,15 +84,18 @@ def test_heads_and_losses() -> None:
 
 
 def test_same_seed_gives_every_position_encoding_the_same_shared_weights() -> None:
-    """The learned table (and the sinusoidal scale) must not shift the draws of any other parameter."""
+    """A parameter of one encoding only (the learned table, the sinusoidal scale, Shaw's embeddings, T5's bias) must
+    not shift the draws of any other parameter."""
     states = {}
-    for encoding in ("rotary", "sinusoidal", "learned", "none"):
+    for encoding in ENCODINGS:
         torch.manual_seed(0)
-        states[encoding] = roformer.MaskedLM(tiny_config(position_encoding=encoding)).state_dict()
+        fields = {"shaw_values": True} if encoding == "shaw" else {}
+        states[encoding] = roformer.MaskedLM(tiny_config(position_encoding=encoding, **fields)).state_dict()
     reference = states["rotary"]
+    own = ("embeddings.position.", "embeddings.sinusoidal.", "backbone.shaw.", "backbone.relative_bias.")
     for encoding, state in states.items():
         shared = set(reference) & set(state)
-        assert len(shared) >= len(reference) - 1, (encoding, set(reference) ^ set(state))
+        assert all(any(part in name for part in own) for name in set(reference) ^ set(state)), encoding
         for name in shared:
             torch.testing.assert_close(state[name], reference[name], rtol=0, atol=0, msg=f"{encoding}: {name}")
     assert "backbone.embeddings.position.weight" in states["learned"]
@@ -121,7 +125,7 @@ def test_learned_positions_beyond_table_fail_clearly() -> None:
     model = roformer.Backbone(tiny_config(position_encoding="learned", max_position_embeddings=16))
     with pytest.raises(ValueError, match="exceeds max_position_embeddings=16"):
         model(torch.ones(1, 17, dtype=torch.long))
-    for encoding in ("rotary", "sinusoidal"):  # no length limit
+    for encoding in ("rotary", "sinusoidal", "shaw", "t5_bias", "alibi"):  # no length limit
         model = roformer.Backbone(tiny_config(position_encoding=encoding, max_position_embeddings=16))
         assert model(torch.ones(1, 300, dtype=torch.long)).logits.shape == (1, 300, 32)
 
@@ -200,6 +204,9 @@ def test_state_dict_names_are_readable() -> None:
         {"position_encoding": "rotary", "attention": "linear"},
         {"position_encoding": "sinusoidal"},
         {"position_encoding": "learned"},
+        {"position_encoding": "shaw", "shaw_values": True, "relative_max_distance": 6},
+        {"position_encoding": "t5_bias"},
+        {"position_encoding": "alibi"},
     ],
 )
 def test_position_ids_make_a_left_padded_row_equal_itself_unpadded(fields: dict) -> None:
@@ -224,7 +231,7 @@ def test_position_ids_make_a_left_padded_row_equal_itself_unpadded(fields: dict)
     torch.testing.assert_close(default, alone, rtol=0, atol=0)
     # RoPE scores depend on m - n only (paper eq. 16): a shift by the padding changes nothing unless v is rotated
     # too or the positions are absolute; there position_ids are needed
-    relative_only = fields["position_encoding"] == "rotary" and not fields.get("rotary_value")
+    relative_only = fields["position_encoding"] in RELATIVE_ENCODINGS and not fields.get("rotary_value")
     assert torch.allclose(shifted, alone, atol=1e-5) is relative_only
 
 

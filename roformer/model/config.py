@@ -43,7 +43,10 @@ ACTIVATION_NAMES = (
     "linear",
 )
 
-PositionEncoding = Literal["rotary", "sinusoidal", "learned", "none"]
+PositionEncoding = Literal["rotary", "sinusoidal", "learned", "shaw", "t5_bias", "alibi", "none"]
+
+# Encodings that enter attention as a function of the distance between two tokens, not of the tokens' own positions.
+RELATIVE_ENCODINGS = ("rotary", "shaw", "t5_bias", "alibi")
 
 
 @dataclass
@@ -118,8 +121,11 @@ class ModelConfig:
         type_vocab_size: Number of token types (segments).
         pad_token_id: Padding id; its embedding row starts at zero and gets no gradient (as in HF).
         initializer_range: Std of the normal init of linear and embedding weights (BERT init).
-        position_encoding: `rotary` (RoFormer), `sinusoidal` or `learned` absolute positions (BERT), or `none`
-            (an ablation: a bag of tokens).
+        position_encoding: `rotary` (RoFormer), `sinusoidal` or `learned` absolute positions (BERT), the relative
+            baselines the paper names (sec. 2.3): `shaw` (Shaw et al. 2018: learned embeddings of the clipped
+            distance added to the keys, optionally the values), `t5_bias` (Raffel et al. 2020: a learned scalar per
+            distance bucket and head added to the logits, shared by all layers), `alibi` (Press et al. 2022: the
+            fixed bias -slope_h |i - j|), or `none` (an ablation: a bag of tokens).
         max_position_embeddings: Rows of the learned position table; unused by the other encodings, which have no
             length limit. Kept for HF conversion.
         rotary_base: Base of the rotary frequencies, theta_i = base^(-2i/d) (paper eq. 15).
@@ -130,6 +136,14 @@ class ModelConfig:
             None = the whole head. Frequencies are those of a `rotary_dim`-wide head, theta_i = base^(-2i/rotary_dim).
         rope_scaling: Context scaling of the rotary frequencies (RopeScaling: linear, ntk, yarn), e.g. to evaluate or
             continue training at lengths beyond the pretraining length. None = the paper's RoPE.
+        relative_max_distance: `shaw`: the clipping distance k (distances beyond +-k share an embedding; 2k + 1
+            embeddings). 128 by default, not the paper's 16: 16 is Shaw et al.'s choice for translation with sentences
+            of ~30 tokens; an encoder pretrained on 128-512 token blocks would see most of its pairs clipped.
+            `t5_bias`: T5's max_distance (the largest distance with its own log-spaced bucket; 128 as in T5).
+        relative_num_buckets: `t5_bias`: distance buckets (32 as in T5; half per direction, bidirectional).
+        shaw_values: `shaw`: also add an embedding of the clipped distance to the values (Shaw et al. eq. 3).
+        shaw_shared_layers: `shaw`: one set of distance embeddings for all layers; false = one per layer (as the
+            paper's tensor2tensor implementation). Either way they are shared by the heads (the paper, sec. 3.1).
         attention: `softmax` (scaled dot-product attention) or `linear` (paper sec. 3.3, eq. 19: elu+1 feature map,
             RoPE on the features in the numerator only, O(T) memory; attention dropout does not apply).
         sinusoidal_scale: Multiplier of the sinusoidal table added to the token embeddings. None picks the default
@@ -180,6 +194,10 @@ class ModelConfig:
     rotary_value: bool = False
     rotary_dim: int | None = None
     rope_scaling: RopeScaling | None = None
+    relative_max_distance: int = 128
+    relative_num_buckets: int = 32
+    shaw_values: bool = False
+    shaw_shared_layers: bool = False
     attention: Literal["softmax", "linear"] = "softmax"
     sinusoidal_scale: float | None = None
     sinusoidal_scale_learned: bool = False
@@ -215,6 +233,7 @@ class ModelConfig:
         if self.rotary_value and self.position_encoding != "rotary":
             raise ConfigError("rotary_value is only meaningful with position_encoding: rotary")
         self._validate_rotary_extensions()
+        self._validate_relative()
         if self.hidden_act not in ACTIVATION_NAMES:
             raise ConfigError(f"hidden_act '{self.hidden_act}' is not one of: {', '.join(ACTIVATION_NAMES)}")
         for name in ("hidden_dropout", "attention_dropout"):
@@ -242,6 +261,27 @@ class ModelConfig:
         if self.mlm_head == "bare" and self.embedding_dim != self.hidden_size:
             raise ConfigError(
                 "mlm_head: bare multiplies the hidden states by the embeddings: embedding_size must be null"
+            )
+
+    def _validate_relative(self) -> None:
+        if self.relative_max_distance < 1:
+            raise ConfigError(f"relative_max_distance must be >= 1, got {self.relative_max_distance}")
+        if self.position_encoding == "t5_bias":
+            if self.relative_num_buckets < 4 or self.relative_num_buckets % 2:
+                raise ConfigError(f"relative_num_buckets must be even and >= 4, got {self.relative_num_buckets}")
+            if self.relative_max_distance <= self.relative_num_buckets // 4:
+                # T5's log-spaced buckets start at num_buckets / 4 (half per direction, half of those exact)
+                raise ConfigError(
+                    f"relative_max_distance ({self.relative_max_distance}) must exceed relative_num_buckets / 4 "
+                    f"({self.relative_num_buckets // 4}), where T5's log-spaced buckets start"
+                )
+        for name in ("shaw_values", "shaw_shared_layers"):
+            if getattr(self, name) and self.position_encoding != "shaw":
+                raise ConfigError(f"{name} is only meaningful with position_encoding: shaw")
+        if self.attention == "linear" and self.position_encoding in ("shaw", "t5_bias", "alibi"):
+            # eq. 19 never forms the T x T logits that these add to
+            raise ConfigError(
+                f"attention: linear has no attention logits to bias: {self.position_encoding} needs softmax"
             )
 
     def _validate_rotary_extensions(self) -> None:

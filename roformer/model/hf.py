@@ -476,6 +476,11 @@ def _config_to_hf(config: ModelConfig, family: str, arch: str) -> Any:
     for name, reason in unsupported.items():
         if getattr(config, name) not in (None, "softmax"):
             raise CheckpointError(reason)
+    if config.position_encoding in ("shaw", "t5_bias", "alibi"):
+        raise CheckpointError(
+            f"HF RoFormer and BERT have no {config.position_encoding} relative positions: only rotary, sinusoidal, "
+            "learned and none export"
+        )
     _check_v1(config, family)
     common["is_decoder"] = config.attention_pattern == "causal"
     summarises = arch in ("sequence_classification", "multiple_choice")  # heads that summarise a sequence

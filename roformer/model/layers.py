@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -256,6 +257,142 @@ class SinusoidalPositions(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Relative position encodings: the paper's other baselines (sec. 2.3) and ALiBi. Each is a function of the distance
+# key position - query position, (T, S) when every row has positions 0..T-1, else (B, T, S).
+
+
+def relative_distances(query_positions: Tensor, key_positions: Tensor) -> Tensor:
+    """Key position - query position: (T,) and (S,) -> (T, S), or (B, T) and (B, S) -> (B, T, S)."""
+    return key_positions.unsqueeze(-2) - query_positions.unsqueeze(-1)
+
+
+def t5_buckets(distance: Tensor, num_buckets: int, max_distance: int) -> Tensor:
+    """T5's bidirectional buckets of a distance (key - query) (Raffel et al. 2020, sec. 2.1; mesh-tensorflow).
+
+    Half the buckets are for keys after the query, half for the rest. Within a half, distances below a quarter of
+    num_buckets each have their own bucket; larger ones share log-spaced buckets up to max_distance, and everything
+    further shares the last one.
+    """
+    half = num_buckets // 2
+    exact = half // 2
+    bucket = (distance > 0).long() * half
+    n = distance.abs()
+    # n = 0 gives log(0) = -inf here; those entries take the exact branch below
+    log_spaced = exact + (torch.log(n.float() / exact) / math.log(max_distance / exact) * (half - exact)).long()
+    return bucket + torch.where(n < exact, n, log_spaced.clamp(max=half - 1))
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """ALiBi's head slopes (Press et al. 2022, sec. 3): 2^(-8/n), 2^(-16/n), ... for n heads, n a power of two.
+
+    Otherwise the slopes of the largest power of two p below n, then every other slope of 2p for the remaining
+    heads (the paper's interpolation, as its reference code). float32 (H,).
+    """
+
+    def geometric(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
+
+    power = 2 ** int(math.log2(num_heads))
+    slopes = geometric(power) + geometric(2 * power)[0::2][: num_heads - power]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+class RelativeBias(nn.Module):
+    """A bias of the attention logits that depends on distance only, computed once per forward for every layer.
+
+    `t5_bias`: one learned scalar per bucket (`t5_buckets`) and head, shared by all layers as in T5. `alibi`: the fixed
+    -slope_h |key - query| (no parameters), symmetric for an encoder: a token's own position is not special.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.kind = config.position_encoding
+        self.num_buckets = config.relative_num_buckets
+        self.max_distance = config.relative_max_distance
+        self.buckets = nn.Embedding(config.relative_num_buckets, config.num_heads) if self.kind == "t5_bias" else None
+        self.slopes = alibi_slopes(config.num_heads)  # a plain attribute: model.to(bfloat16) must not round it
+
+    def forward(self, distance: Tensor) -> Tensor:
+        """(T, S) or (B, T, S) distances -> float32 bias (1, H, T, S) or (B, H, T, S)."""
+        distance = distance if distance.dim() == 3 else distance[None]
+        if self.buckets is not None:
+            bias = self.buckets(t5_buckets(distance, self.num_buckets, self.max_distance))  # (B, T, S, H)
+            return bias.float().permute(0, 3, 1, 2)
+        slopes = self.slopes.to(distance.device)[None, :, None, None]  # (1, H, 1, 1)
+        return -slopes * distance.abs()[:, None].float()
+
+
+@dataclass
+class ShawTerms:
+    """One layer's relative embeddings (Shaw et al. 2018) and where each (query, key) pair reads them.
+
+    Attributes:
+        keys: (R, D) embeddings a^K of the R clipped distances this forward contains.
+        values: (R, D) embeddings a^V, or None (keys only).
+        index: (T, S) or (B, T, S) long: the row of `keys` / `values` of each pair.
+    """
+
+    keys: Tensor
+    values: Tensor | None
+    index: Tensor
+
+    def logits(self, q: Tensor) -> Tensor:
+        """q_i . a^K_ij for every pair: (B, H, T, D) -> (B, H, T, S) float32.
+
+        q . a^K for the R distinct distances first, (B, H, T, R), then each pair picks its own: a (T, S, D) gather
+        of the embeddings would cost S / R times the memory and as much more arithmetic (Shaw et al. sec. 3.3).
+        """
+        per_distance = q @ self.keys.to(q.dtype).T  # (B, H, T, R)
+        return per_distance.float().gather(-1, self._index(q.shape))
+
+    def value_terms(self, probs: Tensor) -> Tensor:
+        """sum_j probs_ij a^V_ij: the probabilities summed per distance, then one (R, D) product. -> (B, H, T, D)."""
+        per_distance = torch.zeros(*probs.shape[:-1], self.values.shape[0], dtype=probs.dtype, device=probs.device)
+        per_distance.scatter_add_(-1, self._index(probs.shape), probs)  # (B, H, T, R)
+        return per_distance @ self.values.to(probs.dtype)
+
+    def _index(self, shape: torch.Size) -> Tensor:
+        B, H, T = shape[:3]
+        index = self.index if self.index.dim() == 3 else self.index[None]
+        return index[:, None].expand(B, H, T, index.shape[-1])  # (B, H, T, S), a view
+
+
+class ShawEmbeddings(nn.Module):
+    """Shaw et al.'s relative position representations: learned embeddings of the clipped distance.
+
+        e_ij = q_i . (k_j + a^K_ij) / sqrt(d),   z_i = sum_j softmax(e)_ij (v_j + a^V_ij)    (Shaw et al. eq. 3-5)
+
+    a_ij = w_clip(j - i, k): 2k + 1 embeddings of the head width, shared by the heads, one set per layer (or one for
+    all layers with `shaw_shared_layers`).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.max_distance = config.relative_max_distance
+        tables = 1 if config.shaw_shared_layers else config.num_layers
+        rows, dim = 2 * self.max_distance + 1, config.head_size
+        self.keys = nn.ModuleList(nn.Embedding(rows, dim) for _ in range(tables))
+        self.values = nn.ModuleList(nn.Embedding(rows, dim) for _ in range(tables)) if config.shaw_values else None
+
+    def for_layers(self, distance: Tensor, lowest: int, highest: int) -> Callable[[int], ShawTerms]:
+        """The terms of each layer for these distances, which lie in [lowest, highest] once clipped.
+
+        Only those rows are used: at T = 128 with k = 128 that is 255 of 257, at T = 16 it is 31.
+        """
+        k = self.max_distance
+        lowest, highest = max(lowest, -k), min(highest, k)
+        index = distance.clamp(-k, k) - lowest
+        rows = slice(lowest + k, highest + k + 1)
+
+        def terms(layer: int) -> ShawTerms:
+            table = layer % len(self.keys)
+            values = None if self.values is None else self.values[table].weight[rows]
+            return ShawTerms(self.keys[table].weight[rows], values, index)
+
+        return terms
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Encoder
 
 
@@ -400,6 +537,7 @@ class KVCache:
         self.values: list[Tensor] = []
         self.keep: Tensor | None = None  # (B, capacity) bool: a real token
         self.ranks: Tensor | None = None  # (B, capacity) long: attention rank
+        self.positions: Tensor | None = None  # (B, capacity) long: position (relative encodings read it)
 
     def last_rank(self) -> Tensor | int:
         """(B, 1) rank of the last filled slot (0 when empty)."""
@@ -417,6 +555,14 @@ class KVCache:
         if ranks is not None:
             self.ranks[:, start : self.length] = ranks
         return self.keep[:, : self.length], None if ranks is None else self.ranks[:, : self.length]
+
+    def add_positions(self, positions: Tensor) -> Tensor:
+        """Record the positions (B, T) of the slots just added (by `add_tokens`); returns those of all slots (B, S)."""
+        B, T = positions.shape
+        if self.positions is None or self.positions.shape[1] != self.capacity:
+            self.positions = _grown(self.positions, (B, self.capacity), torch.long, positions.device, dim=1)
+        self.positions[:, self.length - T : self.length] = positions
+        return self.positions[:, : self.length]
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write layer `layer`'s k, v (B, H, T, D) of the slots just added; returns those of all slots (B, H, S, D)."""
@@ -464,6 +610,7 @@ def self_attention_mask(
     cache: KVCache | None,
     shape: tuple[int, int],
     device: torch.device,
+    causal_shortcut: bool = True,
 ) -> tuple[Tensor | None, bool]:
     """The boolean mask every layer's attention uses, and whether SDPA's causal path replaces it.
 
@@ -475,6 +622,7 @@ def self_attention_mask(
         cache: The decoder's KVCache (the new slots are recorded in it), or None.
         shape: (B, T) of the new tokens.
         device: Where the mask lives.
+        causal_shortcut: Leave an unpadded causal mask to SDPA (False when a position bias will be added to it).
 
     Returns:
         (B, 1, 1, S) or (B, 1, T, S) bool (True = attend) or None, and True when no mask is needed but causality.
@@ -491,7 +639,7 @@ def self_attention_mask(
         )
     if ranks is None:
         return (None if keep is None else keep[:, None, None, :]), False  # (B, 1, 1, S)
-    if keep is None and pattern == "causal":
+    if keep is None and pattern == "causal" and causal_shortcut:
         return None, True  # SDPA's own causal path (no cache here: with one, keep is set)
     allowed = ranks_all[:, None, :] <= ranks[:, :, None]  # (B, T, S)
     if keep is not None:
@@ -524,15 +672,18 @@ class SelfAttention(nn.Module):
         rotary: Rotation | None,
         kv: KVUpdate | None = None,
         causal: bool = False,
+        shaw: ShawTerms | None = None,
     ) -> Tensor:
         """(B, T, C) -> (B, T, C).
 
         Args:
             x: The new tokens' hidden states.
-            mask: (B, 1, 1 or T, S) bool, True = attend, over the S keys (cached ones first), or None.
+            mask: Over the S keys (cached ones first): (B, 1, 1 or T, S) bool, True = attend; or a float bias
+                (1 or B, H, T, S) added to the logits, -inf where not attended (T5 bias, ALiBi); or None.
             rotary: Rotates (B, T, ..., D) by the new tokens' positions, or None.
             kv: Stores the new keys and values in a `KVCache` and returns all of them, or None (no cache).
             causal: Attend to earlier positions only, by SDPA's own causal path (no cache, no mask).
+            shaw: This layer's relative embeddings (Shaw et al.), or None.
         """
         B, T, C = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_size)  # (B, T, 3, H, D)
@@ -551,8 +702,29 @@ class SelfAttention(nn.Module):
         if kv is not None:
             k, v = kv(k, v)  # (B, H, S, D)
         dropout = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)  # (B,H,T,D)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+        if shaw is not None:
+            y = shaw_attention(q, k, v, mask, shaw, dropout)
+        else:
+            if mask is not None and mask.is_floating_point() and mask.dtype != q.dtype:
+                mask = mask.to(q.dtype)  # SDPA takes a float mask in the query's dtype (autocast)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))  # y: (B, H, T, D)
+
+
+def shaw_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, shaw: ShawTerms, dropout: float) -> Tensor:
+    """Softmax attention with Shaw et al.'s relative terms (eq. 3-5). (B, H, T, D) q, (B, H, S, D) k and v.
+
+    Keys only: q . a^K enters as an additive float mask, so SDPA still does the rest (its flash kernel cannot take
+    one; the memory-efficient one can). With values the probabilities themselves are needed, so it is written out.
+    """
+    bias = shaw.logits(q) / math.sqrt(q.shape[-1])  # (B, H, T, S) float32, scaled like q . k
+    if mask is not None:
+        bias = bias.masked_fill(~mask, float("-inf"))
+    if shaw.values is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout)
+    logits = (q @ k.transpose(-1, -2)).float() / math.sqrt(q.shape[-1]) + bias  # (B, H, T, S)
+    probs = F.dropout(logits.softmax(dim=-1), dropout, training=dropout > 0).to(q.dtype)
+    return probs @ v + shaw.value_terms(probs)
 
 
 class Block(nn.Module):
@@ -569,7 +741,13 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(
-        self, x: Tensor, mask: Tensor | None, rotary: Rotation | None, kv: KVUpdate | None = None, causal: bool = False
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        rotary: Rotation | None,
+        kv: KVUpdate | None = None,
+        causal: bool = False,
+        shaw: ShawTerms | None = None,
     ) -> Tensor:
-        x = self.attn_norm(x + self.dropout(self.attn(x, mask, rotary, kv, causal)))
+        x = self.attn_norm(x + self.dropout(self.attn(x, mask, rotary, kv, causal, shaw)))
         return self.ffn_norm(x + self.dropout(self.ffn_out(self.act(self.ffn_in(x)))))

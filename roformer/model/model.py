@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -30,8 +31,12 @@ from roformer.model.layers import (
     Block,
     Embeddings,
     KVCache,
+    RelativeBias,
     RotaryEmbedding,
+    ShawEmbeddings,
+    ShawTerms,
     make_norm,
+    relative_distances,
     self_attention_mask,
 )
 from roformer.model.weights import load_weights, read_model_dir, save_model
@@ -150,6 +155,9 @@ class Backbone(Model):
             if config.position_encoding == "rotary"
             else None
         )
+        # The relative baselines: a bias shared by every layer (T5, ALiBi) or embeddings each layer reads (Shaw).
+        self.relative_bias = RelativeBias(config) if config.position_encoding in ("t5_bias", "alibi") else None
+        self.shaw = ShawEmbeddings(config) if config.position_encoding == "shaw" else None
         self.pooler = (
             nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias) if config.add_pooler else None
         )
@@ -178,24 +186,49 @@ class Backbone(Model):
         B, T = input_ids.shape
         if cache is not None and position_ids is None:
             position_ids = torch.arange(cache.length, cache.length + T, device=input_ids.device).expand(B, T)
+        relative = self.relative_bias is not None or self.shaw is not None
         mask, causal = self_attention_mask(
-            self.config.attention_pattern, attention_mask, token_type_ids, cache, (B, T), input_ids.device
+            self.config.attention_pattern, attention_mask, token_type_ids, cache, (B, T), input_ids.device, not relative
         )
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, C)
         rotary = self.rotary
         if rotary is not None and position_ids is not None:
             rotary = partial(self.rotary, positions=position_ids)
+        shaw = None
+        if relative:
+            mask, shaw = self._relative_positions(mask, position_ids, cache, T)
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         hidden = [x] if output_hidden_states else None
         for i, block in enumerate(self.layers):
             kv = partial(cache.update, i) if cache is not None else None
+            terms = shaw(i) if shaw is not None else None
             if recompute:  # dropout masks are replayed: the same values and gradients as without
-                x = checkpoint(block, x, mask, rotary, kv, causal, use_reentrant=False)
+                x = checkpoint(block, x, mask, rotary, kv, causal, terms, use_reentrant=False)
             else:
-                x = block(x, mask, rotary, kv, causal)
+                x = block(x, mask, rotary, kv, causal, terms)
             if hidden is not None:
                 hidden.append(x)
         return x, tuple(hidden) if hidden is not None else None
+
+    def _relative_positions(
+        self, mask: Tensor | None, position_ids: Tensor | None, cache: KVCache | None, T: int
+    ) -> tuple[Tensor | None, Callable[[int], ShawTerms] | None]:
+        """A relative encoding's distances, once per forward: T5/ALiBi's bias folded into the mask, or Shaw's terms.
+
+        Without `position_ids` every row has positions 0..T-1: the (T, T) distances (and the (1, H, T, T) bias) are
+        shared by the batch. With them (or a cache, which keeps every slot's position) they are per row, (B, T, S).
+        """
+        if position_ids is None:
+            positions = torch.arange(T, device=self.embeddings.word.weight.device)
+            distance, lowest, highest = relative_distances(positions, positions), 1 - T, T - 1  # (T, T)
+        else:
+            keys = cache.add_positions(position_ids) if cache is not None else position_ids
+            distance = relative_distances(position_ids, keys)  # (B, T, S)
+            lowest, highest = -self.config.relative_max_distance, self.config.relative_max_distance  # no host sync
+        if self.shaw is not None:
+            return mask, self.shaw.for_layers(distance, lowest, highest)
+        bias = self.relative_bias(distance)  # (1 or B, H, T, S) float32
+        return (bias if mask is None else bias.masked_fill(~mask, float("-inf"))), None
 
     def pool(self, x: Tensor) -> Tensor:
         """The pooler on the first token: tanh(dense(x[:, 0])) (BERT), or dense(x[:, 0]) (pooler_activation: linear)."""

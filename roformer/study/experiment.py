@@ -57,6 +57,10 @@ POSITION_FIELDS = {
     "max_position_embeddings",
     "rotary_dim",
     "rope_scaling",
+    "relative_max_distance",
+    "relative_num_buckets",
+    "shaw_values",
+    "shaw_shared_layers",
 }
 
 

@@ -4,7 +4,8 @@ The validation documents of a pretraining config (or of a run's own config.yaml)
 model's own tokenizer, packed into blocks of each length and scored under the fixed evaluation mask (seeded as in
 training); the training split is never read beyond what the validation split needs. The same
 number of tokens is scored at every length (`max_tokens`), so the lengths differ only in context. Rotary and
-sinusoidal positions run at any length; learned positions stop at their table, which is reported, not crashed on.
+sinusoidal positions and the relative baselines (Shaw's clipped distances, T5's last bucket, ALiBi's linear bias) run
+at any length; learned positions stop at their table, which is reported, not crashed on.
 
 `rope_scalings` evaluates a rotary model under context-scaling methods (ModelConfig.rope_scaling): `none` (the
 paper's RoPE), `linear` (position interpolation), `ntk`, `yarn`, each with a fixed factor (`yarn:4`) or, by

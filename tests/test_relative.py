@@ -1,0 +1,195 @@
+"""The relative-position baselines (Shaw et al., T5's bias, ALiBi) against references no one here wrote.
+
+T5's buckets equal transformers' `T5Attention._relative_position_bucket`, ALiBi's slopes BLOOM's `_get_alibi_slopes`,
+and Shaw's attention the paper's equations (Shaw et al. 2018, eq. 3-5) written out term by term in float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import padded_batch, tiny_config
+from torch.testing import assert_close
+
+import roformer
+from roformer.model.layers import ShawEmbeddings, alibi_slopes, relative_distances, t5_buckets
+from roformer.model.model import CausalLM
+
+RELATIVE = ["shaw", "t5_bias", "alibi"]
+
+
+def short_range(encoding: str, **fields) -> roformer.ModelConfig:
+    """A tiny model whose relative encoding saturates within a test's lengths (Shaw clips at 5, T5 at 5 of 8 buckets)."""
+    if encoding in ("shaw", "t5_bias"):
+        fields.setdefault("relative_max_distance", 5)
+    if encoding == "t5_bias":
+        fields.setdefault("relative_num_buckets", 8)
+    return tiny_config(position_encoding=encoding, **fields)
+
+
+@pytest.mark.parametrize(("num_buckets", "max_distance"), [(32, 128), (16, 20), (8, 5), (64, 512)])
+def test_t5_buckets_equal_transformers(num_buckets: int, max_distance: int) -> None:
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    distance = torch.arange(-700, 701)[None] - torch.zeros(1, dtype=torch.long)[:, None]  # (1, 1401)
+    expected = T5Attention._relative_position_bucket(
+        distance, bidirectional=True, num_buckets=num_buckets, max_distance=max_distance
+    )
+    assert torch.equal(t5_buckets(distance, num_buckets, max_distance), expected)
+
+
+@pytest.mark.parametrize("num_heads", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 32])
+def test_alibi_slopes_equal_bloom(num_heads: int) -> None:
+    from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
+
+    assert_close(alibi_slopes(num_heads), _get_alibi_slopes(num_heads, torch.device("cpu")))
+
+
+def test_alibi_slopes_are_the_papers_geometric_sequence() -> None:
+    """8 heads: 1/2, 1/4, ..., 1/256 (Press et al. sec. 3)."""
+    assert_close(alibi_slopes(8), torch.tensor([2.0**-i for i in range(1, 9)]))
+
+
+def shaw_reference(x, layer, shaw_keys, shaw_values, k: int, keep) -> torch.Tensor:
+    """One attention layer of Shaw et al. in float64, every sum written out over (i, j) and heads.
+
+    e_ij = x_i W^Q (x_j W^K + a^K_ij)^T / sqrt(d_z), alpha = softmax_j(e), z_i = sum_j alpha_ij (x_j W^V + a^V_ij),
+    a_ij = w_clip(j - i, k), then the output projection (eq. 3, 4, 5 and sec. 3.2's clipping).
+    """
+    T, C = x.shape
+    H = layer.num_heads
+    d = C // H
+    q, kk, v = layer.qkv(x).view(T, 3, H, d).unbind(1)  # (T, H, d) each
+    z = torch.zeros(T, H, d, dtype=torch.float64)
+    for h in range(H):
+        for i in range(T):
+            e = torch.full((T,), float("-inf"), dtype=torch.float64)
+            for j in range(T):
+                if keep[j]:
+                    rel = max(-k, min(k, j - i)) + k
+                    e[j] = torch.dot(q[i, h], kk[j, h] + shaw_keys[rel]) / math.sqrt(d)
+            alpha = torch.softmax(e, dim=0)
+            for j in range(T):
+                rel = max(-k, min(k, j - i)) + k
+                value = v[j, h] + (shaw_values[rel] if shaw_values is not None else 0.0)
+                z[i, h] += alpha[j] * value
+    return layer.proj(z.reshape(T, C))
+
+
+@pytest.mark.parametrize("values", [False, True])
+def test_shaw_attention_is_the_papers_equation_in_float64(values: bool) -> None:
+    torch.manual_seed(0)
+    config = tiny_config(position_encoding="shaw", relative_max_distance=3, shaw_values=values, num_layers=1)
+    model = roformer.Backbone(config).double().eval()
+    for table in list(model.shaw.keys) + list(model.shaw.values or []):
+        torch.nn.init.normal_(table.weight, std=0.5)  # large enough that a wrong term shows
+    T = 9  # longer than 2k + 1 = 7: some pairs are clipped
+    x = torch.randn(2, T, config.hidden_size, dtype=torch.float64)
+    mask = torch.ones(2, T, dtype=torch.long)
+    mask[1, 6:] = 0
+    layer = model.layers[0].attn
+    shaw = model.shaw.for_layers(relative_distances(torch.arange(T), torch.arange(T)), 1 - T, T - 1)(0)
+    with torch.no_grad():
+        got = layer(x, mask.bool()[:, None, None, :], None, shaw=shaw)
+        for b in range(2):
+            keys = model.shaw.keys[0].weight
+            value_table = model.shaw.values[0].weight if values else None
+            expected = shaw_reference(x[b], layer, keys, value_table, 3, mask[b].bool())
+            real = int(mask[b].sum())
+            assert_close(got[b, :real], expected[:real])
+
+
+def test_shaw_reads_only_the_distances_present_and_clips_beyond_k() -> None:
+    shaw = ShawEmbeddings(tiny_config(position_encoding="shaw", relative_max_distance=4))
+    terms = shaw.for_layers(relative_distances(torch.arange(3), torch.arange(3)), -2, 2)(1)
+    assert terms.keys.shape[0] == 5 and torch.equal(terms.keys, shaw.keys[1].weight[2:7])
+    assert torch.equal(terms.index, torch.tensor([[2, 3, 4], [1, 2, 3], [0, 1, 2]]))
+    far = shaw.for_layers(relative_distances(torch.arange(12), torch.arange(12)), -11, 11)(0)
+    assert far.keys.shape[0] == 9 and far.index.min() == 0 and far.index.max() == 8  # clipped at +-4
+    shared = ShawEmbeddings(tiny_config(position_encoding="shaw", shaw_shared_layers=True))
+    assert len(shared.keys) == 1 and shared.values is None
+
+
+def test_t5_bias_is_shared_by_the_layers_and_alibi_has_no_parameters() -> None:
+    t5 = roformer.Backbone(tiny_config(position_encoding="t5_bias", num_layers=3))
+    extra = {n: p.shape for n, p in t5.named_parameters() if "relative" in n}
+    assert extra == {"relative_bias.buckets.weight": (32, 4)}
+    rotary = roformer.Backbone(tiny_config(position_encoding="rotary", num_layers=3))
+    alibi = roformer.Backbone(tiny_config(position_encoding="alibi", num_layers=3))
+    assert alibi.num_parameters() == rotary.num_parameters() == t5.num_parameters() - 32 * 4
+    per_layer = roformer.Backbone(tiny_config(position_encoding="shaw", num_layers=3, shaw_values=True))
+    assert per_layer.num_parameters() - rotary.num_parameters() == 2 * 3 * 257 * 8
+
+
+def test_t5_and_alibi_biases_are_their_formulas() -> None:
+    t5 = roformer.Backbone(tiny_config(position_encoding="t5_bias"))
+    distance = relative_distances(torch.arange(6), torch.arange(6))
+    bias = t5.relative_bias(distance)  # (1, H, T, T)
+    buckets = t5_buckets(distance, 32, 128)
+    assert_close(bias[0], t5.relative_bias.buckets.weight[buckets].permute(2, 0, 1))
+    alibi = roformer.Backbone(tiny_config(position_encoding="alibi"))
+    expected = -alibi_slopes(4)[:, None, None] * (torch.arange(6)[None, :] - torch.arange(6)[:, None]).abs()
+    assert_close(alibi.relative_bias(distance)[0], expected)
+
+
+@pytest.mark.parametrize("encoding", RELATIVE + ["rotary"])
+def test_shifting_every_position_leaves_the_output_unchanged(encoding: str) -> None:
+    """The relative property: position_ids + c (every row, every token) changes no score."""
+    torch.manual_seed(0)
+    model = roformer.MaskedLM(short_range(encoding)).eval()
+    batch = padded_batch()
+    positions = torch.arange(batch["input_ids"].shape[1])[None].expand_as(batch["input_ids"])
+    with torch.no_grad():
+        plain = model(**batch).logits
+        for shift in (1, 37, 1000):
+            assert_close(model(**batch, position_ids=positions + shift).logits, plain)
+
+
+@pytest.mark.parametrize("encoding", RELATIVE)
+def test_cached_decoding_equals_recomputing(encoding: str) -> None:
+    torch.manual_seed(0)
+    model = CausalLM(short_range(encoding)).eval()
+    ids = torch.randint(1, 101, (2, 20), generator=torch.Generator().manual_seed(2))
+    cache = roformer.model.layers.KVCache(capacity=4)
+    with torch.no_grad():
+        pieces = [model(ids[:, i : i + 3], cache=cache).logits for i in range(0, 20, 3)]
+        assert_close(torch.cat(pieces, dim=1), model(ids).logits)
+
+
+@pytest.mark.parametrize("encoding", RELATIVE)
+def test_checkpointing_and_mixed_precision(encoding: str) -> None:
+    config = short_range(encoding, hidden_dropout=0.1, attention_dropout=0.1)
+    batch = padded_batch()
+    batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    results = []
+    for on in (False, True):
+        torch.manual_seed(0)
+        model = roformer.MaskedLM(config).train()
+        model.set_gradient_checkpointing(on)
+        torch.manual_seed(1)
+        loss = model(**batch).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    assert torch.equal(results[0][0], results[1][0])
+    for name, grad in results[0][1].items():
+        assert_close(results[1][1][name], grad, msg=name)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(**batch).loss
+    assert torch.isfinite(loss) and abs(loss.item() - results[0][0].item()) < 0.2
+
+
+def test_config_errors_and_hf_export_refusal() -> None:
+    for fields, message in [
+        ({"position_encoding": "alibi", "attention": "linear"}, "linear has no attention logits"),
+        ({"position_encoding": "rotary", "shaw_values": True}, "shaw_values is only meaningful"),
+        ({"position_encoding": "t5_bias", "relative_num_buckets": 7}, "even and >= 4"),
+        ({"position_encoding": "t5_bias", "relative_max_distance": 8}, "must exceed relative_num_buckets / 4"),
+        ({"position_encoding": "shaw", "relative_max_distance": 0}, "relative_max_distance must be >= 1"),
+    ]:
+        with pytest.raises(roformer.ConfigError, match=message):
+            tiny_config(**fields)
+    for encoding in RELATIVE:
+        with pytest.raises(roformer.CheckpointError, match=f"no {encoding} relative positions"):
+            roformer.to_hf(roformer.MaskedLM(tiny_config(position_encoding=encoding)))
