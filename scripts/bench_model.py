@@ -255,7 +255,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3, help="training steps per timed sample")
     p.add_argument("--repeats", type=int, default=5, help="timed samples per model (median reported)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
-    p.add_argument("--models", default=",".join(MODELS), help="comma list: hf-roformer, hf-bert, ours-<encoding>, ours-shaw-values")
+    p.add_argument(
+        "--models",
+        default=",".join(MODELS),
+        help="comma list: hf-roformer, hf-bert, ours-<encoding> (ours-shaw-values: Shaw with a^V)",
+    )
     p.add_argument("--baseline", help="the model the ratios divide by (default hf-roformer, else the first)")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--_memory-child", help=argparse.SUPPRESS)

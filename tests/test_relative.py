@@ -21,7 +21,7 @@ RELATIVE = ["shaw", "t5_bias", "alibi"]
 
 
 def short_range(encoding: str, **fields) -> roformer.ModelConfig:
-    """A tiny model whose relative encoding saturates within a test's lengths (Shaw clips at 5, T5 at 5 of 8 buckets)."""
+    """A tiny model whose relative encoding saturates within a test (Shaw clips at 5, T5 at 5 of 8 buckets)."""
     if encoding in ("shaw", "t5_bias"):
         fields.setdefault("relative_max_distance", 5)
     if encoding == "t5_bias":
