@@ -90,6 +90,23 @@ def test_flash_attention_accepts_a_pretraining_batch(encoding: str) -> None:
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
 
 
+@pytest.mark.parametrize("encoding", ["shaw", "t5_bias", "alibi"])
+def test_memory_efficient_attention_accepts_the_relative_biases(encoding: str) -> None:
+    """A float bias rules out flash, not the memory-efficient kernel: forcing it must not raise."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    config = roformer.ModelConfig(
+        vocab_size=1000, hidden_size=256, num_layers=2, num_heads=4, intermediate_size=512, position_encoding=encoding
+    )
+    model = roformer.MaskedLM(config).cuda().train()
+    ids = torch.randint(5, 1000, (8, 512), device="cuda")
+    labels = torch.where(torch.rand(ids.shape, device="cuda") < 0.15, ids, -100)
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION), torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(ids, labels=labels, masked_only=True).loss
+    loss.backward()
+    assert math.isfinite(loss.item())
+
+
 def test_compiled_bf16_run_matches_eager(tmp_path: Path) -> None:
     from torch._dynamo.utils import counters
 

@@ -193,3 +193,16 @@ def test_config_errors_and_hf_export_refusal() -> None:
     for encoding in RELATIVE:
         with pytest.raises(roformer.CheckpointError, match=f"no {encoding} relative positions"):
             roformer.to_hf(roformer.MaskedLM(tiny_config(position_encoding=encoding)))
+
+
+@pytest.mark.parametrize("encoding", RELATIVE)
+def test_compiles_without_graph_breaks(encoding: str) -> None:
+    """fullgraph: dynamo traces the bias and Shaw's terms in one graph (aot_eager: the trace, not Inductor)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = roformer.MaskedLM(short_range(encoding, shaw_values=encoding == "shaw")).train()
+    batch = padded_batch()
+    batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    eager = model(**batch).loss
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)(**batch).loss
+    assert_close(compiled, eager)
