@@ -4,7 +4,7 @@ What the model does is checked here against the obvious alternatives, equal outp
 - Shaw et al.'s q_i . a^K_clip(j - i): ours multiplies q by the R <= 2k + 1 distinct embeddings, (B, H, T, R), then
   gathers each pair's entry; the direct way gathers a (T, T, d) tensor of embeddings and contracts it with q.
 - T5's bias and ALiBi: ours materialises the (H, T, T) bias once per forward and passes it to SDPA as a float mask
-  (shared by every layer); FlexAttention (`torch.nn.attention.flex_attention`, compiled) computes it inside the
+  (shared by every layer; T5's needs its gradient too); FlexAttention (`torch.nn.attention.flex_attention`, compiled) computes it inside the
   kernel with a `score_mod` and never stores it.
 Each row reports the median time of forward + backward of one attention (B, H, T, d as the small model: H 4, d 64).
 
@@ -67,9 +67,15 @@ def bias_rows(B: int, H: int, T: int, d: int, repeats: int, flex: bool, device: 
     def biased() -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias[None])
 
+    learned = bias.clone().requires_grad_()  # T5's bias is trained: its gradient is part of the cost
+
+    def biased_learned() -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=learned[None])
+
     rows = [
         ("SDPA, no bias (rotary's attention)", timed(plain, [q, k, v], repeats)),
-        ("SDPA + (H, T, T) float bias (ours)", timed(biased, [q, k, v], repeats)),
+        ("SDPA + fixed (H, T, T) bias (ours, ALiBi)", timed(biased, [q, k, v], repeats)),
+        ("SDPA + learned (H, T, T) bias (ours, T5)", timed(biased_learned, [q, k, v, learned], repeats)),
     ]
     if flex:
         from torch.nn.attention.flex_attention import flex_attention

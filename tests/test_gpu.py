@@ -90,21 +90,33 @@ def test_flash_attention_accepts_a_pretraining_batch(encoding: str) -> None:
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
 
 
-@pytest.mark.parametrize("encoding", ["shaw", "t5_bias", "alibi"])
-def test_memory_efficient_attention_accepts_the_relative_biases(encoding: str) -> None:
-    """A float bias rules out flash, not the memory-efficient kernel: forcing it must not raise."""
+@pytest.mark.parametrize("encoding", ["shaw", "shaw-values", "t5_bias", "alibi"])
+def test_the_relative_biases_run_on_the_memory_efficient_kernel_without_a_host_sync(encoding: str) -> None:
+    """A float bias rules out flash, not the memory-efficient kernel: forced, it equals the math kernel, and a
+    forward makes no host sync (the ALiBi slopes once were copied to the GPU in every forward)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    fields = {"shaw_values": True} if encoding == "shaw-values" else {}
     config = roformer.ModelConfig(
-        vocab_size=1000, hidden_size=256, num_layers=2, num_heads=4, intermediate_size=512, position_encoding=encoding
-    )
+        vocab_size=1000, hidden_size=256, num_layers=2, num_heads=4, intermediate_size=512, hidden_dropout=0.0,
+        attention_dropout=0.0, position_encoding=encoding.removesuffix("-values"), **fields,
+    )  # fmt: skip
     model = roformer.MaskedLM(config).cuda().train()
     ids = torch.randint(5, 1000, (8, 512), device="cuda")
     labels = torch.where(torch.rand(ids.shape, device="cuda") < 0.15, ids, -100)
-    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION), torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = model(ids, labels=labels, masked_only=True).loss
-    loss.backward()
-    assert math.isfinite(loss.item())
+    losses = []
+    for backend in (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH):
+        with sdpa_kernel(backend), torch.autocast("cuda", dtype=torch.bfloat16):
+            losses.append(model(ids, labels=labels).loss)
+    losses[0].backward()
+    assert math.isfinite(losses[0].item()) and abs(losses[0].item() - losses[1].item()) < 0.02
+    model(ids)  # the slopes and tables are on the GPU now
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 def test_compiled_bf16_run_matches_eager(tmp_path: Path) -> None:

@@ -310,16 +310,20 @@ class RelativeBias(nn.Module):
         self.num_buckets = config.relative_num_buckets
         self.max_distance = config.relative_max_distance
         self.buckets = nn.Embedding(config.relative_num_buckets, config.num_heads) if self.kind == "t5_bias" else None
-        self.slopes = alibi_slopes(config.num_heads)  # a plain attribute: model.to(bfloat16) must not round it
+        # A plain attribute, copied once per device: model.to(bfloat16) must not round it, and a copy to the GPU in
+        # every forward would wait for the stream.
+        self._slopes = {"cpu": alibi_slopes(config.num_heads)}
 
     def forward(self, distance: Tensor) -> Tensor:
         """(T, S) or (B, T, S) distances -> float32 bias (1, H, T, S) or (B, H, T, S)."""
         distance = distance if distance.dim() == 3 else distance[None]
         if self.buckets is not None:
             bias = self.buckets(t5_buckets(distance, self.num_buckets, self.max_distance))  # (B, T, S, H)
-            return bias.float().permute(0, 3, 1, 2)
-        slopes = self.slopes.to(distance.device)[None, :, None, None]  # (1, H, 1, 1)
-        return -slopes * distance.abs()[:, None].float()
+            return bias.float().permute(0, 3, 1, 2).contiguous()  # SDPA's kernels want the keys' dim contiguous
+        device = str(distance.device)
+        if device not in self._slopes:
+            self._slopes[device] = self._slopes["cpu"].to(device)
+        return -self._slopes[device][None, :, None, None] * distance.abs()[:, None].float()  # (1, H, 1, 1) slopes
 
 
 @dataclass
@@ -348,7 +352,7 @@ class ShawTerms:
     def value_terms(self, probs: Tensor) -> Tensor:
         """sum_j probs_ij a^V_ij: the probabilities summed per distance, then one (R, D) product. -> (B, H, T, D)."""
         per_distance = torch.zeros(*probs.shape[:-1], self.values.shape[0], dtype=probs.dtype, device=probs.device)
-        per_distance.scatter_add_(-1, self._index(probs.shape), probs)  # (B, H, T, R)
+        per_distance.scatter_add_(-1, self._index(probs.shape), probs)  # (B, H, T, R), summed in probs' dtype
         return per_distance @ self.values.to(probs.dtype)
 
     def _index(self, shape: torch.Size) -> Tensor:
@@ -642,6 +646,8 @@ def self_attention_mask(
     if keep is None and pattern == "causal" and causal_shortcut:
         return None, True  # SDPA's own causal path (no cache here: with one, keep is set)
     allowed = ranks_all[:, None, :] <= ranks[:, :, None]  # (B, T, S)
+    if keep is None and pattern == "causal":
+        allowed = allowed[:1]  # every row alike: a (1, 1, T, S) mask, so that a bias added to it is not B times larger
     if keep is not None:
         allowed = allowed & keep[:, None, :]
         S = allowed.shape[-1]
@@ -723,8 +729,12 @@ def shaw_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, shaw: S
     if shaw.values is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout)
     logits = (q @ k.transpose(-1, -2)).float() / math.sqrt(q.shape[-1]) + bias  # (B, H, T, S)
-    probs = F.dropout(logits.softmax(dim=-1), dropout, training=dropout > 0).to(q.dtype)
-    return probs @ v + shaw.value_terms(probs)
+    # a query with no key at all (a row of padding only) gets 0, as SDPA gives it, not NaN (nor NaN gradients)
+    empty = logits.amax(dim=-1, keepdim=True) == float("-inf")  # (B, H, T, 1)
+    probs = logits.masked_fill(empty, 0.0).softmax(dim=-1).masked_fill(empty, 0.0)  # float32
+    probs = F.dropout(probs, dropout, training=dropout > 0)
+    # summed per distance in float32: in bf16 a clipped distance's total over 512 keys is off by ~3%
+    return probs.to(q.dtype) @ v + shaw.value_terms(probs).to(q.dtype)
 
 
 class Block(nn.Module):

@@ -228,7 +228,12 @@ class Backbone(Model):
         if self.shaw is not None:
             return mask, self.shaw.for_layers(distance, lowest, highest)
         bias = self.relative_bias(distance)  # (1 or B, H, T, S) float32
-        return (bias if mask is None else bias.masked_fill(~mask, float("-inf"))), None
+        if mask is not None:
+            bias = bias.masked_fill(~mask, float("-inf"))
+        device = bias.device.type
+        if torch.is_autocast_enabled(device):  # once here, not in every layer: SDPA takes the query's dtype
+            bias = bias.to(torch.get_autocast_dtype(device))
+        return bias, None
 
     def pool(self, x: Tensor) -> Tensor:
         """The pooler on the first token: tanh(dense(x[:, 0])) (BERT), or dense(x[:, 0]) (pooler_activation: linear)."""
