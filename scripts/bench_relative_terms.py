@@ -4,8 +4,8 @@ What the model does is checked here against the obvious alternatives, equal outp
 - Shaw et al.'s q_i . a^K_clip(j - i): ours multiplies q by the R <= 2k + 1 distinct embeddings, (B, H, T, R), then
   gathers each pair's entry; the direct way gathers a (T, T, d) tensor of embeddings and contracts it with q.
 - T5's bias and ALiBi: ours materialises the (H, T, T) bias once per forward and passes it to SDPA as a float mask
-  (shared by every layer; T5's needs its gradient too); FlexAttention (`torch.nn.attention.flex_attention`, compiled) computes it inside the
-  kernel with a `score_mod` and never stores it.
+  (shared by every layer; T5's needs its gradient too); FlexAttention (`torch.nn.attention.flex_attention`,
+  compiled) computes it inside the kernel with a `score_mod` and never stores it.
 Each row reports the median time of forward + backward of one attention (B, H, T, d as the small model: H 4, d 64).
 
     python scripts/bench_relative_terms.py             # T=128 x 16 and T=512 x 4
