@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU path end to end, on one GPU machine, in under 10 minutes per stage (stages can run in separate calls):
-#     bash scripts/gpu_check.sh [all|tests|bench|pretrain|report]
+#     bash scripts/gpu_check.sh [all|tests|bench|relative|pretrain|report]
 #   tests     pytest -m gpu: bf16/fp16 steps, fp16 loss scaling, flash SDPA, compile, exact bf16 resume, FSDP/DeepSpeed
 #   bench     scripts/bench_model.py at BERT-base shapes, bf16: T=128 (batch 128) and T=512 (batch 32), eager and
 #             compiled, ours vs HF RoFormer / HF BERT (sdpa): tokens/s, MFU, peak memory
+#   relative  every position encoding against rotary (bench_model.py, bf16, compiled, T=512 x 32) and the ways to
+#             compute the relative terms (bench_relative_terms.py, FlexAttention's score_mod included)
 #   pretrain  both arms of configs/experiments/rope-vs-bert-base.yaml on gutenberg, bf16, compiled, ~1000 steps,
 #             held-out eval curves
 #   report    one table of all of the above (gpu-report.md)
@@ -28,12 +30,16 @@ python -c "import torch; print('torch', torch.__version__, torch.cuda.get_device
 
 if [ "${GPU_CHECK_SMOKE:-0}" = 1 ]; then
     bench_args=(--shape small --seq-lens 64 --batch-sizes 4 --repeats 1 --steps 1)
+    relative_args=(--shape small --seq-lens 64 --batch-sizes 4 --repeats 1 --steps 1)
+    terms_args=(--seq-lens 64 --batch-sizes 2 --repeats 1 --no-flex)
     dtype=$(python -c "import torch; print('bf16' if torch.cuda.is_available() else 'fp32')")
     steps=6 batch=4 length=64 eval_every=3 model=(--set model.num_layers=2 --set model.hidden_size=64
         --set model.num_heads=2 --set model.intermediate_size=128 --set data.vocab_size=2000)
     device_args=()
 else
     bench_args=(--shape base --seq-lens 128,512 --batch-sizes 128,32 --repeats 3 --steps 5)
+    relative_args=(--shape base --seq-lens 512 --batch-sizes 32 --repeats 3 --steps 5 --compile)
+    terms_args=(--device cuda --seq-lens 512,2048 --batch-sizes 32,8 --heads 12 --head-size 64)
     steps=1000 batch=32 length=512 eval_every=100 model=() dtype=bf16
     device_args=(--device cuda)
 fi
@@ -48,6 +54,13 @@ run_bench() {
         python scripts/bench_model.py "${device_args[@]}" --dtype "$dtype" "${flag[@]}" "${bench_args[@]}" \
             --json "$out/bench-$mode.json"
     done
+}
+
+run_relative() {
+    python scripts/bench_model.py "${device_args[@]}" --dtype "$dtype" "${relative_args[@]}" --baseline ours-rotary \
+        --models ours-rotary,ours-sinusoidal,ours-none,ours-shaw,ours-shaw-values,ours-t5_bias,ours-alibi \
+        --json "$out/bench-relative.json"
+    python scripts/bench_relative_terms.py "${terms_args[@]}" | tee "$out/relative-terms.md"
 }
 
 run_pretrain() {
@@ -66,9 +79,10 @@ run_pretrain() {
 case "$stage" in
     tests) run_tests ;;
     bench) run_bench ;;
+    relative) run_relative ;;
     pretrain) run_pretrain ;;
     report) ;;
-    all) run_tests; run_bench; run_pretrain ;;
-    *) echo "gpu_check.sh: unknown stage '$stage' (all, tests, bench, pretrain, report)" >&2; exit 2 ;;
+    all) run_tests; run_bench; run_relative; run_pretrain ;;
+    *) echo "gpu_check.sh: unknown stage '$stage' (all, tests, bench, relative, pretrain, report)" >&2; exit 2 ;;
 esac
 python scripts/gpu_report.py "$out" --runs "$work/base" | tee "$out/gpu-report.md"

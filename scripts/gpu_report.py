@@ -76,6 +76,27 @@ def targets(out: Path) -> list[str]:
     ]
 
 
+def relative_section(out: Path) -> list[str]:
+    """Every position encoding against rotary (bench-relative.json), then the terms' timings (relative-terms.md)."""
+    path = out / "bench-relative.json"
+    if not path.is_file():
+        return ["", "Position encodings: not run"]
+    lines = [
+        "",
+        "| T x batch | encoding | tokens/s | vs rotary | peak MiB | memory vs rotary |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for row in json.loads(path.read_text()):
+        tps, mem = row["tokens_per_sec"], row["peak_mb"]
+        for name, rate in tps.items():
+            lines.append(
+                f"| {row['seq_len']} x {row['batch']} | {name.removeprefix('ours-')} | {rate:,.0f} "
+                f"| {rate / tps['ours-rotary']:.2f}x | {mem[name]:,.0f} | {mem[name] / mem['ours-rotary']:.2f}x |"
+            )
+    terms = out / "relative-terms.md"
+    return lines + (["", terms.read_text().strip()] if terms.is_file() else [])
+
+
 def pretrain_section(out: Path, runs: Path | None) -> list[str]:
     summary = out / "base-summary.json"
     if not summary.is_file():
@@ -119,7 +140,8 @@ def main() -> None:
     args = parser.parse_args()
     device = args.out / "device.txt"
     lines = [f"# GPU check: {device.read_text().strip() if device.is_file() else 'device unknown'}", ""]
-    lines += tests_section(args.out) + bench_section(args.out) + pretrain_section(args.out, args.runs)
+    lines += tests_section(args.out) + bench_section(args.out) + relative_section(args.out)
+    lines += pretrain_section(args.out, args.runs)
     print("\n".join(lines))
 
 

@@ -12,7 +12,7 @@ from conftest import REPO
 
 @pytest.mark.slow
 def test_gpu_check_smoke_run_prints_one_report(tmp_path: Path) -> None:
-    """~2 minutes on 2 cores: gpu tests (skipped here), eager benchmark, both arms' pretraining, the report."""
+    """~2 minutes on 2 cores: gpu tests (skipped here), eager benchmarks, both arms' pretraining, the report."""
     env = {
         **os.environ,
         "GPU_CHECK_SMOKE": "1",
@@ -27,6 +27,7 @@ def test_gpu_check_smoke_run_prints_one_report(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     report = (tmp_path / "out" / "gpu-report.md").read_text()
     assert "GPU tests: " in report and "| eager | 64 x 4 | ours-rotary |" in report
+    assert "| 64 x 4 | alibi |" in report and "| Shaw: distinct rows + gather (ours) |" in report
     rows = [line.split("|") for line in report.splitlines() if line.startswith(("| roformer |", "| bert |"))]
     assert len(rows) == 2 and all(row[-2].strip() == "0" for row in rows), report  # no non-finite loss
     assert {p.name for p in (tmp_path / "out").iterdir()} >= {"device.txt", "bench-eager.json", "base-summary.json"}
