@@ -12,6 +12,7 @@ from typing import NoReturn
 
 from roformer.errors import RunStopped, UserError
 from roformer.model.config import ARCHITECTURE_NAMES
+from roformer.version import version_report
 
 EXIT_USAGE = 2
 
@@ -21,6 +22,14 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+class _Version(argparse.Action):
+    """`--version`: built only when asked (reading every installed distribution's metadata takes ~0.1 s), unwrapped."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        print(version_report())
+        parser.exit(0)
 
 
 def _convert(args: argparse.Namespace) -> None:
@@ -256,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     from roformer.train.run_dir import LENGTH_FILE
 
     parser = _Parser(prog="roformer", description="RoFormer and BERT baseline: convert, pretrain, fine-tune, compare.")
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the versions (and a clash) and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     convert = sub.add_parser("convert", help="convert between HF transformers checkpoints and roformer models")

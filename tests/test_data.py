@@ -190,7 +190,7 @@ CHINESE = ["我们喜欢学习中文。", "我们今天学习数学和中文。"
 
 def test_jieba_words_survive_as_single_tokens(tmp_path: Path) -> None:
     """With data.jieba the BERT normaliser must not split CJK characters again (handle_chinese_chars)."""
-    pytest.importorskip("jieba", reason="jieba is an optional dependency (pip install roformer[chinese])")
+    pytest.importorskip("jieba", reason="jieba is an optional dependency (pip install roformer-pytorch[chinese])")
     from roformer.data.tokenizer import jieba_presegmenter, load_tokenizer, save_tokenizer
 
     segment = jieba_presegmenter()

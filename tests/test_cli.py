@@ -1,0 +1,25 @@
+"""CLI conventions: `roformer --version`."""
+
+from __future__ import annotations
+
+import pytest
+
+import roformer
+from roformer.cli import main
+
+
+def test_version_names_the_distribution_and_warns_of_the_port_that_shares_the_import_name(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from importlib import metadata
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    out = capsys.readouterr().out
+    assert stop.value.code == 0 and out.startswith(f"roformer {roformer.__version__} (distribution roformer-pytorch)")
+    assert "torch " in out and "warning" not in out
+    both = {"roformer": ["roformer-pytorch", "roformer"]}  # JunnYu's port installed beside us
+    monkeypatch.setattr(metadata, "packages_distributions", lambda: both)
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert "warning: roformer also installs the import package `roformer`" in capsys.readouterr().out
