@@ -60,6 +60,32 @@ def _convert(args: argparse.Namespace) -> None:
     print(f"wrote {kind} ({model.num_parameters():,} parameters) to {out}{tokenizer}")
 
 
+def _export(args: argparse.Namespace) -> None:
+    from roformer.data.tokenizer import copy_tokenizer_files
+    from roformer.files import check_output_dir, staged_output_dir
+    from roformer.model.model import load
+
+    out = Path(args.out)
+    check_output_dir(out, args.overwrite)
+    try:
+        import onnxscript  # noqa: F401 (torch.onnx's dynamo exporter needs it, and onnx)
+    except ImportError as e:
+        raise UserError(f"ONNX export needs onnx and onnxscript ({e}): pip install 'roformer-pytorch[onnx]'") from None
+    from roformer.model.onnx import ONNX_FILE, export_onnx, output_names
+
+    model = load(args.model, architecture=args.architecture)
+    max_length = args.max_length or model.config.max_position_embeddings
+    with staged_output_dir(out, args.overwrite) as staging:
+        export_onnx(model, staging / ONNX_FILE, max_length)
+        model.config.to_yaml(staging / "config.yaml")
+        copied = copy_tokenizer_files(Path(args.model), staging)
+    tokenizer = f", tokenizer: {', '.join(copied)}" if copied else ", no tokenizer files found"
+    print(
+        f"wrote {out / ONNX_FILE}: {model.config.position_encoding} {model.architecture}, sequences up to "
+        f"{max_length} tokens, outputs {', '.join(output_names(model))}{tokenizer}"
+    )
+
+
 def _export_tokenizer(source: str, target: Path, copy: Callable[[Path, Path], list[str]]) -> list[str]:
     """Tokenizer of an HF source: the files of a local directory, or a hub tokenizer saved with save_pretrained."""
     if Path(source).is_dir():
@@ -283,6 +309,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
     convert.set_defaults(func=_convert)
+
+    export = sub.add_parser("export", help="export a model directory for deployment (ONNX, for onnxruntime)")
+    export.add_argument("--model", required=True, metavar="DIR", help="roformer model directory (e.g. RUN/final)")
+    export.add_argument("--out", required=True, metavar="DIR", help="output directory (model.onnx, tokenizer)")
+    export.add_argument("--format", choices=["onnx"], default="onnx", help="onnx (the only format so far)")
+    export.add_argument("--max-length", type=int, help="longest sequence accepted (default max_position_embeddings)")
+    export.add_argument("--architecture", choices=list(ARCHITECTURE_NAMES), help="default: the directory's own")
+    export.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    export.set_defaults(func=_export)
 
     pretrain = sub.add_parser("pretrain", help="MLM pretraining from a YAML config (also under accelerate launch)")
     _add_run_arguments(pretrain, "pretraining YAML (configs/pretrain/*.yaml)", "runs/<config name>")

@@ -221,6 +221,8 @@ class Backbone(Model):
         if position_ids is None:
             positions = torch.arange(T, device=self.embeddings.word.weight.device)
             distance, lowest, highest = relative_distances(positions, positions), 1 - T, T - 1  # (T, T)
+            if torch.compiler.is_compiling():  # the whole table: a row range that depends on T would guard on T
+                lowest, highest = -self.config.relative_max_distance, self.config.relative_max_distance
         else:
             keys = cache.add_positions(position_ids) if cache is not None else position_ids
             distance = relative_distances(position_ids, keys)  # (B, T, S)

@@ -1,0 +1,113 @@
+"""ONNX export of every model here, for onnxruntime and other ONNX runtimes (what users of the original port asked for).
+
+The exported graph takes `input_ids`, `attention_mask` and `token_type_ids` (int64, (batch, sequence), or (batch,
+choices, sequence) for multiple choice) with dynamic batch, choices and sequence axes, and returns `logits` (and
+`pooled` when the model has a pooler), float32. It is traced by `torch.onnx.export(dynamo=True)`: the model's
+compile path (rotary in real arithmetic, no complex numbers) is what gets exported. Position tables (rotary,
+sinusoidal) become constants, so they are built first for the longest sequence the file must accept (`max_length`).
+
+A model of more than 2 GiB of weights keeps them in `model.onnx.data` beside the graph (protobuf's limit). What does
+not export: `generate()` and the KV cache (a Python loop over a growing cache: export the `causal_lm`
+forward and decode in the runtime), `position_ids` (the graph uses 0..T-1), and the losses (no labels input).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from roformer.errors import CheckpointError
+from roformer.model.model import Model
+
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+ONNX_FILE = "model.onnx"
+PROTOBUF_LIMIT = 1 << 31  # bytes: a larger model keeps its weights beside the graph, in model.onnx.data
+
+
+class _Exported(nn.Module):
+    """The model's forward as the ONNX graph sees it: three id tensors in, a tuple of float tensors out."""
+
+    def __init__(self, model: Model) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor) -> tuple[Tensor, ...]:
+        out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        return (out.logits,) if out.pooled is None else (out.logits, out.pooled)
+
+
+def output_names(model: Model) -> list[str]:
+    """`logits`, and `pooled` when the model has a pooler."""
+    backbone = model if model.architecture == "backbone" else model.backbone
+    return ["logits"] + (["pooled"] if backbone.pooler is not None else [])
+
+
+def export_onnx(model: Model, path: str | Path, max_length: int | None = None, opset: int | None = None) -> Path:
+    """Write `model` (eval mode, float32) as an ONNX file with dynamic batch and sequence axes.
+
+    Args:
+        model: Any model here (backbone, every head).
+        path: The .onnx file to write.
+        max_length: The longest sequence the file accepts (position tables are built for it); default the model's
+            max_position_embeddings.
+        opset: ONNX opset; None = the exporter's default.
+
+    Returns:
+        The path written.
+
+    Raises:
+        CheckpointError: a length the model cannot take (beyond a learned table).
+    """
+    config = model.config
+    max_length = max_length or config.max_position_embeddings
+    if max_length < 2:
+        raise CheckpointError(f"--max-length must be >= 2, got {max_length}")
+    if config.position_encoding == "learned" and max_length > config.max_position_embeddings:
+        raise CheckpointError(
+            f"learned positions cover {config.max_position_embeddings} tokens: --max-length {max_length} cannot be "
+            "exported (rotary, sinusoidal and the relative encodings have no limit)"
+        )
+    model = model.float().eval()
+    _build_position_tables(model, max_length)
+    choices = model.architecture == "multiple_choice"
+    shape = (2, 2, min(8, max_length)) if choices else (2, min(8, max_length))
+    example = (
+        torch.ones(shape, dtype=torch.long),
+        torch.ones(shape, dtype=torch.long),
+        torch.zeros(shape, dtype=torch.long),
+    )
+    batch = torch.export.Dim("batch", min=1, max=1 << 20)
+    sequence = torch.export.Dim("sequence", min=2, max=max_length)
+    axes = (
+        {0: batch, 1: torch.export.Dim("choices", min=1, max=1 << 10), 2: sequence}
+        if choices
+        else {0: batch, 1: sequence}
+    )
+    path = Path(path)
+    with torch.no_grad(), contextlib.redirect_stdout(sys.stderr):  # the exporter's progress lines are not output
+        torch.onnx.export(
+            _Exported(model),
+            example,
+            str(path),
+            dynamo=True,
+            dynamic_shapes={name: axes for name in INPUT_NAMES},
+            input_names=list(INPUT_NAMES),
+            output_names=output_names(model),
+            opset_version=opset,
+            external_data=model.num_parameters() * 4 > PROTOBUF_LIMIT,  # one file where protobuf allows it
+            verbose=False,
+        )
+    return path
+
+
+def _build_position_tables(model: Model, length: int) -> None:
+    """Fill the rotary and sinusoidal caches up to `length`: the export stores them as constants."""
+    backbone = model if model.architecture == "backbone" else model.backbone
+    if backbone.rotary is not None:
+        backbone.rotary.cos_sin(length, torch.device("cpu"))
+    if backbone.embeddings.sinusoidal is not None:
+        backbone.embeddings.sinusoidal.table(length, torch.device("cpu"))
