@@ -86,6 +86,27 @@ def _export(args: argparse.Namespace) -> None:
     )
 
 
+def _push(args: argparse.Namespace) -> None:
+    import tempfile
+
+    from roformer.files import check_output_dir, staged_output_dir
+    from roformer.study.hub import hub_token, push, write_upload_folder
+
+    model_dir, glue = Path(args.model), Path(args.glue) if args.glue else None
+    if args.dry_run:
+        out = Path(args.dry_run)
+        check_output_dir(out, args.overwrite)
+        with staged_output_dir(out, args.overwrite) as staging:
+            files = write_upload_folder(model_dir, staging, args.repo_id, glue)
+        print(f"dry run: {len(files)} files for {args.repo_id} written to {out} (nothing uploaded): {', '.join(files)}")
+        return
+    token = hub_token(args.token)  # before any work
+    with tempfile.TemporaryDirectory() as tmp:
+        files = write_upload_folder(model_dir, Path(tmp), args.repo_id, glue)
+        url = push(Path(tmp), args.repo_id, token, args.private)
+    print(f"uploaded {len(files)} files to {url}")
+
+
 def _export_tokenizer(source: str, target: Path, copy: Callable[[Path, Path], list[str]]) -> list[str]:
     """Tokenizer of an HF source: the files of a local directory, or a hub tokenizer saved with save_pretrained."""
     if Path(source).is_dir():
@@ -318,6 +339,18 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--architecture", choices=list(ARCHITECTURE_NAMES), help="default: the directory's own")
     export.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
     export.set_defaults(func=_export)
+
+    push = sub.add_parser("push", help="upload a model directory to the Hugging Face hub, with a model card")
+    push.add_argument("model", metavar="DIR", help="roformer model directory (a run's final/: its run fills the card)")
+    push.add_argument("--repo-id", required=True, help="hub repository, e.g. user/roformer-small")
+    push.add_argument(
+        "--glue", metavar="DIR", help="a `roformer glue` output directory: its dev table goes in the card"
+    )
+    push.add_argument("--private", action="store_true", help="create the repository private")
+    push.add_argument("--token", help="hub token (default: HF_TOKEN or the saved login)")
+    push.add_argument("--dry-run", metavar="DIR", help="write the folder that would be uploaded to DIR; upload nothing")
+    push.add_argument("--overwrite", action="store_true", help="with --dry-run: replace a non-empty DIR")
+    push.set_defaults(func=_push)
 
     pretrain = sub.add_parser("pretrain", help="MLM pretraining from a YAML config (also under accelerate launch)")
     _add_run_arguments(pretrain, "pretraining YAML (configs/pretrain/*.yaml)", "runs/<config name>")

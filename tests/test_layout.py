@@ -103,7 +103,7 @@ ROOMS = {
         {"outputs", "markdown", "runs", "length_eval"},
         {"stats", "plots", "report", "suite"},
         {"compare"},
-        {"experiment"},
+        {"experiment", "hub"},
     ],
 }
 
