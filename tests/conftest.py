@@ -9,6 +9,7 @@ import tempfile
 
 # The packed-data cache of the tests lives in a fresh directory, never in the user's ~/.cache/roformer.
 os.environ["ROFORMER_CACHE"] = tempfile.mkdtemp(prefix="roformer-test-cache-")
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,25 @@ def tiny_config(**overrides) -> roformer.ModelConfig:
     )
     fields.update(overrides)
     return roformer.ModelConfig(**fields)
+
+
+def assert_checkpointing_changes_nothing(build: Callable[[], roformer.Model], batch: dict) -> roformer.Model:
+    """Activation checkpointing off and on from the same weights and dropout masks: the same loss, exactly, and the
+    same gradients. Returns the second model."""
+    results = []
+    for on in (False, True):
+        torch.manual_seed(0)
+        model = build().train()
+        model.set_gradient_checkpointing(on)
+        torch.manual_seed(1)  # the same dropout masks
+        loss = model(**batch).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (loss_off, grads_off), (loss_on, grads_on) = results
+    assert torch.equal(loss_off, loss_on)
+    for name, grad in grads_off.items():
+        torch.testing.assert_close(grads_on[name], grad, msg=name)
+    return model
 
 
 def padded_batch(vocab_size: int = 101, batch: int = 3, length: int = 19, seed: int = 0) -> dict[str, torch.Tensor]:

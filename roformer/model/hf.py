@@ -532,7 +532,7 @@ def _split_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def _fill_derived(new: dict, hf_state: dict, model: Model, family: str, prefix: str) -> None:
     """Add the HF keys that are derived from others: position tables, tied decoder weight and bias."""
     config = model.config
-    backbone = model if model.architecture == "backbone" else model.backbone
+    backbone = model.base_model
     if family == "roformer":
         new[f"{prefix}encoder.embed_positions.weight"] = hf_state[f"{prefix}encoder.embed_positions.weight"]
     elif config.position_encoding in ("sinusoidal", "none"):

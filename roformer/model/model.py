@@ -126,6 +126,11 @@ class Model(nn.Module):
             values.normal_(0.0, std, generator=generator)
         weight.copy_(values)
 
+    @property
+    def base_model(self) -> Backbone:
+        """The backbone: the model itself when it is one, else the one under its head (HF's `base_model`)."""
+        return self if isinstance(self, Backbone) else self.backbone
+
     def set_gradient_checkpointing(self, enabled: bool = True) -> None:
         """Recompute each block in the backward pass instead of keeping its activations (training only)."""
         for module in self.modules():

@@ -42,8 +42,7 @@ class _Exported(nn.Module):
 
 def output_names(model: Model) -> list[str]:
     """`logits`, and `pooled` when the model has a pooler."""
-    backbone = model if model.architecture == "backbone" else model.backbone
-    return ["logits"] + (["pooled"] if backbone.pooler is not None else [])
+    return ["logits"] + (["pooled"] if model.base_model.pooler is not None else [])
 
 
 def export_onnx(model: Model, path: str | Path, max_length: int | None = None, opset: int | None = None) -> Path:
@@ -106,7 +105,7 @@ def export_onnx(model: Model, path: str | Path, max_length: int | None = None, o
 
 def _build_position_tables(model: Model, length: int) -> None:
     """Fill the rotary and sinusoidal caches up to `length`: the export stores them as constants."""
-    backbone = model if model.architecture == "backbone" else model.backbone
+    backbone = model.base_model
     if backbone.rotary is not None:
         backbone.rotary.cos_sin(length, torch.device("cpu"))
     if backbone.embeddings.sinusoidal is not None:

@@ -107,8 +107,7 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], saved_a
     if architecture == saved_architecture or {architecture, saved_architecture} <= SAME_HEAD:
         _load_state(model, state, where, strict=True)
         return
-    backbone = model if architecture == "backbone" else model.backbone
-    missing = _load_state(backbone, _backbone_state(state, saved_architecture), where)
+    missing = _load_state(model.base_model, _backbone_state(state, saved_architecture), where)
     fresh = [f"backbone.{k}" for k in missing] + [k for k in model.state_dict() if not k.startswith("backbone.")]
     if fresh:
         logger.info("%s: freshly initialised for %s: %s", where, architecture, ", ".join(fresh))
