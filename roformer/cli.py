@@ -107,6 +107,37 @@ def _push(args: argparse.Namespace) -> None:
     print(f"uploaded {len(files)} files to {url}")
 
 
+# What each folder of shipped configs is for (roformer.config.SHIPPED_FOLDERS, in that order).
+CONFIG_FOLDERS = {
+    "pretrain": "roformer pretrain, prepare-data, eval-mlm --data (the folder may be left out of the name)",
+    "glue": "roformer finetune (a task) and roformer glue (a suite); the folder may be left out",
+    "experiments": "roformer experiment (the folder may be left out)",
+    "model": "the model: section of a pretraining config",
+    "accelerate": 'accelerate launch --config_file "$(roformer configs accelerate/NAME)" -m roformer ...',
+}
+
+
+def _configs(args: argparse.Namespace) -> None:
+    from roformer.config import SHIPPED_FOLDERS, config_summary, shipped_config, shipped_configs, shipped_configs_dir
+
+    if args.name:
+        print(shipped_config(args.name))
+        return
+    configs = shipped_configs()
+    if not configs:
+        raise UserError("no shipped configs found: this installation has no roformer/configs folder")
+    folders = list(SHIPPED_FOLDERS) + sorted({n.split("/")[0] for n in configs} - set(SHIPPED_FOLDERS))
+    lines = [f"shipped configs in {shipped_configs_dir()} (a name works where --config wants a file; a path wins)"]
+    for folder in folders:
+        names = [name for name in configs if name.split("/")[0] == folder]
+        if names:
+            lines.append(f"\n{folder}/: {CONFIG_FOLDERS.get(folder, '')}".rstrip(": "))
+            width = max(len(name) for name in names)
+            lines += [f"  {name:<{width}}  {config_summary(configs[name])}" for name in names]
+    lines.append("\nroformer configs NAME prints the file's path (cat it to read it, copy it to start your own)")
+    print("\n".join(lines))
+
+
 def _export_tokenizer(source: str, target: Path, copy: Callable[[Path, Path], list[str]]) -> list[str]:
     """Tokenizer of an HF source: the files of a local directory, or a hub tokenizer saved with save_pretrained."""
     if Path(source).is_dir():
@@ -124,16 +155,16 @@ def _export_tokenizer(source: str, target: Path, copy: Callable[[Path, Path], li
 
 
 def _pretrain(args: argparse.Namespace) -> None:
-    from roformer.config import load
+    from roformer.config import find_config, load
     from roformer.train.config import PretrainConfig
     from roformer.train.pretrain import Pretrainer
     from roformer.train.run_dir import RUN_CONFIG_FILE
 
     if args.config is None and not args.resume:
         raise UserError("--config is required (unless --resume continues a run from its own config.yaml)")
-    out = Path(args.output_dir) if args.output_dir else Path("runs") / Path(args.config).stem
-    config_path = Path(args.config) if args.config else out / RUN_CONFIG_FILE
-    config = load(PretrainConfig, config_path, args.set)
+    config_path = find_config(args.config, "pretrain") if args.config else None
+    out = Path(args.output_dir) if args.output_dir else Path("runs") / config_path.stem
+    config = load(PretrainConfig, config_path or out / RUN_CONFIG_FILE, args.set)
     trainer = Pretrainer(config, out, resume=args.resume, overwrite=args.overwrite)
     run = trainer.run()
     if trainer.engine.is_main_process:
@@ -167,12 +198,12 @@ def pretraining_summary(run: Path) -> str:
 def _prepare_data(args: argparse.Namespace) -> None:
     import time
 
-    from roformer.config import load
+    from roformer.config import find_config, load
     from roformer.data.store import build_token_store, store_directory, store_usable
     from roformer.data.token_store import TokenStore
     from roformer.train.config import PretrainConfig
 
-    config = load(PretrainConfig, args.config, args.set)
+    config = load(PretrainConfig, find_config(args.config, "pretrain"), args.set)
     data = config.data
     if data.streaming:
         raise UserError("data.streaming: true tokenizes while training and keeps no token store to prepare")
@@ -196,15 +227,16 @@ def _prepare_data(args: argparse.Namespace) -> None:
 
 
 def _finetune(args: argparse.Namespace) -> None:
-    from roformer.config import load
+    from roformer.config import find_config, load
     from roformer.train.config import FinetuneConfig
     from roformer.train.finetune import finetune
     from roformer.train.run_dir import BEST_DIR, RUN_CONFIG_FILE
 
     if args.config is None and not (args.resume and args.output_dir):
         raise UserError("--config is required (unless --resume --output-dir continues a job from its config.yaml)")
-    out = Path(args.output_dir) if args.output_dir else Path("runs") / "glue" / Path(args.config).stem
-    config = load(FinetuneConfig, args.config or out / RUN_CONFIG_FILE, args.set)
+    config_path = find_config(args.config, "glue") if args.config else None
+    out = Path(args.output_dir) if args.output_dir else Path("runs") / "glue" / config_path.stem
+    config = load(FinetuneConfig, config_path or out / RUN_CONFIG_FILE, args.set)
     results = finetune(config, out, overwrite=args.overwrite, resume=args.resume)
     if results:
         seeds = len(results["summary"][results["selection_split"]]["score"]["values"])
@@ -219,14 +251,16 @@ def _finetune(args: argparse.Namespace) -> None:
 
 
 def _glue(args: argparse.Namespace) -> None:
+    from roformer.config import find_config
     from roformer.study.markdown import glue_suite_table
     from roformer.study.suite import run_suite
     from roformer.train.run_dir import SUBMISSION_DIR
 
     if args.config is None:
         raise UserError("--config is required")
-    out = Path(args.output_dir) if args.output_dir else Path("runs") / "glue" / Path(args.config).stem
-    results = run_suite(args.config, out, args.set, overwrite=args.overwrite, resume=args.resume)
+    config_path = find_config(args.config, "glue")
+    out = Path(args.output_dir) if args.output_dir else Path("runs") / "glue" / config_path.stem
+    results = run_suite(config_path, out, args.set, overwrite=args.overwrite, resume=args.resume)
     if results:
         print(glue_suite_table(results) + f"results in {out} (submission files in {out / SUBMISSION_DIR})")
 
@@ -247,19 +281,22 @@ def _compare(args: argparse.Namespace) -> None:
 
 
 def _experiment(args: argparse.Namespace) -> None:
+    from roformer.config import find_config
     from roformer.study.experiment import run_experiment
     from roformer.study.outputs import COMPARE_DIR, REPORT_FILE, SUMMARY_MARKDOWN_FILE
 
     if args.config is None:
         raise UserError("--config is required")
-    out = Path(args.output_dir) if args.output_dir else Path("runs") / "experiments" / Path(args.config).stem
-    summary = run_experiment(args.config, out, args.set)
+    config_path = find_config(args.config, "experiments")
+    out = Path(args.output_dir) if args.output_dir else Path("runs") / "experiments" / config_path.stem
+    summary = run_experiment(config_path, out, args.set)
     if summary:
         report = f"\nreport: {out / REPORT_FILE} (runs in {out})"
         print((out / COMPARE_DIR / SUMMARY_MARKDOWN_FILE).read_text() + report)
 
 
 def _eval_mlm(args: argparse.Namespace) -> None:
+    from roformer.config import find_config
     from roformer.files import check_output_file
     from roformer.study.length_eval import (
         default_device,
@@ -275,6 +312,8 @@ def _eval_mlm(args: argparse.Namespace) -> None:
     out = Path(args.out) if args.out else default_output(model)
     check_output_file(out)  # before evaluating
     data = args.data or (model.parent if model.name == FINAL_DIR else None)
+    if args.data and not Path(args.data).is_dir():
+        data = find_config(args.data, "pretrain")
     if data is None:
         raise UserError("--data is required (a pretraining config or run directory) unless --model is a run's final/")
     try:
@@ -352,29 +391,39 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--overwrite", action="store_true", help="with --dry-run: replace a non-empty DIR")
     push.set_defaults(func=_push)
 
+    configs = sub.add_parser("configs", help="list the shipped configs (their names work as --config values)")
+    configs.add_argument("name", nargs="?", help="print this config's path, e.g. pretrain/roformer-tiny or glue/rte")
+    configs.set_defaults(func=_configs)
+
     pretrain = sub.add_parser("pretrain", help="MLM pretraining from a YAML config (also under accelerate launch)")
-    _add_run_arguments(pretrain, "pretraining YAML (configs/pretrain/*.yaml)", "runs/<config name>")
+    _add_run_arguments(
+        pretrain,
+        "pretraining YAML, or a shipped config's name (roformer-tiny; see roformer configs)",
+        "runs/<config name>",
+    )
     pretrain.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
     pretrain.set_defaults(func=_pretrain)
 
     prepare = sub.add_parser("prepare-data", help="build the token store of a pretraining config (before training)")
-    prepare.add_argument("--config", required=True, metavar="FILE", help="pretraining YAML (its data: section)")
+    prepare.add_argument(
+        "--config", required=True, metavar="FILE", help="pretraining YAML or shipped name (its data: section)"
+    )
     prepare.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     prepare.add_argument("--overwrite", action="store_true", help="rebuild the store even if it is complete")
     prepare.set_defaults(func=_prepare_data)
 
     finetune = sub.add_parser("finetune", help="fine-tune on one GLUE task (every lr and seed of the config)")
-    _add_run_arguments(finetune, "task YAML (configs/glue/<task>.yaml)", "runs/glue/<config name>")
+    _add_run_arguments(finetune, "task YAML, or a shipped task's name (glue/rte)", "runs/glue/<config name>")
     finetune.add_argument("--resume", action="store_true", help="continue: finished runs are kept, the last resumes")
     finetune.set_defaults(func=_finetune)
 
     glue = sub.add_parser("glue", help="fine-tune several GLUE tasks and write one table and one submission")
-    _add_run_arguments(glue, "suite YAML (configs/glue/all.yaml)", "runs/glue/<config name>")
+    _add_run_arguments(glue, "suite YAML, or a shipped suite's name (glue/all)", "runs/glue/<config name>")
     glue.add_argument("--resume", action="store_true", help="continue: finished tasks and runs are kept")
     glue.set_defaults(func=_glue)
 
     experiment = sub.add_parser("experiment", help="run both arms (and seeds) of an experiment, then compare")
-    experiment.add_argument("--config", metavar="FILE", help="experiment YAML (configs/experiments/*.yaml)")
+    experiment.add_argument("--config", metavar="FILE", help="experiment YAML, or a shipped experiment's name")
     experiment.add_argument("--output-dir", metavar="DIR", help="default: runs/experiments/<config name>")
     experiment.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override every arm")
     experiment.set_defaults(func=_experiment)

@@ -10,12 +10,17 @@ A config class declares what the loader must know about it in three class attrib
     PATH_KEYS     dotted keys holding file paths (resolved against the config file's folder)
     NAME_KEYS     those of PATH_KEYS that may also be hub names (`bert-base-uncased`): resolved only when they exist
 
+The configs this project ships (the repository's configs/ folder, installed into the package as roformer/configs)
+are found by name as well as by path: `find_config` (`roformer-tiny`, `glue/rte`; a path wins), `shipped_configs`.
+
 Also here, because every recipe and study compares configs: `config_differences` and `flat_config`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import types
 import typing
 from dataclasses import fields
@@ -247,7 +252,7 @@ def load(cls: type[T], path: str | Path, overrides: list[str] | None = None) -> 
 
 def _include(path: Path, section: str, name: str) -> Any:
     """The content of the YAML file that section `section` of `path` names (its own `section:` if it has one)."""
-    include = path.parent / name
+    include = config_path(path.parent, name)
     if not include.is_file():
         raise ConfigError(f"{path}: {section}: file not found: {include}")
     content = read_yaml(include) or {}
@@ -316,4 +321,103 @@ def _resolve_path(value: Any, base: Path, may_be_name: bool) -> Any:
         return value
     if may_be_name and not (value.startswith(".") or (base / value).exists()):
         return value
-    return str((base / value).resolve())
+    return str(config_path(base, value))
+
+
+# The shipped configs: in a wheel they are package data (pyproject.toml maps the repository's configs/ folder to
+# roformer/configs); in a clone or an editable install they are the repository's configs/ folder.
+_PACKAGE_DIR = Path(__file__).resolve().parent
+INSTALLED_CONFIGS = _PACKAGE_DIR / "configs"
+CHECKOUT_CONFIGS = _PACKAGE_DIR.parent / "configs"
+
+
+def shipped_configs_dir() -> Path | None:
+    """The folder of the shipped configs: the installed package's, else the clone's (None if neither is there)."""
+    if INSTALLED_CONFIGS.is_dir():
+        return INSTALLED_CONFIGS
+    if (CHECKOUT_CONFIGS / "pretrain").is_dir() and (_PACKAGE_DIR.parent / "pyproject.toml").is_file():
+        return CHECKOUT_CONFIGS
+    return None
+
+
+def shipped_configs() -> dict[str, Path]:
+    """{name: file} of every shipped config, named `folder/stem` (`pretrain/roformer-tiny`), in name order."""
+    root = shipped_configs_dir()
+    if root is None:
+        return {}
+    return {p.relative_to(root).with_suffix("").as_posix(): p for p in sorted(root.rglob("*.yaml"))}
+
+
+def config_summary(path: Path, width: int = 100) -> str:
+    """The first sentence of a config file's header comment (without a leading `name:`), at most `width` characters."""
+    header = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line.lstrip("# ").strip())
+    text = " ".join(header).removeprefix(f"{path.stem}: ")
+    sentences = re.split(r"(?<=\.)\s+(?=[A-Z])", text)  # not after "et al. 2021" or "sec. 4.4"
+    summary = sentences[0].rstrip(".")
+    return summary if len(summary) <= width else summary[: width - 3].rstrip() + "..."
+
+
+# The folders of shipped configs, in the order a stem that several of them have is looked up (`roformer-tiny` is
+# pretrain/roformer-tiny before model/roformer-tiny).
+SHIPPED_FOLDERS = ("pretrain", "glue", "experiments", "model", "accelerate")
+
+
+def shipped_config(name: str) -> Path:
+    """The shipped config called `name`: its `folder/stem`, or a stem, looked up in SHIPPED_FOLDERS order.
+
+    Raises:
+        ConfigError: no shipped config of that name.
+    """
+    configs = shipped_configs()
+    name = name.removesuffix(".yaml").removeprefix("configs/")
+    for candidate in [name] + [f"{folder}/{name}" for folder in SHIPPED_FOLDERS]:
+        if candidate in configs:
+            return configs[candidate]
+    raise ConfigError(f"{name}: no shipped config of that name (`roformer configs` lists them)")
+
+
+def find_config(value: str | Path, folder: str) -> Path:
+    """The config file that a `--config` value means: a path if that file exists, else a shipped config's name.
+
+    Names are relative to the shipped configs folder, with or without `.yaml` and the command's own `folder`
+    (`roformer-tiny` for `pretrain`, `glue/rte` or `rte` for `glue`); a leading `configs/` is accepted, so the
+    repository's documented paths (`configs/pretrain/roformer-tiny.yaml`) also work from an installed package.
+
+    Raises:
+        ConfigError: neither a file nor a shipped config's name.
+    """
+    path = Path(value)
+    if path.is_file():
+        return path
+    root = shipped_configs_dir()
+    name = path.as_posix().removesuffix(".yaml")
+    if root is not None and not path.is_absolute():
+        names = [name, f"{folder}/{name}"]
+        if name.startswith("configs/"):
+            names.append(name.removeprefix("configs/"))
+        for candidate in names:
+            if (root / f"{candidate}.yaml").is_file():
+                return root / f"{candidate}.yaml"
+    raise ConfigError(
+        f"{value}: config file not found, nor a shipped config of that name (`roformer configs` lists them)"
+    )
+
+
+def config_path(folder: Path, value: str | Path) -> Path:
+    """A path written in a config file of `folder`, made absolute: relative paths are relative to the file's folder.
+
+    Inside an installed package, a shipped config's path that leaves the configs folder (its data, `runs/`,
+    `glue_data/`) is read from the working directory instead, as if the configs folder were `./configs`: from a
+    clone's root a config's name and its path then mean the same files, and `init: ../../runs/roformer-base/final`
+    finds what `roformer pretrain --config roformer-base` wrote.
+    """
+    target = (folder / value).resolve()
+    installed = INSTALLED_CONFIGS.resolve()
+    folder = folder.resolve()
+    if folder.is_relative_to(installed) and not target.is_relative_to(installed):
+        return Path(os.path.normpath(Path.cwd() / "configs" / folder.relative_to(installed) / value))
+    return target

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from roformer.config import check_types, load, read_yaml
+from roformer.config import check_types, config_path, load, read_yaml
 from roformer.errors import ConfigError
 from roformer.files import check_output_dir
 from roformer.model.config import ModelConfig
@@ -167,7 +167,9 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tup
     arms = {}
     for label, arm in experiment.arms.items():
         arm = arm if isinstance(arm, ArmSpec) else ArmSpec(config=arm)
-        config = load(PretrainConfig, path.parent / arm.config, arm.set + experiment.overrides + list(overrides or []))
+        config = load(
+            PretrainConfig, config_path(path.parent, arm.config), arm.set + experiment.overrides + list(overrides or [])
+        )
         config.label = label
         arms[label] = config
     check_controlled(arms, str(path), set(experiment.vary))
@@ -213,7 +215,7 @@ def run_experiment(path: str | Path, out: str | Path, overrides: list[str] | Non
     check_output_dir(out, overwrite=False, resume=True)  # an experiment continues what its directory holds
     experiment, arms = load_experiment(path, overrides)
     if experiment.glue is not None:  # every task config must load before hours of pretraining
-        load_suite_config(path.parent / experiment.glue.suite)
+        load_suite_config(config_path(path.parent, experiment.glue.suite))
     out.mkdir(parents=True, exist_ok=True)
     runs = pretrain_arms(experiment, arms, out)
     glue_dirs = finetune_runs(experiment, path, runs, out) if experiment.glue is not None else []
@@ -259,9 +261,11 @@ def finetune_runs(experiment: ExperimentConfig, path: Path, runs: list[Path], ou
         target = out / GLUE_DIR / directory.name
         extra = [f"init={directory / FINAL_DIR}", f"label={label}"]
         if stage.glue_dir is not None:
-            extra.append(f"data.glue_dir={(path.parent / stage.glue_dir).resolve()}")
+            extra.append(f"data.glue_dir={config_path(path.parent, stage.glue_dir)}")
         logger.info("%s: GLUE suite %s", target, stage.suite)
-        results = run_suite(path.parent / stage.suite, target, stage.overrides + extra, resume=target.exists())
+        results = run_suite(
+            config_path(path.parent, stage.suite), target, stage.overrides + extra, resume=target.exists()
+        )
         task_dirs += [target / task for task in results] if results else []
     return task_dirs
 

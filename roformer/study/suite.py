@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from roformer.config import check_types, load
+from roformer.config import check_types, config_path, load
 from roformer.errors import ConfigError
 from roformer.files import atomic_write_text
 from roformer.study.markdown import glue_suite_table
@@ -46,7 +46,7 @@ def load_suite_config(path: str | Path) -> SuiteConfig:
     path = Path(path)
     suite = load(SuiteConfig, path)
     for task in suite.tasks:
-        load(FinetuneConfig, path.parent / task, suite.overrides)
+        load(FinetuneConfig, config_path(path.parent, task), suite.overrides)
     return suite
 
 
@@ -71,7 +71,7 @@ def run_suite(
     suite = load_suite_config(path)
     run_dir = RunDir(out, overwrite, resume, record_required=False)  # older suites: no config.yaml
     extra = suite.overrides + list(overrides or [])
-    configs = [load(FinetuneConfig, path.parent / t, extra) for t in suite.tasks]
+    configs = [load(FinetuneConfig, config_path(path.parent, t), extra) for t in suite.tasks]
     # the suite's own record; a resume is checked task by task (each task directory holds its resolved config)
     run_on_main(lambda: run_dir.prepare({"suite": str(path.resolve()), "tasks": suite.tasks, "overrides": extra}))
     results = {}

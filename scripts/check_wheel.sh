@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The package as a user meets it: build the wheel, install it into a new virtualenv outside the repository, and from
+# an empty directory run `--help` of every command, `roformer configs`, a short tiny pretraining by config name, and
+# check that shipped configs resolve from inside the installed package.
+#
+#     bash scripts/check_wheel.sh            # a fresh virtualenv: torch==2.13.0 (see README), then the wheel and its
+#                                            # dependencies from the package index (minutes; what a new user runs)
+#     bash scripts/check_wheel.sh --reuse    # a virtualenv on top of this interpreter's packages: only the wheel is
+#                                            # installed (seconds; what tests/test_package.py runs)
+#
+# Run from the repository root. Leaves nothing behind but the temporary directory it prints (removed on success).
+set -euo pipefail
+mode=${1:-fresh}
+repo=$(pwd)
+work=$(mktemp -d)
+trap 'echo "kept for inspection: $work" >&2' ERR
+echo "== building the wheel into $work/dist"
+python -m build --wheel --no-isolation --outdir "$work/dist" "$repo" > "$work/build.log" 2>&1 || {
+    cat "$work/build.log"; exit 1; }
+rm -rf "$repo/build"
+if grep -E "^WARNING|Package would be ignored" "$work/build.log"; then echo "the build warned (above)"; exit 1; fi
+wheel=$(ls "$work"/dist/*.whl)
+echo "== installing $(basename "$wheel") ($mode)"
+if [ "$mode" = "--reuse" ]; then
+    python -m venv --system-site-packages "$work/venv"
+    "$work/venv/bin/python" -m pip install -q --no-deps --no-index "$wheel"
+else
+    python -m venv "$work/venv"
+    "$work/venv/bin/python" -m pip install -q torch==2.13.0
+    "$work/venv/bin/python" -m pip install -q "$wheel"
+fi
+export PATH="$work/venv/bin:$PATH"
+mkdir "$work/empty" && cd "$work/empty"
+echo "== from an empty directory: $(pwd)"
+python - "$work/venv" <<'EOF'
+import sys
+from pathlib import Path
+
+import roformer
+from roformer.config import shipped_configs, shipped_configs_dir
+
+venv = Path(sys.argv[1]).resolve()
+assert venv in Path(roformer.__file__).resolve().parents, f"imported {roformer.__file__}, not the installed wheel"
+assert venv in shipped_configs_dir().resolve().parents, shipped_configs_dir()
+print(f"roformer imported from {Path(roformer.__file__).parent}, {len(shipped_configs())} shipped configs")
+EOF
+roformer --version
+commands=$(python -c "from roformer.cli import build_parser; p = build_parser(); \
+print(' '.join(p._subparsers._group_actions[0].choices))")
+for command in $commands; do
+    roformer "$command" --help > /dev/null
+done
+echo "--help of every command: $commands"
+roformer configs > configs.txt
+grep -q "pretrain/roformer-tiny" configs.txt
+echo "roformer configs lists $(grep -c '^  ' configs.txt) configs"
+echo "== shipped configs resolve inside the package; paths that leave it, against the working directory"
+python - <<'EOF'
+from pathlib import Path
+
+from roformer.config import find_config, load
+from roformer.study.experiment import load_experiment
+from roformer.study.suite import load_suite_config
+from roformer.train.config import FinetuneConfig
+
+cwd = Path.cwd()
+rte = load(FinetuneConfig, find_config("glue/rte", "glue"))
+assert rte.init == str(cwd / "runs/roformer-base/final"), rte.init
+assert rte.data.glue_dir == str(cwd / "glue_data"), rte.data.glue_dir
+assert len(load_suite_config(find_config("all", "glue")).tasks) == 9
+experiment, arms = load_experiment(find_config("rope-vs-bert-small", "experiments"))
+assert arms["roformer"].data.paths == [str(cwd.parent / "shared/data/corpus/gutenberg")], arms["roformer"].data.paths
+print("glue/rte init:", rte.init, "| rope-vs-bert-small data:", arms["roformer"].data.paths[0])
+EOF
+echo "== tiny pretraining by config name"
+roformer pretrain --config roformer-tiny --set train.max_steps=20 --set train.eval_every=10 \
+    --set train.save_every=10 --set data.builtin_documents=2000 --set train.progress=false 2>&1 | tail -1
+test -f runs/roformer-tiny/final/model.safetensors
+cd "$repo"
+rm -rf "$work"
+echo "wheel check passed"

@@ -1,0 +1,158 @@
+"""The installable package: shipped configs by name (`--config roformer-tiny`), their relative references inside an
+installed package, `roformer configs`, and the built wheel installed outside the repository."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+import roformer.config as config_module
+from roformer.cli import main
+from roformer.config import ConfigError, find_config, load, shipped_config, shipped_configs
+from roformer.study.experiment import load_experiment
+from roformer.study.suite import load_suite_config
+from roformer.train.config import FinetuneConfig, PretrainConfig
+
+CONFIGS = REPO / "configs"
+
+
+def test_the_clone_ships_its_configs_folder() -> None:
+    names = shipped_configs()
+    assert set(names.values()) == set(CONFIGS.rglob("*.yaml"))
+    assert names["pretrain/roformer-tiny"] == CONFIGS / "pretrain" / "roformer-tiny.yaml"
+
+
+@pytest.mark.parametrize(
+    "value, folder, expected",
+    [
+        ("roformer-tiny", "pretrain", "pretrain/roformer-tiny"),
+        ("roformer-tiny.yaml", "pretrain", "pretrain/roformer-tiny"),
+        ("model/roformer-tiny", "pretrain", "model/roformer-tiny"),
+        ("glue/rte", "glue", "glue/rte"),
+        ("rte", "glue", "glue/rte"),
+        ("all", "glue", "glue/all"),
+        ("rope-vs-bert-tiny", "experiments", "experiments/rope-vs-bert-tiny"),
+        ("configs/pretrain/bert-tiny.yaml", "pretrain", "pretrain/bert-tiny"),  # the README's paths, from anywhere
+    ],
+)
+def test_a_config_name_finds_the_shipped_file(
+    value: str, folder: str, expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # not the repository root: names only
+    assert find_config(value, folder) == CONFIGS / f"{expected}.yaml"
+
+
+def test_a_path_wins_over_a_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("roformer-tiny").write_text("label: mine\n")  # a file called like a shipped config
+    assert find_config("roformer-tiny", "pretrain") == Path("roformer-tiny")
+    Path("roformer-tiny").unlink()
+    Path("roformer-tiny").mkdir()  # a folder is not a config file: the name still works
+    assert find_config("roformer-tiny", "pretrain") == CONFIGS / "pretrain" / "roformer-tiny.yaml"
+
+
+@pytest.mark.parametrize("value", ["roformer-tyny", "/no/such/file.yaml", "glue/rte-extra"])
+def test_neither_a_file_nor_a_name_is_one_error(value: str) -> None:
+    with pytest.raises(ConfigError, match="config file not found, nor a shipped config of that name"):
+        find_config(value, "pretrain")
+
+
+def test_a_stem_two_folders_have_is_looked_up_in_folder_order() -> None:
+    assert shipped_config("roformer-tiny") == CONFIGS / "pretrain" / "roformer-tiny.yaml"  # before model/
+    assert shipped_config("model/roformer-tiny") == CONFIGS / "model" / "roformer-tiny.yaml"
+    assert shipped_config("multi-gpu") == CONFIGS / "accelerate" / "multi-gpu.yaml"
+    with pytest.raises(ConfigError, match="no shipped config of that name"):
+        shipped_config("roformer-huge")
+
+
+@pytest.fixture
+def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The configs as a wheel installs them (site-packages/roformer/configs), and an empty working directory."""
+    package = tmp_path / "site-packages" / "roformer" / "configs"
+    shutil.copytree(CONFIGS, package)
+    monkeypatch.setattr(config_module, "INSTALLED_CONFIGS", package)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return work
+
+
+def test_installed_configs_are_found_before_the_clone(installed: Path) -> None:
+    assert find_config("roformer-tiny", "pretrain") == config_module.INSTALLED_CONFIGS / "pretrain/roformer-tiny.yaml"
+
+
+def test_installed_references_between_configs_stay_inside_the_package(installed: Path) -> None:
+    package = config_module.INSTALLED_CONFIGS
+    tiny = load(PretrainConfig, find_config("roformer-tiny", "pretrain"))  # model: ../model/roformer-tiny.yaml
+    assert (tiny.model.num_layers, tiny.model.hidden_size) == (2, 64)
+    suite = find_config("all", "glue")
+    assert suite.parent == package / "glue" and len(load_suite_config(suite).tasks) == 9
+    _, arms = load_experiment(find_config("rope-vs-bert-small", "experiments"))  # arms: ../pretrain/*.yaml
+    assert set(arms) == {"roformer", "bert"}
+
+
+def test_installed_paths_that_leave_the_configs_are_read_from_the_working_directory(installed: Path) -> None:
+    # as if the configs folder were ./configs: in a clone's root, the name and the path mean the same files
+    rte = load(FinetuneConfig, find_config("glue/rte", "glue"))
+    assert rte.init == str(installed / "runs" / "roformer-base" / "final")  # where `pretrain --config roformer-base`
+    assert rte.data.glue_dir == str(installed / "glue_data")  # writes, and download_glue_data.py's folder
+    small = load(PretrainConfig, find_config("roformer-small", "pretrain"))
+    assert small.data.paths == [str(installed.parent / "shared" / "data" / "corpus" / "gutenberg")]
+
+
+def test_clone_paths_stay_relative_to_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    rte = load(FinetuneConfig, find_config("glue/rte", "glue"))
+    assert rte.init == str(REPO / "runs" / "roformer-base" / "final")
+
+
+def test_configs_command_lists_every_shipped_config(capsys: pytest.CaptureFixture) -> None:
+    assert main(["configs"]) == 0
+    out = capsys.readouterr().out
+    listed = {line.split()[0] for line in out.splitlines() if line.startswith("  ")}
+    assert listed == set(shipped_configs())
+    assert "  pretrain/roformer-tiny   the quickstart\n" in out  # the header comment's first sentence
+    assert "Su et al. 2021, sec. 4.5.1" in out  # not cut at an abbreviation's dot
+
+
+def test_configs_command_prints_one_path(capsys: pytest.CaptureFixture) -> None:
+    assert main(["configs", "accelerate/multi-gpu"]) == 0
+    assert capsys.readouterr().out == f"{CONFIGS / 'accelerate' / 'multi-gpu.yaml'}\n"
+    assert main(["configs", "roformer-huge"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == "roformer configs: error: roformer-huge: no shipped config of that name (`roformer configs` lists them)\n"
+    )
+
+
+@pytest.mark.parametrize("command", ["pretrain", "prepare-data", "finetune", "glue", "experiment"])
+def test_a_bad_config_name_is_one_line_and_exit_2(command: str, capsys: pytest.CaptureFixture) -> None:
+    assert main([command, "--config", "roformer-tyny"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "roformer-tyny: config file not found, nor a shipped config" in err
+
+
+def test_every_configs_folder_is_a_listed_package() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {"roformer.configs": "configs"}
+    folders = {"roformer.configs." + p.name for p in CONFIGS.iterdir() if p.is_dir()}
+    code = {"roformer." + p.parent.name for p in (REPO / "roformer").glob("*/__init__.py")}
+    assert set(setuptools["packages"]) == {"roformer", "roformer.configs"} | folders | code
+
+
+@pytest.mark.skipif(importlib.util.find_spec("build") is None, reason="needs `build` (pip install -e '.[dev]')")
+def test_the_wheel_works_outside_the_repository() -> None:
+    # build, install into a virtualenv, then from an empty directory: --help of every command, roformer configs,
+    # shipped configs resolving inside the package, and a short tiny pretraining by config name
+    done = subprocess.run(
+        ["bash", "scripts/check_wheel.sh", "--reuse"], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "wheel check passed" in done.stdout and "/venv/lib/" in done.stdout  # the wheel's copy was imported
