@@ -20,7 +20,7 @@ class CheckpointError(UserError):
 class RunStopped(UserError):
     """A run stopped before its end for a reason outside the code; its exit code tells a scheduler which.
 
-    Exit codes (documented in the README): 75 stopped by a signal after a complete checkpoint (requeue and
+    Exit codes (docs/cli.md, "Exit codes"): 75 stopped by a signal after a complete checkpoint (requeue and
     `--resume`), 74 a checkpoint or metrics write failed (disk full, unwritable), 65 the loss diverged.
     """
 

@@ -321,7 +321,7 @@ class ModelConfig:
         """Multiplier of the sinusoidal table.
 
         The raw table has entries in [-1, 1] (RMS 1/sqrt(2)) while BERT-initialised token embeddings have std
-        `initializer_range` (0.02): added raw, positions drown the tokens (see README, "A fair sinusoidal
+        `initializer_range` (0.02): added raw, positions drown the tokens (docs/baselines.md, "A fair sinusoidal
         baseline"). The default scales the table to RMS `initializer_range`, the scale of a learned table at init.
         """
         if self.sinusoidal_scale is not None:

@@ -1,0 +1,252 @@
+"""The documentation is tested like code: README.md and every docs/ page.
+
+- Every fenced block names its language; `yaml` blocks parse; relative links and images resolve (files and headings).
+- `python` blocks run, in page order, one namespace per page, in a working directory laid out like a clone's root:
+  configs/ and scripts/, ../shared/data, and a finished tiny pretraining run at runs/roformer-tiny/.
+- `bash` blocks: every `roformer` command (also after `accelerate launch ... -m roformer`) is parsed by the real CLI
+  parser and its --config found; scripts it names exist. A block marked `<!-- docs-test: run -->` is also executed,
+  in the same working directory, between the page's python blocks.
+- `<!-- docs-test: skip (reason) -->` before a block: not run (a hub download, a GPU, hours of training), but python
+  still compiles and commands are still parsed.
+- The site builds with mkdocs (strict), offline.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, SHARED_DATA
+
+from roformer.cli import build_parser
+from roformer.config import find_config
+
+PAGES = [REPO / "README.md", REPO / "CHANGELOG.md"] + sorted((REPO / "docs").glob("*.md"))
+LANGUAGES = {"bash", "python", "yaml", "text"}
+MARKER = re.compile(r"<!--\s*docs-test:\s*(run|skip)\b(.*?)-->")
+FENCE = re.compile(r"^```(\S*)\s*$")
+# the folder a command looks a shipped config name up in (roformer.cli)
+CONFIG_FOLDER = {"pretrain": "pretrain", "prepare-data": "pretrain", "finetune": "glue", "glue": "glue"}
+CONFIG_FOLDER["experiment"] = "experiments"
+
+
+@dataclass
+class Block:
+    page: Path
+    line: int  # 1-based line of the opening fence
+    language: str
+    code: str
+    marker: str | None  # "run", "skip" or None
+
+    def __str__(self) -> str:
+        return f"{self.page.relative_to(REPO)}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    found, lines = [], page.read_text(encoding="utf-8").splitlines()
+    i = 0
+    while i < len(lines):
+        match = FENCE.match(lines[i])
+        if match is None:
+            i += 1
+            continue
+        before = next((line for line in reversed(lines[:i]) if line.strip()), "")
+        marker = MARKER.search(before)
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        code = "\n".join(lines[i + 1 : end]) + "\n"
+        found.append(Block(page, i + 1, match[1], code, marker[1] if marker else None))
+        i = end + 1
+    return found
+
+
+ALL_BLOCKS = [block for page in PAGES for block in blocks(page)]
+
+
+def page_id(page: Path) -> str:
+    return str(page.relative_to(REPO))
+
+
+def test_the_docs_exist() -> None:
+    names = {p.name for p in (REPO / "docs").glob("*.md")}
+    topics = {"pretraining.md", "fine-tuning.md", "experiments.md", "speed.md", "extensions.md", "models.md"}
+    assert topics | {"index.md", "install.md", "architecture.md", "cli.md", "baselines.md"} <= names
+    assert len((REPO / "README.md").read_text().splitlines()) <= 150, "the README is the landing page: keep it short"
+
+
+def test_every_block_names_its_language() -> None:
+    unnamed = [f"{b} ({b.language or 'no language'})" for b in ALL_BLOCKS if b.language not in LANGUAGES]
+    assert not unnamed, unnamed
+
+
+@pytest.mark.parametrize("block", [b for b in ALL_BLOCKS if b.language == "yaml"], ids=str)
+def test_yaml_blocks_parse(block: Block) -> None:
+    yaml.safe_load(block.code)
+
+
+@pytest.mark.parametrize("block", [b for b in ALL_BLOCKS if b.language == "python"], ids=str)
+def test_python_blocks_compile(block: Block) -> None:
+    compile(block.code, str(block), "exec")
+
+
+# --- links ---------------------------------------------------------------------------------------------------------
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's heading anchor: lower case, punctuation dropped (not - or _), spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.S | re.M)
+    return {slug(m[1]) for m in re.finditer(r"^#+\s+(.*)$", text, flags=re.M)}
+
+
+def prose(page: Path) -> str:
+    """The page without its code blocks (a `[x](y)` inside code is not a link)."""
+    return re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.S | re.M)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_relative_links_resolve(page: Path) -> None:
+    broken = []
+    for target in LINK.findall(prose(page)):
+        if re.match(r"[a-z]+:", target):  # https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+            broken.append(f"{target}: no heading #{anchor} in {file.relative_to(REPO)}")
+    assert not broken, broken
+
+
+# --- commands ------------------------------------------------------------------------------------------------------
+
+
+def commands(code: str) -> list[str]:
+    """The logical lines of a bash block: continuations joined, comments and blank lines dropped."""
+    joined = re.sub(r"\\\n\s*", " ", code)
+    return [line.strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def roformer_invocations(line: str) -> list[list[str]]:
+    """The argument lists of every `roformer` command in a shell line (`a && b`, `accelerate launch -m roformer`)."""
+    found = []
+    for part in re.split(r"&&|\|\||;|\|", line):
+        words = shlex.split(re.sub(r'"\$\([^)]*\)"|\$\([^)]*\)', "SUBSTITUTED", part), comments=True)
+        while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+            words = words[1:]
+        if words[:1] == ["roformer"]:
+            found.append(words[1:])
+        elif "-m" in words and words[words.index("-m") + 1 : words.index("-m") + 2] == ["roformer"]:
+            found.append(words[words.index("-m") + 2 :])
+    return found
+
+
+def check_command(args: list[str]) -> None:
+    parsed = build_parser().parse_args(args)  # SystemExit(2) on an unknown option or command
+    config = getattr(parsed, "config", None)
+    if config and parsed.command in CONFIG_FOLDER:
+        find_config(config, CONFIG_FOLDER[parsed.command])
+
+
+@pytest.mark.parametrize("block", [b for b in ALL_BLOCKS if b.language == "bash"], ids=str)
+def test_bash_commands_parse(block: Block, capsys: pytest.CaptureFixture) -> None:
+    for line in commands(block.code):
+        for args in roformer_invocations(line):
+            if args in (["--version"], ["--help"]) or args[-1:] == ["--help"]:
+                continue
+            try:
+                check_command(args)
+            except SystemExit as e:
+                message = capsys.readouterr().err.strip()
+                pytest.fail(f"{block}: `roformer {' '.join(args)}` does not parse ({e.code}): {message}")
+        for script in re.findall(r"(?:python|bash)\s+(scripts/\S+)", line):
+            assert (REPO / script).is_file(), f"{block}: {script} does not exist"
+
+
+# --- running the pages ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished tiny pretraining run (final/ with model and tokenizer), as `roformer pretrain` writes it."""
+    run = tmp_path_factory.mktemp("docs-run") / "roformer-tiny"
+    overrides = ["train.max_steps=30", "data.builtin_documents=2000", "train.eval_every=10", "train.save_every=30"]
+    command = [
+        sys.executable,
+        "-m",
+        "roformer",
+        "pretrain",
+        "--config",
+        str(REPO / "configs/pretrain/roformer-tiny.yaml"),
+    ]
+    command += [arg for item in overrides + ["train.progress=false"] for arg in ("--set", item)]
+    subprocess.run(command + ["--output-dir", str(run)], check=True, capture_output=True, timeout=600)
+    return run
+
+
+@pytest.fixture
+def clone_root(tmp_path: Path, tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory laid out like a clone's root, with a tiny pretraining run in runs/roformer-tiny."""
+    root = tmp_path / "work"
+    (root / "runs").mkdir(parents=True)
+    for name in ("configs", "scripts", "notebooks"):
+        (root / name).symlink_to(REPO / name)
+    (root / "runs" / "roformer-tiny").symlink_to(tiny_run)
+    if SHARED_DATA.is_dir():
+        (tmp_path / "shared").mkdir()
+        (tmp_path / "shared" / "data").symlink_to(SHARED_DATA)
+    monkeypatch.chdir(root)
+    return root
+
+
+def runnable_pages() -> list[Path]:
+    return [p for p in PAGES if any(b.language == "python" or b.marker == "run" for b in blocks(p))]
+
+
+@pytest.mark.parametrize("page", runnable_pages(), ids=page_id)
+def test_page_runs(page: Path, clone_root: Path) -> None:
+    namespace: dict = {"__name__": "__docs__"}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    for block in blocks(page):
+        if block.marker == "skip":
+            continue
+        if block.language == "python":
+            exec(compile(block.code, str(block), "exec"), namespace)
+        elif block.language == "bash" and block.marker == "run":
+            done = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", block.code],
+                cwd=clone_root,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert done.returncode == 0, f"{block}: exit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None, reason="needs mkdocs (pip install -e '.[dev]')")
+def test_the_site_builds_offline(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    built = {p.relative_to(tmp_path / "site").as_posix() for p in (tmp_path / "site").rglob("index.html")}
+    pages = {"index.html"} | {f"{p.stem}/index.html" for p in (REPO / "docs").glob("*.md") if p.stem != "index"}
+    assert pages <= built, pages - built
