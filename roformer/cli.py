@@ -296,7 +296,10 @@ def _experiment(args: argparse.Namespace) -> None:
 
 
 def _eval_mlm(args: argparse.Namespace) -> None:
+    import contextlib
+
     from roformer.config import find_config
+    from roformer.errors import ConfigError
     from roformer.files import check_output_file
     from roformer.study.length_eval import (
         default_device,
@@ -312,8 +315,9 @@ def _eval_mlm(args: argparse.Namespace) -> None:
     out = Path(args.out) if args.out else default_output(model)
     check_output_file(out)  # before evaluating
     data = args.data or (model.parent if model.name == FINAL_DIR else None)
-    if args.data and not Path(args.data).is_dir():
-        data = find_config(args.data, "pretrain")
+    if args.data and not Path(args.data).exists():  # a shipped config's name; else the data source's own error
+        with contextlib.suppress(ConfigError):
+            data = find_config(args.data, "pretrain")
     if data is None:
         raise UserError("--data is required (a pretraining config or run directory) unless --model is a run's final/")
     try:

@@ -7,14 +7,14 @@
 #     bash scripts/check_lower_bounds.sh                 # the whole suite (the README's test command)
 #     bash scripts/check_lower_bounds.sh tests/test_hf.py -x   # arguments go to pytest
 #     KEEP=1 bash scripts/check_lower_bounds.sh          # keep the virtualenv (its path is printed)
-#     PYTHON=python3.10 bash scripts/check_lower_bounds.sh   # at requires-python's floor too
+#     PYTHON=python3.11 bash scripts/check_lower_bounds.sh   # at requires-python's floor
 #
 # Needs a package index (torch's floor is a CUDA build from PyPI with its CUDA packages, a few GB; the tests run on
 # the CPU). Run from the repository root; ../shared/data beside it enables the real-data tests as in CI.
 set -euo pipefail
 repo=$(pwd)
 work=$(mktemp -d)
-python=${PYTHON:-python}  # the virtualenv's interpreter, e.g. PYTHON=python3.10 for the requires-python floor
+python=${PYTHON:-python}  # the virtualenv's interpreter, e.g. PYTHON=python3.11 (requires-python's floor)
 echo "== virtualenv in $work ($($python --version))"
 $python -m venv "$work/venv"
 venv_python="$work/venv/bin/python"

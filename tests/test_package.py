@@ -171,5 +171,5 @@ def test_the_declared_ranges_admit_the_gpu_machines_versions() -> None:
     requirements = {Requirement(r).name: Requirement(r).specifier for r in project["dependencies"]}
     for name, version in GPU_MACHINE.items():
         assert version in requirements[name], f"{name} {version} is outside {requirements[name]}"
-    assert "3.12" in SpecifierSet(project["requires-python"]) and "3.10" in SpecifierSet(project["requires-python"])
+    assert "3.12" in SpecifierSet(project["requires-python"]) and "3.11" in SpecifierSet(project["requires-python"])
     assert all(str(spec).startswith(">=") for spec in requirements.values())  # scripts/check_lower_bounds.sh pins them

@@ -1,6 +1,6 @@
 """The relative-position baselines (Shaw et al., T5's bias, ALiBi) against references no one here wrote.
 
-T5's buckets equal transformers' `T5Attention._relative_position_bucket`, ALiBi's slopes BLOOM's `_get_alibi_slopes`,
+T5's buckets equal transformers' `T5Attention._relative_position_bucket`, ALiBi's slopes BLOOM's (`build_alibi_tensor`),
 and Shaw's attention the paper's equations (Shaw et al. 2018, eq. 3-5) written out term by term in float64.
 """
 
@@ -42,9 +42,11 @@ def test_t5_buckets_equal_transformers(num_buckets: int, max_distance: int) -> N
 
 @pytest.mark.parametrize("num_heads", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 32])
 def test_alibi_slopes_equal_bloom(num_heads: int) -> None:
-    from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
-    assert_close(alibi_slopes(num_heads), _get_alibi_slopes(num_heads, torch.device("cpu")))
+    # BLOOM's bias at position p is slope_h * p: position 1 of a two-token row is the slope (every transformers 5)
+    bloom = build_alibi_tensor(torch.ones(1, 2), num_heads, torch.float32)[:, 0, 1]  # (H,)
+    assert_close(alibi_slopes(num_heads), bloom)
 
 
 def test_alibi_slopes_are_the_papers_geometric_sequence() -> None:

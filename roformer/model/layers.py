@@ -632,7 +632,9 @@ def self_attention_mask(
         (B, 1, 1, S) or (B, 1, T, S) bool (True = attend) or None, and True when no mask is needed but causality.
     """
     B, T = shape
-    keep = None if attention_mask is None else attention_mask[:, -T:].bool()  # (B, T)
+    keep = None if attention_mask is None else attention_mask.bool()  # (B, T), or (B, S) covering a cache
+    if keep is not None and keep.shape[1] != T:  # not sliced when equal: torch 2.11's export cannot size x[:, -T:]
+        keep = keep[:, -T:]
     ranks = None if pattern == "bidirectional" else attention_ranks(pattern, token_type_ids, shape, device)
     ranks_all = ranks
     if cache is not None:
