@@ -134,7 +134,10 @@ def _configs(args: argparse.Namespace) -> None:
             lines.append(f"\n{folder}/: {CONFIG_FOLDERS.get(folder, '')}".rstrip(": "))
             width = max(len(name) for name in names)
             lines += [f"  {name:<{width}}  {config_summary(configs[name])}" for name in names]
-    lines.append("\nroformer configs NAME prints the file's path (cat it to read it, copy it to start your own)")
+    lines.append(
+        "\nroformer configs NAME prints the file's path. To start your own, copy the whole folder: the files refer to"
+        " each other by relative paths (model: ../model/x.yaml)"
+    )
     print("\n".join(lines))
 
 
@@ -160,8 +163,8 @@ def _pretrain(args: argparse.Namespace) -> None:
     from roformer.train.pretrain import Pretrainer
     from roformer.train.run_dir import RUN_CONFIG_FILE
 
-    if args.config is None and not args.resume:
-        raise UserError("--config is required (unless --resume continues a run from its own config.yaml)")
+    if args.config is None and not (args.resume and args.output_dir):
+        raise UserError("--config is required (unless --resume --output-dir continues a run from its config.yaml)")
     config_path = find_config(args.config, "pretrain") if args.config else None
     out = Path(args.output_dir) if args.output_dir else Path("runs") / config_path.stem
     config = load(PretrainConfig, config_path or out / RUN_CONFIG_FILE, args.set)

@@ -19,6 +19,7 @@ Also here, because every recipe and study compares configs: `config_differences`
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import types
@@ -393,15 +394,15 @@ def find_config(value: str | Path, folder: str) -> Path:
     path = Path(value)
     if path.is_file():
         return path
-    root = shipped_configs_dir()
     name = path.as_posix().removesuffix(".yaml")
-    if root is not None and not path.is_absolute():
-        names = [name, f"{folder}/{name}"]
-        if name.startswith("configs/"):
-            names.append(name.removeprefix("configs/"))
-        for candidate in names:
-            if (root / f"{candidate}.yaml").is_file():
-                return root / f"{candidate}.yaml"
+    if not path.is_absolute() and ".." not in path.parts:  # a name never leaves the configs folder
+        configs = shipped_configs()
+        for candidate in (name, f"{folder}/{name}", name.removeprefix("configs/")):
+            if candidate in configs:
+                logging.getLogger(__name__).info("%s: no such file, using the shipped config %s", value, candidate)
+                return configs[candidate]
+    if path.is_dir():
+        raise ConfigError(f"{value}: is a directory, not a config file (nor a shipped config's name)")
     raise ConfigError(
         f"{value}: config file not found, nor a shipped config of that name (`roformer configs` lists them)"
     )

@@ -15,8 +15,10 @@ set -euo pipefail
 repo=$(pwd)
 work=$(mktemp -d)
 python=${PYTHON:-python}  # the virtualenv's interpreter, e.g. PYTHON=python3.11 (requires-python's floor)
-echo "== virtualenv in $work ($($python --version))"
-$python -m venv "$work/venv"
+# the virtualenv is a few GB: removed however the script ends, unless KEEP=1
+trap 'if [ "${KEEP:-0}" = "1" ]; then echo "virtualenv kept: $work/venv"; else rm -rf "$work"; fi' EXIT
+echo "== virtualenv in $work ($("$python" --version))"
+"$python" -m venv "$work/venv"
 venv_python="$work/venv/bin/python"
 "$venv_python" -m pip install -q --upgrade pip "setuptools>=77"
 python - "$repo/pyproject.toml" "$work" <<'EOF'  # this interpreter reads pyproject.toml (tomllib: Python 3.11+)
@@ -30,7 +32,7 @@ pins, tools = [], []
 for requirement in project["dependencies"]:
     match = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9][0-9A-Za-z.]*)(,.*)?", requirement.replace(" ", ""))
     if match is None:
-        sys.exit(f"pyproject.toml: a core dependency without a lower bound: {requirement}")
+        sys.exit(f"pyproject.toml: a core dependency not of the form name>=X (no extras, no markers): {requirement}")
     pins.append(f"{match[1]}=={match[2]}")
 tools = project["optional-dependencies"]["dev"]
 Path(sys.argv[2], "floors.txt").write_text("\n".join(pins) + "\n")
@@ -52,6 +54,5 @@ EOF
 echo "== the test suite"
 status=0
 "$venv_python" -m pytest -q -p no:cacheprovider "$@" || status=$?
-if [ "${KEEP:-0}" = "1" ]; then echo "virtualenv kept: $work/venv"; else rm -rf "$work"; fi
 # the editable install above wrote a finder into the virtualenv only; this interpreter's install is untouched
 exit $status

@@ -11,13 +11,14 @@
 # Run from the repository root. Leaves nothing behind but the temporary directory it prints (removed on success).
 set -euo pipefail
 mode=${1:-fresh}
+case "$mode" in fresh|--reuse) ;; *) echo "usage: bash scripts/check_wheel.sh [--reuse]" >&2; exit 2 ;; esac
 repo=$(pwd)
 work=$(mktemp -d)
-trap 'echo "kept for inspection: $work" >&2' ERR
+trap 'status=$?; if [ $status -ne 0 ]; then echo "failed ($status); kept for inspection: $work" >&2; fi' EXIT
 echo "== building the wheel into $work/dist"
+# setuptools builds in the repository's build/ (git-ignored): whatever it leaves there is its own
 python -m build --wheel --no-isolation --outdir "$work/dist" "$repo" > "$work/build.log" 2>&1 || {
     cat "$work/build.log"; exit 1; }
-rm -rf "$repo/build"
 if grep -E "^WARNING|Package would be ignored" "$work/build.log"; then echo "the build warned (above)"; exit 1; fi
 wheel=$(ls "$work"/dist/*.whl)
 echo "== installing $(basename "$wheel") ($mode)"

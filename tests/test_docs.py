@@ -27,7 +27,7 @@ import yaml
 from conftest import REPO, SHARED_DATA
 
 from roformer.cli import build_parser
-from roformer.config import find_config
+from roformer.config import find_config, shipped_config
 
 PAGES = [REPO / "README.md", REPO / "CHANGELOG.md"] + sorted((REPO / "docs").glob("*.md"))
 LANGUAGES = {"bash", "python", "yaml", "text"}
@@ -79,6 +79,17 @@ def test_the_docs_exist() -> None:
     topics = {"pretraining.md", "fine-tuning.md", "experiments.md", "speed.md", "extensions.md", "models.md"}
     assert topics | {"index.md", "install.md", "architecture.md", "cli.md", "baselines.md"} <= names
     assert len((REPO / "README.md").read_text().splitlines()) <= 150, "the README is the landing page: keep it short"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_marker_is_a_known_one_on_the_line_before_a_block(page: Path) -> None:
+    lines = page.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        if "docs-test" not in line:
+            continue
+        assert MARKER.search(line), f"{page.name}:{i + 1}: not a docs-test marker (run or skip (reason)): {line}"
+        following = next((x for x in lines[i + 1 :] if x.strip()), "")
+        assert FENCE.match(following), f"{page.name}:{i + 1}: a marker must be the line before a code block"
 
 
 def test_every_block_names_its_language() -> None:
@@ -142,7 +153,7 @@ def commands(code: str) -> list[str]:
 
 def roformer_invocations(line: str) -> list[list[str]]:
     """The argument lists of every `roformer` command in a shell line (`a && b`, `accelerate launch -m roformer`)."""
-    found = []
+    found = [shlex.split(inner) for inner in re.findall(r"\$\(roformer ([^)]*)\)", line)]  # "$(roformer configs x)"
     for part in re.split(r"&&|\|\||;|\|", line):
         words = shlex.split(re.sub(r'"\$\([^)]*\)"|\$\([^)]*\)', "SUBSTITUTED", part), comments=True)
         while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
@@ -159,6 +170,8 @@ def check_command(args: list[str]) -> None:
     config = getattr(parsed, "config", None)
     if config and parsed.command in CONFIG_FOLDER:
         find_config(config, CONFIG_FOLDER[parsed.command])
+    if parsed.command == "configs" and parsed.name:
+        shipped_config(parsed.name)
 
 
 @pytest.mark.parametrize("block", [b for b in ALL_BLOCKS if b.language == "bash"], ids=str)
@@ -172,7 +185,7 @@ def test_bash_commands_parse(block: Block, capsys: pytest.CaptureFixture) -> Non
             except SystemExit as e:
                 message = capsys.readouterr().err.strip()
                 pytest.fail(f"{block}: `roformer {' '.join(args)}` does not parse ({e.code}): {message}")
-        for script in re.findall(r"(?:python|bash)\s+(scripts/\S+)", line):
+        for script in re.findall(r"(scripts/[\w./-]+\.(?:py|sh))", line):
             assert (REPO / script).is_file(), f"{block}: {script} does not exist"
 
 

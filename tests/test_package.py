@@ -56,10 +56,16 @@ def test_a_path_wins_over_a_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert find_config("roformer-tiny", "pretrain") == CONFIGS / "pretrain" / "roformer-tiny.yaml"
 
 
-@pytest.mark.parametrize("value", ["roformer-tyny", "/no/such/file.yaml", "glue/rte-extra"])
-def test_neither_a_file_nor_a_name_is_one_error(value: str) -> None:
+@pytest.mark.parametrize(
+    "value", ["roformer-tyny", "/no/such/file.yaml", "glue/rte-extra", "../configs/pretrain/roformer-tiny.yaml"]
+)
+def test_neither_a_file_nor_a_name_is_one_error(value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # `..` is a path, never a name: it does not reach into the shipped folder
     with pytest.raises(ConfigError, match="config file not found, nor a shipped config of that name"):
         find_config(value, "pretrain")
+    Path("a-folder").mkdir()
+    with pytest.raises(ConfigError, match="a-folder: is a directory, not a config file"):
+        find_config("a-folder", "pretrain")
 
 
 def test_a_stem_two_folders_have_is_looked_up_in_folder_order() -> None:
@@ -138,12 +144,16 @@ def test_a_bad_config_name_is_one_line_and_exit_2(command: str, capsys: pytest.C
     assert err.count("\n") == 1 and "roformer-tyny: config file not found, nor a shipped config" in err
 
 
+def module_of(folder: Path) -> str:
+    return ".".join(folder.relative_to(REPO).parts)
+
+
 def test_every_configs_folder_is_a_listed_package() -> None:
     tomllib = pytest.importorskip("tomllib")
     setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert setuptools["package-dir"] == {"roformer.configs": "configs"}
-    folders = {"roformer.configs." + p.name for p in CONFIGS.iterdir() if p.is_dir()}
-    code = {"roformer." + p.parent.name for p in (REPO / "roformer").glob("*/__init__.py")}
+    folders = {"roformer.configs." + ".".join(p.relative_to(CONFIGS).parts) for p in CONFIGS.rglob("*") if p.is_dir()}
+    code = {module_of(p.parent) for p in (REPO / "roformer").rglob("__init__.py")}
     assert set(setuptools["packages"]) == {"roformer", "roformer.configs"} | folders | code
 
 
