@@ -157,16 +157,27 @@ def _export_tokenizer(source: str, target: Path, copy: Callable[[Path, Path], li
     return sorted(p.name for p in target.iterdir() if p.name not in (MODEL_CONFIG_FILE, WEIGHTS_FILE))
 
 
+def _config_and_output(args: argparse.Namespace, folder: str, *runs_subdir: str) -> tuple[Path | None, Path]:
+    """The --config file (a path, or a shipped name looked up in `folder`) and the output directory.
+
+    The output directory is --output-dir, else runs/<runs_subdir>/<config name>; the caller has checked that one of
+    --config and --output-dir is given.
+    """
+    from roformer.config import find_config
+
+    config = find_config(args.config, folder) if args.config else None
+    return config, Path(args.output_dir) if args.output_dir else Path("runs", *runs_subdir, config.stem)
+
+
 def _pretrain(args: argparse.Namespace) -> None:
-    from roformer.config import find_config, load
+    from roformer.config import load
     from roformer.train.config import PretrainConfig
     from roformer.train.pretrain import Pretrainer
     from roformer.train.run_dir import RUN_CONFIG_FILE
 
     if args.config is None and not (args.resume and args.output_dir):
         raise UserError("--config is required (unless --resume --output-dir continues a run from its config.yaml)")
-    config_path = find_config(args.config, "pretrain") if args.config else None
-    out = Path(args.output_dir) if args.output_dir else Path("runs") / config_path.stem
+    config_path, out = _config_and_output(args, "pretrain")
     config = load(PretrainConfig, config_path or out / RUN_CONFIG_FILE, args.set)
     trainer = Pretrainer(config, out, resume=args.resume, overwrite=args.overwrite)
     run = trainer.run()
@@ -230,15 +241,14 @@ def _prepare_data(args: argparse.Namespace) -> None:
 
 
 def _finetune(args: argparse.Namespace) -> None:
-    from roformer.config import find_config, load
+    from roformer.config import load
     from roformer.train.config import FinetuneConfig
     from roformer.train.finetune import finetune
     from roformer.train.run_dir import BEST_DIR, RUN_CONFIG_FILE
 
     if args.config is None and not (args.resume and args.output_dir):
         raise UserError("--config is required (unless --resume --output-dir continues a job from its config.yaml)")
-    config_path = find_config(args.config, "glue") if args.config else None
-    out = Path(args.output_dir) if args.output_dir else Path("runs") / "glue" / config_path.stem
+    config_path, out = _config_and_output(args, "glue", "glue")
     config = load(FinetuneConfig, config_path or out / RUN_CONFIG_FILE, args.set)
     results = finetune(config, out, overwrite=args.overwrite, resume=args.resume)
     if results:
@@ -254,15 +264,13 @@ def _finetune(args: argparse.Namespace) -> None:
 
 
 def _glue(args: argparse.Namespace) -> None:
-    from roformer.config import find_config
     from roformer.study.markdown import glue_suite_table
     from roformer.study.suite import run_suite
     from roformer.train.run_dir import SUBMISSION_DIR
 
     if args.config is None:
         raise UserError("--config is required")
-    config_path = find_config(args.config, "glue")
-    out = Path(args.output_dir) if args.output_dir else Path("runs") / "glue" / config_path.stem
+    config_path, out = _config_and_output(args, "glue", "glue")
     results = run_suite(config_path, out, args.set, overwrite=args.overwrite, resume=args.resume)
     if results:
         print(glue_suite_table(results) + f"results in {out} (submission files in {out / SUBMISSION_DIR})")
@@ -284,14 +292,12 @@ def _compare(args: argparse.Namespace) -> None:
 
 
 def _experiment(args: argparse.Namespace) -> None:
-    from roformer.config import find_config
     from roformer.study.experiment import run_experiment
     from roformer.study.outputs import COMPARE_DIR, REPORT_FILE, SUMMARY_MARKDOWN_FILE
 
     if args.config is None:
         raise UserError("--config is required")
-    config_path = find_config(args.config, "experiments")
-    out = Path(args.output_dir) if args.output_dir else Path("runs") / "experiments" / config_path.stem
+    config_path, out = _config_and_output(args, "experiments", "experiments")
     summary = run_experiment(config_path, out, args.set)
     if summary:
         report = f"\nreport: {out / REPORT_FILE} (runs in {out})"

@@ -373,12 +373,20 @@ def shipped_config(name: str) -> Path:
     Raises:
         ConfigError: no shipped config of that name.
     """
+    found = _shipped_by_name(name, SHIPPED_FOLDERS)
+    if found is None:
+        raise ConfigError(f"{name}: no shipped config of that name (`roformer configs` lists them)")
+    return found
+
+
+def _shipped_by_name(name: str, folders: tuple[str, ...]) -> Path | None:
+    """The shipped config `name` (`.yaml` and a leading `configs/` optional), else `folder/name` for each folder."""
     configs = shipped_configs()
     name = name.removesuffix(".yaml").removeprefix("configs/")
-    for candidate in [name] + [f"{folder}/{name}" for folder in SHIPPED_FOLDERS]:
+    for candidate in [name] + [f"{folder}/{name}" for folder in folders]:
         if candidate in configs:
             return configs[candidate]
-    raise ConfigError(f"{name}: no shipped config of that name (`roformer configs` lists them)")
+    return None
 
 
 def find_config(value: str | Path, folder: str) -> Path:
@@ -394,13 +402,11 @@ def find_config(value: str | Path, folder: str) -> Path:
     path = Path(value)
     if path.is_file():
         return path
-    name = path.as_posix().removesuffix(".yaml")
     if not path.is_absolute() and ".." not in path.parts:  # a name never leaves the configs folder
-        configs = shipped_configs()
-        for candidate in (name, f"{folder}/{name}", name.removeprefix("configs/")):
-            if candidate in configs:
-                logging.getLogger(__name__).info("%s: no such file, using the shipped config %s", value, candidate)
-                return configs[candidate]
+        found = _shipped_by_name(path.as_posix(), (folder,))
+        if found is not None:
+            logging.getLogger(__name__).info("%s: no such file, using the shipped config %s", value, found)
+            return found
     if path.is_dir():
         raise ConfigError(f"{value}: is a directory, not a config file (nor a shipped config's name)")
     raise ConfigError(

@@ -118,8 +118,7 @@ def slug(heading: str) -> str:
 
 
 def anchors(page: Path) -> set[str]:
-    text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.S | re.M)
-    return {slug(m[1]) for m in re.finditer(r"^#+\s+(.*)$", text, flags=re.M)}
+    return {slug(m[1]) for m in re.finditer(r"^#+\s+(.*)$", prose(page), flags=re.M)}
 
 
 def prose(page: Path) -> str:
