@@ -34,7 +34,7 @@ _PUBLIC = {
     "MultipleChoice": "roformer.model.model",
     "load": "roformer.model.model",
     "ModelConfig": "roformer.model.config",
-    "convert_rotary_layout": "roformer.model.hf",
+    "convert_rotary_layout": "roformer.model.model",
     "from_hf": "roformer.model.hf",
     "to_hf": "roformer.model.hf",
     "CheckpointError": "roformer.errors",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import re
 import types
@@ -147,14 +148,19 @@ def coerce(value: Any, tp: Any, source: str, key: str) -> Any:
             return int(value)
         raise fail("an integer")
     if tp is float:
+        number = None
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-5" (no dot) as a string
+            number = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads "1e-5" (no dot) as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise fail("a number")
+        if number is None:
+            raise fail("a number")
+        if not math.isfinite(number):  # .nan passes every `x <= 0` check and surfaces later as NaN outputs
+            raise fail("a finite number")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value

@@ -23,7 +23,13 @@ if grep -E "^WARNING|Package would be ignored" "$work/build.log"; then echo "the
 wheel=$(ls "$work"/dist/*.whl)
 echo "== installing $(basename "$wheel") ($mode)"
 if [ "$mode" = "--reuse" ]; then
-    python -m venv --system-site-packages "$work/venv"
+    # this interpreter's packages, also when it is itself a virtualenv (whose packages --system-site-packages would
+    # miss): a .pth line that adds its site directories after the new one's, so the wheel comes first
+    python -m venv "$work/venv"
+    purelib=$("$work/venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    python -c "import sysconfig; paths = sysconfig.get_paths(); \
+print('import site; ' + '; '.join(f'site.addsitedir({d!r})' for d in dict.fromkeys([paths['purelib'], paths['platlib']])))" \
+        > "$purelib/reuse-$(basename "$work").pth"
     "$work/venv/bin/python" -m pip install -q --no-deps --no-index "$wheel"
 else
     python -m venv "$work/venv"

@@ -16,6 +16,7 @@ from transformers.activations import ACT2FN
 import roformer
 from roformer.model.config import ACTIVATION_NAMES
 from roformer.model.layers import ACTIVATIONS
+from roformer.model.model import ARCHITECTURES
 
 VOCAB = 101
 
@@ -165,6 +166,42 @@ def test_from_hf_directory_and_architecture_switch(tmp_path) -> None:
     assert backbone.pooler is not None  # BERT's pretrained pooler is kept for fine-tuning
 
 
+@pytest.mark.parametrize(
+    ("name", "overrides", "lost"),
+    [
+        ("bert-mlm", {"max_position_embeddings": 128}, "embeddings.position.weight"),  # a longer position table
+        ("roformer-mlm", {"vocab_size": VOCAB + 7}, "embeddings.word.weight"),  # added tokens
+        ("roformer-mlm", {"tie_word_embeddings": False}, "decoder.weight"),  # an output layer it does not hold
+    ],
+)
+def test_an_override_that_changes_converted_weights_is_refused_not_left_random(
+    name: str, overrides: dict, lost: str, tmp_path
+) -> None:
+    hf_model = make_hf(name)
+    hf_model.save_pretrained(tmp_path)
+    for source in (hf_model, tmp_path):
+        with pytest.raises(roformer.CheckpointError, match=f"change weights the checkpoint holds.*{lost}"):
+            roformer.from_hf(source, **overrides)
+
+
+def test_overrides_that_keep_the_shapes_keep_every_weight() -> None:
+    relabelled = roformer.from_hf(make_hf("roformer-cls"), num_labels=5, hidden_dropout=0.0)  # a fresh output layer
+    original = roformer.from_hf(make_hf("roformer-cls"))
+    kept = {k: v for k, v in relabelled.state_dict().items() if not k.startswith("out.")}
+    assert kept and all(torch.equal(v, original.state_dict()[k]) for k, v in kept.items())
+    assert relabelled.config.num_labels == 5 and relabelled.config.hidden_dropout == 0.0
+
+
+def test_loading_a_saved_rotary_model_in_the_other_layout_keeps_its_outputs(tmp_path) -> None:
+    ours = roformer.from_hf(make_hf("roformer-mlm-emb16-rotv"))
+    ours.save(tmp_path)
+    half = roformer.load(tmp_path, rotary_layout="half")
+    assert half.config.rotary_layout == "half"
+    batch = padded_batch(VOCAB)
+    assert_close(our_output(half, batch), our_output(ours, batch))
+    assert roformer.load(tmp_path, rotary_layout="interleaved").config.rotary_layout == "interleaved"
+
+
 def test_unsupported_hf_models_give_clear_errors(tmp_path) -> None:
     with pytest.raises(roformer.CheckpointError, match="relative_key"):
         roformer.from_hf(transformers.BertModel(hf_bert_config(position_embedding_type="relative_key")))
@@ -295,6 +332,21 @@ def test_task_heads_equal_transformers_both_ways(family: str, architecture: str,
         assert_close(hf_head_logits(back(**batch)), hf_head_logits(expected))
     ours.save(tmp_path / "m")
     assert_close(roformer.load(tmp_path / "m")(**batch).logits, got.logits)
+
+
+@pytest.mark.parametrize("architecture", ["masked_lm", "causal_lm"])
+def test_a_bert_lm_pooler_hf_has_no_place_for_is_left_out_with_a_warning(
+    architecture: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = ARCHITECTURES[architecture](tiny_config(position_encoding="learned", add_pooler=True))
+    with caplog.at_level("WARNING", logger="roformer.model.hf"):
+        hf_model = roformer.to_hf(model)
+    assert not any("pooler" in k for k in hf_model.state_dict())
+    assert "has no pooler: backbone.pooler.weight, backbone.pooler.bias not exported" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="roformer.model.hf"):
+        roformer.to_hf(ARCHITECTURES[architecture](tiny_config(position_encoding="learned")))
+    assert "pooler" not in caplog.text
 
 
 def test_pooler_output_equals_hf_bert_and_a_linear_pooler_is_ours_alone(tmp_path) -> None:

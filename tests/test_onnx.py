@@ -62,6 +62,9 @@ def test_cli_writes_the_file_config_and_tokenizer_and_refuses_bad_input(
     torch.manual_seed(0)
     model = ARCHITECTURES["sequence_classification"](tiny_config())
     model.save(tmp_path / "model")
+    bf16 = ARCHITECTURES["sequence_classification"](tiny_config()).to(torch.bfloat16).train()
+    export_onnx(bf16, tmp_path / "bf16.onnx", max_length=16)
+    assert bf16.training and {p.dtype for p in bf16.parameters()} == {torch.bfloat16}  # the caller's model untouched
     (tmp_path / "model" / "vocab.txt").write_text("[PAD]\n[UNK]\n")
     assert (
         main(["export", "--model", str(tmp_path / "model"), "--out", str(tmp_path / "onnx"), "--max-length", "32"]) == 0

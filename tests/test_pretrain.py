@@ -224,6 +224,8 @@ def test_occupied_run_dir_is_refused_and_kept(tmp_path: Path, capsys: pytest.Cap
     [
         (["train.max_stepz=3"], None, "unknown key 'train.max_stepz'"),
         (["train.lr=fast"], None, "'train.lr' must be a number"),
+        (["model.rotary_base=.nan"], None, "'model.rotary_base' must be a finite number, got nan"),
+        (["train.lr=.inf"], None, "'train.lr' must be a finite number, got inf"),
         (["train.batch_size=0"], None, "batch_size must be >= 1"),
         (["train.report_to=[nosuchtracker]"], None, "unknown tracker 'nosuchtracker'"),
         (["model.position_encoding=learned", "model.max_position_embeddings=16"], None, "shorter than"),

@@ -29,15 +29,34 @@ def short_range(encoding: str, **fields) -> roformer.ModelConfig:
     return tiny_config(position_encoding=encoding, **fields)
 
 
+@pytest.mark.parametrize("bidirectional", [True, False])
 @pytest.mark.parametrize(("num_buckets", "max_distance"), [(32, 128), (16, 20), (8, 5), (64, 512)])
-def test_t5_buckets_equal_transformers(num_buckets: int, max_distance: int) -> None:
+def test_t5_buckets_equal_transformers(num_buckets: int, max_distance: int, bidirectional: bool) -> None:
     from transformers.models.t5.modeling_t5 import T5Attention
 
     distance = torch.arange(-700, 701)[None] - torch.zeros(1, dtype=torch.long)[:, None]  # (1, 1401)
     expected = T5Attention._relative_position_bucket(
-        distance, bidirectional=True, num_buckets=num_buckets, max_distance=max_distance
+        distance, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
     )
-    assert torch.equal(t5_buckets(distance, num_buckets, max_distance), expected)
+    assert torch.equal(t5_buckets(distance, num_buckets, max_distance, bidirectional), expected)
+
+
+def test_a_causal_t5_decoder_uses_every_bucket_for_the_past_as_t5s_decoder() -> None:
+    from roformer.model.model import CausalLM
+
+    distance = relative_distances(torch.arange(300), torch.arange(300))
+    reached = {}
+    for pattern in ("causal", "unilm"):
+        model = CausalLM(tiny_config(position_encoding="t5_bias", attention_pattern=pattern))
+        bias = model.backbone.relative_bias
+        buckets = t5_buckets(distance, 32, 128, bias.bidirectional)
+        visible = buckets[distance <= 0] if pattern == "causal" else buckets  # a causal query sees no later key
+        reached[pattern] = visible.unique().numel()
+        assert_close(bias(distance)[0], bias.buckets.weight[buckets].permute(2, 0, 1))
+    # bidirectional buckets would leave a causal decoder 16 (a later key at distance 0 does not exist: 31 for unilm)
+    assert reached == {"causal": 32, "unilm": 31}
+    with pytest.raises(roformer.ConfigError, match="must exceed relative_num_buckets / 2 "):
+        CausalLM(tiny_config(position_encoding="t5_bias", relative_max_distance=12))  # fine for an encoder (> 8)
 
 
 @pytest.mark.parametrize("num_heads", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 32])

@@ -251,8 +251,11 @@ class ModelConfig:
             raise ConfigError(f"rotary_base must be > 1, got {self.rotary_base}")
         if self.num_labels <= 0:
             raise ConfigError(f"num_labels must be > 0, got {self.num_labels}")
-        if self.sinusoidal_scale is not None and not math.isfinite(self.sinusoidal_scale):
-            raise ConfigError(f"sinusoidal_scale must be finite, got {self.sinusoidal_scale}")
+        if self.attention_pattern == "unilm" and self.type_vocab_size < 2:
+            # segment B (type 1) is what UniLM decodes, and generation feeds its new tokens as type 1
+            raise ConfigError(
+                f"attention_pattern: unilm needs token types 0 and 1, got type_vocab_size {self.type_vocab_size}"
+            )
         if self.attention == "linear" and self.attention_pattern != "bidirectional":
             # eq. 19 sums over every key; a causal linear attention is a different algorithm (prefix sums)
             raise ConfigError(
@@ -269,11 +272,14 @@ class ModelConfig:
         if self.position_encoding == "t5_bias":
             if self.relative_num_buckets < 4 or self.relative_num_buckets % 2:
                 raise ConfigError(f"relative_num_buckets must be even and >= 4, got {self.relative_num_buckets}")
-            if self.relative_max_distance <= self.relative_num_buckets // 4:
-                # T5's log-spaced buckets start at num_buckets / 4 (half per direction, half of those exact)
+            # T5's log-spaced buckets start at num_buckets / 4 (half per direction, half of those exact); a causal
+            # decoder has one direction, so at num_buckets / 2
+            directions = 1 if self.attention_pattern == "causal" else 2
+            exact = self.relative_num_buckets // (2 * directions)
+            if self.relative_max_distance <= exact:
                 raise ConfigError(
-                    f"relative_max_distance ({self.relative_max_distance}) must exceed relative_num_buckets / 4 "
-                    f"({self.relative_num_buckets // 4}), where T5's log-spaced buckets start"
+                    f"relative_max_distance ({self.relative_max_distance}) must exceed relative_num_buckets / "
+                    f"{2 * directions} ({exact}), where T5's log-spaced buckets start"
                 )
         for name in ("shaw_values", "shaw_shared_layers"):
             if getattr(self, name) and self.position_encoding != "shaw":

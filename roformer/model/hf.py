@@ -9,6 +9,7 @@ to HF BERT with the scaled table written into `position_embeddings`, exact up to
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -18,8 +19,15 @@ import torch
 
 from roformer.errors import CheckpointError
 from roformer.model.config import ACTIVATION_NAMES, ModelConfig
-from roformer.model.model import ARCHITECTURES, Model
+from roformer.model.model import ARCHITECTURES, Model, convert_rotary_layout
 from roformer.model.weights import load_weights
+
+logger = logging.getLogger(__name__)
+
+# transformers releases whose RoFormer decoder builds a bidirectional mask whatever `is_decoder` says, so an exported
+# causal model attends to future tokens (huggingface/transformers#48745, fixed by #48760 in 5.18.0; 5.16.1 and 5.17.0
+# leak, 5.18.0 does not, in our runs). The weights we write are right; only that HF forward is wrong.
+_HF_DECODER_NOT_CAUSAL = ("5.9.0", "5.18.0")
 
 # (HF pattern, our pattern) for backbone keys; {i} is a layer index, {p} a parameter name (weight/bias).
 _BACKBONE_KEYS = [
@@ -168,10 +176,34 @@ def _retargeted(model: Model, architecture: str, overrides: dict[str, Any], wher
     if architecture != model.architecture:
         load_weights(new, model.state_dict(), model.architecture, Path(where))
         return new
+    _check_only_the_output_layer_changes(model, new, overrides, where)
     fits = new.state_dict()
-    kept = {k: v for k, v in model.state_dict().items() if k in fits and fits[k].shape == v.shape}
+    kept = {k: v for k, v in model.state_dict().items() if fits[k].shape == v.shape}
     new.load_state_dict(kept, strict=False)
     return new
+
+
+def _check_only_the_output_layer_changes(model: Model, new: Model, overrides: dict[str, Any], where: str) -> None:
+    """Refuse overrides that would leave converted weights behind (or random ones in their place).
+
+    Only a new `num_labels` may replace weights: those of the task head's output layer, whose shape it sets.
+
+    Raises:
+        CheckpointError: naming the weights that would be lost and the overrides that lose them.
+    """
+    old, fits = model.state_dict(), new.state_dict()
+    relabelled = overrides.get("num_labels", model.config.num_labels) != model.config.num_labels
+    lost = sorted(set(old) ^ set(fits))
+    lost += [
+        f"{k} {tuple(v.shape)} -> {tuple(fits[k].shape)}"
+        for k, v in old.items()
+        if k in fits and fits[k].shape != v.shape and not (relabelled and not k.startswith("backbone."))
+    ]
+    if lost:
+        raise CheckpointError(
+            f"{where}: the overrides ({', '.join(sorted(overrides))}) change weights the checkpoint holds "
+            f"({'; '.join(lost[:3])}); overrides must keep its shapes (num_labels may replace a task head's output)"
+        )
 
 
 def read_hf_checkpoint(path: str) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -407,10 +439,12 @@ def to_hf(model: Model) -> Any:
     Sinusoidal and `none` positions become a fixed BERT position table (exact up to max_position_embeddings).
 
     Returns:
-        A transformers model in eval mode whose outputs equal ours.
+        A transformers model in eval mode whose outputs equal ours (a causal RoFormer: on transformers >= 5.18;
+        5.9-5.17 run it without its causal mask, and this logs a warning there).
 
     Raises:
-        CheckpointError: features HF cannot express (e.g. a pooler head on RoFormer).
+        CheckpointError: features HF cannot express (e.g. a pooler head on RoFormer). A BERT masked or causal LM's
+            pooler, which HF's classes for them lack, is left out with a warning (as HF drops it on loading).
     """
     import transformers
 
@@ -427,13 +461,14 @@ def to_hf(model: Model) -> Any:
     hf_state = hf_model.state_dict()
     prefix = _PREFIX[family] if arch != "backbone" else ""
     has_pooler = any(k.endswith("pooler.dense.weight") for k in hf_state)  # HF MLM classes have none
-    new_state = {}
+    new_state, dropped = {}, []
     for key, value in _split_qkv(model.state_dict()).items():
         if key.endswith("embeddings.sinusoidal.scale"):
             continue  # folded into the exported position table
         if key.startswith("backbone.") or arch == "backbone":
             name = _rename(key.removeprefix("backbone."), _BACKBONE_KEYS, True)
             if name is not None and name.startswith("pooler.") and not has_pooler:
+                dropped.append(key)
                 continue
             name = name and f"{prefix}{name}"
         else:
@@ -445,7 +480,24 @@ def to_hf(model: Model) -> Any:
     missing, unexpected = hf_model.load_state_dict(new_state, strict=False)
     if missing or unexpected:
         raise CheckpointError(f"HF export left missing keys {missing[:5]} and unexpected keys {unexpected[:5]}")
+    if dropped:  # as HF itself does when it loads a checkpoint with a pooler into this class
+        logger.warning("HF %s has no pooler: %s not exported", type(hf_model).__name__, ", ".join(dropped))
+    if family == "roformer" and hf_config.is_decoder:
+        _warn_if_hf_decoder_is_not_causal(transformers.__version__)
     return hf_model.eval()
+
+
+def _warn_if_hf_decoder_is_not_causal(version: str) -> None:
+    """Warn that this transformers release runs an exported RoFormer decoder without its causal mask."""
+    release = tuple(int(n) for n in re.findall(r"\d+", version)[:3])
+    first, fixed = (tuple(int(n) for n in v.split(".")) for v in _HF_DECODER_NOT_CAUSAL)
+    if first <= release < fixed:
+        logger.warning(
+            "transformers %s runs RoFormerForCausalLM without a causal mask (huggingface/transformers#48745): the "
+            "exported weights are right, but its outputs differ from ours until transformers >= %s",
+            version,
+            _HF_DECODER_NOT_CAUSAL[1],
+        )
 
 
 def _config_to_hf(config: ModelConfig, family: str, arch: str) -> Any:
@@ -550,50 +602,3 @@ def _fill_derived(new: dict, hf_state: dict, model: Model, family: str, prefix: 
     for key in ("embeddings.position_ids", "embeddings.token_type_ids"):
         if f"{prefix}{key}" in hf_state:
             new[f"{prefix}{key}"] = hf_state[f"{prefix}{key}"]
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Rotary layouts
-
-
-def rotary_permutation(head_size: int) -> torch.Tensor:
-    """Index map from the interleaved to the half layout within one head: half[j] = interleaved[perm[j]].
-
-    Interleaved pairs are (2i, 2i+1), half pairs (i, i + d/2): row 2i goes to i and row 2i+1 to i + d/2, so that
-    R_half(P x) = P R_int(x) and attention scores are unchanged.
-    """
-    return torch.cat((torch.arange(0, head_size, 2), torch.arange(1, head_size, 2)))
-
-
-def convert_rotary_layout(model: Model, layout: str) -> Model:
-    """Return a copy of a rotary `model` using `layout`, with q/k (and v) weight rows permuted per head.
-
-    Only the rotated features of a head (`rotary_dim`) are permuted; the others keep their place.
-
-    With `rotary_value` the values are rotated too, so the output projection's input columns are permuted back.
-    """
-    config = model.config
-    if config.position_encoding != "rotary":
-        raise ValueError("rotary layouts only apply to position_encoding: rotary")
-    if layout == config.rotary_layout:
-        return model
-    H, D, C = config.num_heads, config.head_size, config.hidden_size
-    r = config.rotary_size  # partial rotary: only the first r features of a head are rotated and change layout
-    perm = torch.cat((rotary_permutation(r), torch.arange(r, D)))
-    if layout == "interleaved":
-        perm = torch.argsort(perm)
-    per_head = (torch.arange(H)[:, None] * D + perm[None, :]).reshape(-1)  # (C,)
-    n_rotated = 3 if config.rotary_value else 2
-    rows = torch.cat(
-        [per_head + i * C for i in range(n_rotated)] + [torch.arange(C) + i * C for i in range(n_rotated, 3)]
-    )
-    state = {}
-    for key, value in model.state_dict().items():
-        if key.endswith("attn.qkv.weight") or key.endswith("attn.qkv.bias"):
-            value = value[rows]
-        elif config.rotary_value and key.endswith("attn.proj.weight"):
-            value = value[:, per_head]
-        state[key] = value.clone()
-    new = type(model)(replace(config, rotary_layout=layout))
-    new.load_state_dict(state)
-    return new.train(model.training)

@@ -266,20 +266,25 @@ def relative_distances(query_positions: Tensor, key_positions: Tensor) -> Tensor
     return key_positions.unsqueeze(-2) - query_positions.unsqueeze(-1)
 
 
-def t5_buckets(distance: Tensor, num_buckets: int, max_distance: int) -> Tensor:
-    """T5's bidirectional buckets of a distance (key - query) (Raffel et al. 2020, sec. 2.1; mesh-tensorflow).
+def t5_buckets(distance: Tensor, num_buckets: int, max_distance: int, bidirectional: bool = True) -> Tensor:
+    """T5's buckets of a distance (key - query) (Raffel et al. 2020, sec. 2.1; mesh-tensorflow).
 
-    Half the buckets are for keys after the query, half for the rest. Within a half, distances below a quarter of
-    num_buckets each have their own bucket; larger ones share log-spaced buckets up to max_distance, and everything
-    further shares the last one.
+    Bidirectional (T5's encoder): half the buckets are for keys after the query, half for the rest. Otherwise (T5's
+    decoder, whose keys are never after the query) all of them are for keys at or before it, and a later key shares
+    distance 0's bucket (its score is masked). Within a direction, distances below half its buckets each have their
+    own bucket; larger ones share log-spaced buckets up to max_distance, and everything further shares the last one.
     """
-    half = num_buckets // 2
-    exact = half // 2
-    bucket = (distance > 0).long() * half
-    n = distance.abs()
+    span = num_buckets // 2 if bidirectional else num_buckets  # buckets per direction
+    exact = span // 2
+    if bidirectional:
+        bucket = (distance > 0).long() * span
+        n = distance.abs()
+    else:
+        bucket = torch.zeros_like(distance)
+        n = (-distance).clamp(min=0)
     # n = 0 gives log(0) = -inf here; those entries take the exact branch below
-    log_spaced = exact + (torch.log(n.float() / exact) / math.log(max_distance / exact) * (half - exact)).long()
-    return bucket + torch.where(n < exact, n, log_spaced.clamp(max=half - 1))
+    log_spaced = exact + (torch.log(n.float() / exact) / math.log(max_distance / exact) * (span - exact)).long()
+    return bucket + torch.where(n < exact, n, log_spaced.clamp(max=span - 1))
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
@@ -309,6 +314,8 @@ class RelativeBias(nn.Module):
         self.kind = config.position_encoding
         self.num_buckets = config.relative_num_buckets
         self.max_distance = config.relative_max_distance
+        # a causal decoder never looks ahead: all buckets for the past, as T5's decoder (UniLM's prompt does look ahead)
+        self.bidirectional = config.attention_pattern != "causal"
         self.buckets = nn.Embedding(config.relative_num_buckets, config.num_heads) if self.kind == "t5_bias" else None
         # A plain attribute, copied once per device: model.to(bfloat16) must not round it, and a copy to the GPU in
         # every forward would wait for the stream.
@@ -318,7 +325,8 @@ class RelativeBias(nn.Module):
         """(T, S) or (B, T, S) distances -> float32 bias (1, H, T, S) or (B, H, T, S)."""
         distance = distance if distance.dim() == 3 else distance[None]
         if self.buckets is not None:
-            bias = self.buckets(t5_buckets(distance, self.num_buckets, self.max_distance))  # (B, T, S, H)
+            buckets = t5_buckets(distance, self.num_buckets, self.max_distance, self.bidirectional)  # (B, T, S)
+            bias = self.buckets(buckets)  # (B, T, S, H)
             return bias.float().permute(0, 3, 1, 2).contiguous()  # SDPA's kernels want the keys' dim contiguous
         device = str(distance.device)
         if device not in self._slopes:
@@ -634,6 +642,12 @@ def self_attention_mask(
     B, T = shape
     keep = None if attention_mask is None else attention_mask.bool()  # (B, T), or (B, S) covering a cache
     if keep is not None and keep.shape[1] != T:  # not sliced when equal: torch 2.11's export cannot size x[:, -T:]
+        cached = 0 if cache is None else cache.length
+        if keep.shape[1] != cached + T:  # ids and mask out of step would mask the wrong tokens
+            raise ValueError(
+                f"attention_mask covers {keep.shape[1]} positions; expected the {T} new tokens"
+                + (f" or them and the {cached} cached ones" if cached else "")
+            )
         keep = keep[:, -T:]
     ranks = None if pattern == "bidirectional" else attention_ranks(pattern, token_type_ids, shape, device)
     ranks_all = ranks

@@ -633,7 +633,8 @@ def load(
             keeps the backbone weights and initialises the new head (logged).
         device: Where to put the weights.
         **config_overrides: ModelConfig fields to change, e.g. `num_labels=3`, `hidden_dropout=0.0`. Fields that
-            change parameter shapes of the saved backbone fail with a shape error.
+            change parameter shapes of the saved backbone fail with a shape error. `rotary_layout` permutes the
+            saved q/k rows (`convert_rotary_layout`), so the outputs stay the same.
 
     Returns:
         The model, in eval mode.
@@ -641,7 +642,61 @@ def load(
     Raises:
         CheckpointError: missing or corrupt files, unknown architecture or a shape mismatch.
     """
-    saved, architecture, config, state = read_model_dir(directory, architecture, config_overrides)
+    overrides = dict(config_overrides)
+    layout = overrides.pop("rotary_layout", None)  # the weights are in the saved layout: loaded so, then permuted
+    saved, architecture, config, state = read_model_dir(directory, architecture, overrides)
+    rotary = config.position_encoding == "rotary"
+    if layout is not None and not rotary:
+        config = replace(config, rotary_layout=layout)  # no weight depends on it
     model = ARCHITECTURES[architecture](config)
     load_weights(model, state, saved, Path(directory))
+    if layout is not None and rotary:
+        model = convert_rotary_layout(model, layout)
     return model.to(device).eval()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rotary layouts
+
+
+def rotary_permutation(head_size: int) -> torch.Tensor:
+    """Index map from the interleaved to the half layout within one head: half[j] = interleaved[perm[j]].
+
+    Interleaved pairs are (2i, 2i+1), half pairs (i, i + d/2): row 2i goes to i and row 2i+1 to i + d/2, so that
+    R_half(P x) = P R_int(x) and attention scores are unchanged.
+    """
+    return torch.cat((torch.arange(0, head_size, 2), torch.arange(1, head_size, 2)))
+
+
+def convert_rotary_layout(model: Model, layout: str) -> Model:
+    """Return a copy of a rotary `model` using `layout`, with q/k (and v) weight rows permuted per head.
+
+    Only the rotated features of a head (`rotary_dim`) are permuted; the others keep their place.
+
+    With `rotary_value` the values are rotated too, so the output projection's input columns are permuted back.
+    """
+    config = model.config
+    if config.position_encoding != "rotary":
+        raise ValueError("rotary layouts only apply to position_encoding: rotary")
+    if layout == config.rotary_layout:
+        return model
+    H, D, C = config.num_heads, config.head_size, config.hidden_size
+    r = config.rotary_size  # partial rotary: only the first r features of a head are rotated and change layout
+    perm = torch.cat((rotary_permutation(r), torch.arange(r, D)))
+    if layout == "interleaved":
+        perm = torch.argsort(perm)
+    per_head = (torch.arange(H)[:, None] * D + perm[None, :]).reshape(-1)  # (C,)
+    n_rotated = 3 if config.rotary_value else 2
+    rows = torch.cat(
+        [per_head + i * C for i in range(n_rotated)] + [torch.arange(C) + i * C for i in range(n_rotated, 3)]
+    )
+    state = {}
+    for key, value in model.state_dict().items():
+        if key.endswith("attn.qkv.weight") or key.endswith("attn.qkv.bias"):
+            value = value[rows]
+        elif config.rotary_value and key.endswith("attn.proj.weight"):
+            value = value[:, per_head]
+        state[key] = value.clone()
+    new = type(model)(replace(config, rotary_layout=layout))
+    new.load_state_dict(state)
+    return new.train(model.training)

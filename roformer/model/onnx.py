@@ -14,6 +14,7 @@ forward and decode in the runtime), `position_ids` (the graph uses 0..T-1), and 
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def output_names(model: Model) -> list[str]:
 
 
 def export_onnx(model: Model, path: str | Path, max_length: int | None = None, opset: int | None = None) -> Path:
-    """Write `model` (eval mode, float32) as an ONNX file with dynamic batch and sequence axes.
+    """Write `model` (a float32 copy, in eval mode, on the CPU) as an ONNX file with dynamic batch and sequence axes.
 
     Args:
         model: Any model here (backbone, every head).
@@ -70,7 +71,7 @@ def export_onnx(model: Model, path: str | Path, max_length: int | None = None, o
             f"learned positions cover {config.max_position_embeddings} tokens: --max-length {max_length} cannot be "
             "exported (rotary, sinusoidal and the relative encodings have no limit)"
         )
-    model = model.float().eval()
+    model = copy.deepcopy(model).to("cpu", torch.float32).eval()  # the caller's model keeps its device, dtype, mode
     _build_position_tables(model, max_length)
     choices = model.architecture == "multiple_choice"
     shape = (2, 2, min(8, max_length)) if choices else (2, min(8, max_length))
