@@ -24,6 +24,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (a batch size, a token budget, a length)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
 class _Version(argparse.Action):
     """`--version`: built only when asked (reading every installed distribution's metadata takes ~0.1 s), unwrapped."""
 
@@ -321,6 +332,8 @@ def _eval_mlm(args: argparse.Namespace) -> None:
     from roformer.train.run_dir import FINAL_DIR
 
     model = Path(args.model)
+    if not model.is_dir():
+        raise UserError(f"--model {model}: no such model directory")
     out = Path(args.out) if args.out else default_output(model)
     check_output_file(out)  # before evaluating
     data = args.data or (model.parent if model.name == FINAL_DIR else None)
@@ -330,10 +343,12 @@ def _eval_mlm(args: argparse.Namespace) -> None:
     if data is None:
         raise UserError("--data is required (a pretraining config or run directory) unless --model is a run's final/")
     try:
-        lengths = [int(n) for n in args.seq_lens.split(",")]
-    except ValueError:
-        raise UserError(f"--seq-lens: expected comma-separated integers, got {args.seq_lens!r}") from None
+        lengths = [_positive_int(n) for n in args.seq_lens.split(",")]
+    except argparse.ArgumentTypeError:
+        raise UserError(f"--seq-lens: expected comma-separated integers >= 1, got {args.seq_lens!r}") from None
     scalings = parse_rope_scalings(args.rope_scaling) if args.rope_scaling else None
+    if out.exists() and not args.overwrite:  # earlier results (e.g. at other lengths) are not replaced unasked
+        raise UserError(f"{out}: exists (pass --overwrite to replace it)")
     results = evaluate_lengths(
         model,
         data,
@@ -387,7 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--model", required=True, metavar="DIR", help="roformer model directory (e.g. RUN/final)")
     export.add_argument("--out", required=True, metavar="DIR", help="output directory (model.onnx, tokenizer)")
     export.add_argument("--format", choices=["onnx"], default="onnx", help="onnx (the only format so far)")
-    export.add_argument("--max-length", type=int, help="longest sequence accepted (default max_position_embeddings)")
+    export.add_argument(
+        "--max-length", type=_positive_int, help="longest sequence accepted (default max_position_embeddings)"
+    )
     export.add_argument("--architecture", choices=list(ARCHITECTURE_NAMES), help="default: the directory's own")
     export.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
     export.set_defaults(func=_export)
@@ -445,16 +462,19 @@ def build_parser() -> argparse.ArgumentParser:
     eval_mlm.add_argument("--model", required=True, metavar="DIR", help="a model directory (e.g. runs/x/final)")
     eval_mlm.add_argument("--data", metavar="FILE|RUN", help="pretraining config or run dir (default: the model's run)")
     eval_mlm.add_argument("--seq-lens", default="128,256,512,1024", metavar="L1,L2", help="lengths to evaluate")
-    eval_mlm.add_argument("--max-tokens", type=int, default=65536, help="tokens scored at every length")
-    eval_mlm.add_argument("--batch-size", type=int, default=8)
+    eval_mlm.add_argument("--max-tokens", type=_positive_int, default=65536, help="tokens scored at every length")
+    eval_mlm.add_argument("--batch-size", type=_positive_int, default=8)
     eval_mlm.add_argument("--out", metavar="FILE", help=f"JSON results (default: <run>/{LENGTH_FILE})")
+    eval_mlm.add_argument("--overwrite", action="store_true", help="replace an existing results file")
     eval_mlm.add_argument(
         "--rope-scaling",
         metavar="M1,M2",
         help="rotary context scaling methods to compare: none, linear, ntk, yarn, each optionally :FACTOR "
         "(default factor: length / trained length)",
     )
-    eval_mlm.add_argument("--trained-length", type=int, help="the model's training length (default: from final/)")
+    eval_mlm.add_argument(
+        "--trained-length", type=_positive_int, help="the model's training length (default: from final/)"
+    )
     eval_mlm.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: cuda if available, else cpu)")
     eval_mlm.set_defaults(func=_eval_mlm)
 

@@ -32,27 +32,48 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 import yaml
 
 from roformer.errors import ConfigError
+from roformer.files import atomic_write_text
 
 T = TypeVar("T")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping.
+
+    YAML keeps the last value without a word: a second `train:` section would silently replace the first.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: merged keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark
+                )
+            if isinstance(key, typing.Hashable):
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> Any:
-    """Parse a YAML file; a missing file or a syntax error raises ConfigError naming the file."""
+    """Parse a YAML file; a missing file, a syntax error or a duplicate key raises ConfigError naming the file."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
         with path.open(encoding="utf-8") as f:
-            return yaml.safe_load(f)
+            return yaml.load(f, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         detail = str(e).replace("\n", " ")
         raise ConfigError(f"{path}: not valid YAML: {detail}") from None
 
 
 def write_yaml(path: str | Path, data: Any) -> None:
-    """Write `data` as block-style YAML with keys in the given order."""
-    with Path(path).open("w", encoding="utf-8") as f:
-        yaml.safe_dump(data, f, sort_keys=False, default_flow_style=False)
+    """Write `data` as block-style YAML with keys in the given order, all or nothing (a run's record is rewritten)."""
+    atomic_write_text(path, yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
 
 
 def from_dict(cls: type[T], data: Any, source: str = "<dict>", prefix: str = "") -> T:
@@ -176,6 +197,19 @@ def check_types(obj: Any) -> None:
     for f in fields(obj):
         value = getattr(obj, f.name)
         setattr(obj, f.name, coerce(value, hints[f.name], type(obj).__name__, f.name))
+
+
+MAX_SEED = 2**32 - 1  # numpy's limit; torch takes more, but a seed feeds both
+
+
+def check_seed(name: str, value: int) -> None:
+    """Refuse a seed that numpy or torch would reject deep inside a run.
+
+    Raises:
+        ConfigError: naming the field and the range.
+    """
+    if not 0 <= value <= MAX_SEED:
+        raise ConfigError(f"{name} must be in [0, 2^32 - 1], got {value}")
 
 
 def _type_name(tp: Any) -> str:

@@ -6,12 +6,14 @@ here, so that a crash or a full disk leaves the previous version, never a half-w
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from roformer.errors import UserError
 
@@ -101,3 +103,17 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write a UTF-8 text file all or nothing."""
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def read_json(path: str | Path, hint: str = "") -> Any:
+    """A JSON file we wrote (a record, a store's index), with a one-line error when it is damaged.
+
+    Raises:
+        UserError: the file cannot be read or is not valid JSON, naming it (and `hint`: how to get a good one).
+    """
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(
+            f"{path}: damaged or unreadable ({type(e).__name__}: {e}){'; ' + hint if hint else ''}"
+        ) from None

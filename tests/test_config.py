@@ -120,6 +120,7 @@ def write(tmp_path: Path, text: str) -> Path:
         ("pad_token_id: 5000\nvocab_size: 100\n", "pad_token_id (5000) must be in [0, vocab_size=100)"),
         ("- a\n- b\n", "expected a mapping"),
         ("hidden_size: [64\n", "not valid YAML"),
+        ("hidden_size: 64\nnum_heads: 4\nhidden_size: 128\n", "duplicate key 'hidden_size' (first on line 1)"),
     ],
 )
 def test_bad_model_configs_name_field_and_file(tmp_path: Path, text: str, message: str) -> None:

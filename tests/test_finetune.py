@@ -213,6 +213,8 @@ def test_bad_inputs(tmp_path: Path, pretrained: Path, number_task: dict, capsys:
         ([f"data.train_file={wrong_label}"], "label 'positive' is not one of the sst2 labels"),
         (["train.lrs=[-1]"], "learning rates must be > 0"),
         (["init="], "init is required"),
+        (["data.max_eval_examples=0"], "max_eval_examples must be >= 1"),  # was a traceback after training
+        (["train.seeds=[-1]"], "seeds must be in [0, 2^32 - 1], got -1"),
     ]
     for overrides, expected in cases:
         args = ["finetune", "--config", str(base), "--output-dir", str(tmp_path / "run")]
@@ -222,6 +224,51 @@ def test_bad_inputs(tmp_path: Path, pretrained: Path, number_task: dict, capsys:
         err = capsys.readouterr().err
         assert expected in err and len(err.strip().splitlines()) == 1, (overrides, err)
         assert not (tmp_path / "run").exists()
+
+
+def test_overwrite_with_an_init_that_does_not_load_keeps_the_job(
+    tmp_path: Path, pretrained: Path, number_task: dict, capsys: pytest.CaptureFixture
+) -> None:
+    import shutil
+
+    yaml = task_config(tmp_path / "c.yaml", pretrained, number_task, max_steps=2, seeds=[0])
+    job = tmp_path / "job"
+    assert main(["finetune", "--config", str(yaml), "--output-dir", str(job)]) == 0
+    before = sorted(str(p.relative_to(job)) for p in job.rglob("*"))
+    broken = tmp_path / "broken"
+    shutil.copytree(pretrained, broken)
+    (broken / "model.safetensors").write_bytes((pretrained / "model.safetensors").read_bytes()[:1000])
+    capsys.readouterr()
+    args = ["finetune", "--config", str(yaml), "--output-dir", str(job), "--overwrite", "--set", f"init={broken}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "corrupt or unreadable" in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(str(p.relative_to(job)) for p in job.rglob("*")) == before  # results, best/, predictions kept
+
+
+def test_two_processes_run_a_glue_suite_with_a_slow_rank(tmp_path: Path, pretrained: Path, number_task: dict) -> None:
+    """Rank 1 checks the task directory late: the main process must not have written it yet (it waits for every
+    process before writing); both exit 0 and print nothing but on the main process."""
+    from test_multiprocess import launch_two, write_wrapper
+
+    task_config(tmp_path / "sst2.yaml", pretrained, number_task, max_steps=1, seeds=[0], batch_size=4)
+    write_yaml(tmp_path / "suite.yaml", {"tasks": ["sst2.yaml"]})
+    wrapper = write_wrapper(
+        tmp_path / "slow.py",
+        "import time\n"
+        "from roformer.train import run_dir\n"
+        "original = run_dir.RunDir.__init__\n"
+        "def slow(self, path, *args, **kwargs):\n"
+        "    if RANK == 1 and str(path).endswith('sst2'):\n"
+        "        time.sleep(3)  # a busy core, a slow file system\n"
+        "    original(self, path, *args, **kwargs)\n"
+        "run_dir.RunDir.__init__ = slow\n",
+    )
+    ranks = launch_two(
+        wrapper, ["glue", "--config", str(tmp_path / "suite.yaml"), "--output-dir", str(tmp_path / "out")]
+    )
+    assert [code for code, _ in ranks] == [0, 0], [err[-1500:] for _, err in ranks]
+    assert (tmp_path / "out" / "results.json").is_file()
 
 
 def test_interrupted_grid_resumes_exactly(tmp_path: Path, pretrained: Path, number_task: dict, monkeypatch) -> None:

@@ -52,6 +52,30 @@ def test_two_lengths_and_compare(runs: dict[str, Path], tmp_path: Path, capsys: 
     assert "cannot" in (tmp_path / "cmp" / SUMMARY_MARKDOWN_FILE).read_text()
 
 
+def test_eval_mlm_arguments_are_checked_and_results_kept(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    final = str(runs["rotary"] / FINAL_DIR)
+    for args, expected in [
+        (["--batch-size", "0"], "--batch-size: expected an integer >= 1, got 0"),  # was a ZeroDivisionError
+        (["--max-tokens", "-5"], "--max-tokens: expected an integer >= 1, got -5"),
+    ]:
+        with pytest.raises(SystemExit) as stop:  # argparse's own exit, through our one-line error
+            main(["eval-mlm", "--model", final, *args])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and expected in err and len(err.strip().splitlines()) == 1, err
+    assert main(["eval-mlm", "--model", final, "--seq-lens", "32,0"]) == 2
+    assert "--seq-lens: expected comma-separated integers >= 1" in capsys.readouterr().err
+    assert main(["eval-mlm", "--model", str(tmp_path / "nothere")]) == 2
+    assert "--model " in (err := capsys.readouterr().err) and "no such model directory" in err, err
+    out = tmp_path / "lengths.json"
+    out.write_text("earlier results")
+    assert main(["eval-mlm", "--model", final, "--seq-lens", "32", "--max-tokens", "256", "--out", str(out)]) == 2
+    assert "exists (pass --overwrite" in capsys.readouterr().err and out.read_text() == "earlier results"
+    args = ["eval-mlm", "--model", final, "--seq-lens", "32", "--max-tokens", "256", "--out", str(out), "--overwrite"]
+    assert main(args) == 0 and json.loads(out.read_text())["results"][0]["seq_len"] == 32
+
+
 def test_length_beyond_the_validation_text(runs: dict[str, Path]) -> None:
     from roformer.study.length_eval import evaluate_lengths
 
@@ -62,7 +86,10 @@ def test_length_beyond_the_validation_text(runs: dict[str, Path]) -> None:
 def test_bad_lengths(runs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
     assert main(["eval-mlm", "--model", str(runs["rotary"] / FINAL_DIR), "--seq-lens", "32,abc"]) == 2
     assert "--seq-lens" in capsys.readouterr().err
-    assert main(["eval-mlm", "--model", str(runs["rotary"] / FINAL_DIR), "--data", "/nonexistent.yaml"]) == 2
+    assert (
+        main(["eval-mlm", "--model", str(runs["rotary"] / FINAL_DIR), "--data", "/nonexistent.yaml", "--overwrite"])
+        == 2
+    )
     assert "neither a pretraining config" in capsys.readouterr().err
 
 
@@ -90,7 +117,7 @@ def test_rope_scaling_bad_input(runs: dict[str, Path], capsys: pytest.CaptureFix
         ("learned", "linear", "learned positions, not rotary"),
     ]:
         args = ["eval-mlm", "--model", str(runs[model] / FINAL_DIR), "--seq-lens", "32", "--rope-scaling", scaling]
-        assert main(args) == 2
+        assert main([*args, "--overwrite"]) == 2  # the run's earlier results file is not what is tested
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
 
@@ -183,7 +210,7 @@ def test_a_tokenizer_larger_than_the_model_is_one_line(runs: dict[str, Path], tm
 
 def test_eval_mlm_with_no_length_it_can_evaluate_exits_2(runs: dict[str, Path], capsys) -> None:
     final = runs["learned"] / FINAL_DIR
-    code = main(["eval-mlm", "--model", str(final), "--seq-lens", "4096", "--max-tokens", "4096"])
+    code = main(["eval-mlm", "--model", str(final), "--seq-lens", "4096", "--max-tokens", "4096", "--overwrite"])
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("roformer ")]  # no bars
     assert code == 2 and len(errors) == 1 and "no requested length could be evaluated" in errors[0], errors
     assert not (runs["learned"] / LENGTH_FILE).exists() or "4096" not in (runs["learned"] / LENGTH_FILE).read_text()

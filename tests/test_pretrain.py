@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from roformer.config import load
 from roformer.data.config import DataConfig
 from roformer.data.mlm import MLMBatches, PackedBlocks
 from roformer.data.sampling import share
+from roformer.train.checkpoints import CheckpointManager
 from roformer.train.config import PretrainConfig
 from roformer.train.engine import Engine
 from roformer.train.pretrain import Pretrainer, pretrain
@@ -215,6 +217,7 @@ def test_occupied_run_dir_is_refused_and_kept(tmp_path: Path, capsys: pytest.Cap
     code, err = run_cli(["--config", str(yaml), "--output-dir", str(out)], capsys)
     assert code == 2 and "not empty" in err and "--overwrite" in err and len(err.strip().splitlines()) == 1
     assert (out / "notes.txt").read_text() == "precious"
+    (out / "config.yaml").write_text("{}\n")  # a run's directory: --overwrite replaces it whole
     assert run_cli(["--config", str(yaml), "--output-dir", str(out), "--overwrite"], capsys)[0] == 0
     assert not (out / "notes.txt").exists() and (out / "final").is_dir()
 
@@ -233,6 +236,14 @@ def test_occupied_run_dir_is_refused_and_kept(tmp_path: Path, capsys: pytest.Cap
         ([], {"source": "text", "paths": ["empty.txt"]}, "no text"),
         ([], {"source": "text", "paths": ["latin1.txt"]}, "latin1.txt"),
         (["noequals"], None, "expected KEY=VALUE"),
+        (["train.adam_beta1=2"], None, "adam_beta1 must be in [0, 1), got 2.0"),  # was torch's traceback
+        (["train.seed=4294967296"], None, "seed must be in [0, 2^32 - 1], got 4294967296"),
+        (["data.split_seed=-1"], None, "split_seed must be in [0, 2^32 - 1], got -1"),
+        (["train.max_grad_norm=-1"], None, "max_grad_norm must be > 0 or null"),  # was accepted: gradients reversed
+        (["train.weight_decay=-1"], None, "weight_decay >= 0"),
+        (["data.max_eval_blocks=0"], None, "max_eval_blocks must be >= 1"),  # was a run reporting eval loss 0.000
+        (["data.validation_fraction=0"], None, "validation_fraction must be in (0, 1)"),
+        (["init=nowhere"], None, "nowhere"),
     ],
 )
 def test_bad_input_one_line_exit_2(
@@ -248,6 +259,64 @@ def test_bad_input_one_line_exit_2(
     assert code == 2, err
     assert expected in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "run").exists()
+
+
+def test_overwrite_with_input_that_fails_keeps_the_run_it_would_replace(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2, save_every=1)
+    run = tmp_path / "run"
+    assert run_cli(["--config", str(yaml), "--output-dir", str(run)], capsys)[0] == 0
+    before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    broken = tmp_path / "broken"
+    shutil.copytree(run / "final", broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # truncated
+    code, err = run_cli(
+        ["--config", str(yaml), "--output-dir", str(run), "--overwrite", "--set", f"init={broken}"], capsys
+    )
+    assert code == 2 and "corrupt or unreadable" in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before  # nothing deleted
+    # a fresh run failing the same way writes nothing, so the next attempt is not refused as "not empty"
+    code, err = run_cli(
+        ["--config", str(yaml), "--output-dir", str(tmp_path / "new"), "--set", f"init={broken}"], capsys
+    )
+    assert code == 2 and not (tmp_path / "new").exists()
+
+
+def test_overwrite_replaces_only_a_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "corpus.txt").write_text("the corpus this run was about to train on\n" * 100)
+    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2)
+    code, err = run_cli(["--config", str(yaml), "--output-dir", str(mine), "--overwrite"], capsys)
+    assert code == 2 and "holds no config.yaml of a run" in err and len(err.strip().splitlines()) == 1, err
+    assert (mine / "corpus.txt").is_file()
+
+
+def test_an_extended_run_records_its_length_and_a_shorter_resume_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2, save_every=1)
+    run = tmp_path / "run"
+    assert run_cli(["--config", str(yaml), "--output-dir", str(run)], capsys)[0] == 0
+    assert run_cli(["--output-dir", str(run), "--resume", "--set", "train.max_steps=3"], capsys)[0] == 0
+    assert roformer.config.read_yaml(run / "config.yaml")["train"]["max_steps"] == 3  # was left at 2
+    assert run_cli(["--output-dir", str(run), "--resume"], capsys)[0] == 0  # goes on under the recorded length
+    assert json.loads((run / "final" / "pretraining.json").read_text())["steps"] == 3
+    code, err = run_cli(["--output-dir", str(run), "--resume", "--set", "train.max_steps=2"], capsys)
+    assert code == 2 and "at step 3, past this run's last step 2" in err, err
+
+
+def test_damaged_records_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2, save_every=2)
+    run = tmp_path / "run"
+    assert run_cli(["--config", str(yaml), "--output-dir", str(run)], capsys)[0] == 0
+    state = next((run / "checkpoints").glob("step-*")) / "trainer_state.json"
+    state.write_text("{")
+    (state.parent / CheckpointManager.MARKER).write_text(json.dumps({"step": 2}))  # an old checkpoint: no manifest
+    code, err = run_cli(["--output-dir", str(run), "--resume", "--set", "train.max_steps=3"], capsys)
+    assert code == 2 and "trainer_state.json: damaged or unreadable" in err and len(err.strip().splitlines()) == 1
 
 
 def test_resume_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

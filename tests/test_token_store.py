@@ -69,6 +69,9 @@ def test_damaged_and_missing_stores_are_one_line_errors(corpus, tmp_path: Path) 
         TokenStore(tmp_path / "store")
     with pytest.raises(UserError, match="not a token store"):
         TokenStore(tmp_path / "nothing")
+    (tmp_path / "store" / "store.json").write_text("{")  # a torn index: was a JSONDecodeError
+    with pytest.raises(UserError, match=r"store.json: damaged or unreadable .* prepare-data --overwrite"):
+        TokenStore(tmp_path / "store")
     with pytest.raises(UserError, match="no tokens"):
         write_token_store(tmp_path / "empty", ["", " "], tokenizer, vocab_hash(tokenizer))
     assert not (tmp_path / "empty").exists()

@@ -292,6 +292,31 @@ def test_processes_agree_on_which_checkpoint_to_resume(tmp_path) -> None:
     assert [p.name for p in loaded] == ["step-4", "step-2"]  # tried together, skipped together
 
 
+def test_processes_try_the_main_process_candidates_and_all_stop_on_out_of_memory(tmp_path) -> None:
+    """A process that lists another checkpoint (no shared disk) tries the main process's list; an out-of-memory load
+    on one process is every process's one-line error, not one process raising while the others wait."""
+    import torch
+
+    from roformer.errors import CheckpointError
+    from roformer.train.checkpoints import CheckpointManager
+
+    manager = CheckpointManager(tmp_path, keep=3)
+    for step in (2, 4, 6):
+        save_checkpoint(manager, step, lambda d: (d / "state.json").write_text("{}"))
+    main_listing = [(s, p) for s, p in manager.complete() if s != 6]  # the main process does not see step-6 yet
+    loaded = []
+    assert manager.latest_intact(load=loaded.append, share=lambda found: main_listing)[0] == 4
+    assert [p.name for p in loaded] == ["step-4"]
+
+    def out_of_memory(path):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    verdicts = []
+    with pytest.raises(CheckpointError, match="step-6: out of memory while loading .*not a damaged checkpoint"):
+        manager.latest_intact(load=out_of_memory, agree=lambda problem: verdicts.append(problem) or problem)
+    assert verdicts[-1].startswith("out of memory")  # agreed on (a collective every process makes), then raised
+
+
 def test_an_fsdp_launch_without_a_gpu_is_refused_not_run_as_plain_data_parallel(tmp_path, monkeypatch) -> None:
     """accelerate 1.15 drops an FSDP config on CPU process groups (MULTI_CPU) without a word: we say so instead."""
     import torch

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from roformer.config import check_types
+from roformer.config import check_seed, check_types
 from roformer.data.glue_tasks import get_task
 from roformer.errors import ConfigError
 
@@ -104,6 +104,14 @@ class DataConfig:
             raise ConfigError("streaming holds out the head of the stream: use stream_validation_documents")
         if self.builtin_documents <= 0 or self.vocab_size < 10:
             raise ConfigError("builtin_documents must be > 0 and vocab_size >= 10")
+        for name in ("split_seed", "builtin_seed", "eval_mask_seed"):
+            check_seed(name, getattr(self, name))
+        if not self.validation_paths and not self.streaming and not 0.0 < self.validation_fraction < 1.0:
+            raise ConfigError(
+                f"validation_fraction must be in (0, 1) (or name validation_paths), got {self.validation_fraction}"
+            )
+        if self.max_eval_blocks is not None and self.max_eval_blocks < 1:
+            raise ConfigError(f"max_eval_blocks must be >= 1 or null (all), got {self.max_eval_blocks}")
 
 
 @dataclass
@@ -168,3 +176,6 @@ class GlueDataConfig:
             raise ConfigError(f"pad_to_multiple_of must be >= 1, got {self.pad_to_multiple_of}")
         if self.max_length < 8:
             raise ConfigError(f"max_length must be >= 8, got {self.max_length}")
+        for name in ("max_train_examples", "max_eval_examples"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1 or null (all), got {getattr(self, name)}")

@@ -12,7 +12,6 @@ either into the masked batches of every step.
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import shutil
 import tempfile
@@ -31,7 +30,7 @@ from roformer.data.packing import eval_indices, validation_mask
 from roformer.data.token_store import STORE_FILE, BlockView, TokenStore, write_token_store
 from roformer.data.tokenizer import jieba_presegmenter, load_tokenizer, make_tokenizer, save_tokenizer, vocab_hash
 from roformer.errors import UserError
-from roformer.files import staged_output_dir
+from roformer.files import read_json, staged_output_dir
 
 logger = logging.getLogger(__name__)
 
@@ -175,4 +174,7 @@ def store_usable(directory: Path, tokenizer: Any = None) -> bool:
         return False
     if tokenizer is None:
         return True
-    return same_vocabulary(json.loads((directory / "train" / STORE_FILE).read_text()).get("vocab_hash"), tokenizer)
+    info = read_json(
+        directory / "train" / STORE_FILE, f"rebuild it with roformer prepare-data --overwrite (or delete {directory})"
+    )
+    return same_vocabulary(info.get("vocab_hash"), tokenizer)

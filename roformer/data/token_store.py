@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from roformer.errors import UserError
-from roformer.files import staged_output_dir
+from roformer.files import read_json, staged_output_dir
 
 STORE_FILE = "store.json"
 DOCUMENTS_FILE = "documents.bin"
@@ -163,7 +163,9 @@ class TokenStore:
         info_path = self.directory / STORE_FILE
         if not info_path.is_file():
             raise UserError(f"{self.directory}: not a token store (no {STORE_FILE})")
-        self.info = json.loads(info_path.read_text())
+        self.info = read_json(
+            info_path, f"rebuild it with roformer prepare-data --overwrite (or delete {self.directory.parent})"
+        )
         if self.info.get("version") != STORE_VERSION:
             raise UserError(f"{info_path}: store format {self.info.get('version')}, this version reads {STORE_VERSION}")
         self.dtype = np.dtype(self.info["dtype"])

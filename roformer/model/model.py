@@ -184,9 +184,10 @@ class Backbone(Model):
         """(B, T) ids -> last hidden states (B, T, C), and all hidden states when asked.
 
         `position_ids` (B, T) gives every token its position (default 0..T-1, or after the cached ones): a
-        left-padded row then equals itself unpadded, and documents packed into one row can each start at 0. HF
-        RoFormer cannot take them. Which keys a token sees follows `config.attention_pattern`; with a `cache`, the
-        new tokens' keys and values are added to it and the cached ones are attended to.
+        left-padded row then equals itself unpadded, and documents packed into one row can each start at 0 (their
+        tokens still attend across documents: no document mask is built). HF RoFormer cannot take them. Which keys
+        a token sees follows `config.attention_pattern`; with a `cache`, the new tokens' keys and values are added
+        to it and the cached ones are attended to.
         """
         B, T = input_ids.shape
         if cache is not None and position_ids is None:

@@ -15,7 +15,7 @@ from roformer.study.markdown import glue_suite_table
 from roformer.study.outputs import SUITE_TABLE_FILE
 from roformer.train.config import FinetuneConfig
 from roformer.train.finetune import finetune
-from roformer.train.launch import run_on_main
+from roformer.train.launch import process_state, run_on_main
 from roformer.train.run_dir import RESULTS_FILE, SUBMISSION_DIR, RunDir
 
 
@@ -64,6 +64,9 @@ def run_suite(
     interrupted suite continues: finished tasks are read back, a started one continues its grid (roformer.train.
     finetune), the others start.
 
+    Returns:
+        Every task's results (in the main process; other processes return an empty dict).
+
     Raises:
         ConfigError, UserError: a bad suite or task config (all task configs are checked before any training).
     """
@@ -89,4 +92,4 @@ def run_suite(
         (out / SUITE_TABLE_FILE).write_text(glue_suite_table(results))
 
     run_on_main(write)
-    return results
+    return results if process_state().is_main_process else {}  # the others' task results are empty

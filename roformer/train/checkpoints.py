@@ -72,7 +72,10 @@ class CheckpointManager:
         return done[-1] if done else None
 
     def latest_intact(
-        self, load: Callable[[Path], None] | None = None, agree: Callable[[str | None], str | None] | None = None
+        self,
+        load: Callable[[Path], None] | None = None,
+        agree: Callable[[str | None], str | None] | None = None,
+        share: Callable[[list[tuple[int, Path]]], list[tuple[int, Path]]] | None = None,
     ) -> tuple[int, Path] | None:
         """The newest complete checkpoint whose files match their manifest (and that `load` loads); None if none exists.
 
@@ -83,16 +86,22 @@ class CheckpointManager:
             load: Loads a candidate (the engine's accelerate `load_state`, a collective under FSDP).
             agree: Turns this process's verdict on a candidate (None: intact, else what is wrong) into every
                 process's (the first problem any process found), so that all skip, or load, the same checkpoint.
+            share: Turns this process's list of candidates into every process's (the main process's): processes
+                that list the directory differently (nodes without a shared disk, a stale network cache) must still
+                try the same candidates, or they would wait in different collectives.
 
         Raises:
-            CheckpointError: checkpoints exist but none is intact.
+            CheckpointError: checkpoints exist but none is intact, or a process ran out of memory loading one.
         """
         agreed = agree or (lambda problem: problem)
+        candidates = (share or (lambda found: found))(self.complete())
         problems = []
-        for step, path in reversed(self.complete()):
+        for step, path in reversed(candidates):
             problem = agreed(self.verify(path))  # before loading: a load may be a collective
             if problem is None and load is not None:
                 problem = agreed(_load_problem(load, path))
+                if problem is not None and problem.startswith(_OUT_OF_MEMORY):
+                    raise CheckpointError(f"{path}: {problem} (not a damaged checkpoint: resume with more memory)")
             if problem is None:
                 if problems:
                     logger.warning("resuming from %s instead", path.name)
@@ -175,6 +184,9 @@ def verify_manifest(directory: Path, manifest: dict[str, list[Any]]) -> str | No
     return None
 
 
+_OUT_OF_MEMORY = "out of memory while loading"
+
+
 def _load_problem(load: Callable[[Path], None], path: Path) -> str | None:
     """None if `load(path)` succeeds, else what its reader said (out of memory is not a damaged checkpoint)."""
     import pickle
@@ -184,8 +196,8 @@ def _load_problem(load: Callable[[Path], None], path: Path) -> str | None:
 
     try:
         load(path)
-    except torch.OutOfMemoryError:
-        raise
+    except torch.OutOfMemoryError as e:  # every process must hear of it (it is agreed on like a problem), then stop
+        return f"{_OUT_OF_MEMORY} ({str(e).splitlines()[0] if str(e) else ''})"
     except (OSError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError, SafetensorError) as e:
         first_line = str(e).splitlines()[0] if str(e) else ""
         return f"cannot be loaded ({type(e).__name__}: {first_line})"

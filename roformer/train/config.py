@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
-from roformer.config import check_types
+from roformer.config import check_seed, check_types
 from roformer.data.config import DataConfig, GlueDataConfig
 from roformer.errors import ConfigError
 from roformer.model.config import ModelConfig
@@ -99,6 +99,17 @@ class TrainArgs:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise ConfigError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
+        check_seed("seed", self.seed)
+        for name in ("adam_beta1", "adam_beta2"):  # AdamW's own check, as a config error rather than a traceback
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.adam_eps <= 0 or self.weight_decay < 0:
+            raise ConfigError(
+                f"adam_eps must be > 0 and weight_decay >= 0, got {self.adam_eps} and {self.weight_decay}"
+            )
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            # a negative norm gives a negative clip coefficient: the update would climb the loss
+            raise ConfigError(f"max_grad_norm must be > 0 or null (no clipping), got {self.max_grad_norm}")
 
     def warmup_for(self, steps: int) -> int:
         """Warmup length in optimizer steps for a run of `steps` steps."""
@@ -165,6 +176,8 @@ class FinetuneTrainConfig(TrainArgs):
             raise ConfigError(f"max_steps must be >= 0, got {self.max_steps}")
         if any(lr <= 0 for lr in self.lrs):
             raise ConfigError("learning rates must be > 0")
+        for seed in self.seeds:
+            check_seed("seeds", seed)
 
     @property
     def grid(self) -> list[tuple[float, int]]:

@@ -26,12 +26,20 @@ import torch
 
 from roformer.data.sampling import global_batch_size
 from roformer.errors import Diverged, Preempted, UserError, WriteFailed
+from roformer.files import read_json
 from roformer.model.model import Model
 from roformer.train.checkpoints import CheckpointManager
 from roformer.train.config import TrainArgs
 from roformer.train.faults import GracefulStop, describe_write_error, write_errors
 from roformer.train.interval import Interval, RunState, StepResult
-from roformer.train.launch import agree_on_errors, any_process, gather, make_accelerator, run_on_main
+from roformer.train.launch import (
+    agree_on_errors,
+    any_process,
+    broadcast_from_main,
+    gather,
+    make_accelerator,
+    run_on_main,
+)
 from roformer.train.optim import finish_micro_step, make_optimizer
 from roformer.train.run_dir import TRAINER_STATE_FILE, MetricsWriter, keep_metrics
 
@@ -407,15 +415,21 @@ class Engine:
         latest = self.checkpoints.latest_intact(
             load=lambda path: self.accelerator.load_state(str(path)),
             agree=lambda problem: next((p for p in gather(problem) if p is not None), None),
+            share=broadcast_from_main,
         )
         if latest is None:
             return None
         step, path = latest
-        saved = json.loads((path / TRAINER_STATE_FILE).read_text())
+        saved = read_json(path / TRAINER_STATE_FILE, f"delete {path} to resume from an older checkpoint")
         if saved.get("global_batch", self.global_batch) != self.global_batch:
             raise UserError(
                 f"{path}: saved with a global batch of {saved['global_batch']} examples, now {self.global_batch} "
                 "(same batch_size x processes x grad_accum needed to resume)"
+            )
+        if step > self.total_steps:  # it would train nothing and report the shorter run
+            raise UserError(
+                f"{path}: the checkpoint is at step {step}, past this run's last step {self.total_steps}: resume "
+                f"with train.max_steps >= {step}"
             )
         recipe.load(path, saved.get("data_state", {}), step)
         logger.info("resumed from %s (step %d)", path, step)

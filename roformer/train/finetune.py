@@ -237,6 +237,8 @@ class Finetuner:
             logger.info("%s: finished already", self.out)
             results = run_on_main(self.finished_results)
             return results or {}
+        if not self.run_dir.resume:
+            self.load_model()  # an init that does not load fails before --overwrite deletes the job it would replace
         run_on_main(lambda: self.run_dir.prepare(self.config.to_dict()))
         runs = []
         for lr, seed in self.config.train.grid:

@@ -105,8 +105,13 @@ def run_on_main(work: Callable[[], T]) -> T | None:
     """`work()` on the main process (None elsewhere), every process waiting for it and failing if it fails.
 
     For what only the main process does (writing files) before all go on: a barrier that also carries the outcome.
+    The main process starts only once every process has arrived, so none is still reading what `work` changes (a
+    run directory checked for emptiness, a task directory that decides whether to resume).
     """
-    return agree_on_errors(work if process_state().is_main_process else None)
+    state = process_state()
+    if state.num_processes > 1:
+        state.wait_for_everyone()
+    return agree_on_errors(work if state.is_main_process else None)
 
 
 def broadcast_from_main(value: Any) -> Any:

@@ -118,7 +118,7 @@ class Pretrainer:
     """One pretraining run in a run directory (created, refused, overwritten or resumed).
 
     The phases are public so that scripts and tests can drive them: the constructor checks the directory and builds
-    the data, then `prepare_run_dir`, `build_model`, `starting_state` and `fit` (`run` does all of them and writes
+    the data, then `build_model`, `prepare_run_dir`, `starting_state` and `fit` (`run` does all of them and writes
     final/).
     """
 
@@ -200,9 +200,13 @@ class Pretrainer:
         return engine.fit(self, state)
 
     def run(self) -> Path:
-        """Every phase, then final/ (model + tokenizer). Returns the run directory."""
-        self.prepare_run_dir()
+        """Every phase, then final/ (model + tokenizer). Returns the run directory.
+
+        The model and optimizer are built before the directory is written: an init that does not load or an
+        optimizer setting torch refuses must fail before --overwrite has deleted the run it would replace.
+        """
         self.build_model()
+        self.prepare_run_dir()
         self.fit(self.starting_state())
         self.save_final()
         self.engine.finish()

@@ -96,6 +96,18 @@ class RunDir:
         if resume and record_required and not self.config_file.is_file():
             raise UserError(f"{self.path}: nothing to resume (no {RUN_CONFIG_FILE})")
         check_output_dir(self.path, overwrite, resume)
+        if overwrite and any(self.path.glob("*")) and not self._holds_a_run(record_required):
+            # --overwrite deletes the directory: never a folder of someone's files (a corpus, notes) given by mistake
+            raise UserError(
+                f"{self.path}: --overwrite replaces a run directory, and this one holds no {RUN_CONFIG_FILE} of a "
+                "run: choose a new or empty directory"
+            )
+
+    def _holds_a_run(self, record_required: bool) -> bool:
+        """The directory is a run's: its config.yaml (or, for a suite written before suites had one, a task's)."""
+        if self.config_file.is_file():
+            return True
+        return not record_required and any(RunDir.started(child) for child in self.path.iterdir() if child.is_dir())
 
     @staticmethod
     def started(path: str | Path) -> bool:
@@ -144,17 +156,17 @@ class RunDir:
     def prepare(self, config: dict[str, Any], write_more: Callable[[Path], None] | None = None) -> None:
         """Start a fresh run's directory: clear it, create it, write config.yaml and `write_more(path)`.
 
-        A resumed run's directory is left as it is (a directory without its config.yaml gets one). For the main
-        process (roformer.train.launch.run_on_main: the others wait and share its outcome).
+        A resumed run keeps what its directory holds; its config.yaml is rewritten with `config`, which the resume
+        check has allowed (an extended max_steps, a new log_every), so that a later plain `--resume` goes on under
+        it. For the main process (roformer.train.launch.run_on_main: the others wait and share its outcome).
 
         Args:
             config: The resolved config to record.
             write_more: Further files of a fresh run (e.g. the tokenizer).
         """
         if self.resume:
-            if not self.config_file.is_file():
-                self.path.mkdir(parents=True, exist_ok=True)
-                write_yaml(self.config_file, config)
+            self.path.mkdir(parents=True, exist_ok=True)
+            write_yaml(self.config_file, config)
             return
         if self.path.exists():
             shutil.rmtree(self.path)
