@@ -261,12 +261,18 @@ def test_bad_input_one_line_exit_2(
     assert not (tmp_path / "run").exists()
 
 
+def finished_run(tmp_path: Path, capsys: pytest.CaptureFixture, save_every: int = 1) -> tuple[Path, Path]:
+    """(config, run directory) of a finished 2-step tiny run with checkpoints every `save_every` steps."""
+    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2, save_every=save_every)
+    run = tmp_path / "run"
+    assert run_cli(["--config", str(yaml), "--output-dir", str(run)], capsys)[0] == 0
+    return yaml, run
+
+
 def test_overwrite_with_input_that_fails_keeps_the_run_it_would_replace(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2, save_every=1)
-    run = tmp_path / "run"
-    assert run_cli(["--config", str(yaml), "--output-dir", str(run)], capsys)[0] == 0
+    yaml, run = finished_run(tmp_path, capsys)
     before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
     broken = tmp_path / "broken"
     shutil.copytree(run / "final", broken)
@@ -297,9 +303,7 @@ def test_overwrite_replaces_only_a_run_directory(tmp_path: Path, capsys: pytest.
 def test_an_extended_run_records_its_length_and_a_shorter_resume_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2, save_every=1)
-    run = tmp_path / "run"
-    assert run_cli(["--config", str(yaml), "--output-dir", str(run)], capsys)[0] == 0
+    yaml, run = finished_run(tmp_path, capsys)
     assert run_cli(["--output-dir", str(run), "--resume", "--set", "train.max_steps=3"], capsys)[0] == 0
     assert roformer.config.read_yaml(run / "config.yaml")["train"]["max_steps"] == 3  # was left at 2
     assert run_cli(["--output-dir", str(run), "--resume"], capsys)[0] == 0  # goes on under the recorded length
@@ -309,9 +313,7 @@ def test_an_extended_run_records_its_length_and_a_shorter_resume_is_refused(
 
 
 def test_damaged_records_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2, save_every=2)
-    run = tmp_path / "run"
-    assert run_cli(["--config", str(yaml), "--output-dir", str(run)], capsys)[0] == 0
+    _, run = finished_run(tmp_path, capsys, save_every=2)
     state = next((run / "checkpoints").glob("step-*")) / "trainer_state.json"
     state.write_text("{")
     (state.parent / CheckpointManager.MARKER).write_text(json.dumps({"step": 2}))  # an old checkpoint: no manifest
@@ -592,9 +594,7 @@ def test_relative_paths_given_with_set_keep_their_meaning(tmp_path: Path, monkey
 
 def test_a_run_written_before_a_config_field_existed_resumes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """A field added to the config since the run's config.yaml was written is not a change that refuses a resume."""
-    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2, save_every=1)
-    run = tmp_path / "run"
-    assert run_cli(["--config", str(yaml), "--output-dir", str(run)], capsys)[0] == 0
+    _, run = finished_run(tmp_path, capsys)
     saved = roformer.config.read_yaml(run / "config.yaml")
     del saved["model"]["rotary_layout"]  # as if written by a version without the field
     roformer.config.write_yaml(run / "config.yaml", saved)
