@@ -37,25 +37,36 @@ from roformer.files import atomic_write_text
 T = TypeVar("T")
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses a key given twice in one mapping.
+def _refuse_duplicate_keys(root: yaml.Node) -> None:
+    """Refuse a key given twice in one mapping of a composed YAML document.
 
-    YAML keeps the last value without a word: a second `train:` section would silently replace the first.
+    YAML keeps the last value without a word: a second `train:` section would silently replace the first. Checked on
+    the nodes as written, before construction, where `<<` merges have not yet added keys that may be overridden.
+
+    Raises:
+        yaml.constructor.ConstructorError: naming the key, its first line and the duplicate's place.
     """
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: merged keys may be overridden
-                continue
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, typing.Hashable) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark
-                )
-            if isinstance(key, typing.Hashable):
+    stack, visited = [root], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in visited:  # an anchor's node is shared by its aliases
+            continue
+        visited.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[tuple[str, str], int] = {}
+            for key_node, value_node in node.value:
+                stack.append(value_node)
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = (key_node.tag, key_node.value)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key_node.value!r} (first on line {seen[key] + 1})",
+                        key_node.start_mark,
+                    )  # fmt: skip
                 seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
 
 
 def read_yaml(path: str | Path) -> Any:
@@ -65,7 +76,15 @@ def read_yaml(path: str | Path) -> Any:
         raise ConfigError(f"{path}: config file not found")
     try:
         with path.open(encoding="utf-8") as f:
-            return yaml.load(f, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+            loader = yaml.SafeLoader(f)
+            try:
+                root = loader.get_single_node()
+                if root is None:  # an empty file
+                    return None
+                _refuse_duplicate_keys(root)
+                return loader.construct_document(root)
+            finally:
+                loader.dispose()
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         detail = str(e).replace("\n", " ")
         raise ConfigError(f"{path}: not valid YAML: {detail}") from None

@@ -8,6 +8,8 @@
 #     bash scripts/check_lower_bounds.sh tests/test_hf.py -x   # arguments go to pytest
 #     KEEP=1 bash scripts/check_lower_bounds.sh          # keep the virtualenv (its path is printed)
 #     PYTHON=python3.11 bash scripts/check_lower_bounds.sh   # at requires-python's floor
+#     PINS=scripts/gpu_machine_pins.txt PYTHON=python3.12 bash scripts/check_lower_bounds.sh
+#                                                        # other exact versions: the GPU machine's, before a lease
 #
 # Needs a package index (torch's floor is a CUDA build from PyPI with its CUDA packages, a few GB; the tests run on
 # the CPU). Run from the repository root; ../shared/data beside it enables the real-data tests as in CI.
@@ -21,7 +23,7 @@ echo "== virtualenv in $work ($("$python" --version))"
 "$python" -m venv "$work/venv"
 venv_python="$work/venv/bin/python"
 "$venv_python" -m pip install -q --upgrade pip "setuptools>=77"
-python - "$repo/pyproject.toml" "$work" <<'EOF'  # this interpreter reads pyproject.toml (tomllib: Python 3.11+)
+python - "$repo/pyproject.toml" "$work" "${PINS:-}" <<'EOF'  # this interpreter reads pyproject.toml (tomllib: 3.11+)
 import re
 import sys
 import tomllib
@@ -35,6 +37,8 @@ for requirement in project["dependencies"]:
         sys.exit(f"pyproject.toml: a core dependency not of the form name>=X (no extras, no markers): {requirement}")
     pins.append(f"{match[1]}=={match[2]}")
 tools = project["optional-dependencies"]["dev"]
+if sys.argv[3]:  # PINS: a requirements file of exact versions instead of the floors
+    pins = [line.strip() for line in Path(sys.argv[3]).read_text().splitlines() if line.strip() and line[0] != "#"]
 Path(sys.argv[2], "floors.txt").write_text("\n".join(pins) + "\n")
 Path(sys.argv[2], "tools.txt").write_text("\n".join(tools) + "\n")
 print("floors:", " ".join(pins))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,28 @@ def write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     return path
+
+
+def test_merge_keys_may_override_what_they_merge(tmp_path: Path) -> None:
+    """`<<` merges (also of a mapping that itself merges and overrides) are not duplicate keys."""
+    from roformer.config import read_yaml
+
+    text = "a: &a {k: 0}\nx:\n  b: &b\n    <<: *a\n    k: 1\nc:\n  <<: *b\n  j: 2\n"
+    assert read_yaml(write(tmp_path, text)) == {"a": {"k": 0}, "x": {"b": {"k": 1}}, "c": {"k": 1, "j": 2}}
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("train:\n  lr: 1.0\ndata: {}\ntrain:\n  lr: 2.0\n", "duplicate key 'train' (first on line 1)"),
+        ("a: &a {k: 0}\nb:\n  <<: *a\n  j: 1\n  j: 2\n", "duplicate key 'j' (first on line 4)"),
+    ],
+)
+def test_a_key_given_twice_is_an_error(tmp_path: Path, text: str, message: str) -> None:
+    from roformer.config import read_yaml
+
+    with pytest.raises(roformer.ConfigError, match=re.escape(message)):
+        read_yaml(write(tmp_path, text))
 
 
 @pytest.mark.parametrize(

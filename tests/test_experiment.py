@@ -174,6 +174,9 @@ def test_arm_overrides_and_the_fields_under_comparison(tmp_path: Path) -> None:
     write_yaml(tmp_path / "exp.yaml", {"arms": arms, "vary": ["atention"]})
     with pytest.raises(ConfigError, match="'atention' is not a model field"):
         load_experiment(tmp_path / "exp.yaml")
+    write_yaml(tmp_path / "exp.yaml", {"arms": arms, "seeds": [0, 4294967296]})  # numpy would fail mid-experiment
+    with pytest.raises(ConfigError, match=r"seeds must be in \[0, 2\^32 - 1\], got 4294967296"):
+        load_experiment(tmp_path / "exp.yaml")
 
 
 def test_glue_and_length_stages_resume_and_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

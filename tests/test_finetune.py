@@ -244,6 +244,18 @@ def test_overwrite_with_an_init_that_does_not_load_keeps_the_job(
     err = capsys.readouterr().err
     assert "corrupt or unreadable" in err and len(err.strip().splitlines()) == 1, err
     assert sorted(str(p.relative_to(job)) for p in job.rglob("*")) == before  # results, best/, predictions kept
+    args = ["finetune", "--config", str(yaml), "--output-dir", str(job), "--overwrite"]
+    assert main([*args, "--set", "train.report_to=[nosuchtracker]"]) == 2  # refused by the accelerator's checks
+    assert "unknown tracker" in capsys.readouterr().err
+    assert sorted(str(p.relative_to(job)) for p in job.rglob("*")) == before
+    # a GLUE suite: every task's init is checked before the suite's directory is replaced
+    write_yaml(tmp_path / "suite.yaml", {"tasks": ["c.yaml"]})
+    suite = ["glue", "--config", str(tmp_path / "suite.yaml"), "--output-dir", str(tmp_path / "suite")]
+    assert main(suite) == 0
+    kept = sorted(str(p.relative_to(tmp_path / "suite")) for p in (tmp_path / "suite").rglob("*"))
+    assert main([*suite, "--overwrite", "--set", f"init={broken}"]) == 2
+    assert "corrupt or unreadable" in capsys.readouterr().err
+    assert sorted(str(p.relative_to(tmp_path / "suite")) for p in (tmp_path / "suite").rglob("*")) == kept
 
 
 def test_two_processes_run_a_glue_suite_with_a_slow_rank(tmp_path: Path, pretrained: Path, number_task: dict) -> None:

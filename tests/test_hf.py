@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -200,6 +201,12 @@ def test_loading_a_saved_rotary_model_in_the_other_layout_keeps_its_outputs(tmp_
     batch = padded_batch(VOCAB)
     assert_close(our_output(half, batch), our_output(ours, batch))
     assert roformer.load(tmp_path, rotary_layout="interleaved").config.rotary_layout == "interleaved"
+    # an init (continued pretraining, fine-tuning's init) of the other layout: the rows are permuted too
+    from roformer.model.pretrained import load_weights_from
+
+    target = ARCHITECTURES["masked_lm"](replace(ours.config, rotary_layout="half")).eval()
+    load_weights_from(target, tmp_path)
+    assert_close(our_output(target, batch), our_output(ours, batch))
 
 
 def test_unsupported_hf_models_give_clear_errors(tmp_path) -> None:

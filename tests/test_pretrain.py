@@ -310,6 +310,8 @@ def test_an_extended_run_records_its_length_and_a_shorter_resume_is_refused(
     assert json.loads((run / "final" / "pretraining.json").read_text())["steps"] == 3
     code, err = run_cli(["--output-dir", str(run), "--resume", "--set", "train.max_steps=2"], capsys)
     assert code == 2 and "at step 3, past this run's last step 2" in err, err
+    assert roformer.config.read_yaml(run / "config.yaml")["train"]["max_steps"] == 3  # a refused resume records nothing
+    assert run_cli(["--output-dir", str(run), "--resume"], capsys)[0] == 0
 
 
 def test_damaged_records_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

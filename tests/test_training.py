@@ -298,7 +298,7 @@ def test_processes_try_the_main_process_candidates_and_all_stop_on_out_of_memory
     import torch
 
     from roformer.errors import CheckpointError
-    from roformer.train.checkpoints import CheckpointManager
+    from roformer.train.checkpoints import CheckpointManager, first_problem
 
     manager = CheckpointManager(tmp_path, keep=3)
     for step in (2, 4, 6):
@@ -315,6 +315,10 @@ def test_processes_try_the_main_process_candidates_and_all_stop_on_out_of_memory
     with pytest.raises(CheckpointError, match="step-6: out of memory while loading .*not a damaged checkpoint"):
         manager.latest_intact(load=out_of_memory, agree=lambda problem: verdicts.append(problem) or problem)
     assert verdicts[-1].startswith("out of memory")  # agreed on (a collective every process makes), then raised
+    # the verdicts of every process as one: out of memory on any rank wins over another rank's "cannot be loaded"
+    assert first_problem(["cannot be loaded (EOFError)", "out of memory while loading (...)"]).startswith("out of")
+    assert first_problem([None, "cannot be loaded (EOFError)"]) == "cannot be loaded (EOFError)"
+    assert first_problem([None, None]) is None
 
 
 def test_an_fsdp_launch_without_a_gpu_is_refused_not_run_as_plain_data_parallel(tmp_path, monkeypatch) -> None:

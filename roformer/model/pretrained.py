@@ -14,7 +14,7 @@ from typing import Any
 from roformer.errors import CheckpointError, ConfigError, UserError
 from roformer.model.config import ModelConfig
 from roformer.model.hf import from_hf, hf_model_config
-from roformer.model.model import Model, load
+from roformer.model.model import Model, convert_rotary_layout, load
 from roformer.model.weights import MODEL_CONFIG_FILE, WEIGHTS_FILE, read_model_config
 
 
@@ -69,12 +69,16 @@ def load_pretrained(source: str | Path, architecture: str, num_labels: int | Non
 def load_weights_from(model: Model, source: str | Path) -> None:
     """Copy the weights of the model of the same architecture in `source` into `model` (built from another config).
 
-    The configs may differ in what holds no parameters (dropout, rope_scaling, ...), not in shapes.
+    The configs may differ in what holds no parameters (dropout, rope_scaling, the rotary layout: the q/k rows are
+    permuted), not in shapes.
 
     Raises:
         UserError: no model at `source`, or its shapes differ from `model`'s.
     """
     pretrained = load_pretrained(source, model.architecture)
+    if model.config.position_encoding == "rotary" == pretrained.config.position_encoding:
+        # the saved q/k rows follow the saved layout: permuted into the model's, as load(rotary_layout=...) does
+        pretrained = convert_rotary_layout(pretrained, model.config.rotary_layout)
     try:
         model.load_state_dict(pretrained.state_dict())
     except RuntimeError as e:

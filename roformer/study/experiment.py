@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from roformer.config import check_types, config_path, load, read_yaml
+from roformer.config import check_seed, check_types, config_path, load, read_yaml
 from roformer.errors import ConfigError
 from roformer.files import check_output_dir
 from roformer.model.config import ModelConfig
@@ -152,6 +152,8 @@ class ExperimentConfig:
             raise ConfigError("arms: an experiment compares at least two arms")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"seeds must be a non-empty list of distinct seeds, got {self.seeds}")
+        for seed in self.seeds:
+            check_seed("seeds", seed)
         if self.baseline is not None and self.baseline not in self.arms:
             raise ConfigError(f"baseline {self.baseline!r} is not one of the arms {list(self.arms)}")
 

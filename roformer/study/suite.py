@@ -14,7 +14,7 @@ from roformer.files import atomic_write_text
 from roformer.study.markdown import glue_suite_table
 from roformer.study.outputs import SUITE_TABLE_FILE
 from roformer.train.config import FinetuneConfig
-from roformer.train.finetune import finetune
+from roformer.train.finetune import check_before_writing, finetune
 from roformer.train.launch import process_state, run_on_main
 from roformer.train.run_dir import RESULTS_FILE, SUBMISSION_DIR, RunDir
 
@@ -75,6 +75,9 @@ def run_suite(
     run_dir = RunDir(out, overwrite, resume, record_required=False)  # older suites: no config.yaml
     extra = suite.overrides + list(overrides or [])
     configs = [load(FinetuneConfig, config_path(path.parent, t), extra) for t in suite.tasks]
+    if not resume:  # before the suite's directory is written (or --overwrite deletes the one it replaces)
+        for config in configs:
+            check_before_writing(config)
     # the suite's own record; a resume is checked task by task (each task directory holds its resolved config)
     run_on_main(lambda: run_dir.prepare({"suite": str(path.resolve()), "tasks": suite.tasks, "overrides": extra}))
     results = {}

@@ -187,6 +187,16 @@ def verify_manifest(directory: Path, manifest: dict[str, list[Any]]) -> str | No
 _OUT_OF_MEMORY = "out of memory while loading"
 
 
+def first_problem(problems: list[str | None]) -> str | None:
+    """Every process's verdicts on a checkpoint as one.
+
+    Out of memory anywhere (which stops the run rather than skip to an older checkpoint), else the first problem by
+    rank, else None (intact everywhere).
+    """
+    found = [p for p in problems if p is not None]
+    return next((p for p in found if p.startswith(_OUT_OF_MEMORY)), found[0] if found else None)
+
+
 def _load_problem(load: Callable[[Path], None], path: Path) -> str | None:
     """None if `load(path)` succeeds, else what its reader said (out of memory is not a damaged checkpoint)."""
     import pickle

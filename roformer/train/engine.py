@@ -28,7 +28,7 @@ from roformer.data.sampling import global_batch_size
 from roformer.errors import Diverged, Preempted, UserError, WriteFailed
 from roformer.files import read_json
 from roformer.model.model import Model
-from roformer.train.checkpoints import CheckpointManager
+from roformer.train.checkpoints import CheckpointManager, first_problem
 from roformer.train.config import TrainArgs
 from roformer.train.faults import GracefulStop, describe_write_error, write_errors
 from roformer.train.interval import Interval, RunState, StepResult
@@ -414,7 +414,7 @@ class Engine:
         """
         latest = self.checkpoints.latest_intact(
             load=lambda path: self.accelerator.load_state(str(path)),
-            agree=lambda problem: next((p for p in gather(problem) if p is not None), None),
+            agree=lambda problem: first_problem(gather(problem)),
             share=broadcast_from_main,
         )
         if latest is None:

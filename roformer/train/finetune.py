@@ -51,7 +51,7 @@ from roformer.model.pretrained import load_pretrained, pretrained_config
 from roformer.train.config import FinetuneConfig
 from roformer.train.engine import Engine, ProcessLayout, RunState, to_device
 from roformer.train.evaluate import eval_chunks
-from roformer.train.launch import process_state, run_on_main
+from roformer.train.launch import check_run_settings, process_state, run_on_main
 from roformer.train.run_dir import (
     BEST_DIR,
     CANDIDATES_DIR,
@@ -167,6 +167,20 @@ class FinetuneRun:
 # The job
 
 
+def check_before_writing(config: FinetuneConfig) -> None:
+    """Check what would fail only once training starts, before a run directory is written (or deleted).
+
+    The init loads as the task's classifier, and the accelerator would accept the run settings: --overwrite must not
+    delete the job it would replace for a run that cannot start.
+
+    Raises:
+        UserError: an init that does not load (a truncated weights file, shapes the overrides change), a tracker,
+            launcher or precision the accelerator refuses.
+    """
+    check_run_settings(config.train)
+    load_pretrained(config.init, CLASSIFIER, get_task(config.data.task).num_labels, **config.model)
+
+
 class Finetuner:
     """All runs (learning rates x seeds) of one task in one run directory."""
 
@@ -176,6 +190,7 @@ class Finetuner:
         self.config = config
         self.out = Path(output_dir)
         self.run_dir = RunDir(self.out, overwrite, resume)  # before any data work
+        self._recorded = False
         if resume:
             self.run_dir.check_resume(config.to_dict(), finished_runs=self._count_finished_runs())
         self.task = get_task(config.data.task)
@@ -238,7 +253,7 @@ class Finetuner:
             results = run_on_main(self.finished_results)
             return results or {}
         if not self.run_dir.resume:
-            self.load_model()  # an init that does not load fails before --overwrite deletes the job it would replace
+            check_before_writing(self.config)
         run_on_main(lambda: self.run_dir.prepare(self.config.to_dict()))
         runs = []
         for lr, seed in self.config.train.grid:
@@ -247,8 +262,15 @@ class Finetuner:
                 runs.append(self._finished_run(record))
             else:
                 runs.append(self._run_one(lr, seed))
+        self._record_resumed_config()
         results = run_on_main(lambda: self.publish(self.select(runs)))
         return results or {}
+
+    def _record_resumed_config(self) -> None:
+        """Once per resumed job, after its first checks passed: config.yaml records what it goes on under."""
+        if self.run_dir.resume and not self._recorded:
+            run_on_main(lambda: self.run_dir.record(self.config.to_dict()))
+            self._recorded = True
 
     def _count_finished_runs(self) -> int:
         """Runs of this directory that have finished: all of a published job's, else those with a record."""
@@ -289,7 +311,10 @@ class Finetuner:
         steps = train.max_steps if train.max_steps is not None else math.ceil(train.epochs * n / engine.global_batch)
         engine.setup(model, lr, steps)
         run = FinetuneRun(self, engine, seed)
-        state = engine.resume(run) if self.run_dir.resume else RunState()
+        state = RunState()
+        if self.run_dir.resume:
+            state = engine.resume(run)
+            self._record_resumed_config()
         config = {**flat_config(self.config.to_dict()), "run": tag}
         engine.start_logging(f"roformer-glue-{self.task.name}", config, tracker_prefix=f"{tag}/")
         if steps == 0:

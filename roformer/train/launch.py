@@ -137,17 +137,7 @@ def make_accelerator(args: TrainArgs, project_dir: Path) -> Any:
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
 
-    check_trackers(args.report_to)
-    check_launcher_settings(args, os.environ)
-    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and not has_accelerator_device():
-        # accelerate enables FSDP only on accelerator process groups: on CPU it would drop the plugin silently and
-        # train as plain data parallel (unsharded checkpoints included)
-        raise UserError(
-            "the launcher asks for FSDP, which accelerate runs only on GPUs; on CPU use "
-            "configs/accelerate/multi-cpu.yaml (data parallel)"
-        )
-    if args.mixed_precision == "fp16" and not torch.cuda.is_available():
-        raise UserError("train.mixed_precision: fp16 needs a GPU (use bf16 or no on CPU)")
+    check_run_settings(args)
     launcher = os.environ.get("ACCELERATE_MIXED_PRECISION")
     if args.mixed_precision is not None and launcher not in (None, "no", args.mixed_precision):
         logger.warning("train.mixed_precision=%s overrides the launcher's %s", args.mixed_precision, launcher)
@@ -180,6 +170,26 @@ def make_accelerator(args: TrainArgs, project_dir: Path) -> Any:
         datasets.disable_progress_bars()
     logger.info("mixed precision: %s", accelerator.mixed_precision)
     return accelerator
+
+
+def check_run_settings(args: TrainArgs) -> None:
+    """What `make_accelerator` refuses, without building one: for recipes to check before they write anything.
+
+    Raises:
+        UserError: a tracker that is unknown or not installed, a conflicting launcher config, FSDP or fp16 without
+            a GPU.
+    """
+    check_trackers(args.report_to)
+    check_launcher_settings(args, os.environ)
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and not has_accelerator_device():
+        # accelerate enables FSDP only on accelerator process groups: on CPU it would drop the plugin silently and
+        # train as plain data parallel (unsharded checkpoints included)
+        raise UserError(
+            "the launcher asks for FSDP, which accelerate runs only on GPUs; on CPU use "
+            "configs/accelerate/multi-cpu.yaml (data parallel)"
+        )
+    if args.mixed_precision == "fp16" and not torch.cuda.is_available():
+        raise UserError("train.mixed_precision: fp16 needs a GPU (use bf16 or no on CPU)")
 
 
 def check_launcher_settings(args: TrainArgs, environ: Mapping[str, str]) -> None:

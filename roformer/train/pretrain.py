@@ -163,7 +163,10 @@ class Pretrainer:
     # -- phases ------------------------------------------------------------------------------------------------
 
     def prepare_run_dir(self) -> None:
-        """Write config.yaml and the tokenizer (fresh runs; an --overwrite run first clears the directory)."""
+        """Write config.yaml and the tokenizer of a fresh run (--overwrite first clears the directory).
+
+        A resumed run's directory is left as it is.
+        """
 
         def write_tokenizer(run: Path) -> None:
             save_tokenizer(self.data.tokenizer, run / TOKENIZER_DIR)
@@ -181,8 +184,15 @@ class Pretrainer:
         self.engine.setup(model, train.lr, train.max_steps)
 
     def starting_state(self) -> RunState:
-        """Load the newest complete checkpoint when resuming; the state to start from (step 0 for a fresh run)."""
-        return self.engine.resume(self) if self.run_dir.resume else RunState()
+        """Load the newest complete checkpoint when resuming; the state to start from (step 0 for a fresh run).
+
+        An accepted resume records its config in config.yaml (`RunDir.record`).
+        """
+        if not self.run_dir.resume:
+            return RunState()
+        state = self.engine.resume(self)
+        run_on_main(lambda: self.run_dir.record(self.config.to_dict()))
+        return state
 
     def fit(self, state: RunState) -> RunState:
         """Train to max_steps (evaluating, logging, checkpointing)."""

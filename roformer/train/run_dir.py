@@ -104,8 +104,12 @@ class RunDir:
             )
 
     def _holds_a_run(self, record_required: bool) -> bool:
-        """The directory is a run's: its config.yaml (or, for a suite written before suites had one, a task's)."""
-        if self.config_file.is_file():
+        """Whether the directory is a run's.
+
+        It holds its config.yaml (or the temporary file of a write of it that was killed), or, for a suite written
+        before suites had one, a task's.
+        """
+        if self.config_file.is_file() or self.config_file.with_name(RUN_CONFIG_FILE + ".tmp").is_file():
             return True
         return not record_required and any(RunDir.started(child) for child in self.path.iterdir() if child.is_dir())
 
@@ -156,17 +160,18 @@ class RunDir:
     def prepare(self, config: dict[str, Any], write_more: Callable[[Path], None] | None = None) -> None:
         """Start a fresh run's directory: clear it, create it, write config.yaml and `write_more(path)`.
 
-        A resumed run keeps what its directory holds; its config.yaml is rewritten with `config`, which the resume
-        check has allowed (an extended max_steps, a new log_every), so that a later plain `--resume` goes on under
-        it. For the main process (roformer.train.launch.run_on_main: the others wait and share its outcome).
+        A resumed run's directory is left as it is (a directory without its config.yaml gets one; `record` updates
+        it once the resume is accepted). For the main process (roformer.train.launch.run_on_main: the others wait
+        and share its outcome).
 
         Args:
             config: The resolved config to record.
             write_more: Further files of a fresh run (e.g. the tokenizer).
         """
         if self.resume:
-            self.path.mkdir(parents=True, exist_ok=True)
-            write_yaml(self.config_file, config)
+            if not self.config_file.is_file():
+                self.path.mkdir(parents=True, exist_ok=True)
+                write_yaml(self.config_file, config)
             return
         if self.path.exists():
             shutil.rmtree(self.path)
@@ -174,6 +179,14 @@ class RunDir:
         write_yaml(self.config_file, config)
         if write_more is not None:
             write_more(self.path)
+
+    def record(self, config: dict[str, Any]) -> None:
+        """Rewrite config.yaml with the config a resumed run goes on under, once its checkpoint has been accepted.
+
+        What the resume policy let change (an extended max_steps, a new log_every) is then what a later plain
+        `--resume` continues with; a refused resume has not touched the record. For the main process.
+        """
+        write_yaml(self.config_file, config)
 
 
 class MetricsWriter:
