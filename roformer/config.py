@@ -60,10 +60,8 @@ def _refuse_duplicate_keys(root: yaml.Node) -> None:
                     continue
                 key = (key_node.tag, key_node.value)
                 if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key_node.value!r} (first on line {seen[key] + 1})",
-                        key_node.start_mark,
-                    )  # fmt: skip
+                    duplicate = f"duplicate key {key_node.value!r} (first on line {seen[key] + 1})"
+                    raise yaml.constructor.ConstructorError(None, None, duplicate, key_node.start_mark)
                 seen[key] = key_node.start_mark.line
         elif isinstance(node, yaml.SequenceNode):
             stack.extend(node.value)
