@@ -37,7 +37,7 @@ from roformer.files import atomic_write_text
 T = TypeVar("T")
 
 
-def _refuse_duplicate_keys(root: yaml.Node) -> None:
+def _refuse_duplicate_keys(root: yaml.Node, loader: yaml.SafeLoader) -> None:
     """Refuse a key given twice in one mapping of a composed YAML document.
 
     YAML keeps the last value without a word: a second `train:` section would silently replace the first. Checked on
@@ -53,12 +53,12 @@ def _refuse_duplicate_keys(root: yaml.Node) -> None:
             continue
         visited.add(id(node))
         if isinstance(node, yaml.MappingNode):
-            seen: dict[tuple[str, str], int] = {}
+            seen: dict[Any, int] = {}
             for key_node, value_node in node.value:
                 stack.append(value_node)
                 if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
                     continue
-                key = (key_node.tag, key_node.value)
+                key = loader.construct_object(key_node)  # parsed: `yes` and `true` are one key
                 if key in seen:
                     duplicate = f"duplicate key {key_node.value!r} (first on line {seen[key] + 1})"
                     raise yaml.constructor.ConstructorError(None, None, duplicate, key_node.start_mark)
@@ -79,7 +79,7 @@ def read_yaml(path: str | Path) -> Any:
                 root = loader.get_single_node()
                 if root is None:  # an empty file
                     return None
-                _refuse_duplicate_keys(root)
+                _refuse_duplicate_keys(root, loader)
                 return loader.construct_document(root)
             finally:
                 loader.dispose()

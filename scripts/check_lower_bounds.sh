@@ -37,8 +37,14 @@ for requirement in project["dependencies"]:
         sys.exit(f"pyproject.toml: a core dependency not of the form name>=X (no extras, no markers): {requirement}")
     pins.append(f"{match[1]}=={match[2]}")
 tools = project["optional-dependencies"]["dev"]
-if sys.argv[3]:  # PINS: a requirements file of exact versions instead of the floors
-    pins = [line.strip() for line in Path(sys.argv[3]).read_text().splitlines() if line.strip() and line[0] != "#"]
+if sys.argv[3]:  # PINS: a requirements file of exact versions, in place of those packages' floors (others kept)
+    lines = Path(sys.argv[3]).read_text().splitlines()
+    chosen = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+    def name(pin: str) -> str:
+        return pin.split("==")[0].lower().replace("_", "-")
+
+    pins = [pin for pin in pins if name(pin) not in {name(c) for c in chosen}] + chosen
 Path(sys.argv[2], "floors.txt").write_text("\n".join(pins) + "\n")
 Path(sys.argv[2], "tools.txt").write_text("\n".join(tools) + "\n")
 print("floors:", " ".join(pins))

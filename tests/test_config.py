@@ -113,6 +113,7 @@ def test_merge_keys_may_override_what_they_merge(tmp_path: Path) -> None:
     [
         ("train:\n  lr: 1.0\ndata: {}\ntrain:\n  lr: 2.0\n", "duplicate key 'train' (first on line 1)"),
         ("a: &a {k: 0}\nb:\n  <<: *a\n  j: 1\n  j: 2\n", "duplicate key 'j' (first on line 4)"),
+        ("flags:\n  yes: 1\n  true: 2\n", "duplicate key 'true' (first on line 2)"),  # one key once parsed
     ],
 )
 def test_a_key_given_twice_is_an_error(tmp_path: Path, text: str, message: str) -> None:

@@ -253,9 +253,10 @@ def test_overwrite_with_an_init_that_does_not_load_keeps_the_job(
     suite = ["glue", "--config", str(tmp_path / "suite.yaml"), "--output-dir", str(tmp_path / "suite")]
     assert main(suite) == 0
     kept = sorted(str(p.relative_to(tmp_path / "suite")) for p in (tmp_path / "suite").rglob("*"))
-    assert main([*suite, "--overwrite", "--set", f"init={broken}"]) == 2
-    assert "corrupt or unreadable" in capsys.readouterr().err
-    assert sorted(str(p.relative_to(tmp_path / "suite")) for p in (tmp_path / "suite").rglob("*")) == kept
+    for override, message in [(f"init={broken}", "corrupt or unreadable"), ("data.train_file=/nowhere.csv", "nowhere")]:
+        assert main([*suite, "--overwrite", "--set", override]) == 2
+        assert message in capsys.readouterr().err
+        assert sorted(str(p.relative_to(tmp_path / "suite")) for p in (tmp_path / "suite").rglob("*")) == kept
 
 
 def test_two_processes_run_a_glue_suite_with_a_slow_rank(tmp_path: Path, pretrained: Path, number_task: dict) -> None:

@@ -77,9 +77,10 @@ def run_suite(
     configs = [load(FinetuneConfig, config_path(path.parent, t), extra) for t in suite.tasks]
     if not resume:  # before the suite's directory is written (or --overwrite deletes the one it replaces)
         for config in configs:
-            check_before_writing(config)
+            check_before_writing(config, inputs=True)
     # the suite's own record; a resume is checked task by task (each task directory holds its resolved config)
-    run_on_main(lambda: run_dir.prepare({"suite": str(path.resolve()), "tasks": suite.tasks, "overrides": extra}))
+    record = {"suite": str(path.resolve()), "tasks": suite.tasks, "overrides": extra}
+    run_on_main(lambda: run_dir.prepare(record))
     results = {}
     for config in configs:
         task_dir = out / config.data.task
@@ -94,5 +95,7 @@ def run_suite(
         atomic_write_text(out / RESULTS_FILE, json.dumps({t: r["summary"] for t, r in results.items()}, indent=2))
         (out / SUITE_TABLE_FILE).write_text(glue_suite_table(results))
 
+    if resume:
+        run_on_main(lambda: run_dir.record(record))  # what the finished suite ran with
     run_on_main(write)
     return results if process_state().is_main_process else {}  # the others' task results are empty

@@ -167,17 +167,36 @@ class FinetuneRun:
 # The job
 
 
-def check_before_writing(config: FinetuneConfig) -> None:
+def task_inputs(config: FinetuneConfig) -> tuple[Any, dict[str, list[Any]], ModelConfig]:
+    """The task's tokenizer (the init's), its splits and its model's config, checked against each other.
+
+    Raises:
+        UserError: a missing tokenizer or init, unreadable data, a tokenizer larger than the model's vocabulary.
+    """
+    tokenizer = load_tokenizer(Path(config.init))
+    splits = load_splits(config.data)
+    model_config = pretrained_config(config.init, CLASSIFIER, get_task(config.data.task).num_labels, **config.model)
+    check_fits(tokenizer, model_config.vocab_size, config.init)
+    return tokenizer, splits, model_config
+
+
+def check_before_writing(config: FinetuneConfig, inputs: bool = False) -> None:
     """Check what would fail only once training starts, before a run directory is written (or deleted).
 
     The init loads as the task's classifier, and the accelerator would accept the run settings: --overwrite must not
     delete the job it would replace for a run that cannot start.
 
+    Args:
+        config: The task's config.
+        inputs: Also check `task_inputs` (a GLUE suite writes its directory before its tasks read their data).
+
     Raises:
         UserError: an init that does not load (a truncated weights file, shapes the overrides change), a tracker,
-            launcher or precision the accelerator refuses.
+            launcher or precision the accelerator refuses, and with `inputs`, what `task_inputs` refuses.
     """
     check_run_settings(config.train)
+    if inputs:
+        task_inputs(config)
     load_pretrained(config.init, CLASSIFIER, get_task(config.data.task).num_labels, **config.model)
 
 
@@ -194,10 +213,8 @@ class Finetuner:
         if resume:
             self.run_dir.check_resume(config.to_dict(), finished_runs=self._count_finished_runs())
         self.task = get_task(config.data.task)
-        self.tokenizer = load_tokenizer(Path(config.init))
-        self.splits = load_splits(config.data)
-        model_config = self.model_config()  # a missing or unreadable init fails here, before any training
-        check_fits(self.tokenizer, model_config.vocab_size, config.init)
+        # a missing or unreadable init or data fails here, before any training
+        self.tokenizer, self.splits, model_config = task_inputs(config)
         self.classifier_head = model_config.classifier_head
         self.max_length = self._max_length(model_config)
         self.encoded: dict[str, Encoded] = {
@@ -212,10 +229,6 @@ class Finetuner:
         """The padded batch of `rows` (training and prediction pad alike: to a multiple, within max_length)."""
         pad_id, regression = self.tokenizer.pad_token_id, self.task.is_regression
         return collate(encoded, rows, pad_id, regression, self.config.data.pad_to_multiple_of, self.max_length)
-
-    def model_config(self) -> ModelConfig:
-        """The config of the task's model: the init's, with the task's labels and the `model:` overrides."""
-        return pretrained_config(self.config.init, CLASSIFIER, self.task.num_labels, **self.config.model)
 
     def load_model(self) -> torch.nn.Module:
         """The task's model: the init's backbone, a classifier head drawn from the torch RNG unless the init has it."""
