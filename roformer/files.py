@@ -6,6 +6,7 @@ here, so that a crash or a full disk leaves the previous version, never a half-w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -117,3 +118,35 @@ def read_json(path: str | Path, hint: str = "") -> Any:
         raise UserError(
             f"{path}: damaged or unreadable ({type(e).__name__}: {e}){'; ' + hint if hint else ''}"
         ) from None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Manifests: the size and sha256 of files (a checkpoint's, in its COMPLETE marker; a model's weights, in model.yaml)
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file, read in chunks."""
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_manifest(directory: Path, names: list[str] | None = None) -> dict[str, list[Any]]:
+    """{relative path: [size, sha256]} of every file below `directory` (or of the files `names` in it)."""
+    if names is None:
+        files = sorted(p for p in directory.rglob("*") if p.is_file())
+    else:
+        files = [directory / name for name in names]
+    return {str(p.relative_to(directory)): [p.stat().st_size, file_digest(p)] for p in files}
+
+
+def verify_manifest(directory: Path, manifest: dict[str, list[Any]]) -> str | None:
+    """None if every file of the manifest is there with its size and checksum, else what is wrong (one phrase)."""
+    for name, (size, digest) in manifest.items():
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes, {size} were written"
+        if file_digest(path) != digest:
+            return f"{name} does not match its checksum"
+    return None

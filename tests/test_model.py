@@ -190,6 +190,23 @@ def test_load_errors(tmp_path) -> None:
         roformer.load(tmp_path / "m", nope=1)
 
 
+def test_a_flipped_byte_in_a_saved_model_is_caught_by_its_checksum(tmp_path) -> None:
+    """safetensors loads a flipped byte inside the tensor data without a word: model.yaml records the sha256."""
+    import yaml
+
+    roformer.MaskedLM(tiny_config()).save(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 1  # inside the last tensor
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="model.safetensors does not match its checksum in model.yaml"):
+        roformer.load(tmp_path)
+    meta = yaml.safe_load((tmp_path / "model.yaml").read_text())
+    del meta["weights"]  # a directory saved before model.yaml recorded it (or the user's explicit choice) loads
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump(meta))
+    assert roformer.load(tmp_path).config == roformer.MaskedLM(tiny_config()).config
+
+
 def test_state_dict_names_are_readable() -> None:
     keys = set(roformer.MaskedLM(tiny_config(embedding_size=16)).state_dict())
     assert "backbone.layers.0.attn.qkv.weight" in keys and "backbone.embeddings.project.weight" in keys

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from roformer.config import from_dict, read_yaml, write_yaml
 from roformer.errors import CheckpointError, ConfigError
-from roformer.files import atomic_write
+from roformer.files import atomic_write, verify_manifest, write_manifest
 from roformer.model.config import ARCHITECTURE_NAMES, ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -31,13 +31,19 @@ FORMAT_VERSION = 1
 
 
 def save_model(model: Any, directory: str | Path) -> None:
-    """Write `model.yaml` and `model.safetensors` into `directory` (created if needed)."""
+    """Write `model.safetensors` and `model.yaml` (with the weights' size and sha256) into `directory`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    meta = {"format_version": FORMAT_VERSION, "architecture": model.architecture, "config": model.config.to_dict()}
     atomic_write(directory / WEIGHTS_FILE, lambda tmp: save_file(state, str(tmp), metadata={"format": "pt"}))
-    atomic_write(directory / MODEL_CONFIG_FILE, lambda tmp: write_yaml(tmp, meta))
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "architecture": model.architecture,
+        "config": model.config.to_dict(),
+        # a flipped byte inside the tensor data still loads: the checksum is what tells (checkpoints have theirs)
+        "weights": write_manifest(directory, [WEIGHTS_FILE])[WEIGHTS_FILE],
+    }
+    write_yaml(directory / MODEL_CONFIG_FILE, meta)
 
 
 def read_model_config(directory: str | Path) -> tuple[str, ModelConfig]:
@@ -88,7 +94,26 @@ def read_model_dir(
         raise CheckpointError(f"unknown architecture {architecture!r} (known: {', '.join(ARCHITECTURE_NAMES)})")
     if config_overrides:
         config = _override(config, config_overrides)
-    return saved_architecture, architecture, config, _read_weights(directory / WEIGHTS_FILE)
+    state = _read_weights(directory / WEIGHTS_FILE)  # a truncated file: the reader's own error first
+    _verify_weights(directory)
+    return saved_architecture, architecture, config, state
+
+
+def _verify_weights(directory: Path) -> None:
+    """Check model.safetensors against the size and sha256 in model.yaml (directories saved before have none).
+
+    Raises:
+        CheckpointError: the file differs from what was saved.
+    """
+    recorded = (read_yaml(directory / MODEL_CONFIG_FILE) or {}).get("weights")
+    if not recorded:
+        return
+    problem = verify_manifest(directory, {WEIGHTS_FILE: recorded})
+    if problem is not None:
+        raise CheckpointError(
+            f"{directory}: {problem} in {MODEL_CONFIG_FILE}, so it was damaged or replaced (save or download it "
+            f"again, or delete the `weights:` entry of {MODEL_CONFIG_FILE} to load it as it is)"
+        )
 
 
 # Architectures with the same head (the vocabulary head: one predicts masked tokens, the other the next token).

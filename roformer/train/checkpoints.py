@@ -22,7 +22,6 @@ DeepSpeed write sharded files of their own):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -31,9 +30,9 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from roformer.errors import CheckpointError
+from roformer.files import verify_manifest, write_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -153,35 +152,6 @@ class CheckpointManager:
     def tmp_path(self, step: int) -> Path:
         """The hidden directory the checkpoint of `step` is written into before it is published."""
         return self.directory / f".tmp-step-{step}"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Manifests: the size and sha256 of every file of a checkpoint, recorded in its COMPLETE marker
-
-
-def file_digest(path: Path) -> str:
-    """sha256 of a file, read in chunks."""
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def write_manifest(directory: Path) -> dict[str, list[Any]]:
-    """{relative path: [size, sha256]} of every file below `directory`."""
-    files = sorted(p for p in directory.rglob("*") if p.is_file())
-    return {str(p.relative_to(directory)): [p.stat().st_size, file_digest(p)] for p in files}
-
-
-def verify_manifest(directory: Path, manifest: dict[str, list[Any]]) -> str | None:
-    """None if every file of the manifest is there with its size and checksum, else what is wrong (one phrase)."""
-    for name, (size, digest) in manifest.items():
-        path = directory / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if path.stat().st_size != size:
-            return f"{name} has {path.stat().st_size} bytes, {size} were written"
-        if file_digest(path) != digest:
-            return f"{name} does not match its checksum"
-    return None
 
 
 _OUT_OF_MEMORY = "out of memory while loading"
