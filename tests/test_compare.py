@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from roformer.cli import main
-from roformer.config import write_yaml
+from roformer.config import read_yaml, write_yaml
 from roformer.study.compare import compare
 from roformer.study.outputs import CURVES_PLOT_FILE, SUMMARY_JSON_FILE, SUMMARY_MARKDOWN_FILE
 from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, METRICS_FILE, RESULTS_FILE, RUN_CONFIG_FILE
@@ -273,3 +273,39 @@ def test_length_differences_paired_by_seed(tmp_path: Path) -> None:
     assert set(d) == {128, 512} and d[128]["test"] == "paired t"
     assert d[512]["mean"] == pytest.approx(-0.55) and d[512]["significant"] is True
     assert "Eval-loss differences from bert" in (tmp_path / "out" / SUMMARY_MARKDOWN_FILE).read_text()
+
+
+def test_two_runs_of_an_arm_with_one_seed_are_refused_not_counted_once(tmp_path: Path, capsys) -> None:
+    runs = [make_run(tmp_path / f"rope-{i}", "roformer", "rotary", {100: 4.0 + i}, 1.0, seed=0) for i in range(2)]
+    runs.append(make_run(tmp_path / "bert", "bert", "sinusoidal", {100: 4.5}, 1.0, seed=0))
+    assert main(["compare", *map(str, runs), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "arm 'roformer' has two runs with train.seed 0" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_runs_of_different_lengths_or_eval_sets_are_compared_with_a_note(tmp_path: Path) -> None:
+    rope = make_run(tmp_path / "rope", "roformer", "rotary", {100: 4.6, 200: 4.5}, 1.0, seed=0)
+    bert = make_run(tmp_path / "bert", "bert", "sinusoidal", {100: 4.7, 200: 4.6, 400: 4.1}, 1.0, seed=0)
+    config = read_yaml(bert / RUN_CONFIG_FILE)
+    config["data"]["mask_rate"] = 0.4  # scored under another mask
+    write_yaml(bert / RUN_CONFIG_FILE, config)
+    summary = compare([rope, bert], tmp_path / "out")
+    assert any("end at different steps (200, 400)" in note for note in summary["notes"])
+    assert any("data.mask_rate: 0.4, None" in note for note in summary["notes"])
+    text = (tmp_path / "out" / SUMMARY_MARKDOWN_FILE).read_text()
+    assert "Note: the runs end at different steps" in text and "eval loss at the common step" in text
+
+
+def test_length_table_counts_one_row_per_run_and_length(tmp_path: Path) -> None:
+    """eval-mlm --rope-scaling none,linear,ntk writes three rows with the model's own tables at the trained length."""
+    runs = []
+    for seed, loss in enumerate((7.0, 9.0)):
+        run = make_run(tmp_path / f"rope-{seed}", "roformer", "rotary", {100: 4.0}, 1.0, seed=seed)
+        methods = ("none", "linear x1", "ntk x1") if seed == 0 else ("none",)
+        rows = [{"seq_len": 32, "rope_scaling": m, "as_trained": True, "eval_loss": loss, "eval_accuracy": 0.3}
+                for m in methods]  # fmt: skip
+        (run / LENGTH_FILE).write_text(json.dumps({"results": rows}))
+        runs.append(run)
+    runs.append(make_run(tmp_path / "bert", "bert", "sinusoidal", {100: 4.5}, 1.0, seed=0))
+    row = compare(runs, tmp_path / "out")["length_extrapolation"]["roformer"][0]
+    assert row["seeds"] == 2 and row["eval_loss"] == pytest.approx(8.0)  # was 3 + 1 rows: 4 "seeds", mean 7.5

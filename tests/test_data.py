@@ -112,6 +112,26 @@ def test_paragraphs_and_jsonl(tmp_path) -> None:
     path.write_text("{oops\n")
     with pytest.raises(UserError, match="d.jsonl:1: not a JSON line"):
         list(read_documents(path))
+    # JSON may hold U+2028 or U+0085 raw inside a string (json.dumps(..., ensure_ascii=False) writes them so):
+    # str.splitlines would break the line there
+    path.write_text('{"text": "a line\u2028separator"}\n{"text": "next\x85line"}\n', encoding="utf-8")
+    assert list(read_documents(path)) == ["a line\u2028separator", "next\x85line"]
+
+
+def test_a_vocab_file_with_a_token_twice_is_refused(tmp_path) -> None:
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "the", "sat"]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    with pytest.raises(UserError, match=r"vocab.txt:8: token 'the' is also on line 6"):
+        load_tokenizer(tmp_path / "vocab.txt")
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab[:7]) + "\n")
+    assert load_tokenizer(tmp_path / "vocab.txt").get_vocab()["cat"] == 6
+
+
+def test_the_builtin_corpus_written_to_a_file_reads_back_document_by_document(tmp_path) -> None:
+    from roformer.data.builtin import write_corpus
+
+    path = write_corpus(tmp_path / "corpus.txt", 50, seed=3)
+    assert list(read_documents(path)) == list(generate_documents(50, seed=3))  # was one document of 50
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from test_pretrain import tiny_run_config
 
 import roformer
 from roformer.cli import main
-from roformer.config import load
+from roformer.config import load, write_yaml
 from roformer.train.config import PretrainConfig
 from roformer.train.pretrain import pretrain
 
@@ -72,3 +72,15 @@ def test_one_line_errors_without_token_unreachable_hub_and_bad_input(run: Path, 
     assert main(["push", str(run / "final"), "--repo-id", "me/x", "--dry-run", str(tmp_path / "e"), "--glue",
                  str(tmp_path)]) == 2  # fmt: skip
     assert "no results.md" in capsys.readouterr().err and not (tmp_path / "e").exists()
+    other = tmp_path / "other-glue"  # a suite that fine-tuned another model: its scores are not this model's
+    (other / "rte").mkdir(parents=True)
+    table = "| task | split | metric | mean |\n|---|---|---|---:|\n| rte | dev | acc | 93.1 |\n"
+    (other / "results.md").write_text(table)
+    write_yaml(other / "rte" / "config.yaml", {"init": str(tmp_path / "another-model" / "final")})
+    assert main(["push", str(run / "final"), "--repo-id", "me/x", "--dry-run", str(tmp_path / "f"), "--glue",
+                 str(other)]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "rte fine-tuned" in err and "another model's" in err and not (tmp_path / "f").exists()
+    write_yaml(other / "rte" / "config.yaml", {"init": str(run / "final")})
+    assert main(["push", str(run / "final"), "--repo-id", "me/x", "--dry-run", str(tmp_path / "f"), "--glue",
+                 str(other)]) == 0  # fmt: skip

@@ -76,6 +76,25 @@ def test_eval_mlm_arguments_are_checked_and_results_kept(
     assert main(args) == 0 and json.loads(out.read_text())["results"][0]["seq_len"] == 32
 
 
+def test_every_length_scores_the_same_tokens_when_the_text_is_shorter_than_the_budget(runs: dict[str, Path]) -> None:
+    from roformer.study.length_eval import evaluate_lengths
+
+    results = evaluate_lengths(runs["rotary"] / FINAL_DIR, runs["rotary"], [32, 64, 128], max_tokens=10**8)
+    scored = [r["blocks"] * r["seq_len"] for r in results]
+    assert max(scored) - min(scored) < 128, scored  # within one block of the longest length (the tail was 32-only)
+
+
+def test_the_length_table_has_a_column_per_explicit_factor() -> None:
+    from roformer.study.markdown import length_results_table
+
+    rows = [
+        {"seq_len": 64, "rope_scaling": label, "column": column, "eval_loss": loss, "eval_accuracy": 0.5, "blocks": 1}
+        for label, column, loss in (("none", "none", 5.0), ("yarn x2", "yarn x2", 3.0), ("yarn x4", "yarn x4", 4.0))
+    ]
+    table = length_results_table(rows)
+    assert table.startswith("| length | none | yarn x2 | yarn x4 |") and "3.000" in table and "4.000" in table
+
+
 def test_length_beyond_the_validation_text(runs: dict[str, Path]) -> None:
     from roformer.study.length_eval import evaluate_lengths
 

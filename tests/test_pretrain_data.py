@@ -125,6 +125,12 @@ def test_cache_key_follows_the_input_files(tmp_path: Path) -> None:
     assert data_fingerprint(DataConfig(source="text", paths=[str(corpus)], mask_rate=0.3)) == before
     corpus.write_text("one two three four\n")
     assert data_fingerprint(config) != before
+    held_out = tmp_path / "validation.txt"  # validation_paths are read whatever the source: their edits count too
+    held_out.write_text("alpha beta\n")
+    builtin = DataConfig(source="builtin", validation_paths=[str(held_out)])
+    before = data_fingerprint(builtin)
+    held_out.write_text("completely different validation text\n")
+    assert data_fingerprint(builtin) != before
 
 
 def test_hub_revision_reaches_datasets_and_the_cache_key(

@@ -14,7 +14,7 @@ unigram distribution and which words co-occur, but not where they go; the rules 
    successor of its left neighbour.
 5. **Plain filler.** Zipfian fillers (the background a model must not over-fit positions to).
 
-Documents are 3-12 sentences, each ending with `.`; `write_corpus` writes them as text (one document per line).
+Documents are 3-12 sentences, each ending with `.`; `write_corpus` writes them as text (a blank line between documents).
 """
 
 from __future__ import annotations
@@ -102,9 +102,9 @@ def generate_documents(num_documents: int, seed: int = 0) -> Iterator[str]:
 
 
 def write_corpus(path: str | Path, num_documents: int, seed: int = 0) -> Path:
-    """Write the corpus as UTF-8 text, one document per line; returns the path."""
+    """Write the corpus as UTF-8 text, documents separated by a blank line (as `source: text` reads them)."""
     path = Path(path)
     with path.open("w", encoding="utf-8") as f:
         for doc in generate_documents(num_documents, seed):
-            f.write(doc + "\n")
+            f.write(doc + "\n\n")
     return path

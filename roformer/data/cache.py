@@ -51,9 +51,9 @@ def data_fingerprint(config: DataConfig, base: Path | None = None, ignore: tuple
             "data.hub_revision is not pinned: the data cache cannot tell when %s changes upstream (pin a revision)",
             config.hub_name,
         )
-    if config.source == "text":
-        for pattern_list in (config.paths, config.validation_paths):
-            files += [file_stamp(p) for p in expand_paths(pattern_list, base)] if pattern_list else []
+    # every local file read: the corpus of a text source, and validation_paths whatever the source
+    for pattern_list in (config.paths if config.source == "text" else [], config.validation_paths):
+        files += [file_stamp(p) for p in expand_paths(pattern_list, base)] if pattern_list else []
     if config.tokenizer:
         path = Path(config.tokenizer)
         path = path if path.is_absolute() or base is None else base / path

@@ -367,7 +367,7 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
                 text = f.read()
                 if suffix == ".json" and text.lstrip().startswith("["):
                     return list(json.loads(text))
-                return [json.loads(line) for line in text.splitlines() if line.strip()]
+                return [json.loads(line) for line in text.split("\n") if line.strip()]  # not splitlines: U+2028
             delimiter = "\t" if suffix == ".tsv" else ","
             quoting = csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL
             return list(csv.DictReader(f, delimiter=delimiter, quoting=quoting))

@@ -106,7 +106,8 @@ def read_documents(path: Path, text_column: str = "text", decode_errors: str = "
         _REPORTED.add(path)
         logger.warning("%s: %d undecodable bytes replaced with U+FFFD", path, replaced)
     if suffix in (".jsonl", ".json"):
-        for number, line in enumerate(text.splitlines(), start=1):
+        # JSON Lines break at \n only: str.splitlines would also break inside strings at U+2028, \x0c, \x85, ...
+        for number, line in enumerate(text.split("\n"), start=1):
             if not line.strip():
                 continue
             try:

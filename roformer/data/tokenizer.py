@@ -150,9 +150,20 @@ def keep_cjk_words(tokenizer) -> None:
 
 
 def _from_vocab(vocab_file: Path, lowercase: bool):
+    """A WordPiece tokenizer from BERT's vocab.txt: token i is line i (lines end at a newline only, as BERT reads them).
+
+    Raises:
+        UserError: a token on two lines (its ids would not be 0..n-1, and a model sized to the vocabulary would
+            index past its embeddings).
+    """
+    lines = vocab_file.read_text(encoding="utf-8").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
     vocab: dict[str, int] = {}
-    for index, line in enumerate(vocab_file.read_text(encoding="utf-8").splitlines()):
-        vocab.setdefault(line, index)
+    for index, line in enumerate(line.rstrip("\r") for line in lines):
+        if line in vocab:
+            raise UserError(f"{vocab_file}:{index + 1}: token {line!r} is also on line {vocab[line] + 1}")
+        vocab[line] = index
     return _wrap(_bert_wordpiece(vocab, lowercase), lowercase)
 
 

@@ -25,6 +25,7 @@ from roformer.study.markdown import summary_markdown
 from roformer.study.outputs import CURVES_PLOT_FILE, LENGTH_PLOT_FILE, SUMMARY_JSON_FILE, SUMMARY_MARKDOWN_FILE
 from roformer.study.plots import plot_curves, plot_lengths
 from roformer.study.runs import (
+    EVAL_SETUP,
     Arm,
     GlueRun,
     PretrainRun,
@@ -130,7 +131,9 @@ def summarise(
     summary: dict[str, Any] = {}
     if runs:
         arms = group_arms(runs)
+        _check_one_run_per_seed(arms)
         base, rope = choose_baseline(arms, baseline)
+        summary["notes"] = comparability_notes(runs)
         base_final = statistics.fmean(max(r.eval, key=lambda e: e["step"])["eval_loss"] for r in base.runs)
         levels = targets if targets else [base_final + offset for offset in TARGET_OFFSETS]
         common = common_eval_step(arms)
@@ -156,6 +159,43 @@ def summarise(
             summary["glue_baseline"] = base_label
             summary["glue_differences"] = glue_differences(glue, base_label)
     return summary
+
+
+def _check_one_run_per_seed(arms: list[Arm]) -> None:
+    """The differences pair runs by `train.seed`: two runs of one arm with one seed would be counted once.
+
+    Raises:
+        UserError: naming the arm, the seed and the two runs.
+    """
+    for arm in arms:
+        seen: dict[int, PretrainRun] = {}
+        for run in arm.runs:
+            if run.seed is not None and run.seed in seen:
+                raise UserError(
+                    f"arm {arm.label!r} has two runs with train.seed {run.seed} ({seen[run.seed].path}, {run.path}): "
+                    "runs are paired by seed; give each run of an arm its own seed, or its own label"
+                )
+            if run.seed is not None:
+                seen[run.seed] = run
+
+
+def comparability_notes(runs: list[PretrainRun]) -> list[str]:
+    """What makes the runs' final numbers not like for like: different lengths, different eval sets or masks."""
+    notes = []
+    finals = sorted({max(e["step"] for e in run.eval) for run in runs})
+    if len(finals) > 1:
+        notes.append(
+            f"the runs end at different steps ({', '.join(map(str, finals))}): final eval losses compare different "
+            "amounts of training; the eval loss at the common step compares like with like"
+        )
+    for key in EVAL_SETUP:
+        values = {repr(run.eval_setup.get(key)) for run in runs if run.eval_setup}
+        if len(values) > 1:
+            notes.append(
+                f"the runs are scored on different evaluation sets or masks (data.{key}: {', '.join(sorted(values))}): "
+                "their eval losses are not directly comparable"
+            )
+    return notes
 
 
 def length_means(arms: list[Arm]) -> dict[str, list[dict[str, Any]]]:

@@ -89,9 +89,25 @@ def model_card(model: Any, model_dir: Path, repo_id: str, hf_reason: str | None,
         table = glue_dir / SUITE_TABLE_FILE
         if not table.is_file():
             raise UserError(f"--glue {glue_dir}: no {SUITE_TABLE_FILE} (the output directory of `roformer glue`)")
+        _check_glue_init(glue_dir, model_dir)
         lines += ["", "## GLUE (dev)", "", table.read_text(encoding="utf-8").strip()]
     lines += _usage(repo_id, model.architecture, hf_reason)
     return "\n".join(lines) + "\n"
+
+
+def _check_glue_init(glue_dir: Path, model_dir: Path) -> None:
+    """Every task of a `roformer glue` output directory fine-tuned `model_dir` (its config.yaml's `init`).
+
+    Raises:
+        UserError: a task whose init is another model: its scores would be published as this model's.
+    """
+    for task_config in sorted(glue_dir.glob(f"*/{RUN_CONFIG_FILE}")):
+        init = (read_yaml(task_config) or {}).get("init")
+        if init and Path(init).resolve() != model_dir.resolve():
+            raise UserError(
+                f"--glue {glue_dir}: {task_config.parent.name} fine-tuned {init}, not {model_dir}: its scores are "
+                "another model's"
+            )
 
 
 def _usage(repo_id: str, architecture: str, hf_reason: str | None) -> list[str]:

@@ -3,7 +3,8 @@
 The validation documents of a pretraining config (or of a run's own config.yaml) are tokenized once with the
 model's own tokenizer, packed into blocks of each length and scored under the fixed evaluation mask (seeded as in
 training); the training split is never read beyond what the validation split needs. The same
-number of tokens is scored at every length (`max_tokens`), so the lengths differ only in context. Rotary and
+number of tokens is scored at every length (`max_tokens`, or, when the validation text is shorter, what it fills at
+every length; up to one block of the length), so the lengths differ only in context. Rotary and
 sinusoidal positions and the relative baselines (Shaw's clipped distances, T5's last bucket, ALiBi's linear bias) run
 at any length; learned positions stop at their table, which is reported, not crashed on.
 
@@ -165,20 +166,28 @@ def evaluate_lengths(
     check_fits(tokenizer, model.config.vocab_size, model_dir)
     transform = jieba_presegmenter() if data.jieba else None
     token_lists = tokenize_documents(validation_documents(data), tokenizer, data.num_proc, transform)
-    results = []
+    packed: dict[int, Any] = {}  # length -> its blocks, or the reason it cannot be scored
+    config = model.config
     for length in seq_lens:
-        config = model.config
         if config.position_encoding == "learned" and length > config.max_position_embeddings:
             message = f"learned positions cover {config.max_position_embeddings} tokens; cannot evaluate {length}"
             logger.warning("%s: %s", model_dir, message)
-            results.append({"seq_len": length, "error": message})
+            packed[length] = message
             continue
         try:
-            blocks = pack_blocks(token_lists, length, tokenizer.cls_token_id, tokenizer.sep_token_id)
+            packed[length] = pack_blocks(token_lists, length, tokenizer.cls_token_id, tokenizer.sep_token_id)
         except UserError as e:  # the validation text is shorter than one block of this length
-            results.append({"seq_len": length, "error": f"validation split: {e}"})
+            packed[length] = f"validation split: {e}"
+    # one budget for every length: max_tokens, or what the validation text fills at every length when it is shorter
+    # (its tail would otherwise be scored at the short lengths only)
+    filled = [len(blocks) * length for length, blocks in packed.items() if not isinstance(blocks, str)]
+    budget = min([max_tokens, *filled])
+    results = []
+    for length in seq_lens:
+        if isinstance(packed[length], str):
+            results.append({"seq_len": length, "error": packed[length]})
             continue
-        blocks = blocks[: max(1, max_tokens // length)]
+        blocks = packed[length][: max(1, budget // length)]
         ids, labels = eval_batch(blocks, tokenizer, data)
         if rope_scalings is None:
             scores = evaluate_mlm(model, ids, labels, batch_size, torch.device(device))
@@ -189,6 +198,7 @@ def evaluate_lengths(
             scores = evaluate_mlm(variant, ids, labels, batch_size, torch.device(device))
             as_trained = same_tables(variant.config, model.config)  # what compare reads as the model
             row = {"seq_len": length, "rope_scaling": label, "as_trained": as_trained, "blocks": len(blocks)}
+            row["column"] = method if factor is None else label  # the printed table's column
             results.append({**row, **scores})
     return results
 

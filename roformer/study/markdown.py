@@ -66,11 +66,16 @@ def length_results_table(results: list[dict[str, Any]]) -> str:
     Args:
         results: The rows of roformer.study.length_eval.evaluate_lengths.
     """
-    methods = list(dict.fromkeys(r.get("rope_scaling", "").split(" ")[0] for r in results if "error" not in r))
+    scored = [r for r in results if "error" not in r]
+
+    def column(r: dict[str, Any]) -> str:  # a method at its default factor (which grows with the length), or at one
+        return r.get("column") or r.get("rope_scaling", "").split(" ")[0]  # explicit factor (yarn x2 beside yarn x4)
+
+    methods = list(dict.fromkeys(column(r) for r in scored))
     if methods and methods != [""]:
         lines = ["| length | " + " | ".join(methods) + " |", "|---:|" + "---:|" * len(methods)]
         for length in dict.fromkeys(r["seq_len"] for r in results):
-            row = {r.get("rope_scaling", "").split(" ")[0]: r for r in results if r["seq_len"] == length}
+            row = {column(r): r for r in scored if r["seq_len"] == length}
             cells = [_loss_accuracy_cell(row[m]) if m in row else "—" for m in methods]
             lines.append(f"| {length} | " + " | ".join(cells) + " |")
         return "\n".join(lines) + "\n(eval loss / masked-token accuracy)\n"
@@ -147,7 +152,9 @@ def experiment_report_markdown(
 def _pretraining_lines(summary: dict[str, Any]) -> list[str]:
     """The arms table, the steps-to-target table (with RoFormer / baseline ratios) and the final-loss ratio."""
     header = "| arm | position encoding | seeds | final step | final eval loss | eval loss at common step | accuracy |"
-    lines = ["## MLM pretraining", "", header, "|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["## MLM pretraining", ""]
+    lines += [f"Note: {note}." for note in summary.get("notes", [])] + ([""] if summary.get("notes") else [])
+    lines += [header, "|---|---|---:|---:|---:|---:|---:|"]
     for a in summary["arms"]:
         loss = _number(a["final_eval_loss"]) + (f" ± {a['final_eval_loss_std']:.3f}" if a["seeds"] > 1 else "")
         acc = a["final_eval_accuracy"]
@@ -158,7 +165,9 @@ def _pretraining_lines(summary: dict[str, Any]) -> list[str]:
     ratio_columns = " ratio steps | ratio seconds |" if "ratios" in summary else ""
     lines += [
         "",
-        f"Steps (tokens, training seconds) to first reach an eval loss; baseline: {summary['baseline']}.",
+        f"Steps (tokens, training seconds) at which the arm's eval loss, averaged over its seeds at each step, first "
+        f"reaches a level; baseline: {summary['baseline']}. (The differences below average each seed's own first "
+        "step instead, so the two can differ.)",
         "",
         "| target eval loss | " + " | ".join(a["label"] for a in summary["arms"]) + " |" + ratio_columns,
         "|---:|" + "---:|" * len(summary["arms"]) + ("---:|---:|" if ratio_columns else ""),

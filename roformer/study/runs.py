@@ -15,6 +15,21 @@ from roformer.config import read_yaml
 from roformer.errors import UserError
 from roformer.train.run_dir import LENGTH_FILE, METRICS_FILE, RESULTS_FILE, RUN_CONFIG_FILE, read_metrics
 
+# The data fields that decide which tokens an eval loss is measured on and how they are masked: runs that differ in
+# any of them are scored on different tests (roformer compare says so).
+EVAL_SETUP = (
+    "source",
+    "paths",
+    "validation_paths",
+    "validation_fraction",
+    "split_seed",
+    "max_seq_len",
+    "mask_rate",
+    "whole_word_mask",
+    "eval_mask_seed",
+    "max_eval_blocks",
+)
+
 
 @dataclass
 class PretrainRun:
@@ -28,6 +43,7 @@ class PretrainRun:
     lengths: list[dict[str, Any]] = field(default_factory=list)  # roformer eval-mlm results, when present
     vocab_hash: str | None = None  # data.vocab_hash of config.yaml (None: a run from before the hash was recorded)
     seed: int | None = None  # train.seed of config.yaml
+    eval_setup: dict[str, Any] = field(default_factory=dict)  # what defines the eval set and its mask (EVAL_SETUP)
 
 
 @dataclass
@@ -87,8 +103,13 @@ def _load_pretrain_run(path: Path) -> PretrainRun:
         results = json.loads((path / LENGTH_FILE).read_text()).get("results", [])
         # the model as trained: rows of `eval-mlm --rope-scaling` with other tables are a study of their own (files
         # written before rows said `as_trained`: the rows without a scaling method)
-        lengths = [r for r in results if r.get("as_trained", r.get("rope_scaling", "none") == "none")]
-    return PretrainRun(path, str(label), str(encoding), train, evals, lengths, digest, _train_seed(config))
+        as_trained = [r for r in results if r.get("as_trained", r.get("rope_scaling", "none") == "none")]
+        first: dict[int, dict[str, Any]] = {}  # one row per length: `none`, `linear x1`, `ntk x1` are one model
+        for row in as_trained:
+            first.setdefault(row["seq_len"], row)
+        lengths = list(first.values())
+    setup = {key: data.get(key) for key in EVAL_SETUP} if isinstance(data, dict) else {}
+    return PretrainRun(path, str(label), str(encoding), train, evals, lengths, digest, _train_seed(config), setup)
 
 
 def first_reaching(evals: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
