@@ -80,6 +80,12 @@ def test_expand_paths_and_errors(tmp_path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="folder has no"):
         expand_paths([str(tmp_path / "empty")])
+    # a notebook's checkpoint copy is not a second document (it could land in validation while its twin trains)
+    (tmp_path / "sub" / ".ipynb_checkpoints").mkdir()
+    (tmp_path / "sub" / ".ipynb_checkpoints" / "b-checkpoint.jsonl").write_text('{"text": "y"}\n')
+    (tmp_path / "sub" / ".notes.txt").write_text("private")
+    (tmp_path / "sub" / "C.TXT").write_text("z")  # read_documents reads any case: so does the folder scan
+    assert [p.name for p in expand_paths([str(tmp_path / "sub")])] == ["C.TXT", "b.jsonl"]
 
 
 def test_decoding_errors_strict_and_replace(tmp_path) -> None:

@@ -22,7 +22,9 @@ TEXT_SUFFIXES = (".txt", ".jsonl", ".json", ".csv", ".parquet")
 
 
 def expand_paths(patterns: list[str], base: Path | None = None) -> list[Path]:
-    """Files named by paths, folders (recursively, known suffixes) and glob patterns, sorted and de-duplicated.
+    """Files named by paths, folders and glob patterns, sorted and de-duplicated.
+
+    A folder is read recursively: files with a known suffix (any case), hidden files and folders skipped.
 
     Raises:
         UserError: a path or pattern that matches nothing, or no file at all.
@@ -33,7 +35,7 @@ def expand_paths(patterns: list[str], base: Path | None = None) -> list[Path]:
         if base is not None and not path.is_absolute() and not path.exists():
             path = base / path
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+            found = sorted(p for p in path.rglob("*") if p.is_file() and _is_corpus_file(p.relative_to(path)))
             if not found:
                 raise UserError(f"{path}: folder has no {'/'.join(TEXT_SUFFIXES)} files")
             files += found
@@ -50,6 +52,15 @@ def expand_paths(patterns: list[str], base: Path | None = None) -> list[Path]:
     if not unique:
         raise UserError("no text files given (data.paths is empty)")
     return unique
+
+
+def _is_corpus_file(relative: Path) -> bool:
+    """A file of a corpus folder: a known suffix (any case, as `read_documents` reads it), nothing hidden on the way.
+
+    Hidden folders hold copies (`.ipynb_checkpoints`, editors' backups, `.git`): read as documents they would be
+    counted twice and could land on both sides of the train/validation split.
+    """
+    return relative.suffix.lower() in TEXT_SUFFIXES and not any(part.startswith(".") for part in relative.parts)
 
 
 def decode(path: Path, raw: bytes, errors: str) -> tuple[str, int]:
