@@ -27,7 +27,7 @@ from roformer.data.cache import cache_root, data_fingerprint, same_vocabulary
 from roformer.data.config import DataConfig
 from roformer.data.corpus import open_documents
 from roformer.data.packing import eval_indices, validation_mask
-from roformer.data.token_store import STORE_FILE, BlockView, TokenStore, write_token_store
+from roformer.data.token_store import STORE_FILE, BlockView, TokenStore, rebuild_hint, write_token_store
 from roformer.data.tokenizer import jieba_presegmenter, load_tokenizer, make_tokenizer, save_tokenizer, vocab_hash
 from roformer.errors import UserError
 from roformer.files import read_json, staged_output_dir
@@ -174,7 +174,5 @@ def store_usable(directory: Path, tokenizer: Any = None) -> bool:
         return False
     if tokenizer is None:
         return True
-    info = read_json(
-        directory / "train" / STORE_FILE, f"rebuild it with roformer prepare-data --overwrite (or delete {directory})"
-    )
+    info = read_json(directory / "train" / STORE_FILE, rebuild_hint(directory))
     return same_vocabulary(info.get("vocab_hash"), tokenizer)

@@ -88,6 +88,11 @@ class _ShardWriter:
             self._file.close()
 
 
+def rebuild_hint(store_root: Path) -> str:
+    """What to do about a damaged store: the end of every error that names one."""
+    return f"rebuild it with roformer prepare-data --overwrite (or delete {store_root})"
+
+
 def shard_name(index: int) -> str:
     """File name of shard `index`."""
     return f"tokens-{index:05d}.bin"
@@ -163,9 +168,7 @@ class TokenStore:
         info_path = self.directory / STORE_FILE
         if not info_path.is_file():
             raise UserError(f"{self.directory}: not a token store (no {STORE_FILE})")
-        self.info = read_json(
-            info_path, f"rebuild it with roformer prepare-data --overwrite (or delete {self.directory.parent})"
-        )
+        self.info = read_json(info_path, rebuild_hint(self.directory.parent))
         if self.info.get("version") != STORE_VERSION:
             raise UserError(f"{info_path}: store format {self.info.get('version')}, this version reads {STORE_VERSION}")
         self.dtype = np.dtype(self.info["dtype"])
@@ -176,8 +179,8 @@ class TokenStore:
             if not path.is_file() or path.stat().st_size != expected:
                 found = path.stat().st_size if path.is_file() else "no file"
                 raise UserError(
-                    f"{path}: damaged token store shard ({found} bytes, {expected} expected); rebuild it with "
-                    f"roformer prepare-data --overwrite (or delete {self.directory.parent})"
+                    f"{path}: damaged token store shard ({found} bytes, {expected} expected); "
+                    + rebuild_hint(self.directory.parent)
                 )
             self.shards.append(np.memmap(path, dtype=self.dtype, mode="r", shape=(count,)))
         self.starts = np.cumsum([0] + self.info["shards"])  # first stream position of every shard

@@ -52,7 +52,12 @@ def read_model_config(directory: str | Path) -> tuple[str, ModelConfig]:
     Raises:
         CheckpointError: the directory or its `model.yaml` is missing or invalid.
     """
-    directory = Path(directory)
+    _, architecture, config = _read_meta(Path(directory))
+    return architecture, config
+
+
+def _read_meta(directory: Path) -> tuple[dict[str, Any], str, ModelConfig]:
+    """model.yaml as read (its `weights` entry included), its architecture and its checked ModelConfig."""
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: model directory not found")
     path = directory / MODEL_CONFIG_FILE
@@ -71,7 +76,7 @@ def read_model_config(directory: str | Path) -> tuple[str, ModelConfig]:
         config = from_dict(ModelConfig, meta["config"], source=str(path), prefix="config.")
     except ConfigError as e:
         raise CheckpointError(str(e)) from None
-    return architecture, config
+    return meta, architecture, config
 
 
 def read_model_dir(
@@ -88,24 +93,23 @@ def read_model_dir(
         CheckpointError: missing or corrupt files, an unknown architecture, an unknown override.
     """
     directory = Path(directory)
-    saved_architecture, config = read_model_config(directory)
+    meta, saved_architecture, config = _read_meta(directory)
     architecture = architecture or saved_architecture
     if architecture not in ARCHITECTURE_NAMES:
         raise CheckpointError(f"unknown architecture {architecture!r} (known: {', '.join(ARCHITECTURE_NAMES)})")
     if config_overrides:
         config = _override(config, config_overrides)
     state = _read_weights(directory / WEIGHTS_FILE)  # a truncated file: the reader's own error first
-    _verify_weights(directory)
+    _verify_weights(directory, meta.get("weights"))
     return saved_architecture, architecture, config, state
 
 
-def _verify_weights(directory: Path) -> None:
-    """Check model.safetensors against the size and sha256 in model.yaml (directories saved before have none).
+def _verify_weights(directory: Path, recorded: list[Any] | None) -> None:
+    """Check model.safetensors against its size and sha256 as model.yaml recorded them (None: saved before that).
 
     Raises:
         CheckpointError: the file differs from what was saved.
     """
-    recorded = (read_yaml(directory / MODEL_CONFIG_FILE) or {}).get("weights")
     if not recorded:
         return
     problem = verify_manifest(directory, {WEIGHTS_FILE: recorded})
