@@ -101,6 +101,31 @@ def test_a_metrics_write_error_on_the_main_process_stops_every_process(tmp_path:
     assert all("No space left on device" in last_line(err) for _, err in results), results
 
 
+def test_two_processes_resume_from_the_main_process_listing_and_record_the_extension(
+    tmp_path: Path, config: Path
+) -> None:
+    """Rank 1 lists a checkpoint the main process does not (no shared disk, a stale cache): both must try the main
+    process's candidates, or rank 1 would verify one checkpoint more and wait in a collective no one else makes."""
+    import yaml
+
+    run = tmp_path / "run"
+    args = ["pretrain", "--config", str(config), "--output-dir", str(run)]
+    assert [code for code, _ in launch_two(write_wrapper(tmp_path / "plain.py", ""), args)] == [0, 0]
+    wrapper = write_wrapper(
+        tmp_path / "w.py",
+        "from pathlib import Path\n"
+        "from roformer.train.checkpoints import CheckpointManager\n"
+        "original = CheckpointManager.complete\n"
+        "def complete(self):\n"
+        "    found = original(self)\n"
+        "    return found + [(99, self.directory / 'step-99')] if RANK == 1 else found\n"
+        "CheckpointManager.complete = complete\n",
+    )
+    results = launch_two(wrapper, ["pretrain", "--output-dir", str(run), "--resume", "--set", "train.max_steps=6"])
+    assert [code for code, _ in results] == [0, 0], [err[-1500:] for _, err in results]
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["max_steps"] == 6  # the accepted extension
+
+
 def test_the_token_store_is_built_once_when_the_tokenizer_comes_from_a_file(tmp_path: Path, config: Path) -> None:
     """data.tokenizer (and every init: run): rank 1 must not build the same store at the same time as rank 0."""
     from roformer.cli import main
