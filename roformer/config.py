@@ -35,6 +35,7 @@ from roformer.errors import ConfigError
 from roformer.files import atomic_write_text
 
 T = TypeVar("T")
+MERGE_TAG = "tag:yaml.org,2002:merge"  # the `<<` key of YAML 1.1's merge type
 
 
 def _refuse_duplicate_keys(root: yaml.Node, loader: yaml.SafeLoader) -> None:
@@ -56,7 +57,7 @@ def _refuse_duplicate_keys(root: yaml.Node, loader: yaml.SafeLoader) -> None:
             seen: dict[Any, int] = {}
             for key_node, value_node in node.value:
                 stack.append(value_node)
-                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == MERGE_TAG:
                     continue
                 key = loader.construct_object(key_node)  # parsed: `yes` and `true` are one key
                 if key in seen:
@@ -67,6 +68,44 @@ def _refuse_duplicate_keys(root: yaml.Node, loader: yaml.SafeLoader) -> None:
             stack.extend(node.value)
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with `<<` merge keys resolved by our own code, so that no PyYAML release changes a value.
+
+    PyYAML 6.0.4 resolves nested merges differently from every release before it (yaml/pyyaml#953, fix proposed in
+    #954): in `c: {<<: *b}`, where `b` overrides a key of its own merge, `c` got the overridden-away value. The
+    merge-key spec (https://yaml.org/type/merge.html) is what we implement: a mapping's own keys win over merged
+    ones, and of a sequence of merged mappings the earlier wins.
+    """
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        """Replace the `<<` entries of `node` by the pairs they merge, placed first so that later (own) keys win."""
+        merged: list[tuple[yaml.Node, yaml.Node]] = []
+        own: list[tuple[yaml.Node, yaml.Node]] = []
+        for key_node, value_node in node.value:
+            if key_node.tag != MERGE_TAG:
+                if key_node.tag == "tag:yaml.org,2002:value":  # `=` as a key is a plain string, as in PyYAML
+                    key_node.tag = "tag:yaml.org,2002:str"
+                own.append((key_node, value_node))
+                continue
+            sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            # construct_mapping keeps the last of equal keys: the first source must come last to win
+            for source in reversed(sources):
+                merged.extend(self._merged_pairs(node, source))
+        node.value = merged + own
+
+    def _merged_pairs(self, node: yaml.MappingNode, source: yaml.Node) -> list[tuple[yaml.Node, yaml.Node]]:
+        """The key-value pairs a merge source contributes: its own merges resolved first, then its own keys."""
+        if not isinstance(source, yaml.MappingNode):
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                f"expected a mapping to merge, found {source.id}",
+                source.start_mark,
+            )
+        self.flatten_mapping(source)  # idempotent: an anchor's node is flattened once, then holds no `<<`
+        return list(source.value)
+
+
 def read_yaml(path: str | Path) -> Any:
     """Parse a YAML file; a missing file, a syntax error or a duplicate key raises ConfigError naming the file."""
     path = Path(path)
@@ -74,7 +113,7 @@ def read_yaml(path: str | Path) -> Any:
         raise ConfigError(f"{path}: config file not found")
     try:
         with path.open(encoding="utf-8") as f:
-            loader = yaml.SafeLoader(f)
+            loader = _ConfigLoader(f)
             try:
                 root = loader.get_single_node()
                 if root is None:  # an empty file
@@ -254,7 +293,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "-
         if not sep or not key.strip():
             raise ConfigError(f"{source}: expected KEY=VALUE, got {item!r}")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = yaml.load(raw, Loader=_ConfigLoader) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
         node = data

@@ -109,6 +109,39 @@ def test_merge_keys_may_override_what_they_merge(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "text, expected",
+    [
+        # yaml/pyyaml#953: PyYAML 6.0.4 read c.k as 0 here (the value b's own key overrides)
+        ("a: &a {k: 0, m: 0}\nb: &b\n  <<: *a\n  k: 1\nc:\n  <<: *b\n", {"k": 1, "m": 0}),
+        # three levels: each level's own keys win over everything it merges
+        ("a: &a {k: 0}\nb: &b {<<: *a, k: 1}\nd: &d {<<: *b, j: 5}\nc: {<<: *d, i: 9}\n", {"k": 1, "j": 5, "i": 9}),
+        # a list of mappings: the earlier wins (https://yaml.org/type/merge.html)
+        ("a: &a {k: 0}\nb: &b {k: 1, j: 1}\nc: {<<: [*a, *b]}\n", {"k": 0, "j": 1}),
+        ("a: &a {k: 0}\nb: &b {k: 1, j: 1}\nc: {<<: [*b, *a]}\n", {"k": 1, "j": 1}),
+        # a merged mapping that itself merges a list
+        ("a: &a {k: 0}\nb: &b {k: 1, j: 1}\nx: &x {<<: [*a, *b], j: 2}\nc: {<<: *x}\n", {"k": 0, "j": 2}),
+        # the own key wins wherever it is written
+        ("a: &a {k: 0}\nc: {k: 3, <<: *a}\n", {"k": 3}),
+    ],
+)
+def test_merge_keys_mean_the_same_under_every_pyyaml(tmp_path: Path, text: str, expected: dict) -> None:
+    """Our loader resolves `<<` itself (roformer.config._ConfigLoader): the spec's values, whatever PyYAML is installed.
+
+    `scripts/check_yaml_versions.sh` (run by .ci/run) runs this file under PyYAML 6.0.1, 6.0.3 and 6.0.4.
+    """
+    from roformer.config import read_yaml
+
+    assert read_yaml(write(tmp_path, text))["c"] == expected
+
+
+def test_a_set_override_merges_as_the_file_does() -> None:
+    from roformer.config import apply_overrides
+
+    data = apply_overrides({}, ["x={<<: {k: 0}, k: 1}"])
+    assert data == {"x": {"k": 1}}
+
+
+@pytest.mark.parametrize(
     "text, message",
     [
         ("train:\n  lr: 1.0\ndata: {}\ntrain:\n  lr: 2.0\n", "duplicate key 'train' (first on line 1)"),

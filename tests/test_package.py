@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from packaging.specifiers import SpecifierSet
 
 import roformer.config as config_module
 from roformer.cli import main
@@ -168,21 +169,61 @@ def test_the_wheel_works_outside_the_repository() -> None:
     assert "wheel check passed" in done.stdout and "/venv/lib/" in done.stdout  # the wheel's copy was imported
 
 
-def test_the_declared_ranges_admit_the_gpu_machines_versions() -> None:
-    """The GPU machine of the device tool (issue 25) runs the suite with scripts/gpu_machine_pins.txt."""
+def declared_requirements(extras: tuple[str, ...]) -> dict[str, SpecifierSet]:
+    """{normalised name: specifier} of pyproject.toml's core dependencies and the given extras."""
     from packaging.requirements import Requirement
-    from packaging.specifiers import SpecifierSet
 
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    declared = project["dependencies"] + project["optional-dependencies"]["onnx"]
-    requirements = {Requirement(r).name.replace("_", "-"): Requirement(r).specifier for r in declared}
-    lines = (REPO / "scripts/gpu_machine_pins.txt").read_text().splitlines()
-    pins = [Requirement(line) for line in lines if line.strip() and not line.startswith("#")]
-    assert {"torch", "transformers", "accelerate", "tokenizers"} <= {pin.name for pin in pins}
-    for pin in pins:
-        version = str(pin.specifier).removeprefix("==")
-        name = pin.name.replace("_", "-")
+    declared = project["dependencies"] + [r for extra in extras for r in project["optional-dependencies"][extra]]
+    return {normalised(Requirement(r).name): Requirement(r).specifier for r in declared}
+
+
+def normalised(name: str) -> str:
+    return name.lower().replace("_", "-")
+
+
+def read_pins(path: Path) -> dict[str, str]:
+    """{normalised name: version} of a file of `name==version` lines (comments and blank lines skipped)."""
+    from packaging.requirements import Requirement
+
+    pins: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            pin = Requirement(line)
+            assert str(pin.specifier).startswith("==") and len(pin.specifier) == 1, f"{path.name}: {line}"
+            assert normalised(pin.name) not in pins, f"{path.name}: {pin.name} pinned twice"
+            pins[normalised(pin.name)] = str(pin.specifier).removeprefix("==")
+    return pins
+
+
+def test_the_declared_ranges_admit_the_gpu_machines_versions() -> None:
+    """The GPU machine of the device tool (issue 25) runs the suite with scripts/gpu_machine_pins.txt."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    requirements = declared_requirements(("onnx",))
+    pins = read_pins(REPO / "scripts/gpu_machine_pins.txt")
+    assert {"torch", "transformers", "accelerate", "tokenizers"} <= set(pins)
+    for name, version in pins.items():
         assert version in requirements.get(name, SpecifierSet()), f"{name} {version} is outside {requirements[name]}"
     assert "3.12" in SpecifierSet(project["requires-python"]) and "3.11" in SpecifierSet(project["requires-python"])
     assert all(str(spec).startswith(">=") for spec in requirements.values())  # scripts/check_lower_bounds.sh pins them
+
+
+def test_the_constraints_file_pins_every_dependency_inside_its_range() -> None:
+    """constraints.txt (scripts/refresh_constraints.sh) pins every declared dependency at a version pyproject allows."""
+    requirements = declared_requirements(("dev", "chinese", "onnx"))
+    pins = read_pins(REPO / "constraints.txt")
+    assert not set(requirements) - set(pins), f"not pinned: {sorted(set(requirements) - set(pins))}"
+    for name, specifier in requirements.items():
+        assert pins[name] in specifier, f"constraints.txt: {name}=={pins[name]} is outside {specifier}"
+    assert pins["torch"] == "2.13.0"  # the CPU wheel the README installs first; a local label would refuse a CUDA build
+    assert "roformer-pytorch" not in pins
+
+
+def test_published_numbers_name_the_constraints_file() -> None:
+    """The reproduction command of docs/install.md installs the pinned versions; the results pages point to it."""
+    install = (REPO / "docs/install.md").read_text()
+    assert 'pip install torch==2.13.0 && pip install -c constraints.txt -e ".[dev]"' in install
+    for page in ("README.md", "docs/experiments.md", "docs/baselines.md", "docs/speed.md", "docs/fine-tuning.md"):
+        assert "install.md#exact-versions" in (REPO / page).read_text(), page
