@@ -1,11 +1,14 @@
 """Files and directories that are complete or absent: atomic writes and staged output directories.
 
 Everything the project writes for a user to keep (run directories, model directories, caches, results) goes through
-here, so that a crash or a full disk leaves the previous version, never a half-written one.
+here, so that a crash or a full disk leaves the previous version, never a half-written one. A write that fails for
+a reason outside the code (disk full, quota, read-only or failing disk) stops the command with `WriteFailed`: one
+line naming the path, exit code 74 (docs/cli.md), and what was there before is as it was.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -16,7 +19,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from roformer.errors import UserError
+from roformer.errors import UserError, WriteFailed
+
+# a write that failed for a reason outside the code: no space, quota, too large, read-only or failing disk
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
 
 
 def check_output_dir(out: Path, overwrite: bool, resume: bool = False) -> None:
@@ -66,13 +72,24 @@ def staged_output_dir(
         keep_existing: For caches that several processes may fill at once: when it is true of an `out` that another
             process published meanwhile, that one is kept and this copy discarded (first wins), instead of deleting a
             directory another process may be reading.
+
+    Raises:
+        WriteFailed: a write in the block (or the publishing rename) failed, naming `out`; `out` is as it was.
     """
     out = Path(out)
     check_output_dir(out, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    with stop_on_write_failure(out):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
-        yield staging
+        with stop_on_write_failure(out):
+            yield staging
+    except WriteFailed as e:  # a file in the block named its hidden staging path: name what the user asked for
+        shutil.rmtree(staging, ignore_errors=True)
+        path, detail = getattr(e, "path", None), getattr(e, "detail", None)
+        if path is None or detail is None or not Path(path).is_relative_to(staging):
+            raise
+        raise _write_failed(out, detail, f" ({Path(path).relative_to(staging)})") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -90,11 +107,16 @@ def staged_output_dir(
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
-    """Call `write(tmp)` on a temporary sibling of `path`, then rename it over `path` (all or nothing)."""
+    """Call `write(tmp)` on a temporary sibling of `path`, then rename it over `path` (all or nothing).
+
+    Raises:
+        WriteFailed: the write failed (disk full, read-only), naming `path`; `path` is as it was.
+    """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        write(tmp)
+        with stop_on_write_failure(path):
+            write(tmp)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -104,6 +126,99 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write a UTF-8 text file all or nothing."""
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def atomic_copy(source: str | Path, target: str | Path) -> None:
+    """Copy a file (with its times) all or nothing."""
+    atomic_write(target, lambda tmp: shutil.copy2(source, tmp))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Failed writes: recognised however the writer reports them, described in one line
+
+
+def write_errors() -> tuple[type[BaseException], ...]:
+    """The exception types of a failed write.
+
+    OSError from Python, RuntimeError from torch.save's writer, SafetensorError, and torch.distributed.checkpoint's
+    CheckpointException (FSDP's sharded save; a BaseException, not an Exception).
+    """
+    errors: tuple[type[BaseException], ...] = (OSError, RuntimeError)
+    try:
+        from safetensors import SafetensorError
+
+        errors += (SafetensorError,)
+    except ImportError:  # older safetensors: its error is not exported
+        pass
+    try:
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        errors += (CheckpointException,)
+    except ImportError:  # torch built without distributed
+        pass
+    return errors
+
+
+def is_write_failure(error: BaseException) -> bool:
+    """True for an error that says a write failed for a reason outside the code (not bad input, not a bug).
+
+    Each writer says it its own way (seen on a full tmpfs): Python's OSError with ENOSPC, numpy's errno-less OSError
+    ("100000 requested and 0 written"), torch.save's RuntimeError ("unexpected pos 576 vs 534", "PytorchStreamWriter
+    failed writing file"), safetensors' SafetensorError ("I/O error: No space left on device (os error 28)").
+    """
+    if isinstance(error, OSError):
+        return error.errno in WRITE_ERRNOS or (error.errno is None and "written" in str(error))
+    text = str(error)
+    if type(error).__name__ == "SafetensorError":
+        return "I/O error" in text or "os error" in text
+    if isinstance(error, RuntimeError):
+        return any(sign in text for sign in ("unexpected pos", "PytorchStreamWriter", "file write failed"))
+    return False
+
+
+def describe_write_error(error: BaseException, where: Path) -> str:
+    """One line: the error and, when the disk is nearly full, how much space is left."""
+    failures = getattr(error, "failures", None)  # CheckpointException: {rank: (exception, traceback)}
+    if isinstance(failures, dict) and failures:
+        _, (error, _) = next(iter(sorted(failures.items())))
+    text = (error.strerror if isinstance(error, OSError) and error.strerror else str(error)).splitlines()[0]
+    try:
+        free = shutil.disk_usage(next(p for p in (where, *where.parents) if p.exists())).free
+        if free < 2**20:
+            text = f"the disk is full ({free} bytes free): {text}"
+        elif free < 2**30:
+            text += f" ({free / 2**20:.1f} MiB free on that disk)"
+    except OSError:
+        pass
+    return text
+
+
+@contextmanager
+def stop_on_write_failure(path: str | Path, kept: str = "") -> Iterator[None]:
+    """Turn a failed write in the block into `WriteFailed` (exit 74): one line naming `path`, no traceback.
+
+    Args:
+        path: What the block writes (a file or a directory), named in the message.
+        kept: What is intact and what to do next, appended to the message (default: `path` is as it was).
+
+    Raises:
+        WriteFailed: the block's write failed (`is_write_failure`); other errors pass through unchanged.
+    """
+    try:
+        yield
+    except WriteFailed:
+        raise  # an inner write already named its path
+    except BaseException as e:
+        if not is_write_failure(e):
+            raise
+        raise _write_failed(Path(path), describe_write_error(e, Path(path)), kept=kept) from None
+
+
+def _write_failed(path: Path, detail: str, part: str = "", kept: str = "") -> WriteFailed:
+    """The one-line WriteFailed of `path` (its `part`, a file in it, named in brackets), path and detail attached."""
+    error = WriteFailed(f"cannot write {path}{part}: {detail}; {kept or f'{path} is as it was'}")
+    error.path, error.detail = path, detail
+    return error
 
 
 def read_json(path: str | Path, hint: str = "") -> Any:

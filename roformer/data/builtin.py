@@ -24,6 +24,8 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
+from roformer.files import atomic_write
+
 _SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
 NUMBERS = ["un", "duo", "tri", "tet", "pen", "hex", "sep", "okt", "non", "dek", "elf", "dod"]
 BRACKETS = [("kra", "akr"), ("tro", "ort"), ("ple", "elp"), ("smo", "oms")]
@@ -104,7 +106,11 @@ def generate_documents(num_documents: int, seed: int = 0) -> Iterator[str]:
 def write_corpus(path: str | Path, num_documents: int, seed: int = 0) -> Path:
     """Write the corpus as UTF-8 text, documents separated by a blank line (as `source: text` reads them)."""
     path = Path(path)
-    with path.open("w", encoding="utf-8") as f:
-        for doc in generate_documents(num_documents, seed):
-            f.write(doc + "\n\n")
+
+    def write(tmp: Path) -> None:
+        with tmp.open("w", encoding="utf-8") as f:
+            for doc in generate_documents(num_documents, seed):
+                f.write(doc + "\n\n")
+
+    atomic_write(path, write)  # all or nothing: a full disk leaves no truncated corpus to train on
     return path

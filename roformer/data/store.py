@@ -29,7 +29,7 @@ from roformer.data.corpus import open_documents
 from roformer.data.packing import eval_indices, validation_mask
 from roformer.data.token_store import STORE_FILE, BlockView, TokenStore, rebuild_hint, write_token_store
 from roformer.data.tokenizer import jieba_presegmenter, load_tokenizer, make_tokenizer, save_tokenizer, vocab_hash
-from roformer.errors import UserError
+from roformer.errors import UserError, WriteFailed
 from roformer.files import read_json, staged_output_dir
 
 logger = logging.getLogger(__name__)
@@ -134,6 +134,8 @@ def build_token_store(
         for split, documents in (("train", train_docs), ("validation", val_docs)):
             try:
                 write_token_store(staging / split, documents(), tokenizer, digest, transform)
+            except WriteFailed:
+                raise  # names its path; the store's staging turns it into the store's own
             except UserError as e:
                 raise UserError(f"{split} split: {e}") from None
     logger.info("token store written: %s", directory)

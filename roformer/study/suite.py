@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from roformer.config import check_types, config_path, load
 from roformer.errors import ConfigError
-from roformer.files import atomic_write_text
+from roformer.files import atomic_copy, atomic_write_text
 from roformer.study.markdown import glue_suite_table
 from roformer.study.outputs import SUITE_TABLE_FILE
 from roformer.train.config import FinetuneConfig
@@ -91,9 +90,9 @@ def run_suite(
         (out / SUBMISSION_DIR).mkdir(exist_ok=True)
         for task in results:
             for file in (out / task / SUBMISSION_DIR).iterdir():
-                shutil.copy2(file, out / SUBMISSION_DIR / file.name)
+                atomic_copy(file, out / SUBMISSION_DIR / file.name)
         atomic_write_text(out / RESULTS_FILE, json.dumps({t: r["summary"] for t, r in results.items()}, indent=2))
-        (out / SUITE_TABLE_FILE).write_text(glue_suite_table(results))
+        atomic_write_text(out / SUITE_TABLE_FILE, glue_suite_table(results))
 
     if resume:
         run_on_main(lambda: run_dir.record(record))  # what the finished suite ran with

@@ -26,11 +26,11 @@ import torch
 
 from roformer.data.sampling import global_batch_size
 from roformer.errors import Diverged, Preempted, UserError, WriteFailed
-from roformer.files import read_json
+from roformer.files import describe_write_error, read_json, write_errors
 from roformer.model.model import Model
 from roformer.train.checkpoints import CheckpointManager, first_problem
 from roformer.train.config import TrainArgs
-from roformer.train.faults import GracefulStop, describe_write_error, write_errors
+from roformer.train.faults import GracefulStop
 from roformer.train.interval import Interval, RunState, StepResult
 from roformer.train.launch import (
     agree_on_errors,

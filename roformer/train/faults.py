@@ -6,18 +6,17 @@
   hidden directory and renamed when complete, so the previous one stays intact either way.
 - `StopAtOnce` handles the same signals outside a training loop (start-up, data preparation, the final save), where
   there is no step to finish: the command stops at once, with the same exit code.
-- `write_errors` / `describe_write_error` catch and describe a failed write (disk full, unwritable), so that the
-  unfinished checkpoint is discarded and the previous one kept. Checkpoints damaged after they were written are
-  caught by the file manifests of roformer.train.checkpoints.
+- A failed write (disk full, unwritable) is recognised and described by roformer.files (`write_errors`,
+  `describe_write_error`, `stop_on_write_failure`), so that the unfinished checkpoint is discarded and the previous
+  one kept. Checkpoints damaged after they were written are caught by the file manifests of
+  roformer.train.checkpoints.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 import signal
 import threading
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -62,45 +61,6 @@ class GracefulStop(_StopSignals):
             raise KeyboardInterrupt(f"second {name}")
         self.signal_name = name
         logger.warning("%s received: finishing this step, writing a checkpoint, then stopping", name)
-
-
-def write_errors() -> tuple[type[BaseException], ...]:
-    """The exception types of a failed write.
-
-    OSError from Python, RuntimeError from torch.save's writer, SafetensorError, and torch.distributed.checkpoint's
-    CheckpointException (FSDP's sharded save; a BaseException, not an Exception).
-    """
-    errors: tuple[type[BaseException], ...] = (OSError, RuntimeError)
-    try:
-        from safetensors import SafetensorError
-
-        errors += (SafetensorError,)
-    except ImportError:  # older safetensors: its error is not exported
-        pass
-    try:
-        from torch.distributed.checkpoint.api import CheckpointException
-
-        errors += (CheckpointException,)
-    except ImportError:  # torch built without distributed
-        pass
-    return errors
-
-
-def describe_write_error(error: BaseException, where: Path) -> str:
-    """One line: the error and, when the disk is nearly full, how much space is left."""
-    failures = getattr(error, "failures", None)  # CheckpointException: {rank: (exception, traceback)}
-    if isinstance(failures, dict) and failures:
-        _, (error, _) = next(iter(sorted(failures.items())))
-    text = (error.strerror if isinstance(error, OSError) and error.strerror else str(error)).splitlines()[0]
-    try:
-        free = shutil.disk_usage(next(p for p in (where, *where.parents) if p.exists())).free
-        if free < 2**20:
-            text = f"the disk is full ({free} bytes free): {text}"
-        elif free < 2**30:
-            text += f" ({free / 2**20:.1f} MiB free on that disk)"
-    except OSError:
-        pass
-    return text
 
 
 class StopAtOnce(_StopSignals):

@@ -44,7 +44,7 @@ from roformer.data.glue_tasks import get_task
 from roformer.data.sampling import EpochSampler, LengthGroupedSampler, global_batch_size, share
 from roformer.data.tokenizer import check_fits, load_tokenizer
 from roformer.errors import UserError
-from roformer.files import atomic_write_text
+from roformer.files import atomic_copy, atomic_write_text
 from roformer.model.config import ModelConfig
 from roformer.model.model import Model
 from roformer.model.pretrained import load_pretrained, pretrained_config
@@ -419,7 +419,8 @@ class Finetuner:
         """The results of the finished runs, computed from their records alone (reads and writes nothing).
 
         Per learning rate: every dev metric summarised over seeds; selected: the learning rate with the best mean
-        dev score of the first dev split, and its best seed.
+        dev score of the first dev split, and its best seed. `max_length` is the length the examples were cut to
+        (data.max_length after its caps): the model card of `roformer push` reports it.
         """
         split = self.eval_splits[0]
         by_lr: dict[str, Any] = {}
@@ -437,6 +438,7 @@ class Finetuner:
             "label": self.config.label,
             "init": self.config.init,
             "classifier_head": self.classifier_head,
+            "max_length": self.max_length,
             "metrics": list(self.task.metrics),
             "selection_split": split,
             "runs": runs,
@@ -461,7 +463,7 @@ class Finetuner:
         submission.mkdir(exist_ok=True)
         for test in self.test_splits:
             source = self.out / PREDICTIONS_DIR / run_tag(selected["peak_lr"], selected["seed"]) / test.submission
-            shutil.copy2(source, submission / test.submission)
+            atomic_copy(source, submission / test.submission)
         candidate = self.out / CANDIDATES_DIR / f"lr{selected['peak_lr']:g}"
         if candidate.is_dir():  # not yet moved (a first publish, or one interrupted before the move)
             (candidate / CANDIDATE_SCORE_FILE).unlink(missing_ok=True)
@@ -478,10 +480,8 @@ class Finetuner:
 
 
 def _write_tsv(path: Path, header: list[str], rows: Any) -> None:
-    with path.open("w", encoding="utf-8") as f:
-        f.write("\t".join(header) + "\n")
-        for row in rows:
-            f.write("\t".join(str(c) for c in row) + "\n")
+    lines = ["\t".join(header)] + ["\t".join(str(c) for c in row) for row in rows]
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
 
 
 def run_tag(lr: float, seed: int) -> str:

@@ -26,7 +26,7 @@ from roformer.data.sampling import share
 from roformer.data.store import build_mlm_data
 from roformer.data.streaming import build_streaming_mlm_data
 from roformer.data.tokenizer import save_tokenizer, tokenizer_from_json, tokenizer_to_json, vocab_hash
-from roformer.errors import UserError
+from roformer.errors import UserError, WriteFailed
 from roformer.model.model import MaskedLM
 from roformer.model.pretrained import load_weights_from
 from roformer.train.config import PretrainConfig
@@ -233,7 +233,10 @@ class Pretrainer:
             data = self.config.data
             steps = self.config.train.max_steps
             pretraining = {"max_seq_len": data.max_seq_len, "vocab_hash": data.vocab_hash, "steps": steps}
-            write_model_dir(final, self.data.tokenizer, self.out / FINAL_DIR, pretraining)
+            try:
+                write_model_dir(final, self.data.tokenizer, self.out / FINAL_DIR, pretraining)
+            except WriteFailed as e:  # the run is done and checkpointed: only final/ is missing
+                raise WriteFailed(f"{e}; the checkpoint of step {steps} is intact: --resume writes final/") from None
 
         run_on_main(write)
 
