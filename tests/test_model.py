@@ -207,6 +207,29 @@ def test_a_flipped_byte_in_a_saved_model_is_caught_by_its_checksum(tmp_path) -> 
     assert roformer.load(tmp_path).config == roformer.MaskedLM(tiny_config()).config
 
 
+@pytest.mark.parametrize("version, message", [(99, "model format 99, this roformer reads format 1"), ("x", "positive")])
+def test_a_model_of_a_newer_format_is_refused_in_one_line(
+    tmp_path, capsys: pytest.CaptureFixture, version: object, message: str
+) -> None:
+    """model.yaml's format_version is read: a later roformer's directory is refused, not misread."""
+    import yaml
+
+    from roformer.cli import main
+
+    roformer.MaskedLM(tiny_config()).save(tmp_path)
+    meta = yaml.safe_load((tmp_path / "model.yaml").read_text())
+    assert meta["format_version"] == 1
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump({**meta, "format_version": version}))
+    with pytest.raises(CheckpointError, match=message):
+        roformer.load(tmp_path)
+    assert main(["convert", "--to-hf", str(tmp_path), "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err and not (tmp_path / "hf").exists()
+    del meta["format_version"]  # written before the field existed: format 1
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump(meta))
+    assert roformer.load(tmp_path).config == roformer.MaskedLM(tiny_config()).config
+
+
 def test_state_dict_names_are_readable() -> None:
     keys = set(roformer.MaskedLM(tiny_config(embedding_size=16)).state_dict())
     assert "backbone.layers.0.attn.qkv.weight" in keys and "backbone.embeddings.project.weight" in keys

@@ -70,6 +70,7 @@ def _read_meta(directory: Path) -> tuple[dict[str, Any], str, ModelConfig]:
         meta = read_yaml(path)
         if not isinstance(meta, dict) or "architecture" not in meta or "config" not in meta:
             raise ConfigError(f"{path}: expected keys 'architecture' and 'config'")
+        _check_format_version(path, meta.get("format_version", FORMAT_VERSION))
         architecture = meta["architecture"]
         if architecture not in ARCHITECTURE_NAMES:
             raise ConfigError(f"{path}: unknown architecture {architecture!r} (known: {', '.join(ARCHITECTURE_NAMES)})")
@@ -77,6 +78,23 @@ def _read_meta(directory: Path) -> tuple[dict[str, Any], str, ModelConfig]:
     except ConfigError as e:
         raise CheckpointError(str(e)) from None
     return meta, architecture, config
+
+
+def _check_format_version(path: Path, version: Any) -> None:
+    """Refuse a model.yaml of a newer format (written by a later roformer) instead of misreading it.
+
+    A directory without `format_version` was written before the field existed: format 1.
+
+    Raises:
+        ConfigError: naming the file, its format and the one this version reads.
+    """
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ConfigError(f"{path}: format_version must be a positive integer, got {version!r}")
+    if version > FORMAT_VERSION:
+        raise ConfigError(
+            f"{path}: model format {version}, this roformer reads format {FORMAT_VERSION} and older "
+            "(upgrade roformer-pytorch to load it)"
+        )
 
 
 def read_model_dir(
