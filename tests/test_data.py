@@ -133,6 +133,33 @@ def test_a_vocab_file_with_a_token_twice_is_refused(tmp_path) -> None:
     assert load_tokenizer(tmp_path / "vocab.txt").get_vocab()["cat"] == 6
 
 
+def test_a_file_that_is_not_a_tokenizer_is_refused_naming_it(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    """A config (or weights) given as the tokenizer was read as a vocab.txt; the error named no file."""
+    from test_pretrain import tiny_run_config
+
+    from roformer.cli import main
+
+    config = tiny_run_config(tmp_path / "c.yaml", max_steps=1)
+    with pytest.raises(UserError, match=rf"^{tmp_path}/c.yaml: not a tokenizer \(expected .* got a .yaml file\)$"):
+        load_tokenizer(config)
+    code = main(
+        [
+            "pretrain",
+            "--config",
+            str(config),
+            "--set",
+            f"data.tokenizer={config}",
+            "--output-dir",
+            str(tmp_path / "run"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and f"{config}: not a tokenizer" in err, err
+    (tmp_path / "vocab.txt").write_text("a\nb\n")  # a vocabulary without BERT's special tokens: the file is named
+    with pytest.raises(UserError, match=rf"^{tmp_path}/vocab.txt: tokenizer vocabulary has no \[CLS\]"):
+        load_tokenizer(tmp_path / "vocab.txt")
+
+
 def test_the_builtin_corpus_written_to_a_file_reads_back_document_by_document(tmp_path) -> None:
     from roformer.data.builtin import write_corpus
 

@@ -99,6 +99,9 @@ def _wrap(tok, lowercase: bool):
     )
 
 
+VOCAB_SUFFIXES = (".txt", ".vocab", "")  # BERT's vocab.txt and its renamings (vocab_chinese.txt, bert.vocab)
+
+
 def load_tokenizer(path: str | Path, lowercase: bool = True, split_cjk: bool = True):
     """Load a tokenizer: a directory (`save_pretrained` layout or a `vocab.txt`), a tokenizer.json or a vocab.txt.
 
@@ -123,12 +126,19 @@ def load_tokenizer(path: str | Path, lowercase: bool = True, split_cjk: bool = T
             from tokenizers import Tokenizer
 
             tokenizer = _wrap(Tokenizer.from_file(str(path)), lowercase)
-        elif path.is_file():
+        elif path.is_file() and path.suffix.lower() in VOCAB_SUFFIXES:
             tokenizer = _from_vocab(path, lowercase)
+        elif path.is_file():  # a config, weights, a script: reading it as a vocabulary would give nonsense errors
+            raise UserError(
+                f"{path}: not a tokenizer (expected a tokenizer directory, a tokenizer.json or a vocab.txt, got a "
+                f"{path.suffix or 'suffix-less'} file)"
+            )
         else:
             raise UserError(f"{path}: tokenizer not found")
-    except UserError:
-        raise
+    except UserError as e:
+        if str(path) in str(e):
+            raise
+        raise UserError(f"{path}: {e}") from None  # every tokenizer error names the file it read
     except Exception as e:  # tokenizers/transformers raise many types for malformed files
         raise UserError(f"{path}: cannot load tokenizer ({str(e).splitlines()[0]})") from None
     if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
