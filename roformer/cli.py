@@ -101,8 +101,9 @@ def _push(args: argparse.Namespace) -> None:
     import tempfile
 
     from roformer.files import check_output_dir, staged_output_dir
-    from roformer.study.hub import hub_token, push, write_upload_folder
+    from roformer.study.hub import check_repo_id, hub_token, push, write_upload_folder
 
+    check_repo_id(args.repo_id)  # before anything is made, the token asked for or the model read
     model_dir, glue = Path(args.model), Path(args.glue) if args.glue else None
     if args.dry_run:
         out = Path(args.dry_run)

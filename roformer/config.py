@@ -132,13 +132,49 @@ def write_yaml(path: str | Path, data: Any) -> None:
     atomic_write_text(path, yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
 
 
-def from_dict(cls: type[T], data: Any, source: str = "<dict>", prefix: str = "") -> T:
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    """Where a config's values came from: its file, and the `--set KEY=VALUE` items that replaced some of them.
+
+    An error names the one the bad value came from: `--set train.lr=abc: key 'train.lr' must be a number`, not the
+    file that holds a good learning rate.
+    """
+
+    file: str
+    overrides: tuple[tuple[str, str], ...] = ()  # (dotted key, the KEY=VALUE item as given)
+
+    def of(self, key: str) -> str:
+        """`--set ITEM` when `key` (or a section above it) was given on the command line, else the file."""
+        for overridden, item in reversed(self.overrides):  # the last --set of a key is the one that counts
+            if key == overridden or key.startswith((overridden + ".", overridden + "[")):
+                return f"--set {item}"
+        return self.file
+
+    def of_section(self, prefix: str, message: str) -> str:
+        """For a section's own check (a `__post_init__`): the --set of a field of it that the message names."""
+        for overridden, item in reversed(self.overrides):
+            if not overridden.startswith(prefix):
+                continue
+            relative = overridden.removeprefix(prefix)
+            if any(re.search(rf"\b{re.escape(name)}\b", message) for name in (relative, relative.rpartition(".")[2])):
+                return f"--set {item}"
+        return self.file
+
+    def __str__(self) -> str:
+        return self.file
+
+
+def _named(source: str | Origin, key: str) -> str:
+    return source.of(key) if isinstance(source, Origin) else source
+
+
+def from_dict(cls: type[T], data: Any, source: str | Origin = "<dict>", prefix: str = "") -> T:
     """Build dataclass `cls` from a mapping, checking every key and value type.
 
     Args:
         cls: The dataclass to build; fields may themselves be dataclasses (nested sections).
         data: The mapping (e.g. parsed YAML). None means all defaults.
-        source: Where the data came from (a file name), used in error messages.
+        source: Where the data came from (a file name, or an Origin naming the --set items too), for error messages.
         prefix: Dotted path of this section inside the file, used in error messages.
 
     Returns:
@@ -147,26 +183,30 @@ def from_dict(cls: type[T], data: Any, source: str = "<dict>", prefix: str = "")
     Raises:
         ConfigError: naming the source and the dotted key for unknown keys, wrong types and invalid values.
     """
-    where = f"{source}: " + (f"{prefix.rstrip('.')}: " if prefix else "")
+    section = f"{prefix.rstrip('.')}: " if prefix else ""
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{where}expected a mapping of keys, got {type(data).__name__}")
+        raise ConfigError(
+            f"{_named(source, prefix.rstrip('.'))}: {section}expected a mapping of keys, got {type(data).__name__}"
+        )
     hints = typing.get_type_hints(cls)
     known = {f.name for f in fields(cls) if f.init}
     for key in data:
         if key not in known:
-            raise ConfigError(f"{source}: unknown key '{prefix}{key}' (known keys: {', '.join(sorted(known))})")
+            where = _named(source, f"{prefix}{key}")
+            raise ConfigError(f"{where}: unknown key '{prefix}{key}' (known keys: {', '.join(sorted(known))})")
     kwargs = {}
     for key, value in data.items():
         kwargs[key] = coerce(value, hints[key], source, f"{prefix}{key}")
     try:
         return cls(**kwargs)
     except ConfigError as e:
-        raise ConfigError(f"{where}{e}") from None
+        where = source.of_section(prefix, str(e)) if isinstance(source, Origin) else source
+        raise ConfigError(f"{where}: {section}{e}") from None
 
 
-def coerce(value: Any, tp: Any, source: str, key: str) -> Any:
+def coerce(value: Any, tp: Any, source: str | Origin, key: str) -> Any:
     """Check `value` against type annotation `tp` and convert where lossless (int -> float, list -> tuple).
 
     Raises:
@@ -174,7 +214,9 @@ def coerce(value: Any, tp: Any, source: str, key: str) -> Any:
     """
 
     def fail(expected: str) -> ConfigError:
-        return ConfigError(f"{source}: key '{key}' must be {expected}, got {value!r} ({type(value).__name__})")
+        return ConfigError(
+            f"{_named(source, key)}: key '{key}' must be {expected}, got {value!r} ({type(value).__name__})"
+        )
 
     if tp is Any:
         return value
@@ -294,8 +336,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "-
             raise ConfigError(f"{source}: expected KEY=VALUE, got {item!r}")
         try:
             value = yaml.load(raw, Loader=_ConfigLoader) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
+        except yaml.YAMLError as e:
+            if raw.strip().startswith(("[", "{", '"', "'")):  # meant as a list, a mapping or a quoted string
+                detail = getattr(e, "problem", None) or str(e).splitlines()[0]
+                raise ConfigError(f"{source} {item}: not valid YAML ({detail})") from None
+            value = raw  # a plain string YAML will not parse (`@host:dir`): kept as written
         node = data
         parts = key.strip().split(".")
         for part in parts[:-1]:
@@ -344,7 +389,8 @@ def load(cls: type[T], path: str | Path, overrides: list[str] | None = None) -> 
     # config.yaml means the same files wherever it is read from (a resume, eval-mlm, an experiment's later stage)
     overridden = {item.partition("=")[0].strip() for item in overrides or []}
     resolve_paths(data, [key for key in path_keys if key in overridden], Path.cwd(), name_keys)
-    return from_dict(cls, data, source=str(path))
+    origin = Origin(str(path), tuple((item.partition("=")[0].strip(), item) for item in overrides or []))
+    return from_dict(cls, data, source=origin)
 
 
 def _include(path: Path, section: str, name: str) -> Any:

@@ -233,3 +233,36 @@ def test_mnli_mismatched_files_are_resolved_against_the_config_file(tmp_path: Pa
     data = load(FinetuneConfig, folder / "mnli.yaml").data
     assert data.validation_mismatched_file == str(folder / "dev_mismatched.tsv")
     assert data.test_mismatched_file == str(folder / "test_mismatched.tsv")
+
+
+TINY = REPO / "configs" / "pretrain" / "roformer-tiny.yaml"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["train.lr=abc"], "--set train.lr=abc: key 'train.lr' must be a number, got 'abc' (str)"),
+        (["train.lr=1e-3", "train.lr=abc"], "--set train.lr=abc: key 'train.lr'"),  # the last one counts
+        (["train.lrs=1"], "--set train.lrs=1: unknown key 'train.lrs'"),
+        (["model.num_heads=5"], "--set model.num_heads=5: model: hidden_size (64) must be divisible by num_heads (5)"),
+        (["train.max_steps=-1"], "--set train.max_steps=-1: train: max_steps must be >= 1, got -1"),
+        (["train={lr: x}"], "--set train={lr: x}: key 'train.lr' must be a number"),
+        (["data.paths=[a.txt, b.txt"], "--set data.paths=[a.txt, b.txt: not valid YAML (expected ',' or ']'"),
+        (["train.report_to=[tensorboard"], "--set train.report_to=[tensorboard: not valid YAML"),
+    ],
+)
+def test_a_bad_set_value_is_named_as_given_not_as_the_file(overrides: list[str], message: str) -> None:
+    with pytest.raises(roformer.ConfigError, match=f"^{re.escape(message)}"):
+        load(PretrainConfig, TINY, overrides)
+
+
+def test_a_bad_value_in_the_file_is_still_named_by_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "train:\n  lr: abc\n")
+    with pytest.raises(roformer.ConfigError, match=f"^{re.escape(str(path))}: key 'train.lr'"):
+        load(PretrainConfig, path, ["train.max_steps=3"])
+
+
+def test_a_plain_string_yaml_cannot_parse_is_kept_as_written() -> None:
+    from roformer.config import apply_overrides
+
+    assert apply_overrides({}, ["data.cache_dir=@scratch:/x"]) == {"data": {"cache_dir": "@scratch:/x"}}
