@@ -21,6 +21,22 @@ python -m build --wheel --no-isolation --outdir "$work/dist" "$repo" > "$work/bu
     cat "$work/build.log"; exit 1; }
 if grep -E "^WARNING|Package would be ignored" "$work/build.log"; then echo "the build warned (above)"; exit 1; fi
 wheel=$(ls "$work"/dist/*.whl)
+# the package index's page: the license file ships and the long description has no link the index cannot follow
+python - "$wheel" <<'EOF'
+import re
+import sys
+import zipfile
+
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    names = wheel.namelist()
+    metadata = wheel.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), "the wheel has no LICENSE"
+assert "License-Expression: Apache-2.0" in metadata and "License-File: LICENSE" in metadata, "license metadata"
+description = metadata.split("\n\n", 1)[1]
+relative = [t for t in re.findall(r"\]\(([^)\s]+)\)", description) if not re.match(r"[a-z]+:|#", t)]
+assert "RoFormer" in description and not relative, f"relative links in the long description: {relative}"
+print("wheel metadata: LICENSE and a long description without relative links")
+EOF
 echo "== installing $(basename "$wheel") ($mode)"
 if [ "$mode" = "--reuse" ]; then
     # this interpreter's packages, also when it is itself a virtualenv (whose packages --system-site-packages would

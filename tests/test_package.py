@@ -4,8 +4,10 @@ installed package, `roformer configs`, and the built wheel installed outside the
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -227,3 +229,23 @@ def test_published_numbers_name_the_constraints_file() -> None:
     assert 'pip install torch==2.13.0 && pip install -c constraints.txt -e ".[dev]"' in install
     for page in ("README.md", "docs/experiments.md", "docs/baselines.md", "docs/speed.md", "docs/fine-tuning.md"):
         assert "install.md#exact-versions" in (REPO / page).read_text(), page
+
+
+def test_the_package_index_page_is_the_readme_without_relative_links() -> None:
+    """PyPI shows PACKAGE.md alone: made from README.md by scripts/package_description.py, no link it cannot follow."""
+    script = [sys.executable, "scripts/package_description.py", "--check"]
+    done = subprocess.run(script, cwd=REPO, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    text = (REPO / "PACKAGE.md").read_text()
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert targets and all(re.match(r"https?://", t) for t in targets), targets
+    assert "`docs/install.md`" in text and "pip install torch==2.13.0" in text
+
+
+def test_the_license_ships() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    text = (REPO / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License") and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
