@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from roformer.errors import RunStopped, UserError, WriteFailed
+from roformer.logs import configure_console
 from roformer.model.config import ARCHITECTURE_NAMES
 from roformer.version import version_report
 
@@ -491,11 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
-    # Under torchrun / accelerate launch only the first process reports progress; the others warn and fail only.
-    logging.basicConfig(
-        level=logging.INFO if int(os.environ.get("RANK", "0")) == 0 else logging.WARNING, format="%(message)s"
-    )
-    logging.getLogger("accelerate").setLevel(logging.WARNING)  # per-file "saved ..." lines at every checkpoint
+    configure_console(int(os.environ.get("RANK", "0")))
     args = build_parser().parse_args(argv)
     code = _run(args)
     if _close_process_group():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import random
 from pathlib import Path
@@ -548,3 +549,16 @@ def test_a_nan_dev_score_neither_locks_the_best_checkpoint_nor_crashes_the_summa
     assert results["selected"]["seed"] == 1 and results["selected"]["best_step"] > results["runs"][1]["steps"] / 3
     score = results["summary"]["dev"]["score"]
     assert score["mean"] == pytest.approx(0.5 + 0.1 * 3) and score["non_finite"] == 1
+
+
+def test_the_fresh_head_is_reported_once_per_run(
+    tmp_path: Path,
+    pretrained: Path,
+    number_task: dict,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = load(FinetuneConfig, task_config(tmp_path / "c.yaml", pretrained, number_task, epochs=1, seeds=[0]))
+    with caplog.at_level(logging.INFO):
+        finetune(config, tmp_path / "run")
+    said = [r.getMessage() for r in caplog.records if "freshly initialised" in r.getMessage()]
+    assert len(said) == 1 and "sequence_classification: dense.weight" in said[0], said

@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO
 
 PACKAGE = REPO / "roformer"
-BASE = {"roformer.config", "roformer.files", "roformer.errors", "roformer.version"}
+BASE = {"roformer.config", "roformer.files", "roformer.errors", "roformer.logs", "roformer.version"}
 
 
 def module_name(path: Path) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,10 @@ def train_tokenizer(
     # sorted order, fixes their ids and with them every tie. They become plain vocabulary entries below.
     continuations = sorted(_continuation_pieces(tok, texts))
     trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials + continuations
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=specials + continuations,
+        show_progress=sys.stderr.isatty(),  # its bar is blank lines on a log file or a pipe
     )
     tok.train_from_iterator(texts, trainer)
     # Number canonically (special tokens first, then by string): the ids do not depend on the trainer's internals.

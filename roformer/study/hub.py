@@ -16,14 +16,14 @@ import json
 import logging
 import re
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from roformer.config import read_yaml
 from roformer.errors import CheckpointError, UserError
 from roformer.files import stop_on_write_failure
+from roformer.logs import quiet_loggers
 from roformer.study.outputs import SUITE_TABLE_FILE
 from roformer.train.run_dir import BEST_DIR, METRICS_FILE, RESULTS_FILE, RUN_CONFIG_FILE, read_metrics
 from roformer.version import DISTRIBUTION
@@ -436,19 +436,10 @@ def push(folder: Path, repo_id: str, token: str | None, private: bool) -> str:
     return str(url)
 
 
-@contextmanager
-def quiet_http_logging() -> Iterator[None]:
-    """Raise the HTTP loggers (HTTP_LOGGERS) to WARNING for the block, then restore their levels.
+def quiet_http_logging() -> AbstractContextManager[None]:
+    """The HTTP loggers (HTTP_LOGGERS) at WARNING for the block.
 
     Their INFO lines ("HTTP Request: POST ...", one per request and file) would bury the command's own output;
-    warnings and errors still show. A level set higher by the user is kept.
+    warnings and errors still show.
     """
-    loggers = [logging.getLogger(name) for name in HTTP_LOGGERS]
-    levels = [log.level for log in loggers]
-    for log in loggers:
-        log.setLevel(max(log.getEffectiveLevel(), logging.WARNING))
-    try:
-        yield
-    finally:
-        for log, level in zip(loggers, levels):
-            log.setLevel(level)
+    return quiet_loggers(*HTTP_LOGGERS)

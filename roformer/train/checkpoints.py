@@ -33,6 +33,7 @@ from pathlib import Path
 
 from roformer.errors import CheckpointError
 from roformer.files import verify_manifest, write_manifest
+from roformer.logs import MAIN_ONLY
 
 logger = logging.getLogger(__name__)
 
@@ -103,9 +104,9 @@ class CheckpointManager:
                     raise CheckpointError(f"{path}: {problem} (not a damaged checkpoint: resume with more memory)")
             if problem is None:
                 if problems:
-                    logger.warning("resuming from %s instead", path.name)
+                    logger.warning("resuming from %s instead", path.name, extra=MAIN_ONLY)
                 return step, path
-            logger.warning("checkpoint %s is damaged: %s", path, problem)
+            logger.warning("checkpoint %s is damaged: %s", path, problem, extra=MAIN_ONLY)
             problems.append(f"{path.name}: {problem}")
         if problems:
             raise CheckpointError(f"{self.directory}: no intact checkpoint ({'; '.join(problems)})")

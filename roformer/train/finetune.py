@@ -45,6 +45,7 @@ from roformer.data.sampling import EpochSampler, LengthGroupedSampler, global_ba
 from roformer.data.tokenizer import check_fits, load_tokenizer
 from roformer.errors import UserError
 from roformer.files import atomic_copy, atomic_write_text
+from roformer.logs import quiet_loggers
 from roformer.model.config import ModelConfig
 from roformer.model.model import Model
 from roformer.model.pretrained import load_pretrained, pretrained_config
@@ -197,7 +198,8 @@ def check_before_writing(config: FinetuneConfig, inputs: bool = False) -> None:
     check_run_settings(config.train)
     if inputs:
         task_inputs(config)
-    load_pretrained(config.init, CLASSIFIER, get_task(config.data.task).num_labels, **config.model)
+    with quiet_loggers("roformer.model.weights"):  # the run's own load says which weights start fresh, once
+        load_pretrained(config.init, CLASSIFIER, get_task(config.data.task).num_labels, **config.model)
 
 
 class Finetuner:

@@ -26,6 +26,7 @@ from roformer.config import ABSENT, config_differences, read_yaml, write_yaml
 from roformer.data.tokenizer import save_tokenizer
 from roformer.errors import UserError
 from roformer.files import atomic_write_text, check_output_dir, staged_output_dir
+from roformer.logs import MAIN_ONLY
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +141,11 @@ class RunDir:
         added = [key for key, (old, _) in diffs.items() if old is ABSENT]  # fields newer than the run's config.yaml
         for key in added:
             logger.warning(
-                "%s: %s is newer than this run's config.yaml; resuming with %r", self.path, key, diffs[key][1]
+                "%s: %s is newer than this run's config.yaml; resuming with %r",
+                self.path,
+                key,
+                diffs[key][1],
+                extra=MAIN_ONLY,
             )
         refused = [key for key in diffs if key not in allowed and key not in added]
         if refused:
@@ -155,7 +160,7 @@ class RunDir:
             )
         for key, (old, new) in diffs.items():
             if key not in RESUME_UNLOGGED and key not in added:
-                logger.warning("resuming with a changed setting: %s: %r -> %r", key, old, new)
+                logger.warning("resuming with a changed setting: %s: %r -> %r", key, old, new, extra=MAIN_ONLY)
 
     def prepare(self, config: dict[str, Any], write_more: Callable[[Path], None] | None = None) -> None:
         """Start a fresh run's directory: clear it, create it, write config.yaml and `write_more(path)`.
