@@ -1,8 +1,8 @@
 """roformer: RoFormer (rotary position embedding) and a BERT baseline in one PyTorch encoder, with recipes.
 
 Public API: `ModelConfig`, the models (`Backbone`, `MaskedLM`, `SequenceClassifier`, `TokenClassifier`,
-`QuestionAnswering`, `MultipleChoice`), `load` (a saved model directory), `Model.save`, and HF interop `from_hf` /
-`to_hf`.
+`QuestionAnswering`, `MultipleChoice`, `CausalLM`), `load` (a saved model directory), `Model.save`, and HF interop
+`from_hf` / `to_hf`.
 
 Package layout (data flows one way: cli -> study -> train -> data / model -> config / files / errors):
 
@@ -32,6 +32,7 @@ _PUBLIC = {
     "TokenClassifier": "roformer.model.model",
     "QuestionAnswering": "roformer.model.model",
     "MultipleChoice": "roformer.model.model",
+    "CausalLM": "roformer.model.model",
     "load": "roformer.model.model",
     "ModelConfig": "roformer.model.config",
     "convert_rotary_layout": "roformer.model.model",

@@ -7,13 +7,18 @@
   parser and its --config found; scripts it names exist. A block marked `<!-- docs-test: run -->` is also executed,
   in the same working directory, between the page's python blocks.
 - `<!-- docs-test: skip (reason) -->` before a block: not run (a hub download, a GPU, hours of training), but python
-  still compiles and commands are still parsed.
+  still compiles, commands are still parsed, and every roformer name it uses must exist.
+- Every `roformer.X` a page names, in a python block or in a code span, exists; so does every public name and model
+  class, and the docstrings that list the architectures and position encodings name all of them.
 - The site builds with mkdocs (strict), offline.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
 import importlib.util
+import inspect
 import os
 import re
 import shlex
@@ -21,11 +26,14 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import get_args
 
 import pytest
 import yaml
 from conftest import REPO, SHARED_DATA
 
+import roformer
 from roformer.cli import build_parser
 from roformer.config import find_config, shipped_config
 
@@ -105,6 +113,117 @@ def test_yaml_blocks_parse(block: Block) -> None:
 @pytest.mark.parametrize("block", [b for b in ALL_BLOCKS if b.language == "python"], ids=str)
 def test_python_blocks_compile(block: Block) -> None:
     compile(block.code, str(block), "exec")
+
+
+# --- names: what a page or a docstring says exists --------------------------------------------------------------
+
+
+def resolve(dotted: str) -> object:
+    """The object `roformer.a.b.C` names, importing submodules on the way.
+
+    Raises:
+        AttributeError or ImportError: no such name.
+    """
+    parts = dotted.split(".")
+    value: object = importlib.import_module(parts[0])
+    for i, part in enumerate(parts[1:], start=1):
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            if not isinstance(value, ModuleType):
+                raise
+            value = importlib.import_module(".".join(parts[: i + 1]))  # a submodule no one has imported yet
+    return value
+
+
+def roformer_names(code: str, modules: dict[str, str]) -> set[str]:
+    """The dotted roformer names a python block uses, found in its syntax tree: nothing is run.
+
+    `from roformer.x import A` uses `roformer.x.A`; `import roformer.x` uses `roformer.x`; an attribute chain on a
+    name bound to a roformer module (`roformer.CausalLM`, `roformer.model.layers.KVCache`) uses the whole chain.
+    `modules` maps a local name to the module `import` bound it to; an earlier block of the page fills it (a page
+    is one namespace), and `roformer` itself is always known.
+    """
+    tree = ast.parse(code)
+    used = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.partition(".")[0] == "roformer":
+                    used.add(alias.name)
+                    modules[alias.asname or "roformer"] = alias.name if alias.asname else "roformer"
+        elif (
+            isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").partition(".")[0] == "roformer"
+        ):
+            used.update(f"{node.module}.{alias.name}" for alias in node.names if alias.name != "*")
+    for node in ast.walk(tree):
+        chain = []
+        while isinstance(node, ast.Attribute):
+            chain.append(node.attr)
+            node = node.value
+        if chain and isinstance(node, ast.Name) and node.id in modules:
+            used.add(".".join([modules[node.id], *reversed(chain)]))
+    return used
+
+
+def missing(names: set[str]) -> list[str]:
+    """Those of `names` that do not resolve, with why."""
+    absent = []
+    for name in sorted(names):
+        try:
+            resolve(name)
+        except (AttributeError, ImportError) as e:
+            absent.append(f"{name} ({type(e).__name__}: {e})")
+    return absent
+
+
+def pages_with_python() -> list[Path]:
+    return [p for p in PAGES if any(b.language == "python" for b in blocks(p))]
+
+
+@pytest.mark.parametrize("page", pages_with_python(), ids=page_id)
+def test_every_roformer_name_a_python_block_uses_exists(page: Path) -> None:
+    """Skipped blocks too (a hub download, minutes of training): never run, their names are checked here."""
+    modules = {"roformer": "roformer"}
+    for block in blocks(page):
+        if block.language == "python":
+            absent = missing(roformer_names(block.code, modules))
+            assert not absent, f"{block} ({block.marker or 'run'}): {absent}"
+
+
+CODE_SPAN = re.compile(r"`(roformer(?:\.[A-Za-z_]\w*)+)(?:\(.*?\))?`")
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.name != "CHANGELOG.md"], ids=page_id)
+def test_every_roformer_name_in_the_prose_exists(page: Path) -> None:
+    """`roformer.load`, `roformer.model.onnx.export_onnx(...)` in the text (the changelog may name what is gone)."""
+    assert not missing(set(CODE_SPAN.findall(prose(page))))
+
+
+def test_every_model_class_is_public_and_in_the_package_docstring() -> None:
+    from roformer.model.model import ARCHITECTURES
+
+    for cls in ARCHITECTURES.values():
+        assert cls.__name__ in roformer.__all__ and getattr(roformer, cls.__name__) is cls
+        assert f"`{cls.__name__}`" in (roformer.__doc__ or ""), cls.__name__
+    assert not missing({f"roformer.{name}" for name in roformer.__all__})
+
+
+def documented(target: object) -> str:
+    return inspect.getdoc(target) or ""
+
+
+def test_docstrings_that_list_architectures_and_encodings_name_every_one() -> None:
+    """The lists live in roformer.model.config (ARCHITECTURE_NAMES, PositionEncoding); these docstrings repeat them."""
+    from roformer.model import config, hf, layers, model, pretrained
+
+    package = importlib.import_module("roformer.model")
+    for target in (package, model, model.load, pretrained.load_pretrained, hf.from_hf):
+        absent = [name for name in config.ARCHITECTURE_NAMES if f"`{name}`" not in documented(target)]
+        assert not absent, f"{getattr(target, '__name__', target)} does not name the architectures {absent}"
+    for target in (package, model, layers, config.ModelConfig):
+        absent = [name for name in get_args(config.PositionEncoding) if f"`{name}`" not in documented(target)]
+        assert not absent, f"{getattr(target, '__name__', target)} does not name the position encodings {absent}"
 
 
 # --- links ---------------------------------------------------------------------------------------------------------

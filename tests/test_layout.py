@@ -172,6 +172,7 @@ def test_public_api() -> None:
 
     names = [
         "Backbone",
+        "CausalLM",
         "CheckpointError",
         "ConfigError",
         "MaskedLM",

@@ -7,6 +7,7 @@ and Shaw's attention the paper's equations (Shaw et al. 2018, eq. 3-5) written o
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from conftest import assert_checkpointing_changes_nothing, padded_batch, tiny_co
 from torch.testing import assert_close
 
 import roformer
+from roformer.model.config import PositionEncoding
 from roformer.model.layers import ShawEmbeddings, alibi_slopes, relative_distances, t5_buckets
 from roformer.model.model import CausalLM
 
@@ -224,13 +226,45 @@ def test_compiles_without_graph_breaks(encoding: str) -> None:
 
 
 def test_shaw_values_on_a_row_of_padding_only_is_finite() -> None:
-    """SDPA gives a query with no key to attend 0; the written-out attention with a^V must too, not NaN."""
+    """SDPA gives a query with no key to attend 0; the written-out attention with a^V must too, not NaN.
+
+    The model's mask gives such a row its own tokens (tested below), so the layer is also called with none.
+    """
+    torch.manual_seed(0)
     model = roformer.MaskedLM(short_range("shaw", shaw_values=True)).train()
     batch = padded_batch()
     batch["attention_mask"][2] = 0  # the whole row is padding
     batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
     model(**batch).loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    T, backbone = 7, model.backbone
+    x = torch.randn(2, T, model.config.hidden_size, requires_grad=True)
+    keep = torch.ones(2, T, dtype=torch.bool)
+    keep[1] = False  # no key at all
+    layer = backbone.layers[0].attn
+    shaw = backbone.shaw.for_layers(relative_distances(torch.arange(T), torch.arange(T)), 1 - T, T - 1)(0)
+    y = layer(x, keep[:, None, None, :], None, shaw=shaw)  # (B, T, C)
+    assert_close(y[1], layer.proj.bias.expand(T, -1))  # attention gives 0, projected
+    y.sum().backward()
+    assert x.grad.isfinite().all()
+
+
+@pytest.mark.parametrize("encoding", [*get_args(PositionEncoding), "rotary-linear"])
+def test_a_row_of_padding_only_attends_as_if_unpadded_and_changes_no_other_row(encoding: str) -> None:
+    """A static batch's filler row or a padded choice has no key to attend: it sees all of its tokens, so that an
+    exported graph gives what PyTorch does (tests/test_onnx.py), where a softmax over -inf only would be NaN."""
+    torch.manual_seed(0)
+    fields = {"attention": "linear"} if encoding == "rotary-linear" else {}
+    model = roformer.MaskedLM(short_range(encoding.removesuffix("-linear"), **fields)).eval()
+    batch = padded_batch()
+    batch["attention_mask"][2] = 0
+    with torch.no_grad():
+        logits = model(**batch).logits
+        others = model(**{name: value[:2] for name, value in batch.items()}).logits
+        alone = model(batch["input_ids"][2:], token_type_ids=batch["token_type_ids"][2:]).logits
+    assert logits.isfinite().all()
+    assert_close(logits[:2], others)
+    assert_close(logits[2:], alone)
 
 
 def test_an_unpadded_causal_mask_is_not_per_row() -> None:

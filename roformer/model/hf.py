@@ -124,8 +124,9 @@ def from_hf(
 
     Args:
         source: A transformers `RoFormer*` / `Bert*` model instance (see `_HF_CLASSES`), or a path / hub name.
-        architecture: The model to build (`backbone`, `masked_lm`, `causal_lm`, ...); None = the checkpoint's own.
-            Another one keeps the backbone (and pooler) and initialises the new head.
+        architecture: The model to build (`backbone`, `masked_lm`, `sequence_classification`,
+            `token_classification`, `question_answering`, `multiple_choice` or `causal_lm`); None = the checkpoint's
+            own. Another one keeps the backbone (and pooler) and initialises the new head.
         rotary_layout: `interleaved` (as HF) or `half`: q/k weights are permuted so that scores are unchanged.
         **overrides: ModelConfig fields to change (e.g. `num_labels=3`: a classifier saved with another count gets
             a fresh output layer; `attention_pattern="causal"`).

@@ -1,7 +1,9 @@
 """The layers of the encoder, read top to bottom.
 
-Activations, position encodings (rotary, sinusoidal), norms, embeddings, attention (softmax, linear) and the post-LN
-block. The models that stack them are in `roformer.model.model`.
+Activations, position encodings, norms, embeddings, attention (softmax, linear) and the post-LN block. Of the
+position encodings, `rotary` rotates q and k, `sinusoidal` and `learned` (a table in `Embeddings`) are added to the
+token embeddings, `shaw` adds learned embeddings of the distance to the keys (and values), `t5_bias` and `alibi` add
+a bias to the attention logits, and `none` has none. The models that stack them are in `roformer.model.model`.
 
 References:
     Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding", arXiv 2104.09864 ("paper").
@@ -626,6 +628,9 @@ def self_attention_mask(
 ) -> tuple[Tensor | None, bool]:
     """The boolean mask every layer's attention uses, and whether SDPA's causal path replaces it.
 
+    Every query sees at least one key: a row of padding only attends to all of its tokens (bidirectional) or a padding
+    query to itself (causal, UniLM), so that no softmax, SDPA's or an exported graph's, has a row of -inf.
+
     Args:
         pattern: `bidirectional`, `causal` or `unilm` (ModelConfig.attention_pattern).
         attention_mask: (B, T) 1 for real tokens, 0 for padding, or None; with a cache it may also cover the
@@ -658,7 +663,14 @@ def self_attention_mask(
             keep if keep is not None else torch.ones(shape, dtype=torch.bool, device=device), ranks
         )
     if ranks is None:
-        return (None if keep is None else keep[:, None, None, :]), False  # (B, 1, 1, S)
+        if keep is None:
+            return None, False
+        # A row of padding only (a static batch's filler row, a padded choice) has no key to attend. SDPA gives it 0,
+        # but an exported graph's softmax gives NaN where a bias made the row all -inf (T5, ALiBi, Shaw), or a mean
+        # over every key where the mask is boolean. Such a row attends to all of its tokens instead, as if unpadded:
+        # the same finite output in every runtime, and nothing changes for a row with a real token.
+        keep = keep | ~keep.any(dim=1, keepdim=True)  # (B, S)
+        return keep[:, None, None, :], False  # (B, 1, 1, S)
     if keep is None and pattern == "causal" and causal_shortcut:
         return None, True  # SDPA's own causal path (no cache here: with one, keep is set)
     allowed = ranks_all[:, None, :] <= ranks[:, :, None]  # (B, T, S)

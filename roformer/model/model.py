@@ -1,8 +1,12 @@
 """RoFormer and its BERT baseline: the backbone, every task head, and `load`.
 
-The backbone stacks the layers of `roformer.model.layers` (one post-LN encoder, position encoding chosen in the
-config); the heads on top are those of HF RoFormer/BERT. A saved model directory is read through
-`roformer.model.weights`. Plain PyTorch: no training, logging or distributed code lives here.
+The backbone stacks the layers of `roformer.model.layers`: one post-LN encoder whose position encoding the config
+chooses (`rotary`, `sinusoidal`, `learned`, `shaw`, `t5_bias`, `alibi` or `none`). The heads on top are those of HF
+RoFormer/BERT, one class per architecture: `backbone` (Backbone, no head), `masked_lm` (MaskedLM),
+`sequence_classification` (SequenceClassifier), `token_classification` (TokenClassifier), `question_answering`
+(QuestionAnswering), `multiple_choice` (MultipleChoice) and `causal_lm` (CausalLM, a decoder). A saved model
+directory is read through `roformer.model.weights`. Plain PyTorch: no training, logging or distributed code lives
+here.
 
 References:
     Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding", arXiv 2104.09864 ("paper").
@@ -630,8 +634,9 @@ def load(
 
     Args:
         directory: The model directory (e.g. a pretraining run's `final/`).
-        architecture: `backbone`, `masked_lm` or `sequence_classification`; None = the saved one. A different one
-            keeps the backbone weights and initialises the new head (logged).
+        architecture: `backbone`, `masked_lm`, `sequence_classification`, `token_classification`,
+            `question_answering`, `multiple_choice` or `causal_lm`; None = the saved one. A different one keeps the
+            backbone weights and initialises the new head (logged).
         device: Where to put the weights.
         **config_overrides: ModelConfig fields to change, e.g. `num_labels=3`, `hidden_dropout=0.0`. Fields that
             change parameter shapes of the saved backbone fail with a shape error. `rotary_layout` permutes the

@@ -2,8 +2,8 @@
 
 The exported graph takes `input_ids`, `attention_mask` and `token_type_ids` (int64, (batch, sequence), or (batch,
 choices, sequence) for multiple choice) with dynamic batch, choices and sequence axes, and returns `logits` (and
-`pooled` when the model has a pooler), float32. It is traced by `torch.onnx.export(dynamo=True)`: the model's
-compile path (rotary in real arithmetic, no complex numbers) is what gets exported. Position tables (rotary,
+`pooled` when the model has a pooler), float32. It is traced by `torch.export` and converted by `torch.onnx.export`:
+the model's compile path (rotary in real arithmetic, no complex numbers) is what gets exported. Position tables (rotary,
 sinusoidal) become constants, so they are built first for the longest sequence the file must accept (`max_length`).
 
 A model of more than 2 GiB of weights keeps them in `model.onnx.data` beside the graph (protobuf's limit). What does
@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -88,13 +89,26 @@ def export_onnx(model: Model, path: str | Path, max_length: int | None = None, o
         else {0: batch, 1: sequence}
     )
     path = Path(path)
-    with torch.no_grad(), contextlib.redirect_stdout(sys.stderr):  # the exporter's progress lines are not output
+    with (
+        torch.no_grad(),
+        contextlib.redirect_stdout(sys.stderr),  # the exporter's progress lines are not output
+        warnings.catch_warnings(),
+    ):
+        # torch 2.13's own decomposition pass deep-copies a pytree spec and warns of its deprecated LeafSpec check
+        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+        # torch.export ties the three inputs' axes together through the shared Dims. The ONNX exporter names the
+        # graph's axes from the names given here, and given them for every input it warns that each name after the
+        # first is unused (all three share one symbol): they are named once, from input_ids, and apply to all.
+        program = torch.export.export(
+            _Exported(model).eval(), example, dynamic_shapes={name: axes for name in INPUT_NAMES}, strict=False
+        )
+        names = {dim: axis.__name__ for dim, axis in axes.items()}
         torch.onnx.export(
-            _Exported(model),
-            example,
+            program,
+            (),
             str(path),
             dynamo=True,
-            dynamic_shapes={name: axes for name in INPUT_NAMES},
+            dynamic_shapes={name: names if name == "input_ids" else None for name in INPUT_NAMES},
             input_names=list(INPUT_NAMES),
             output_names=output_names(model),
             opset_version=opset,

@@ -47,7 +47,8 @@ def load_pretrained(source: str | Path, architecture: str, num_labels: int | Non
 
     Args:
         source: A roformer model directory, an HF `save_pretrained` directory, or an HF hub name.
-        architecture: `backbone`, `masked_lm` or `sequence_classification`.
+        architecture: `backbone`, `masked_lm`, `sequence_classification`, `token_classification`,
+            `question_answering`, `multiple_choice` or `causal_lm`.
         num_labels: Outputs of a classifier; an HF classifier saved with another count gets a fresh output layer.
         **overrides: ModelConfig fields to change (dropout, ...); they must keep the parameter shapes.
 
