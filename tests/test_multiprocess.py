@@ -1,5 +1,6 @@
 """Several processes behave as one (2 CPU processes, gloo): a failure on one rank is every rank's, nothing waits
-forever in a collective, the token store is built once per node, the collective timeout is ours.
+forever in a collective, the token store is built once per node, the collective timeout is ours; a rank that fails
+before the process group forms ends the others within the (short) rendezvous timeout, which SIGTERM interrupts.
 
 The processes are started directly with the torch.distributed environment (what torchrun and accelerate launch
 set), so that each one's exit code and stderr can be checked; a wrapper script patches the moment to test.
@@ -8,9 +9,11 @@ set), so that each one's exit code and stderr can be checked; a wrapper script p
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -178,3 +181,72 @@ def test_the_collective_timeout_setting_is_checked(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("ROFORMER_COLLECTIVE_TIMEOUT", "soon")
     with pytest.raises(UserError, match="ROFORMER_COLLECTIVE_TIMEOUT"):
         collective_timeout()
+
+
+@pytest.mark.parametrize("failing", [1, 0])
+def test_a_process_that_fails_before_the_group_forms_ends_the_other_within_the_rendezvous_timeout(
+    tmp_path: Path, config: Path, failing: int
+) -> None:
+    """One rank exits 2 at once (its config is missing on "its node") and never joins the process group: the other,
+    rank 0 hosting the store or rank 1 looking for it, gives up after ROFORMER_RENDEZVOUS_TIMEOUT (5 s here), not
+    the 4-hour collective timeout, in one line that names it, the address and the setting."""
+    wrapper = write_wrapper(
+        tmp_path / "w.py",
+        f"if RANK == {failing}:\n    sys.argv[sys.argv.index('--config') + 1] = 'missing-on-this-node.yaml'\n",
+    )
+    args = ["pretrain", "--config", str(config), "--output-dir", str(tmp_path / "run")]
+    start = time.monotonic()
+    results = launch_two(wrapper, args, env={"ROFORMER_RENDEZVOUS_TIMEOUT": "5"}, timeout=60)
+    elapsed = time.monotonic() - start
+    assert [code for code, _ in results] == [2, 2], results
+    assert "missing-on-this-node.yaml" in last_line(results[failing][1])
+    code, err = results[1 - failing]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err  # one line, no traceback, no log of torch's
+    assert lines[0].startswith(f"roformer pretrain: error: the process group did not form: rank {1 - failing} of 2")
+    assert "127.0.0.1:" in lines[0] and "waited 5 s" in lines[0] and "ROFORMER_RENDEZVOUS_TIMEOUT" in lines[0]
+    assert elapsed < 45, elapsed
+
+
+def test_sigterm_ends_a_process_waiting_for_the_group_at_once(tmp_path: Path, config: Path) -> None:
+    """Rank 0 waits for a rank 1 that never starts: SIGTERM ends it at once with the stop code (75), not when the
+    wait is over (torch's wait for the others ran in C++, where Python's signal handlers do not run)."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+           "ROFORMER_RENDEZVOUS_TIMEOUT": "120"}  # fmt: skip
+    command = [sys.executable, "-m", "roformer", "pretrain", "--config", str(config), "--output-dir"]
+    process = subprocess.Popen([*command, "run"], env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until rank 0's store listens: it then waits for rank 1
+            assert time.monotonic() < deadline and process.poll() is None, "rank 0 did not start its store"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        time.sleep(0.5)
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=15)
+    finally:
+        process.kill()
+    assert time.monotonic() - signalled < 5
+    assert process.returncode == 75, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("roformer pretrain: stopped: stopped by SIGTERM"), err
+
+
+def test_the_rendezvous_timeout_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from roformer.errors import UserError
+    from roformer.train.launch import DEFAULT_RENDEZVOUS_TIMEOUT, rendezvous_timeout
+
+    monkeypatch.delenv("ROFORMER_RENDEZVOUS_TIMEOUT", raising=False)
+    assert rendezvous_timeout().total_seconds() == DEFAULT_RENDEZVOUS_TIMEOUT
+    monkeypatch.setenv("ROFORMER_RENDEZVOUS_TIMEOUT", "7.5")
+    assert rendezvous_timeout().total_seconds() == 7.5
+    for bad in ("soon", "0", "-1", "nan", "inf"):
+        monkeypatch.setenv("ROFORMER_RENDEZVOUS_TIMEOUT", bad)
+        with pytest.raises(UserError, match="ROFORMER_RENDEZVOUS_TIMEOUT"):
+            rendezvous_timeout()

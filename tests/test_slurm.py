@@ -1,5 +1,6 @@
-"""scripts/slurm/pretrain.sbatch against a faked Slurm (srun, scontrol) and a faked launcher; and the real thing it
-relies on: a 2-process CPU run stopped by SIGTERM through `accelerate launch` resumes exactly."""
+"""scripts/slurm/pretrain.sbatch against a faked Slurm (srun, scontrol) and a faked launcher; and the real things it
+relies on: a 2-process CPU run stopped by SIGTERM through `accelerate launch` resumes exactly, and a node that fails
+at start-up ends the other's launch (two `accelerate launch --num_machines 2` on this machine) within minutes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from test_multiprocess import free_port
 from test_pretrain import accelerate_launch, tiny_run_config
 
 from roformer.train.run_dir import read_metrics
@@ -19,16 +21,33 @@ from roformer.train.run_dir import read_metrics
 SCRIPT = REPO / "scripts" / "slurm" / "pretrain.sbatch"
 
 FAKE_SRUN = """#!/bin/bash
-# srun: one task per node (SLURM_NODEID set), the options before the command skipped; signals reach the tasks
-echo "srun $*" >> "$FAKE_LOG"
-while [[ "$1" == --* ]]; do shift; done
+# srun: one task per node (SLURM_NODEID set), each in its own process group; the options before the command are
+# skipped but --kill-on-bad-exit. As in Slurm, a signal reaches every process of the tasks (not only the first), and
+# with --kill-on-bad-exit=1 a task that exits non-zero gets the others SIGTERM (Slurm's SIGKILL KillWait seconds later
+# is left out: the fake tasks all end on SIGTERM). The exit code is the tasks' highest.
+echo "srun ${*//$'\\n'/ }" >> "$FAKE_LOG"  # one line (the launch's task is a script)
+echo $$ > "$FAKE_LOG.srun-pid"
+kill_on_bad_exit=0
+while [[ "$1" == --* ]]; do
+    [[ "$1" == --kill-on-bad-exit=* ]] && kill_on_bad_exit=${1#*=}
+    shift
+done
 pids=()
-for ((node = 0; node < SLURM_NNODES; node++)); do SLURM_NODEID=$node "$@" & pids+=($!); done
-trap 'kill -TERM "${pids[@]}" 2>/dev/null' TERM
+for ((node = 0; node < SLURM_NNODES; node++)); do SLURM_NODEID=$node setsid "$@" & pids+=($!); done
+signal_tasks() { for pid in "${pids[@]}"; do kill -"$1" -- "-$pid" 2>/dev/null; done; }
+trap 'signal_tasks TERM' TERM
 code=0
-for pid in "${pids[@]}"; do
-    while true; do wait "$pid"; c=$?; kill -0 "$pid" 2>/dev/null || break; done
-    (( c != 0 )) && code=$c
+running=("${pids[@]}")
+while (( ${#running[@]} > 0 )); do
+    finished=""
+    wait -n -p finished "${running[@]}"
+    c=$?
+    [[ -z "$finished" ]] && continue  # a trapped signal interrupted the wait
+    left=()
+    for pid in "${running[@]}"; do [[ $pid != "$finished" ]] && left+=("$pid"); done
+    running=("${left[@]}")
+    (( c > code )) && code=$c
+    (( c != 0 && kill_on_bad_exit == 1 )) && signal_tasks TERM
 done
 exit $code
 """
@@ -44,17 +63,32 @@ echo "roformer $*" >> "$FAKE_LOG"
 """
 
 FAKE_ACCELERATE = """#!/bin/bash
-# the launcher: finishes, stops like a preempted run, fails, or runs until SIGTERM (then stops like the real one)
+# the launcher: once every node's has started (as the real ones meet first), finishes, stops like a preempted run,
+# fails, or runs until SIGTERM and then stops like the real one (node 0, the main process's, last: it writes the
+# checkpoint and the stop record; a second SIGTERM meanwhile, which would abort the real save, is recorded);
+# fail-node-1: node 1 fails at start-up while node 0 waits for it
 echo "accelerate $*" >> "$FAKE_LOG"
+stopped='{"event": "stopped", "step": 7, "reason": "SIGTERM"}'
+stopping=0
+trap '(( stopping )) && touch "$RUN/interrupted-$SLURM_NODEID"; stopping=1' TERM
+mkdir -p "$RUN" && touch "$RUN/started-$SLURM_NODEID"
+until (( $(ls "$RUN" | grep -c '^started-') == SLURM_NNODES )); do sleep 0.05; done
 case "$FAKE_RUN" in
     finish) mkdir -p "$RUN/final" && touch "$RUN/final/model.safetensors"; exit 0 ;;
     preempt) exit 75 ;;
     error) exit 2 ;;
     wait)
-        stopped='{"event": "stopped", "step": 7, "reason": "SIGTERM"}'
-        trap 'echo "$stopped" >> "$RUN/metrics.jsonl"; exit 1' TERM
-        mkdir -p "$RUN" && touch "$RUN/started-$SLURM_NODEID"
-        while true; do sleep 0.1; done ;;
+        until (( stopping )); do sleep 0.1; done
+        if [[ $SLURM_NODEID == 0 ]]; then
+            sleep 1
+            echo "$stopped" >> "$RUN/metrics.jsonl"
+        fi
+        exit 1 ;;
+    fail-node-1)
+        [[ $SLURM_NODEID == 1 ]] && exit 2
+        for ((i = 0; i < 200 && !stopping; i++)); do sleep 0.1; done  # waits 20 s for node 1, then gives up
+        (( stopping )) && touch "$RUN/ended-0"
+        exit 3 ;;
 esac
 """
 
@@ -127,19 +161,66 @@ def test_only_a_run_stopped_with_a_checkpoint_is_requeued(
     assert ("scontrol requeue 4242" in calls(slurm)) is requeued
 
 
-def test_the_time_limit_signal_is_forwarded_and_the_job_requeued(slurm: dict[str, str]) -> None:
-    """--signal=B:USR1@600: the script tells the launchers to stop (SIGTERM); they checkpoint and exit 1."""
-    env = {**slurm, "FAKE_RUN": "wait"}
-    script = subprocess.Popen(["bash", str(SCRIPT)], env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
-    run = Path(slurm["RUN"])
+def start_sbatch(env: dict[str, str], fake_run: str) -> subprocess.Popen:
+    """The script started with launchers that run until told to stop; returns once both nodes' launchers run."""
+    script = subprocess.Popen(
+        ["bash", str(SCRIPT)], env={**env, "FAKE_RUN": fake_run}, cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    run = Path(env["RUN"])
     deadline = time.monotonic() + 30
     while not all((run / f"started-{n}").exists() for n in (0, 1)):
         assert time.monotonic() < deadline and script.poll() is None, "the launchers did not start"
         time.sleep(0.05)
+    return script
+
+
+def test_the_time_limit_signal_is_forwarded_and_the_job_requeued(slurm: dict[str, str]) -> None:
+    """--signal=B:USR1@600: the script tells the launchers to stop (SIGTERM); they checkpoint and exit 1. Node 0
+    finishes last (it writes the checkpoint): node 1's exit before it must not end it (--kill-on-bad-exit)."""
+    script = start_sbatch(slurm, "wait")
     script.send_signal(signal.SIGUSR1)
     out, _ = script.communicate(timeout=30)
     assert script.returncode == 0, out
     assert "scontrol requeue 4242" in calls(slurm) and "requeueing job 4242" in out
+    run = Path(slurm["RUN"])
+    assert not list(run.glob("interrupted-*"))  # no second SIGTERM while node 0 wrote its checkpoint
+    assert read_metrics(run / "metrics.jsonl")[-1]["event"] == "stopped"
+
+
+def test_a_stop_signal_to_the_steps_alone_requeues_from_the_run_record(slurm: dict[str, str]) -> None:
+    """`scancel --signal=TERM JOB` signals the steps, not this script: every node stops and exits 0, and the run's
+    metrics.jsonl, which now ends with the stop, says that it stopped with a checkpoint."""
+    script = start_sbatch(slurm, "wait")
+    srun = int(Path(slurm["FAKE_LOG"] + ".srun-pid").read_text())
+    os.kill(srun, signal.SIGTERM)
+    out, _ = script.communicate(timeout=30)
+    assert script.returncode == 0, out
+    assert "scontrol requeue 4242" in calls(slurm)
+
+
+def test_a_node_that_fails_ends_the_other_nodes(slurm: dict[str, str]) -> None:
+    """Node 1 fails at start-up (exit 2) while node 0 waits for it: srun --kill-on-bad-exit=1 ends node 0 at once
+    (it would hold its GPUs until the rendezvous timeout, or until the job's time limit), and the job fails with
+    node 1's code, not requeued."""
+    start = time.monotonic()
+    done = sbatch(slurm, "fail-node-1")
+    elapsed = time.monotonic() - start
+    assert done.returncode == 2, done.stderr
+    assert (Path(slurm["RUN"]) / "ended-0").exists() and elapsed < 15, elapsed  # node 0 waits 20 s on its own
+    assert not any("requeue" in line for line in calls(slurm))
+    assert all("--kill-on-bad-exit=1" in line for line in calls(slurm) if line.startswith("srun "))
+
+
+def test_a_failure_after_an_earlier_stop_is_not_requeued(slurm: dict[str, str]) -> None:
+    """A requeued job's metrics.jsonl ends with its earlier start's stop: a failure now must not be read as a stop,
+    or the job would requeue and fail again, forever."""
+    run = Path(slurm["RUN"])
+    run.mkdir()
+    (run / "config.yaml").write_text("label: x\n")
+    (run / "metrics.jsonl").write_text('{"event": "stopped", "step": 7, "reason": "SIGTERM"}\n')
+    done = sbatch(slurm, "error")
+    assert done.returncode == 2, done.stdout
+    assert not any("requeue" in line for line in calls(slurm))
 
 
 def test_a_finished_run_is_not_started_again(slurm: dict[str, str]) -> None:
@@ -181,3 +262,39 @@ def test_two_cpu_processes_stopped_by_sigterm_through_the_launcher_resume_exactl
     assert events(tmp_path / "cut") == events(tmp_path / "full")
     a, b = (load_file(tmp_path / run / "final" / "model.safetensors") for run in ("cut", "full"))
     assert all(bool((a[k] == b[k]).all()) for k in a)
+
+
+def test_a_node_that_fails_before_the_group_forms_ends_the_other_within_the_rendezvous_timeout(tmp_path: Path) -> None:
+    """The script's launch for real on this machine: one `accelerate launch --num_machines 2` per "node", one CPU
+    process each. Node 1 fails at start-up (its config is missing there); node 0's process, waiting for it at node
+    0's launcher store, gives up after ROFORMER_RENDEZVOUS_TIMEOUT (5 s here), not the 4-hour collective timeout,
+    in one line; each launcher then exits 1 (accelerate's code for a failed worker) under its own report."""
+    config = tiny_run_config(tmp_path / "c.yaml", max_steps=2, data={"cache_dir": str(tmp_path / "cache")})
+    port = str(free_port())
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "ROFORMER_RENDEZVOUS_TIMEOUT": "5"}
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                str(REPO / "configs" / "accelerate" / "multi-cpu.yaml"), "--num_machines", "2", "--num_processes", "2",
+                "--main_process_ip", "127.0.0.1", "--main_process_port", port]  # fmt: skip
+    start = time.monotonic()
+    nodes = []
+    for rank, yaml in ((0, config), (1, tmp_path / "missing-on-node-1.yaml")):
+        program = ["-m", "roformer", "pretrain", "--config", str(yaml), "--output-dir", str(tmp_path / f"run-{rank}")]
+        command = [*launcher, "--machine_rank", str(rank), *program]
+        nodes.append(subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True))
+    try:
+        errors = [node.communicate(timeout=90)[1] for node in nodes]
+    except subprocess.TimeoutExpired:
+        for node in nodes:
+            node.kill()
+        pytest.fail(f"node 0 was still waiting for node 1 after {time.monotonic() - start:.0f} s")
+    elapsed = time.monotonic() - start
+    assert [node.returncode for node in nodes] == [1, 1], errors
+    assert "missing-on-node-1.yaml: config file not found" in errors[1]
+    ours = [line for line in errors[0].splitlines() if line.startswith("roformer pretrain: ")]
+    assert len(ours) == 1, errors[0]
+    assert ours[0].startswith(
+        f"roformer pretrain: error: the process group did not form: rank 0 of 2 waited 5 s at 127.0.0.1:{port} for "
+        "rank 1, which never joined"
+    ), ours
+    assert f'File "{REPO / "roformer"}' not in errors[0]  # no traceback of ours (the launcher's report follows)
+    assert elapsed < 60, elapsed

@@ -3,13 +3,17 @@
 Several processes behave as one: `agree_on_errors` makes a failure that happens on some processes (the main
 process building the data, a write on one rank) every process's failure, so none waits forever in a collective; the
 process group's collective timeout (`collective_timeout`) is long enough for the first token-store build of a large
-corpus, which the other processes wait for.
+corpus, which the other processes wait for. Forming the group has its own, short timeout (`rendezvous_timeout`,
+`form_process_group`): a process that fails before it joins (a config missing on its node) ends the others within
+minutes, in one line each, and they stay responsive to SIGTERM while they wait.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
+import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -27,6 +31,17 @@ T = TypeVar("T")
 
 COLLECTIVE_TIMEOUT_ENV = "ROFORMER_COLLECTIVE_TIMEOUT"  # seconds, for every collective of the process group
 DEFAULT_COLLECTIVE_TIMEOUT = 4 * 3600  # a first token-store build of a large corpus, the other processes waiting
+RENDEZVOUS_TIMEOUT_ENV = "ROFORMER_RENDEZVOUS_TIMEOUT"  # seconds, for every process to join the process group
+DEFAULT_RENDEZVOUS_TIMEOUT = 300  # the nodes of a job start together; importing torch on a slow shared disk is slow
+_POLL_SECONDS = 0.2  # how often a waiting process looks again (a short sleep: signal handlers run in between)
+
+# The store of our rendezvous, kept for the life of the process: on rank 0 it holds the TCPStore server that the
+# process group's own rendezvous (accelerate's init_process_group, on the same port) then shares.
+_rendezvous_store: Any = None
+
+
+class RendezvousFailed(UserError):
+    """The process group did not form: a process never joined (it failed or was not started) or went away."""
 
 
 def collective_timeout() -> timedelta:
@@ -35,24 +50,215 @@ def collective_timeout() -> timedelta:
     Raises:
         UserError: ROFORMER_COLLECTIVE_TIMEOUT is not a positive number of seconds.
     """
-    raw = os.environ.get(COLLECTIVE_TIMEOUT_ENV)
+    return _seconds_from_env(COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT)
+
+
+def rendezvous_timeout() -> timedelta:
+    """How long a process waits for every other one to join the process group before it gives up.
+
+    Separate from `collective_timeout`: a process that failed at start-up never joins, and the others must not wait
+    hours for it.
+
+    Raises:
+        UserError: ROFORMER_RENDEZVOUS_TIMEOUT is not a positive number of seconds.
+    """
+    return _seconds_from_env(RENDEZVOUS_TIMEOUT_ENV, DEFAULT_RENDEZVOUS_TIMEOUT)
+
+
+def _seconds_from_env(name: str, default: float) -> timedelta:
+    """A positive number of seconds from environment variable `name`, `default` when it is unset.
+
+    Raises:
+        UserError: the variable is set to something else.
+    """
+    raw = os.environ.get(name)
     try:
-        seconds = float(raw) if raw is not None else DEFAULT_COLLECTIVE_TIMEOUT
+        seconds = float(raw) if raw is not None else default
     except ValueError:
         seconds = -1.0
-    if seconds <= 0:
-        raise UserError(f"{COLLECTIVE_TIMEOUT_ENV}={raw!r}: expected a positive number of seconds")
+    if not seconds > 0 or seconds == float("inf"):  # also refuses nan, which passes every comparison
+        raise UserError(f"{name}={raw!r}: expected a positive number of seconds")
     return timedelta(seconds=seconds)
 
 
 def process_state() -> Any:
     """Accelerate's PartialState (rank, world size) with the CPU process group formed when there is no GPU.
 
-    The first call in a process forms the group, with `collective_timeout()`.
+    The first call in a process forms the group: every process joins within `rendezvous_timeout()`
+    (`form_process_group`), then accelerate creates the group with `collective_timeout()`.
+
+    Raises:
+        RendezvousFailed: a process did not join in time.
     """
     from accelerate import PartialState
 
+    form_process_group()
     return PartialState(cpu=not has_accelerator_device(), timeout=collective_timeout())
+
+
+def form_process_group() -> None:
+    """Wait until every process of a multi-process launch has joined, within `rendezvous_timeout()`.
+
+    torch's own rendezvous (init_process_group) waits for the other processes with the group's collective timeout,
+    hours here, in C++ where no signal handler runs: a process that failed before joining held the others, deaf to
+    SIGTERM, until then. So every process first checks in at the launch's store (MASTER_ADDR:MASTER_PORT, the one
+    torch uses: hosted by rank 0, or by the node-0 agent of `accelerate launch` / torchrun) and waits there, polling
+    from Python, for the others. Once all are in, accelerate's init_process_group finds them all and forms the group
+    at once. A no-op with one process, outside a torch.distributed launch, or once the group exists.
+
+    Raises:
+        RendezvousFailed: the timeout passed with processes missing, the store could not be reached or went away;
+            one line that names this process, the others missing, the address and the timeout.
+        UserError: ROFORMER_RENDEZVOUS_TIMEOUT is not a positive number of seconds.
+    """
+    global _rendezvous_store
+    if _rendezvous_store is not None:
+        return
+    env = os.environ
+    try:
+        world_size, rank, port = int(env.get("WORLD_SIZE", "1")), int(env.get("RANK", "")), int(env["MASTER_PORT"])
+    except (KeyError, ValueError):  # not a torch.distributed launch (or MPI): accelerate handles it as before
+        return
+    import torch.distributed as dist
+
+    if world_size <= 1 or not env.get("MASTER_ADDR") or not dist.is_available() or dist.is_initialized():
+        return
+    rendezvous = _Rendezvous(rank, world_size, env["MASTER_ADDR"], port, rendezvous_timeout())
+    store = rendezvous.connect()
+    rendezvous.wait_for_everyone(store)
+    _rendezvous_store = store
+
+
+class _Rendezvous:
+    """One process's check-in at the launch's TCPStore, every wait bounded by one deadline and made in Python."""
+
+    def __init__(self, rank: int, world_size: int, host: str, port: int, timeout: timedelta) -> None:
+        self.rank, self.world_size, self.host, self.port, self.timeout = rank, world_size, host, port, timeout
+        self.deadline = time.monotonic() + timeout.total_seconds()
+        # torch's env:// rendezvous: the node-0 agent of torchrun / accelerate launch hosts the store when it says
+        # so, else rank 0 does; the same libuv choice, so that the group's rendezvous can share rank 0's server.
+        self.agent_store = _env_flag("TORCHELASTIC_USE_AGENT_STORE")
+        self.use_libuv = os.environ.get("USE_LIBUV", "1") == "1"
+        run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+        self.key = f"roformer/rendezvous/{run}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"  # per restart
+
+    def connect(self) -> Any:
+        """The store: started here on rank 0 (without torch's blocking wait for the others), else reached.
+
+        Raises:
+            RendezvousFailed: the port is taken (rank 0), or nothing answered there before the deadline.
+        """
+        from torch.distributed import TCPStore
+
+        if self.rank == 0 and not self.agent_store:
+            try:
+                return TCPStore(
+                    self.host,
+                    self.port,
+                    self.world_size,
+                    is_master=True,
+                    timeout=self.timeout,
+                    wait_for_workers=False,
+                    multi_tenant=True,
+                    use_libuv=self.use_libuv,
+                )
+            except RuntimeError as e:
+                raise self.failure(f"could not listen on port {self.port}: {_first_line(e)}", waited=False) from None
+        # Probe with a plain socket before torch's client connects: torch's connect retries in C++ (deaf to
+        # signals) and logs a stack trace per failed attempt; a refused probe costs nothing and says nothing.
+        error = "no answer"
+        while True:
+            try:
+                socket.create_connection((self.host, self.port), timeout=max(0.1, min(2.0, self.left()))).close()
+                break
+            except OSError as e:
+                error = e.strerror or str(e) or type(e).__name__
+            if self.left() <= 0:
+                raise self.failure(
+                    f"waited {self.seconds} s for the store of rank 0 at {self.address} ({error}): rank 0 never "
+                    "started it (it failed first, or MASTER_ADDR/MASTER_PORT are wrong)"
+                )
+            time.sleep(min(_POLL_SECONDS, self.left()))
+        try:
+            return TCPStore(
+                self.host,
+                self.port,
+                is_master=False,
+                timeout=timedelta(seconds=max(1.0, self.left())),
+                wait_for_workers=False,
+                use_libuv=self.use_libuv,
+            )
+        except RuntimeError as e:
+            raise self.failure(f"could not join the store at {self.address}: {_first_line(e)}") from None
+
+    def wait_for_everyone(self, store: Any) -> None:
+        """Check in, then wait (short sleeps: SIGTERM is handled at once) until every process has.
+
+        Raises:
+            RendezvousFailed: the deadline passed first, or the store went away (the process hosting it ended).
+        """
+        count = f"{self.key}/count"
+        try:
+            store.set(f"{self.key}/{self.rank}", "1")
+            joined = store.add(count, 1)
+            while joined < self.world_size:
+                if self.left() <= 0:
+                    raise self.failure(self.missing(store, joined))
+                time.sleep(min(_POLL_SECONDS, self.left()))
+                joined = store.add(count, 0)
+        except RuntimeError as e:  # torch's DistError: the connection to the store broke
+            raise self.failure(
+                f"lost the store at {self.address} ({_first_line(e)}): the process hosting it ended", waited=False
+            ) from None
+
+    def missing(self, store: Any, joined: int) -> str:
+        """Which processes did not join, for the error (at most 8 named)."""
+        absent = []
+        for rank in range(self.world_size):
+            if not store.check([f"{self.key}/{rank}"]):
+                absent.append(rank)
+                if len(absent) == 8:
+                    break
+        names = ", ".join(map(str, absent)) + (", ..." if len(absent) == 8 else "")
+        ranks = (
+            f"rank {names}"
+            if self.world_size - joined == 1
+            else f"{self.world_size - joined} processes (ranks {names})"
+        )
+        return f"waited {self.seconds} s at {self.address} for {ranks}, which never joined"
+
+    def failure(self, what: str, waited: bool = True) -> RendezvousFailed:
+        """The one-line error: this process, what went wrong, where to look, and the setting to wait longer."""
+        hint = f"; {RENDEZVOUS_TIMEOUT_ENV}=SECONDS waits longer" if waited else ""
+        return RendezvousFailed(
+            f"the process group did not form: rank {self.rank} of {self.world_size} {what} (a process that fails at "
+            f"start-up prints why in its own node's log{hint})"
+        )
+
+    @property
+    def address(self) -> str:
+        """MASTER_ADDR:MASTER_PORT."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def seconds(self) -> str:
+        """The timeout, in seconds, as the user wrote it."""
+        return f"{self.timeout.total_seconds():g}"
+
+    def left(self) -> float:
+        """Seconds until the deadline (negative after it)."""
+        return self.deadline - time.monotonic()
+
+
+def _env_flag(name: str) -> bool:
+    """True when environment variable `name` is "True" (how torch.distributed.elastic writes its flags)."""
+    return os.environ.get(name, "").lower() == "true"
+
+
+def _first_line(error: BaseException) -> str:
+    """An exception's first line (torch's C++ errors continue with a stack trace)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def gather(value: Any) -> list[Any]:
@@ -133,6 +339,7 @@ def make_accelerator(args: TrainArgs, project_dir: Path) -> Any:
 
     Raises:
         UserError: a tracker that is unknown or not installed, fp16 without a GPU, a conflicting launcher config.
+        RendezvousFailed: a process did not join the process group in time.
     """
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
@@ -150,6 +357,7 @@ def make_accelerator(args: TrainArgs, project_dir: Path) -> Any:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     reset_accelerator_state()
+    form_process_group()  # every process joins within the short rendezvous timeout first
     accelerator = Accelerator(
         # On a machine without GPUs, processes started by torchrun / `accelerate launch --multi_gpu` must still
         # form a group (gloo); accelerate only does that for CPU when told so.
