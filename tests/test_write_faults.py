@@ -143,6 +143,28 @@ def test_a_full_disk_while_writing_final_stops_both_processes_in_one_line(tmp_pa
     assert not (run / "final").exists()
 
 
+def test_a_failed_write_no_writer_named_is_74_on_every_process(tmp_path: Path) -> None:
+    """The run directory made on a full disk (a bare mkdir in the main process's part): 74 and one line on both."""
+    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2, save_every=0, eval_every=0, batch_size=2)
+    wrapper = write_wrapper(
+        tmp_path / "w.py",
+        "import errno, pathlib\n"
+        "original = pathlib.Path.mkdir\n"
+        "def mkdir(self, *a, **k):\n"
+        "    if self.name == 'run':\n"
+        "        raise OSError(errno.ENOSPC, 'No space left on device', str(self))\n"
+        "    return original(self, *a, **k)\n"
+        "if RANK == 0:\n"
+        "    pathlib.Path.mkdir = mkdir\n",
+    )
+    run = tmp_path / "run"
+    results = launch_two(wrapper, ["pretrain", "--config", str(yaml), "--output-dir", str(run)])
+    for code, err in results:
+        assert code == 74 and "Traceback" not in err, err[-2000:]
+        assert last_line(err).startswith(f"roformer pretrain: stopped: cannot write {run}: "), err[-500:]
+    assert last_line(results[0][1]) == last_line(results[1][1])
+
+
 # -- the token store ---------------------------------------------------------------------------------------------
 
 

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from roformer.errors import UserError
+from roformer.errors import UserError, WriteFailed
+from roformer.files import describe_write_error, is_write_failure
 
 if TYPE_CHECKING:
     from roformer.train.config import TrainArgs
@@ -284,7 +285,8 @@ def agree_on_errors(work: Callable[[], T] | None) -> T | None:
     """Run `work` (None: nothing to do on this process), then fail on every process if it failed on any.
 
     A UserError (bad data, a run stopped for a reason the user must know) on one process is raised on the others
-    with the same type and message, so all exit with the same code; another exception keeps its traceback where it
+    with the same type and message, so all exit with the same code; a failed write that no writer named (a folder
+    made on a full disk) is a WriteFailed (exit 74) on every process; another exception keeps its traceback where it
     happened and is a one-line UserError on the others, which would otherwise wait in the next collective.
 
     Raises:
@@ -296,8 +298,13 @@ def agree_on_errors(work: Callable[[], T] | None) -> T | None:
     except UserError as e:
         failure, error = (type(e), str(e)), e
     except Exception as e:
-        first_line = str(e).splitlines()[0] if str(e) else ""
-        failure, error = (UserError, f"another process failed: {type(e).__name__}: {first_line}"), e
+        if is_write_failure(e):
+            where = Path(getattr(e, "filename", None) or ".")
+            error = WriteFailed(f"cannot write {where}: {describe_write_error(e, where)}")
+            failure = (WriteFailed, str(error))
+        else:
+            first_line = str(e).splitlines()[0] if str(e) else ""
+            failure, error = (UserError, f"another process failed: {type(e).__name__}: {first_line}"), e
     if not any_process(failure is not None):  # the common case: one small all-reduce, nothing pickled
         return result
     failures = [f for f in gather(failure) if f is not None]
