@@ -236,3 +236,23 @@ def test_glue_and_length_stages_resume_and_report(tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(experiment_module, "evaluate_lengths", lambda *a, **k: calls.append("length"))
     again = run_experiment(config, tmp_path / "out")
     assert calls == [] and again["glue"] == summary["glue"]  # finished runs, tasks and length files are kept
+
+
+def test_running_the_arms_leaves_their_configs_as_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each seed's run gets its own copy of the arm's config: the arms (and the report made from them) keep theirs."""
+    import roformer.study.experiment as experiment_module
+
+    experiment, arms = load_experiment(experiment_files(tmp_path))
+    before = {label: config.to_dict() for label, config in arms.items()}
+    started = []
+
+    def fake_pretrain(config, directory, resume=False, overwrite=False):
+        started.append((config.label, config.train.seed))
+        return directory
+
+    monkeypatch.setattr(experiment_module, "pretrain", fake_pretrain)
+    monkeypatch.setattr(experiment_module, "load_runs", lambda runs: ([], []))
+    monkeypatch.setattr(experiment_module, "check_same_vocabulary", lambda runs: None)
+    experiment_module.pretrain_arms(experiment, arms, tmp_path / "out")
+    assert started == [("roformer", 0), ("bert", 0), ("bert", 1), ("roformer", 1)]
+    assert {label: config.to_dict() for label, config in arms.items()} == before

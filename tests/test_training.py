@@ -334,3 +334,18 @@ def test_an_fsdp_launch_without_a_gpu_is_refused_not_run_as_plain_data_parallel(
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     with pytest.raises(UserError, match="FSDP, which accelerate runs only on GPUs"):
         make_accelerator(TrainConfig(), tmp_path)
+
+
+def test_the_global_torch_flags_are_set_by_the_function_named_for_them(tmp_path: Path) -> None:
+    """Building an accelerator leaves torch's process-wide settings alone; the engine sets them with set_torch_flags."""
+    from roformer.train.config import TrainConfig
+    from roformer.train.launch import make_accelerator, set_torch_flags
+
+    assert not torch.are_deterministic_algorithms_enabled()
+    try:
+        make_accelerator(TrainConfig(deterministic=True), tmp_path)
+        assert not torch.are_deterministic_algorithms_enabled()
+        set_torch_flags(TrainConfig(deterministic=True))
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)

@@ -24,7 +24,7 @@ kept, a started GLUE grid resumes; the comparison and the report are redone at t
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -172,8 +172,7 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tup
         config = load(
             PretrainConfig, config_path(path.parent, arm.config), arm.set + experiment.overrides + list(overrides or [])
         )
-        config.label = label
-        arms[label] = config
+        arms[label] = replace(config, label=label)
     check_controlled(arms, str(path), set(experiment.vary))
     return experiment, arms
 
@@ -239,8 +238,8 @@ def pretrain_arms(experiment: ExperimentConfig, arms: dict[str, PretrainConfig],
         # Alternate the arm order between seeds: the first run in a process pays one-time warm-up costs (thread
         # pools, kernel selection), which would otherwise always land on the same arm's wall-clock.
         order = list(arms.items()) if index % 2 == 0 else list(reversed(arms.items()))
-        for label, config in order:
-            config.train.seed = seed
+        for label, arm in order:
+            config = replace(arm, train=replace(arm.train, seed=seed))  # the arm's config stays as loaded
             directory = arm_run_path(out, label, seed)
             runs.append(directory)
             if (directory / FINAL_DIR / WEIGHTS_FILE).is_file():

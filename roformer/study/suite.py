@@ -36,17 +36,25 @@ class SuiteConfig:
             raise ConfigError("tasks: list at least one task config")
 
 
-def load_suite_config(path: str | Path) -> SuiteConfig:
-    """Read a suite YAML and check that every task config it lists loads.
+def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[SuiteConfig, list[FinetuneConfig]]:
+    """A suite YAML and every task config it lists, loaded with the suite's overrides, then `overrides`.
 
     Raises:
         ConfigError: a bad suite file or task config.
     """
     path = Path(path)
     suite = load(SuiteConfig, path)
-    for task in suite.tasks:
-        load(FinetuneConfig, config_path(path.parent, task), suite.overrides)
-    return suite
+    extra = suite.overrides + list(overrides or [])
+    return suite, [load(FinetuneConfig, config_path(path.parent, task), extra) for task in suite.tasks]
+
+
+def load_suite_config(path: str | Path) -> SuiteConfig:
+    """Read a suite YAML and check that every task config it lists loads.
+
+    Raises:
+        ConfigError: a bad suite file or task config.
+    """
+    return load_suite(path)[0]
 
 
 def run_suite(
@@ -70,10 +78,9 @@ def run_suite(
         ConfigError, UserError: a bad suite or task config (all task configs are checked before any training).
     """
     path, out = Path(path), Path(output_dir)
-    suite = load_suite_config(path)
+    suite, configs = load_suite(path, overrides)  # each task config built once, with every override
     run_dir = RunDir(out, overwrite, resume, record_required=False)  # older suites: no config.yaml
     extra = suite.overrides + list(overrides or [])
-    configs = [load(FinetuneConfig, config_path(path.parent, t), extra) for t in suite.tasks]
     if not resume:  # before the suite's directory is written (or --overwrite deletes the one it replaces)
         for config in configs:
             check_before_writing(config, inputs=True)

@@ -39,6 +39,7 @@ from roformer.train.launch import (
     gather,
     make_accelerator,
     run_on_main,
+    set_torch_flags,
 )
 from roformer.train.optim import finish_micro_step, make_optimizer
 from roformer.train.run_dir import TRAINER_STATE_FILE, MetricsWriter, keep_metrics
@@ -85,11 +86,11 @@ class Recipe(Protocol):
     def steps_per_epoch(self) -> float | None:
         """Optimizer steps in one epoch (None: unknown, e.g. a stream)."""
 
-    def save(self, directory: Path) -> dict[str, Any]:
+    def save_checkpoint_state(self, directory: Path) -> dict[str, Any]:
         """Write what a checkpoint needs beyond model, optimizer and RNG (main process); returns its JSON state."""
 
-    def load(self, directory: Path, state: dict[str, Any], step: int) -> None:
-        """Restore what `save` wrote, to continue after `step` steps."""
+    def load_checkpoint_state(self, directory: Path, state: dict[str, Any], step: int) -> None:
+        """Restore what `save_checkpoint_state` wrote, to continue after `step` steps."""
 
 
 class Engine:
@@ -117,6 +118,7 @@ class Engine:
         self.out = out
         self.seed = seed
         self.tags = dict(tags or {})
+        set_torch_flags(args)
         self.accelerator = make_accelerator(args, out)
         self.checkpoints = CheckpointManager(checkpoint_dir, args.keep_checkpoints)
         self.metrics_path = metrics
@@ -348,7 +350,7 @@ class Engine:
                 trainer_state = {
                     **asdict(state),
                     "global_batch": self.global_batch,
-                    "data_state": recipe.save(tmp),
+                    "data_state": recipe.save_checkpoint_state(tmp),
                     "intervals": intervals,  # per process: the sums since the last train event
                 }
                 (tmp / TRAINER_STATE_FILE).write_text(json.dumps(trainer_state))
@@ -431,7 +433,7 @@ class Engine:
                 f"{path}: the checkpoint is at step {step}, past this run's last step {self.total_steps}: resume "
                 f"with train.max_steps >= {step}"
             )
-        recipe.load(path, saved.get("data_state", {}), step)
+        recipe.load_checkpoint_state(path, saved.get("data_state", {}), step)
         logger.info("resumed from %s (step %d)", path, step)
         if saved.get("intervals"):
             mine = _interval_of(saved["intervals"], self.accelerator.process_index, self.accelerator.num_processes)

@@ -154,12 +154,12 @@ class FinetuneRun:
     def steps_per_epoch(self) -> float:
         return len(self.encoded.ids) / self.engine.global_batch
 
-    def save(self, directory: Path) -> dict[str, Any]:
+    def save_checkpoint_state(self, directory: Path) -> dict[str, Any]:
         if self.best["state"] is not None:
             save_file({k: v.contiguous() for k, v in self.best["state"].items()}, str(directory / BEST_WEIGHTS_FILE))
         return {k: v for k, v in self.best.items() if k != "state"}
 
-    def load(self, directory: Path, state: dict[str, Any], step: int) -> None:
+    def load_checkpoint_state(self, directory: Path, state: dict[str, Any], step: int) -> None:
         weights = directory / BEST_WEIGHTS_FILE
         self.best = {**state, "state": load_file(str(weights)) if weights.is_file() else None}
 

@@ -337,6 +337,22 @@ def broadcast_from_main(value: Any) -> Any:
     return broadcast_object_list([value])[0]
 
 
+def set_torch_flags(args: TrainArgs) -> None:
+    """The process-wide torch settings of a training run, set before its accelerator (the engine calls this).
+
+    They outlive the run (torch has no scope for them), which is why they are set here, in the open, and not as a
+    side effect of building something: deterministic algorithms when `train.deterministic`, TF32 matmuls on a GPU.
+    """
+    if args.deterministic:
+        # cuBLAS needs a fixed workspace for repeatable results (read when cuBLAS initialises, so set it first)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    if torch.cuda.is_available():
+        # TF32 tensor cores for fp32 matmuls (10 mantissa bits; what PyTorch Lightning and HF enable for training)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
 def make_accelerator(args: TrainArgs, project_dir: Path) -> Any:
     """An Accelerator for one run: trackers checked, CPU process groups formed, quiet non-main processes.
 
@@ -355,14 +371,6 @@ def make_accelerator(args: TrainArgs, project_dir: Path) -> Any:
     launcher = os.environ.get("ACCELERATE_MIXED_PRECISION")
     if args.mixed_precision is not None and launcher not in (None, "no", args.mixed_precision):
         logger.warning("train.mixed_precision=%s overrides the launcher's %s", args.mixed_precision, launcher)
-    if args.deterministic:
-        # cuBLAS needs a fixed workspace for repeatable results (read when cuBLAS initialises, so set it first)
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-    if torch.cuda.is_available():
-        # TF32 tensor cores for fp32 matmuls (10 mantissa bits; what PyTorch Lightning and HF enable for training)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
     reset_accelerator_state()
     form_process_group()  # every process joins within the short rendezvous timeout first
     accelerator = Accelerator(

@@ -267,10 +267,10 @@ class Pretrainer:
     def steps_per_epoch(self) -> float | None:
         return self.batches.steps_per_epoch()
 
-    def save(self, directory: Path) -> dict[str, Any]:
+    def save_checkpoint_state(self, directory: Path) -> dict[str, Any]:
         return self.batches.state_dict()
 
-    def load(self, directory: Path, state: dict[str, Any], step: int) -> None:
+    def load_checkpoint_state(self, directory: Path, state: dict[str, Any], step: int) -> None:
         self.batches.load_state_dict(state, step)
 
 
