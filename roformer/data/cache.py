@@ -16,7 +16,7 @@ from typing import Any
 
 from roformer.data.config import DataConfig
 from roformer.data.text import expand_paths
-from roformer.data.tokenizer import vocab_hash
+from roformer.data.tokenizer import Tokenizer, vocab_hash
 from roformer.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ def file_stamp(path: Path) -> list[Any]:
     return [str(path.resolve()), stat.st_size if stat else None, stat.st_mtime_ns if stat else None]
 
 
-def same_vocabulary(cached_hash: str | None, tokenizer: Any) -> bool:
+def same_vocabulary(cached_hash: str | None, tokenizer: Tokenizer) -> bool:
     """A cache entry serves a process handed `tokenizer` only if it was made with the same vocabulary."""
     if cached_hash == vocab_hash(tokenizer):
         return True

@@ -8,13 +8,16 @@ roformer.data.glue_tasks; the official metrics in roformer.data.glue_metrics.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from roformer.data.config import GlueDataConfig
 from roformer.data.glue_tasks import Example, get_task, read_files, read_glue_dir, read_hub
 from roformer.errors import UserError
+
+if TYPE_CHECKING:
+    from roformer.data.tokenizer import Tokenizer
 
 
 def load_splits(data: GlueDataConfig) -> dict[str, list[Example]]:
@@ -54,7 +57,7 @@ class Encoded:
     index: list[str]
 
 
-def encode(examples: list[Example], tokenizer: Any, max_length: int) -> Encoded:
+def encode(examples: list[Example], tokenizer: Tokenizer, max_length: int) -> Encoded:
     """Tokenize single sentences or pairs (`[CLS] A [SEP] B [SEP]`, token types 0/1), truncated longest-first."""
     if not examples:
         return Encoded([], [], [], [])

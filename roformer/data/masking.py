@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from roformer.data.tokenizer import Tokenizer
 from torch import Tensor
 
 IGNORE_INDEX = -100
@@ -88,7 +92,7 @@ def word_start_index(input_ids: Tensor, continuation: Tensor, candidates: Tensor
     return torch.where(starts, positions, torch.zeros_like(positions)).cummax(dim=1).values
 
 
-def continuation_table(tokenizer) -> Tensor:
+def continuation_table(tokenizer: Tokenizer) -> Tensor:
     """(V,) bool: True for WordPiece continuation tokens (`##` prefix) of a tokenizer's vocabulary.
 
     Whole-word masking groups a word's pieces by that prefix. A tokenizer without it (BPE, SentencePiece, Unigram)

@@ -17,7 +17,7 @@ from roformer.data.config import DataConfig
 from roformer.data.masking import continuation_table, mask_tokens
 from roformer.data.sampling import EpochSampler, global_batch_size
 from roformer.data.streaming import StreamingMLMData, StreamPacker
-from roformer.data.tokenizer import jieba_presegmenter
+from roformer.data.tokenizer import Tokenizer, jieba_presegmenter
 
 
 class BlockSource(Protocol):
@@ -111,7 +111,7 @@ class MLMBatches:
     def __init__(
         self,
         source: BlockSource,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         data: DataConfig,
         seed: int,
         batch_size: int,
@@ -154,7 +154,7 @@ class MLMBatches:
         self.source.load_state_dict(state, step)
 
 
-def mlm_mask_args(tokenizer: Any, data: DataConfig) -> dict[str, Any]:
+def mlm_mask_args(tokenizer: Tokenizer, data: DataConfig) -> dict[str, Any]:
     """Keyword arguments of `mask_tokens` for a tokenizer and a data config (without ids and generator)."""
     return {
         "mask_token_id": tokenizer.mask_token_id,
@@ -165,7 +165,7 @@ def mlm_mask_args(tokenizer: Any, data: DataConfig) -> dict[str, Any]:
     }
 
 
-def eval_batch(blocks: torch.Tensor, tokenizer: Any, data: DataConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def eval_batch(blocks: torch.Tensor, tokenizer: Tokenizer, data: DataConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The validation blocks under the one fixed evaluation mask (seeded by data.eval_mask_seed)."""
     generator = torch.Generator().manual_seed(data.eval_mask_seed)
     return mask_tokens(blocks, generator=generator, **mlm_mask_args(tokenizer, data))

@@ -28,7 +28,14 @@ from roformer.data.cache import cache_root, data_fingerprint, same_vocabulary
 from roformer.data.config import DataConfig
 from roformer.data.corpus import open_document_stream
 from roformer.data.packing import eval_subset, pack_blocks, tokenize_documents
-from roformer.data.tokenizer import jieba_presegmenter, load_tokenizer, make_tokenizer, save_tokenizer, vocab_hash
+from roformer.data.tokenizer import (
+    Tokenizer,
+    jieba_presegmenter,
+    load_tokenizer,
+    make_tokenizer,
+    save_tokenizer,
+    vocab_hash,
+)
 from roformer.errors import UserError
 from roformer.files import staged_output_dir
 
@@ -40,7 +47,7 @@ class StreamingMLMData:
     """The validation blocks, the tokenizer, and a factory of each epoch's training documents."""
 
     validation: torch.Tensor  # (M, max_seq_len)
-    tokenizer: Any
+    tokenizer: Tokenizer
     documents: Callable[[int, int], Iterator[str]]  # (epoch, seed) -> shuffled training documents
 
 
@@ -87,7 +94,7 @@ class StreamPacker:
         self,
         documents: Callable[[int, int], Iterator[str]],
         seed: int,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         max_seq_len: int,
         transform: Callable[[str], str] | None = None,
     ) -> None:
@@ -167,7 +174,9 @@ class StreamPacker:
         return torch.cat([cls, body, sep], dim=1)
 
 
-def pack_validation(documents: list[str], tokenizer: Any, max_seq_len: int, transform: Any = None) -> torch.Tensor:
+def pack_validation(
+    documents: list[str], tokenizer: Tokenizer, max_seq_len: int, transform: Any = None
+) -> torch.Tensor:
     """The validation blocks of the held-out head of the stream."""
     ids = tokenize_documents(documents, tokenizer, None, transform)
     try:
@@ -176,7 +185,9 @@ def pack_validation(documents: list[str], tokenizer: Any, max_seq_len: int, tran
         raise UserError(f"validation split of the stream (data.stream_validation_documents): {e}") from None
 
 
-def build_streaming_mlm_data(config: DataConfig, base: Path | None = None, tokenizer: Any = None) -> StreamingMLMData:
+def build_streaming_mlm_data(
+    config: DataConfig, base: Path | None = None, tokenizer: Tokenizer | None = None
+) -> StreamingMLMData:
     """The streaming counterpart of build_mlm_data: validation blocks and tokenizer (cached), training stream.
 
     Raises:
@@ -208,7 +219,7 @@ def build_streaming_mlm_data(config: DataConfig, base: Path | None = None, token
     return StreamingMLMData(validation=validation, tokenizer=tokenizer, documents=training)
 
 
-def _read_cache(directory: Path, tokenizer: Any) -> tuple[Any, torch.Tensor] | None:
+def _read_cache(directory: Path, tokenizer: Tokenizer) -> tuple[Any, torch.Tensor] | None:
     """(tokenizer, validation blocks) of a cache entry, or None.
 
     None when the entry is absent, damaged, or made with another vocabulary than `tokenizer` (the main process's,
@@ -232,7 +243,7 @@ def _is_cache_entry(directory: Path) -> bool:
     return (directory / "info.json").is_file()
 
 
-def _write_cache(directory: Path, tokenizer: Any, validation: torch.Tensor) -> None:
+def _write_cache(directory: Path, tokenizer: Tokenizer, validation: torch.Tensor) -> None:
     """Cache the tokenizer and the validation blocks (the entry's train.npy is empty: training streams)."""
     dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max else np.int32
     try:

@@ -19,13 +19,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from roformer.errors import UserError
 from roformer.files import read_json, staged_output_dir
+
+if TYPE_CHECKING:
+    from roformer.data.tokenizer import Tokenizer
 
 STORE_FILE = "store.json"
 DOCUMENTS_FILE = "documents.bin"
@@ -101,7 +104,7 @@ def shard_name(index: int) -> str:
 def write_token_store(
     directory: str | Path,
     documents: Iterable[str],
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     vocab_hash: str,
     transform: Callable[[str], str] | None = None,
     batch_size: int = 1000,

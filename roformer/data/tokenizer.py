@@ -12,10 +12,17 @@ import shutil
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from roformer.data.config import DataConfig
 from roformer.errors import UserError
+
+if TYPE_CHECKING:  # transformers and tokenizers are imported where a tokenizer is built (import time of the CLI)
+    from tokenizers import Tokenizer as Pipeline
+    from transformers import PreTrainedTokenizerFast
+
+# Every tokenizer the project trains or loads: a transformers fast tokenizer around a `tokenizers` pipeline.
+Tokenizer: TypeAlias = "PreTrainedTokenizerFast"
 
 SPECIAL_TOKENS = {
     "pad_token": "[PAD]",
@@ -28,7 +35,7 @@ SPECIAL_TOKENS = {
 
 def train_tokenizer(
     texts: Iterable[str], vocab_size: int, lowercase: bool = True, min_frequency: int = 2, split_cjk: bool = True
-):
+) -> Tokenizer:
     """Train a BERT WordPiece tokenizer on `texts`.
 
     `split_cjk=False` keeps runs of CJK characters together (for text pre-segmented into words by jieba);
@@ -59,7 +66,7 @@ def train_tokenizer(
     return _wrap(_bert_wordpiece(vocab, lowercase, split_cjk), lowercase)
 
 
-def _continuation_pieces(tok, texts: list[str]) -> set[str]:
+def _continuation_pieces(tok: Pipeline, texts: list[str]) -> set[str]:
     """The `##c` pieces the trainer starts from: every character that occurs after the first in a pre-token."""
     chars: set[str] = set()
     for text in texts:
@@ -68,7 +75,7 @@ def _continuation_pieces(tok, texts: list[str]) -> set[str]:
     return {f"##{c}" for c in chars}
 
 
-def _bert_wordpiece(vocab: dict[str, int] | None, lowercase: bool, split_cjk: bool = True):
+def _bert_wordpiece(vocab: dict[str, int] | None, lowercase: bool, split_cjk: bool = True) -> Pipeline:
     """A `tokenizers` BERT pipeline around a WordPiece model (untrained when vocab is None)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
@@ -81,7 +88,7 @@ def _bert_wordpiece(vocab: dict[str, int] | None, lowercase: bool, split_cjk: bo
     return tok
 
 
-def _wrap(tok, lowercase: bool):
+def _wrap(tok: Pipeline, lowercase: bool) -> Tokenizer:
     """Add the [CLS] A [SEP] B [SEP] template and wrap as a transformers fast tokenizer."""
     from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
@@ -106,7 +113,7 @@ def _wrap(tok, lowercase: bool):
 VOCAB_SUFFIXES = (".txt", ".vocab", "")  # BERT's vocab.txt and its renamings (vocab_chinese.txt, bert.vocab)
 
 
-def load_tokenizer(path: str | Path, lowercase: bool = True, split_cjk: bool = True):
+def load_tokenizer(path: str | Path, lowercase: bool = True, split_cjk: bool = True) -> Tokenizer:
     """Load a tokenizer: a directory (`save_pretrained` layout or a `vocab.txt`), a tokenizer.json or a vocab.txt.
 
     `split_cjk=False` turns off the BERT normaliser's splitting of CJK characters (jieba-segmented text, WoBERT's
@@ -152,7 +159,7 @@ def load_tokenizer(path: str | Path, lowercase: bool = True, split_cjk: bool = T
     return tokenizer
 
 
-def keep_cjk_words(tokenizer) -> None:
+def keep_cjk_words(tokenizer: Tokenizer) -> None:
     """Stop a BERT normaliser from isolating CJK characters (in place), so jieba's words reach WordPiece whole."""
     from tokenizers import normalizers
 
@@ -163,7 +170,7 @@ def keep_cjk_words(tokenizer) -> None:
         tokenizer.init_kwargs["tokenize_chinese_chars"] = False
 
 
-def _from_vocab(vocab_file: Path, lowercase: bool):
+def _from_vocab(vocab_file: Path, lowercase: bool) -> Tokenizer:
     """A WordPiece tokenizer from BERT's vocab.txt: token i is line i (lines end at a newline only, as BERT reads them).
 
     Raises:
@@ -181,7 +188,7 @@ def _from_vocab(vocab_file: Path, lowercase: bool):
     return _wrap(_bert_wordpiece(vocab, lowercase), lowercase)
 
 
-def save_tokenizer(tokenizer, directory: str | Path) -> None:
+def save_tokenizer(tokenizer: Tokenizer, directory: str | Path) -> None:
     """`save_pretrained` plus a `vocab.txt` (one token per line, in id order) for tools that expect BERT's file."""
     directory = Path(directory)
     tokenizer.save_pretrained(str(directory))
@@ -190,19 +197,19 @@ def save_tokenizer(tokenizer, directory: str | Path) -> None:
     (directory / "vocab.txt").write_text("".join(token + "\n" for token in ordered), encoding="utf-8")
 
 
-def vocab_hash(tokenizer) -> str:
+def vocab_hash(tokenizer: Tokenizer) -> str:
     """A short sha256 of the vocabulary (every token in id order): equal hashes, equal token ids."""
     vocab = tokenizer.get_vocab()
     ordered = "\n".join(sorted(vocab, key=vocab.__getitem__))
     return hashlib.sha256(ordered.encode("utf-8")).hexdigest()[:16]
 
 
-def tokenizer_to_json(tokenizer) -> str:
+def tokenizer_to_json(tokenizer: Tokenizer) -> str:
     """The whole tokenizer pipeline as one JSON string (to hand a trained tokenizer to other processes)."""
     return tokenizer.backend_tokenizer.to_str()
 
 
-def tokenizer_from_json(text: str, lowercase: bool = True):
+def tokenizer_from_json(text: str, lowercase: bool = True) -> Tokenizer:
     """The tokenizer that `tokenizer_to_json` wrote, as a transformers fast tokenizer."""
     from tokenizers import Tokenizer
 
@@ -244,8 +251,12 @@ def copy_tokenizer_files(source: Path, target: Path) -> list[str]:
 
 
 def make_tokenizer(
-    config: DataConfig, base: Path | None, texts: Iterable[str], transform: Any, given: Any = None
-) -> Any:
+    config: DataConfig,
+    base: Path | None,
+    texts: Iterable[str],
+    transform: Callable[[str], str] | None,
+    given: Tokenizer | None = None,
+) -> Tokenizer:
     """The tokenizer `given` (another process's), else the configured one loaded, else one trained on `texts`."""
     if given is not None:
         return given
@@ -258,7 +269,7 @@ def make_tokenizer(
     return train_tokenizer(texts, config.vocab_size, config.lowercase, split_cjk=not config.jieba)
 
 
-def check_fits(tokenizer: Any, vocab_size: int, where: str | Path) -> None:
+def check_fits(tokenizer: Tokenizer, vocab_size: int, where: str | Path) -> None:
     """The tokenizer's ids must all be rows of the model's embedding (a tokenizer copied from another run may not).
 
     Raises:

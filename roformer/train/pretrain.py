@@ -25,7 +25,7 @@ from roformer.data.mlm import eval_batch, train_batches
 from roformer.data.sampling import share
 from roformer.data.store import build_mlm_data
 from roformer.data.streaming import build_streaming_mlm_data
-from roformer.data.tokenizer import save_tokenizer, tokenizer_from_json, tokenizer_to_json, vocab_hash
+from roformer.data.tokenizer import Tokenizer, save_tokenizer, tokenizer_from_json, tokenizer_to_json, vocab_hash
 from roformer.errors import UserError, WriteFailed
 from roformer.model.model import MaskedLM
 from roformer.model.pretrained import load_weights_from
@@ -38,7 +38,7 @@ from roformer.train.run_dir import CHECKPOINTS_DIR, FINAL_DIR, METRICS_FILE, TOK
 logger = logging.getLogger(__name__)
 
 
-def resolve_config(config: PretrainConfig, tokenizer: Any) -> PretrainConfig:
+def resolve_config(config: PretrainConfig, tokenizer: Tokenizer) -> PretrainConfig:
     """Fit the config to the tokenizer: its vocabulary size, [PAD] id and hash; no pooler (MLM trains none).
 
     Raises:
