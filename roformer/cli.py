@@ -1,4 +1,8 @@
-"""The `roformer` command line. Bad input ends with one line on stderr and exit code 2, never a traceback."""
+"""The `roformer` command line. Bad input ends with one line on stderr and exit code 2, never a traceback.
+
+The CLI parses and prints: each command is a handler (`_convert`) with its arguments beside it
+(`_convert_arguments`), listed once in COMMANDS; what a command computes or checks lives in the floors below.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
 from roformer.errors import RunStopped, UserError, WriteFailed
 from roformer.logs import configure_console
@@ -44,6 +48,22 @@ class _Version(argparse.Action):
         parser.exit(0)
 
 
+def _convert_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from-hf", metavar="DIR", help="HF save_pretrained directory (or hub name) to import")
+    source.add_argument("--to-hf", metavar="DIR", help="roformer model directory to export for transformers")
+    parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    parser.add_argument(
+        "--architecture",
+        choices=list(ARCHITECTURE_NAMES),
+        help="model class to build (default: the checkpoint's own)",
+    )
+    parser.add_argument(
+        "--rotary-layout", choices=["interleaved", "half"], default="interleaved", help="with --from-hf"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+
+
 def _convert(args: argparse.Namespace) -> None:
     from roformer.data.tokenizer import check_fits, copy_tokenizer_files, load_tokenizer
     from roformer.files import check_output_dir, staged_output_dir
@@ -72,6 +92,33 @@ def _convert(args: argparse.Namespace) -> None:
     print(f"wrote {kind} ({model.num_parameters():,} parameters) to {out}{tokenizer}")
 
 
+def _export_tokenizer(source: str, target: Path, copy: Callable[[Path, Path], list[str]]) -> list[str]:
+    """Tokenizer of an HF source: the files of a local directory, or a hub tokenizer saved with save_pretrained."""
+    if Path(source).is_dir():
+        return copy(Path(source), target)
+    try:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(source).save_pretrained(target)
+    except Exception as e:  # a model without a tokenizer is still a valid conversion
+        logging.getLogger(__name__).warning("no tokenizer saved for %s: %s", source, e)
+        return []
+    from roformer.model.weights import MODEL_CONFIG_FILE, WEIGHTS_FILE
+
+    return sorted(p.name for p in target.iterdir() if p.name not in (MODEL_CONFIG_FILE, WEIGHTS_FILE))
+
+
+def _export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, metavar="DIR", help="roformer model directory (e.g. RUN/final)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="output directory (model.onnx, tokenizer)")
+    parser.add_argument("--format", choices=["onnx"], default="onnx", help="onnx (the only format so far)")
+    parser.add_argument(
+        "--max-length", type=_positive_int, help="longest sequence accepted (default max_position_embeddings)"
+    )
+    parser.add_argument("--architecture", choices=list(ARCHITECTURE_NAMES), help="default: the directory's own")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+
+
 def _export(args: argparse.Namespace) -> None:
     from roformer.data.tokenizer import copy_tokenizer_files
     from roformer.files import check_output_dir, staged_output_dir
@@ -98,6 +145,22 @@ def _export(args: argparse.Namespace) -> None:
     )
 
 
+def _push_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model", metavar="DIR", help="roformer model directory (a run's final/: its run fills the card)"
+    )
+    parser.add_argument("--repo-id", required=True, help="hub repository, e.g. user/roformer-small")
+    parser.add_argument(
+        "--glue", metavar="DIR", help="a `roformer glue` output directory: its dev table goes in the card"
+    )
+    parser.add_argument("--private", action="store_true", help="create the repository private")
+    parser.add_argument("--token", help="hub token (default: HF_TOKEN or the saved login)")
+    parser.add_argument(
+        "--dry-run", metavar="DIR", help="write the folder that would be uploaded to DIR; upload nothing"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="with --dry-run: replace a non-empty DIR")
+
+
 def _push(args: argparse.Namespace) -> None:
     import tempfile
 
@@ -120,54 +183,23 @@ def _push(args: argparse.Namespace) -> None:
     print(f"uploaded {len(files)} files to {url}")
 
 
-# What each folder of shipped configs is for (roformer.config.SHIPPED_FOLDERS, in that order).
-CONFIG_FOLDERS = {
-    "pretrain": "roformer pretrain, prepare-data, eval-mlm --data (the folder may be left out of the name)",
-    "glue": "roformer finetune (a task) and roformer glue (a suite); the folder may be left out",
-    "experiments": "roformer experiment (the folder may be left out)",
-    "model": "the model: section of a pretraining config",
-    "accelerate": 'accelerate launch --config_file "$(roformer configs accelerate/NAME)" -m roformer ...',
-}
+def _configs_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", nargs="?", help="print this config's path, e.g. pretrain/roformer-tiny or glue/rte")
 
 
 def _configs(args: argparse.Namespace) -> None:
-    from roformer.config import SHIPPED_FOLDERS, config_summary, shipped_config, shipped_configs, shipped_configs_dir
+    from roformer.catalogue import configs_listing, shipped_config
 
-    if args.name:
-        print(shipped_config(args.name))
-        return
-    configs = shipped_configs()
-    if not configs:
-        raise UserError("no shipped configs found: this installation has no roformer/configs folder")
-    folders = list(SHIPPED_FOLDERS) + sorted({n.split("/")[0] for n in configs} - set(SHIPPED_FOLDERS))
-    lines = [f"shipped configs in {shipped_configs_dir()} (a name works where --config wants a file; a path wins)"]
-    for folder in folders:
-        names = [name for name in configs if name.split("/")[0] == folder]
-        if names:
-            lines.append(f"\n{folder}/: {CONFIG_FOLDERS.get(folder, '')}".rstrip(": "))
-            width = max(len(name) for name in names)
-            lines += [f"  {name:<{width}}  {config_summary(configs[name])}" for name in names]
-    lines.append(
-        "\nroformer configs NAME prints the file's path. To start your own, copy the whole folder: the files refer to"
-        " each other by relative paths (model: ../model/x.yaml)"
+    print(shipped_config(args.name) if args.name else configs_listing())
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser, config_help: str, default_out: str) -> None:
+    parser.add_argument("--config", metavar="FILE", help=config_help)
+    parser.add_argument("--output-dir", metavar="DIR", help=f"run directory (default: {default_out})")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. train.lr=3e-4"
     )
-    print("\n".join(lines))
-
-
-def _export_tokenizer(source: str, target: Path, copy: Callable[[Path, Path], list[str]]) -> list[str]:
-    """Tokenizer of an HF source: the files of a local directory, or a hub tokenizer saved with save_pretrained."""
-    if Path(source).is_dir():
-        return copy(Path(source), target)
-    try:
-        from transformers import AutoTokenizer
-
-        AutoTokenizer.from_pretrained(source).save_pretrained(target)
-    except Exception as e:  # a model without a tokenizer is still a valid conversion
-        logging.getLogger(__name__).warning("no tokenizer saved for %s: %s", source, e)
-        return []
-    from roformer.model.weights import MODEL_CONFIG_FILE, WEIGHTS_FILE
-
-    return sorted(p.name for p in target.iterdir() if p.name not in (MODEL_CONFIG_FILE, WEIGHTS_FILE))
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty run directory")
 
 
 def _config_and_output(args: argparse.Namespace, folder: str, *runs_subdir: str) -> tuple[Path | None, Path]:
@@ -176,10 +208,19 @@ def _config_and_output(args: argparse.Namespace, folder: str, *runs_subdir: str)
     The output directory is --output-dir, else runs/<runs_subdir>/<config name>; the caller has checked that one of
     --config and --output-dir is given.
     """
-    from roformer.config import find_config
+    from roformer.catalogue import find_config
 
     config = find_config(args.config, folder) if args.config else None
     return config, Path(args.output_dir) if args.output_dir else Path("runs", *runs_subdir, config.stem)
+
+
+def _pretrain_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_run_arguments(
+        parser,
+        "pretraining YAML, or a shipped config's name (roformer-tiny; see roformer configs)",
+        "runs/<config name>",
+    )
+    parser.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
 
 
 def _pretrain(args: argparse.Namespace) -> None:
@@ -222,35 +263,27 @@ def pretraining_summary(run: Path) -> str:
     return "pretraining finished: " + "; ".join(lines)
 
 
-def _prepare_data(args: argparse.Namespace) -> None:
-    import time
+def _prepare_data_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", required=True, metavar="FILE", help="pretraining YAML or shipped name (its data: section)"
+    )
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    parser.add_argument("--overwrite", action="store_true", help="rebuild the store even if it is complete")
 
-    from roformer.config import find_config, load
-    from roformer.data.store import build_token_store, store_directory, store_usable
-    from roformer.data.token_store import TokenStore
+
+def _prepare_data(args: argparse.Namespace) -> None:
+    from roformer.catalogue import find_config
+    from roformer.config import load
+    from roformer.data.store import prepare_token_store
     from roformer.train.config import PretrainConfig
 
     config = load(PretrainConfig, find_config(args.config, "pretrain"), args.set)
-    data = config.data
-    if data.streaming:
-        raise UserError("data.streaming: true tokenizes while training and keeps no token store to prepare")
-    if not data.cache:
-        raise UserError("data.cache: false keeps no store between runs; prepare-data writes into the cache")
-    directory = store_directory(data)  # as pretraining finds it (the loader already resolved the paths)
-    started = time.perf_counter()
-    if store_usable(directory) and not args.overwrite:
-        status = "up to date"
-    else:
-        build_token_store(data, directory, replace=args.overwrite)
-        status = f"built in {time.perf_counter() - started:.1f} s"
-    train, validation = TokenStore(directory / "train"), TokenStore(directory / "validation")
-    size, tokens = train.nbytes + validation.nbytes, train.num_tokens + validation.num_tokens
-    print(
-        f"token store {status}: {directory}\n"
-        f"  train {train.num_tokens:,} tokens ({train.info['documents']:,} documents, "
-        f"{train.num_blocks(data.max_seq_len):,} blocks of {data.max_seq_len}), validation {validation.num_tokens:,} "
-        f"tokens; {size / tokens:.2f} bytes per token ({train.dtype.name}); vocabulary {train.info['vocab_size']:,}"
-    )
+    print(prepare_token_store(config.data, replace=args.overwrite))
+
+
+def _finetune_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_run_arguments(parser, "task YAML, or a shipped task's name (glue/rte)", "runs/glue/<config name>")
+    parser.add_argument("--resume", action="store_true", help="continue: finished runs are kept, the last resumes")
 
 
 def _finetune(args: argparse.Namespace) -> None:
@@ -276,6 +309,11 @@ def _finetune(args: argparse.Namespace) -> None:
         print(f"results in {out} (best model in {out / BEST_DIR})")
 
 
+def _glue_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_run_arguments(parser, "suite YAML, or a shipped suite's name (glue/all)", "runs/glue/<config name>")
+    parser.add_argument("--resume", action="store_true", help="continue: finished tasks and runs are kept")
+
+
 def _glue(args: argparse.Namespace) -> None:
     from roformer.study.markdown import glue_suite_table
     from roformer.study.suite import run_suite
@@ -287,6 +325,74 @@ def _glue(args: argparse.Namespace) -> None:
     results = run_suite(config_path, out, args.set, overwrite=args.overwrite, resume=args.resume)
     if results:
         print(glue_suite_table(results) + f"results in {out} (submission files in {out / SUBMISSION_DIR})")
+
+
+def _experiment_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="experiment YAML, or a shipped experiment's name")
+    parser.add_argument("--output-dir", metavar="DIR", help="default: runs/experiments/<config name>")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override every arm")
+
+
+def _experiment(args: argparse.Namespace) -> None:
+    from roformer.study.experiment import run_experiment
+    from roformer.study.outputs import COMPARE_DIR, REPORT_FILE, SUMMARY_MARKDOWN_FILE
+
+    if args.config is None:
+        raise UserError("--config is required")
+    config_path, out = _config_and_output(args, "experiments", "experiments")
+    summary = run_experiment(config_path, out, args.set)
+    if summary:
+        report = f"\nreport: {out / REPORT_FILE} (runs in {out})"
+        print((out / COMPARE_DIR / SUMMARY_MARKDOWN_FILE).read_text() + report)
+
+
+def _eval_mlm_arguments(parser: argparse.ArgumentParser) -> None:
+    from roformer.train.run_dir import LENGTH_FILE
+
+    parser.add_argument("--model", required=True, metavar="DIR", help="a model directory (e.g. runs/x/final)")
+    parser.add_argument("--data", metavar="FILE|RUN", help="pretraining config or run dir (default: the model's run)")
+    parser.add_argument("--seq-lens", default="128,256,512,1024", metavar="L1,L2", help="lengths to evaluate")
+    parser.add_argument("--max-tokens", type=_positive_int, default=65536, help="tokens scored at every length")
+    parser.add_argument("--batch-size", type=_positive_int, default=8)
+    parser.add_argument("--out", metavar="FILE", help=f"JSON results (default: <run>/{LENGTH_FILE})")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing results file")
+    parser.add_argument(
+        "--rope-scaling",
+        metavar="M1,M2",
+        help="rotary context scaling methods to compare: none, linear, ntk, yarn, each optionally :FACTOR "
+        "(default factor: length / trained length)",
+    )
+    parser.add_argument(
+        "--trained-length", type=_positive_int, help="the model's training length (default: from final/)"
+    )
+    parser.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: cuda if available, else cpu)")
+
+
+def _eval_mlm(args: argparse.Namespace) -> None:
+    from roformer.study.length_eval import run_length_eval
+    from roformer.study.markdown import length_results_table
+
+    results, out = run_length_eval(
+        args.model,
+        args.data,
+        args.seq_lens,
+        out=args.out,
+        overwrite=args.overwrite,
+        rope_scaling=args.rope_scaling,
+        max_tokens=args.max_tokens,
+        batch_size=args.batch_size,
+        device=args.device,
+        trained_length=args.trained_length,
+    )
+    print(length_results_table(results) + f"written to {out}")
+
+
+def _compare_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (pretraining or GLUE)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    parser.add_argument("--baseline", metavar="LABEL", help="the baseline arm (default: the first non-rotary one)")
+    parser.add_argument("--targets", metavar="L1,L2", help="target eval losses (default: baseline's final + offsets)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
 
 
 def _compare(args: argparse.Namespace) -> None:
@@ -304,189 +410,57 @@ def _compare(args: argparse.Namespace) -> None:
     print((Path(args.out) / SUMMARY_MARKDOWN_FILE).read_text() + f"\nwritten to {args.out} ({written})")
 
 
-def _experiment(args: argparse.Namespace) -> None:
-    from roformer.study.experiment import run_experiment
-    from roformer.study.outputs import COMPARE_DIR, REPORT_FILE, SUMMARY_MARKDOWN_FILE
+class Command(NamedTuple):
+    """A subcommand: its name, its one-line help, what adds its arguments, and what runs it."""
 
-    if args.config is None:
-        raise UserError("--config is required")
-    config_path, out = _config_and_output(args, "experiments", "experiments")
-    summary = run_experiment(config_path, out, args.set)
-    if summary:
-        report = f"\nreport: {out / REPORT_FILE} (runs in {out})"
-        print((out / COMPARE_DIR / SUMMARY_MARKDOWN_FILE).read_text() + report)
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    handler: Callable[[argparse.Namespace], None]
 
 
-def _eval_mlm(args: argparse.Namespace) -> None:
-    import contextlib
-
-    from roformer.config import find_config
-    from roformer.errors import ConfigError
-    from roformer.files import check_output_file
-    from roformer.study.length_eval import (
-        default_device,
-        default_output,
-        evaluate_lengths,
-        parse_rope_scalings,
-        write_results,
-    )
-    from roformer.study.markdown import length_results_table
-    from roformer.train.run_dir import FINAL_DIR
-
-    model = Path(args.model)
-    if not model.is_dir():
-        raise UserError(f"--model {model}: no such model directory")
-    out = Path(args.out) if args.out else default_output(model)
-    check_output_file(out)  # before evaluating
-    data = args.data or (model.parent if model.name == FINAL_DIR else None)
-    if args.data and not Path(args.data).exists():  # a shipped config's name; else the data source's own error
-        with contextlib.suppress(ConfigError):
-            data = find_config(args.data, "pretrain")
-    if data is None:
-        raise UserError("--data is required (a pretraining config or run directory) unless --model is a run's final/")
-    try:
-        lengths = [_positive_int(n) for n in args.seq_lens.split(",")]
-    except argparse.ArgumentTypeError:
-        raise UserError(f"--seq-lens: expected comma-separated integers >= 1, got {args.seq_lens!r}") from None
-    scalings = parse_rope_scalings(args.rope_scaling) if args.rope_scaling else None
-    if out.exists() and not args.overwrite:  # earlier results (e.g. at other lengths) are not replaced unasked
-        raise UserError(f"{out}: exists (pass --overwrite to replace it)")
-    results = evaluate_lengths(
-        model,
-        data,
-        lengths,
-        max_tokens=args.max_tokens,
-        batch_size=args.batch_size,
-        device=args.device or default_device(),
-        rope_scalings=scalings,
-        trained_length=args.trained_length,
-    )
-    if all("error" in r for r in results):  # nothing evaluated: not a result to write
-        raise UserError(f"{model}: no requested length could be evaluated ({results[0]['error']})")
-    write_results(out, model, results)
-    print(length_results_table(results) + f"written to {out}")
-
-
-def _add_run_arguments(parser: argparse.ArgumentParser, config_help: str, default_out: str) -> None:
-    parser.add_argument("--config", metavar="FILE", help=config_help)
-    parser.add_argument("--output-dir", metavar="DIR", help=f"run directory (default: {default_out})")
-    parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. train.lr=3e-4"
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty run directory")
+# Every subcommand, in the order `roformer --help` lists them.
+COMMANDS = (
+    Command("convert", "convert between HF transformers checkpoints and roformer models", _convert_arguments, _convert),
+    Command("export", "export a model directory for deployment (ONNX, for onnxruntime)", _export_arguments, _export),
+    Command("push", "upload a model directory to the Hugging Face hub, with a model card", _push_arguments, _push),
+    Command("configs", "list the shipped configs (their names work as --config values)", _configs_arguments, _configs),
+    Command(
+        "pretrain", "MLM pretraining from a YAML config (also under accelerate launch)", _pretrain_arguments, _pretrain
+    ),
+    Command(
+        "prepare-data",
+        "build the token store of a pretraining config (before training)",
+        _prepare_data_arguments,
+        _prepare_data,
+    ),
+    Command("finetune", "fine-tune on one GLUE task (every lr and seed of the config)", _finetune_arguments, _finetune),
+    Command("glue", "fine-tune several GLUE tasks and write one table and one submission", _glue_arguments, _glue),
+    Command(
+        "experiment",
+        "run both arms (and seeds) of an experiment, then compare",
+        _experiment_arguments,
+        _experiment,
+    ),
+    Command("eval-mlm", "masked-token loss and accuracy at several sequence lengths", _eval_mlm_arguments, _eval_mlm),
+    Command(
+        "compare",
+        "compare pretraining runs (curves, steps-to-target) and GLUE results",
+        _compare_arguments,
+        _compare,
+    ),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of all subcommands."""
-    from roformer.train.run_dir import LENGTH_FILE
-
     parser = _Parser(prog="roformer", description="RoFormer and BERT baseline: convert, pretrain, fine-tune, compare.")
     parser.add_argument("--version", action=_Version, nargs=0, help="show the versions (and a clash) and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    convert = sub.add_parser("convert", help="convert between HF transformers checkpoints and roformer models")
-    source = convert.add_mutually_exclusive_group(required=True)
-    source.add_argument("--from-hf", metavar="DIR", help="HF save_pretrained directory (or hub name) to import")
-    source.add_argument("--to-hf", metavar="DIR", help="roformer model directory to export for transformers")
-    convert.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    convert.add_argument(
-        "--architecture",
-        choices=list(ARCHITECTURE_NAMES),
-        help="model class to build (default: the checkpoint's own)",
-    )
-    convert.add_argument(
-        "--rotary-layout", choices=["interleaved", "half"], default="interleaved", help="with --from-hf"
-    )
-    convert.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
-    convert.set_defaults(func=_convert)
-
-    export = sub.add_parser("export", help="export a model directory for deployment (ONNX, for onnxruntime)")
-    export.add_argument("--model", required=True, metavar="DIR", help="roformer model directory (e.g. RUN/final)")
-    export.add_argument("--out", required=True, metavar="DIR", help="output directory (model.onnx, tokenizer)")
-    export.add_argument("--format", choices=["onnx"], default="onnx", help="onnx (the only format so far)")
-    export.add_argument(
-        "--max-length", type=_positive_int, help="longest sequence accepted (default max_position_embeddings)"
-    )
-    export.add_argument("--architecture", choices=list(ARCHITECTURE_NAMES), help="default: the directory's own")
-    export.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
-    export.set_defaults(func=_export)
-
-    push = sub.add_parser("push", help="upload a model directory to the Hugging Face hub, with a model card")
-    push.add_argument("model", metavar="DIR", help="roformer model directory (a run's final/: its run fills the card)")
-    push.add_argument("--repo-id", required=True, help="hub repository, e.g. user/roformer-small")
-    push.add_argument(
-        "--glue", metavar="DIR", help="a `roformer glue` output directory: its dev table goes in the card"
-    )
-    push.add_argument("--private", action="store_true", help="create the repository private")
-    push.add_argument("--token", help="hub token (default: HF_TOKEN or the saved login)")
-    push.add_argument("--dry-run", metavar="DIR", help="write the folder that would be uploaded to DIR; upload nothing")
-    push.add_argument("--overwrite", action="store_true", help="with --dry-run: replace a non-empty DIR")
-    push.set_defaults(func=_push)
-
-    configs = sub.add_parser("configs", help="list the shipped configs (their names work as --config values)")
-    configs.add_argument("name", nargs="?", help="print this config's path, e.g. pretrain/roformer-tiny or glue/rte")
-    configs.set_defaults(func=_configs)
-
-    pretrain = sub.add_parser("pretrain", help="MLM pretraining from a YAML config (also under accelerate launch)")
-    _add_run_arguments(
-        pretrain,
-        "pretraining YAML, or a shipped config's name (roformer-tiny; see roformer configs)",
-        "runs/<config name>",
-    )
-    pretrain.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
-    pretrain.set_defaults(func=_pretrain)
-
-    prepare = sub.add_parser("prepare-data", help="build the token store of a pretraining config (before training)")
-    prepare.add_argument(
-        "--config", required=True, metavar="FILE", help="pretraining YAML or shipped name (its data: section)"
-    )
-    prepare.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    prepare.add_argument("--overwrite", action="store_true", help="rebuild the store even if it is complete")
-    prepare.set_defaults(func=_prepare_data)
-
-    finetune = sub.add_parser("finetune", help="fine-tune on one GLUE task (every lr and seed of the config)")
-    _add_run_arguments(finetune, "task YAML, or a shipped task's name (glue/rte)", "runs/glue/<config name>")
-    finetune.add_argument("--resume", action="store_true", help="continue: finished runs are kept, the last resumes")
-    finetune.set_defaults(func=_finetune)
-
-    glue = sub.add_parser("glue", help="fine-tune several GLUE tasks and write one table and one submission")
-    _add_run_arguments(glue, "suite YAML, or a shipped suite's name (glue/all)", "runs/glue/<config name>")
-    glue.add_argument("--resume", action="store_true", help="continue: finished tasks and runs are kept")
-    glue.set_defaults(func=_glue)
-
-    experiment = sub.add_parser("experiment", help="run both arms (and seeds) of an experiment, then compare")
-    experiment.add_argument("--config", metavar="FILE", help="experiment YAML, or a shipped experiment's name")
-    experiment.add_argument("--output-dir", metavar="DIR", help="default: runs/experiments/<config name>")
-    experiment.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override every arm")
-    experiment.set_defaults(func=_experiment)
-
-    eval_mlm = sub.add_parser("eval-mlm", help="masked-token loss and accuracy at several sequence lengths")
-    eval_mlm.add_argument("--model", required=True, metavar="DIR", help="a model directory (e.g. runs/x/final)")
-    eval_mlm.add_argument("--data", metavar="FILE|RUN", help="pretraining config or run dir (default: the model's run)")
-    eval_mlm.add_argument("--seq-lens", default="128,256,512,1024", metavar="L1,L2", help="lengths to evaluate")
-    eval_mlm.add_argument("--max-tokens", type=_positive_int, default=65536, help="tokens scored at every length")
-    eval_mlm.add_argument("--batch-size", type=_positive_int, default=8)
-    eval_mlm.add_argument("--out", metavar="FILE", help=f"JSON results (default: <run>/{LENGTH_FILE})")
-    eval_mlm.add_argument("--overwrite", action="store_true", help="replace an existing results file")
-    eval_mlm.add_argument(
-        "--rope-scaling",
-        metavar="M1,M2",
-        help="rotary context scaling methods to compare: none, linear, ntk, yarn, each optionally :FACTOR "
-        "(default factor: length / trained length)",
-    )
-    eval_mlm.add_argument(
-        "--trained-length", type=_positive_int, help="the model's training length (default: from final/)"
-    )
-    eval_mlm.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: cuda if available, else cpu)")
-    eval_mlm.set_defaults(func=_eval_mlm)
-
-    compare = sub.add_parser("compare", help="compare pretraining runs (curves, steps-to-target) and GLUE results")
-    compare.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (pretraining or GLUE)")
-    compare.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    compare.add_argument("--baseline", metavar="LABEL", help="the baseline arm (default: the first non-rotary one)")
-    compare.add_argument("--targets", metavar="L1,L2", help="target eval losses (default: baseline's final + offsets)")
-    compare.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
-    compare.set_defaults(func=_compare)
+    for command in COMMANDS:
+        subparser = sub.add_parser(command.name, help=command.help)
+        command.add_arguments(subparser)
+        subparser.set_defaults(func=command.handler)
     return parser
 
 

@@ -4,22 +4,26 @@ One loader for every config file of the project (`load`: a pretraining or fine-t
 experiment): read the YAML, include the files it names, resolve its relative paths against the file's folder, apply
 `--set KEY=VALUE` overrides, build the dataclass. Building (`from_dict`) checks every key and value, so an unknown or
 mistyped key, a wrong type or an impossible value raises `ConfigError` naming the field and the file it came from.
-A config class declares what the loader must know about it in three class attributes:
 
-    INCLUDES      sections that may instead name a YAML file (`model: ../model/roformer-tiny.yaml`)
-    PATH_KEYS     dotted keys holding file paths (resolved against the config file's folder)
-    NAME_KEYS     those of PATH_KEYS that may also be hub names (`bert-base-uncased`): resolved only when they exist
+What the loader (and the resume policy, roformer.train.run_dir) must know about a field is written on the field
+itself, in its dataclass metadata, and read back as dotted keys by `field_keys`:
 
-The configs this project ships (the repository's configs/ folder, installed into the package as roformer/configs)
-are found by name as well as by path: `find_config` (`roformer-tiny`, `glue/rte`; a path wins), `shipped_configs`.
+    PATH          a file path, resolved against the folder of the config file that holds it
+    PATH_OR_NAME  a path that may also be a hub name (`bert-base-uncased`): resolved only when it exists
+    INCLUDE       a section that may instead name a YAML file (`model: ../model/roformer-tiny.yaml`)
+    MAY_CHANGE_ON_RESUME, MAY_CHANGE_ON_RESUME_QUIETLY, MAY_CHANGE_UNTIL_A_RUN_FINISHES: see roformer.train.run_dir
 
+A config class with `INCLUDE_FILE = True` (the run configs) lets a file start from another: `include: recipe.yaml`
+at its top takes that file's keys (its paths resolved against its own folder, its own includes followed), and the
+including file's keys win: mappings merge key by key, any other value replaces the included one.
+
+The shipped configs and their names are roformer.catalogue's (`find_config` and the other names it re-exports here).
 Also here, because every recipe and study compares configs: `config_differences` and `flat_config`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import os
 import re
@@ -31,6 +35,10 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 
+from roformer import catalogue
+
+# the catalogue's names that callers import from here, where they lived before it had a module of its own
+from roformer.catalogue import find_config, shipped_config, shipped_configs, shipped_configs_dir  # noqa: F401
 from roformer.errors import ConfigError
 from roformer.files import atomic_write_text
 
@@ -134,34 +142,48 @@ def write_yaml(path: str | Path, data: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Origin:
-    """Where a config's values came from: its file, and the `--set KEY=VALUE` items that replaced some of them.
+    """Where a config's values came from: its file, the files it included, the `--set KEY=VALUE` items given.
 
     An error names the one the bad value came from: `--set train.lr=abc: key 'train.lr' must be a number`, not the
-    file that holds a good learning rate.
+    file that holds a good learning rate; `recipe.yaml: key 'train.lr' ...` for a value a task config included.
     """
 
     file: str
     overrides: tuple[tuple[str, str], ...] = ()  # (dotted key, the KEY=VALUE item as given)
+    included: tuple[tuple[str, str], ...] = ()  # (dotted key, the included file that holds its value)
 
     def of(self, key: str) -> str:
-        """`--set ITEM` when `key` (or a section above it) was given on the command line, else the file."""
+        """`--set ITEM` when `key` (or a section above it) was given on the command line, else the file holding it."""
         for overridden, item in reversed(self.overrides):  # the last --set of a key is the one that counts
-            if key == overridden or key.startswith((overridden + ".", overridden + "[")):
+            if _within(key, overridden):
                 return f"--set {item}"
+        for included, file in self.included:
+            if _within(key, included):
+                return file
         return self.file
 
     def of_section(self, prefix: str, message: str) -> str:
-        """For a section's own check (a `__post_init__`): the --set of a field of it that the message names."""
+        """For a section's own check (a `__post_init__`): the --set, else the file, of a field the message names."""
         for overridden, item in reversed(self.overrides):
-            if not overridden.startswith(prefix):
-                continue
-            relative = overridden.removeprefix(prefix)
-            if any(re.search(rf"\b{re.escape(name)}\b", message) for name in (relative, relative.rpartition(".")[2])):
+            if overridden.startswith(prefix) and _names(message, overridden.removeprefix(prefix)):
                 return f"--set {item}"
+        for included, file in self.included:
+            if included.startswith(prefix) and _names(message, included.removeprefix(prefix)):
+                return file
         return self.file
 
     def __str__(self) -> str:
         return self.file
+
+
+def _within(key: str, section: str) -> bool:
+    """`key` is `section` or lies inside it (a field of it, an item of its list)."""
+    return key == section or key.startswith((section + ".", section + "["))
+
+
+def _names(message: str, relative: str) -> bool:
+    """An error message names the field at dotted key `relative` (by its whole key or its last part)."""
+    return any(re.search(rf"\b{re.escape(name)}\b", message) for name in (relative, relative.rpartition(".")[2]))
 
 
 def _named(source: str | Origin, key: str) -> str:
@@ -366,31 +388,113 @@ def read_mapping(path: str | Path, sections: str = "sections") -> dict[str, Any]
     return data
 
 
+# What the loader and the resume policy know about a field, written on the field: `field(..., metadata=PATH)`.
+PATH = {"path": True}  # a file path: made absolute against the folder of the config file that holds it
+PATH_OR_NAME = {"path": True, "hub_name": True}  # a path, or a hub name kept as written unless such a path exists
+INCLUDE = {"include": True}  # a section that may instead name a YAML file (its content, or its section of that name)
+# roformer.train.run_dir's resume policy: what a resumed run may change in its config.yaml (everything else enters the
+# computation its checkpoint holds and is refused)
+MAY_CHANGE_ON_RESUME = {"resume": "may_change"}  # only watches or keeps the run: a warning says it changed
+MAY_CHANGE_ON_RESUME_QUIETLY = {"resume": "may_change", "resume_warning": False}  # display only: not worth a warning
+MAY_CHANGE_UNTIL_A_RUN_FINISHES = {"resume": "until_a_run_finishes"}  # where a run ends and what it selects
+
+INCLUDE_KEY = "include"  # the top-level key of a file that starts from another (classes with INCLUDE_FILE = True)
+
+
+def field_keys(cls: type, name: str, value: Any = True) -> tuple[str, ...]:
+    """Dotted keys of the fields of dataclass `cls`, nested sections included, whose metadata has `name: value`.
+
+    In field order, a section's keys where the section is (`field_keys(PretrainConfig, "path")`: `data.paths`, ...).
+    """
+    hints = typing.get_type_hints(cls)
+    keys: list[str] = []
+    for f in fields(cls):
+        if f.metadata.get(name) == value:
+            keys.append(f.name)
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys += [f"{f.name}.{key}" for key in field_keys(hints[f.name], name, value)]
+    return tuple(keys)
+
+
 def load(cls: type[T], path: str | Path, overrides: list[str] | None = None) -> T:
     """Read the config file `path` into dataclass `cls`.
 
-    Sections named in `cls.INCLUDES` may be the path of another YAML (relative to this file; its content, or its
-    section of the same name, is included); the relative paths at `cls.PATH_KEYS` are made absolute against the
-    file's folder; then the `--set` overrides apply, their relative paths made absolute against the working directory.
+    With `cls.INCLUDE_FILE`, an `include:` key names a file whose keys this file's own keys then override (mappings
+    merge key by key). Sections whose field is marked INCLUDE may be the path of another YAML (relative to the file;
+    its content, or its section of the same name, is included); the relative paths of PATH fields are made absolute
+    against the folder of the file they are written in; then the `--set` overrides apply, their relative paths made
+    absolute against the working directory.
 
     Raises:
         ConfigError: naming the file and key for a missing file, invalid YAML, unknown keys, wrong types and
             invalid values.
     """
     path = Path(path)
-    data = read_mapping(path)
-    for section in getattr(cls, "INCLUDES", ()):
-        if isinstance(data.get(section), str):
-            data[section] = _include(path, section, data[section])
-    path_keys, name_keys = list(getattr(cls, "PATH_KEYS", ())), getattr(cls, "NAME_KEYS", ())
-    resolve_paths(data, path_keys, path.parent, name_keys)
+    data, sources = _read_config_file(cls, path, ())
     apply_overrides(data, overrides or [])
     # paths given on the command line are relative to the working directory: made absolute now, so that the run's
     # config.yaml means the same files wherever it is read from (a resume, eval-mlm, an experiment's later stage)
     overridden = {item.partition("=")[0].strip() for item in overrides or []}
-    resolve_paths(data, [key for key in path_keys if key in overridden], Path.cwd(), name_keys)
-    origin = Origin(str(path), tuple((item.partition("=")[0].strip(), item) for item in overrides or []))
+    path_keys = [key for key in field_keys(cls, "path") if key in overridden]
+    resolve_paths(data, path_keys, Path.cwd(), field_keys(cls, "hub_name"))
+    included = tuple((key, file) for key, file in sources.items() if file != str(path))
+    origin = Origin(str(path), tuple((item.partition("=")[0].strip(), item) for item in overrides or []), included)
     return from_dict(cls, data, source=origin)
+
+
+def _read_config_file(cls: type, path: Path, including: tuple[Path, ...]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The mapping of config file `path`, its included file merged under it, its relative paths made absolute.
+
+    Returns:
+        The mapping, and {dotted key of each value: the file it was written in}.
+
+    Raises:
+        ConfigError: a bad file, an `include:` that is not a file's path, or a file that includes itself.
+    """
+    data = read_mapping(path)
+    base: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    if getattr(cls, "INCLUDE_FILE", False) and INCLUDE_KEY in data:
+        included = _included_file(path, data.pop(INCLUDE_KEY), including)
+        base, sources = _read_config_file(cls, included, (*including, path))
+    for section in (f.name for f in fields(cls) if f.metadata.get("include")):
+        if isinstance(data.get(section), str):
+            data[section] = _include(path, section, data[section])
+    resolve_paths(data, list(field_keys(cls, "path")), path.parent, field_keys(cls, "hub_name"))
+    sources.update(dict.fromkeys(_leaf_keys(data), str(path)))
+    return merge_config(base, data), sources
+
+
+def _included_file(path: Path, name: Any, including: tuple[Path, ...]) -> Path:
+    """The file that `include: name` of config file `path` means (relative to `path`'s folder)."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{path}: include: expected the path of a YAML file, got {name!r}")
+    include = config_path(path.parent, name)
+    if not include.is_file():
+        raise ConfigError(f"{path}: include: file not found: {include}")
+    if any(include.resolve() == p.resolve() for p in (*including, path)):
+        raise ConfigError(f"{path}: include: {include} is already being included (the files include each other)")
+    return include
+
+
+def merge_config(base: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """`base` under `own`: mappings merge key by key (recursively), any other value of `own` replaces `base`'s."""
+    merged = dict(base)
+    for key, value in own.items():
+        both_mappings = isinstance(merged.get(key), dict) and isinstance(value, dict)
+        merged[key] = merge_config(merged[key], value) if both_mappings else value
+    return merged
+
+
+def _leaf_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys of a nested mapping's values that are not themselves non-empty mappings."""
+    keys: list[str] = []
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            keys += _leaf_keys(value, f"{prefix}{key}.")
+        else:
+            keys.append(f"{prefix}{key}")
+    return keys
 
 
 def _include(path: Path, section: str, name: str) -> Any:
@@ -467,95 +571,6 @@ def _resolve_path(value: Any, base: Path, may_be_name: bool) -> Any:
     return str(config_path(base, value))
 
 
-# The shipped configs: in a wheel they are package data (pyproject.toml maps the repository's configs/ folder to
-# roformer/configs); in a clone or an editable install they are the repository's configs/ folder.
-_PACKAGE_DIR = Path(__file__).resolve().parent
-INSTALLED_CONFIGS = _PACKAGE_DIR / "configs"
-CHECKOUT_CONFIGS = _PACKAGE_DIR.parent / "configs"
-
-
-def shipped_configs_dir() -> Path | None:
-    """The folder of the shipped configs: the installed package's, else the clone's (None if neither is there)."""
-    if INSTALLED_CONFIGS.is_dir():
-        return INSTALLED_CONFIGS
-    if (CHECKOUT_CONFIGS / "pretrain").is_dir() and (_PACKAGE_DIR.parent / "pyproject.toml").is_file():
-        return CHECKOUT_CONFIGS
-    return None
-
-
-def shipped_configs() -> dict[str, Path]:
-    """{name: file} of every shipped config, named `folder/stem` (`pretrain/roformer-tiny`), in name order."""
-    root = shipped_configs_dir()
-    if root is None:
-        return {}
-    return {p.relative_to(root).with_suffix("").as_posix(): p for p in sorted(root.rglob("*.yaml"))}
-
-
-def config_summary(path: Path, width: int = 100) -> str:
-    """The first sentence of a config file's header comment (without a leading `name:`), at most `width` characters."""
-    header = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.startswith("#"):
-            break
-        header.append(line.lstrip("# ").strip())
-    text = " ".join(header).removeprefix(f"{path.stem}: ")
-    sentences = re.split(r"(?<=\.)\s+(?=[A-Z])", text)  # not after "et al. 2021" or "sec. 4.4"
-    summary = sentences[0].rstrip(".")
-    return summary if len(summary) <= width else summary[: width - 3].rstrip() + "..."
-
-
-# The folders of shipped configs, in the order a stem that several of them have is looked up (`roformer-tiny` is
-# pretrain/roformer-tiny before model/roformer-tiny).
-SHIPPED_FOLDERS = ("pretrain", "glue", "experiments", "model", "accelerate")
-
-
-def shipped_config(name: str) -> Path:
-    """The shipped config called `name`: its `folder/stem`, or a stem, looked up in SHIPPED_FOLDERS order.
-
-    Raises:
-        ConfigError: no shipped config of that name.
-    """
-    found = _shipped_by_name(name, SHIPPED_FOLDERS)
-    if found is None:
-        raise ConfigError(f"{name}: no shipped config of that name (`roformer configs` lists them)")
-    return found
-
-
-def _shipped_by_name(name: str, folders: tuple[str, ...]) -> Path | None:
-    """The shipped config `name` (`.yaml` and a leading `configs/` optional), else `folder/name` for each folder."""
-    configs = shipped_configs()
-    name = name.removesuffix(".yaml").removeprefix("configs/")
-    for candidate in [name] + [f"{folder}/{name}" for folder in folders]:
-        if candidate in configs:
-            return configs[candidate]
-    return None
-
-
-def find_config(value: str | Path, folder: str) -> Path:
-    """The config file that a `--config` value means: a path if that file exists, else a shipped config's name.
-
-    Names are relative to the shipped configs folder, with or without `.yaml` and the command's own `folder`
-    (`roformer-tiny` for `pretrain`, `glue/rte` or `rte` for `glue`); a leading `configs/` is accepted, so the
-    repository's documented paths (`configs/pretrain/roformer-tiny.yaml`) also work from an installed package.
-
-    Raises:
-        ConfigError: neither a file nor a shipped config's name.
-    """
-    path = Path(value)
-    if path.is_file():
-        return path
-    if not path.is_absolute() and ".." not in path.parts:  # a name never leaves the configs folder
-        found = _shipped_by_name(path.as_posix(), (folder,))
-        if found is not None:
-            logging.getLogger(__name__).info("%s: no such file, using the shipped config %s", value, found)
-            return found
-    if path.is_dir():
-        raise ConfigError(f"{value}: is a directory, not a config file (nor a shipped config's name)")
-    raise ConfigError(
-        f"{value}: config file not found, nor a shipped config of that name (`roformer configs` lists them)"
-    )
-
-
 def config_path(folder: Path, value: str | Path) -> Path:
     """A path written in a config file of `folder`, made absolute: relative paths are relative to the file's folder.
 
@@ -565,7 +580,7 @@ def config_path(folder: Path, value: str | Path) -> Path:
     finds what `roformer pretrain --config roformer-base` wrote.
     """
     target = (folder / value).resolve()
-    installed = INSTALLED_CONFIGS.resolve()
+    installed = catalogue.INSTALLED_CONFIGS.resolve()  # read at each call: tests install the configs elsewhere
     folder = folder.resolve()
     if folder.is_relative_to(installed) and not target.is_relative_to(installed):
         return Path(os.path.normpath(Path.cwd() / "configs" / folder.relative_to(installed) / value))

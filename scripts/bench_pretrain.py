@@ -61,7 +61,8 @@ class HFLoop:
             eps=train.adam_eps,
             **({"fused": True} if self.device.type == "cuda" else {}),  # as our engine on CUDA
         )
-        self.scheduler = get_linear_schedule_with_warmup(self.optimizer, train.warmup, train.max_steps)
+        warmup = train.warmup_for(train.max_steps)
+        self.scheduler = get_linear_schedule_with_warmup(self.optimizer, warmup, train.max_steps)
         self.collator = DataCollatorForLanguageModeling(
             trainer.data.tokenizer, mlm_probability=trainer.config.data.mask_rate, return_tensors="pt"
         )

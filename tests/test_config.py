@@ -25,8 +25,12 @@ def _load_glue_config(path: Path) -> None:
     from roformer.config import read_yaml
     from roformer.study.suite import load_suite_config
 
-    is_suite = "tasks" in (read_yaml(path) or {})  # all.yaml, small-cpu.yaml: suites of task configs
-    load_suite_config(path) if is_suite else load(FinetuneConfig, path)
+    if "tasks" in (read_yaml(path) or {}):  # all.yaml, small-cpu.yaml: suites of task configs
+        load_suite_config(path)
+    elif path.name == "recipe.yaml":  # what every task config includes: a task config but for its task
+        load(FinetuneConfig, path, ["data.task=rte"])
+    else:
+        load(FinetuneConfig, path)
 
 
 def _load_experiment_config(path: Path) -> None:
@@ -266,3 +270,226 @@ def test_a_plain_string_yaml_cannot_parse_is_kept_as_written() -> None:
     from roformer.config import apply_overrides
 
     assert apply_overrides({}, ["data.cache_dir=@scratch:/x"]) == {"data": {"cache_dir": "@scratch:/x"}}
+
+
+# The field tables as they were written out by hand before the fields carried them (issue 34): the loader's
+# (PretrainConfig.INCLUDES, .PATH_KEYS; FinetuneConfig.PATH_KEYS, .NAME_KEYS) and the resume policy's
+# (roformer.train.run_dir.RESUME_MAY_CHANGE, RESUME_MAY_CHANGE_UNTIL_A_RUN_FINISHES, RESUME_UNLOGGED).
+PATH_KEYS_BEFORE = {
+    PretrainConfig: ("data.paths", "data.validation_paths", "data.tokenizer", "init"),
+    FinetuneConfig: (
+        "init",
+        "data.glue_dir",
+        "data.train_file",
+        "data.validation_file",
+        "data.test_file",
+        "data.validation_mismatched_file",
+        "data.test_mismatched_file",
+    ),
+}
+NAME_KEYS_BEFORE = {PretrainConfig: (), FinetuneConfig: ("init",)}
+INCLUDES_BEFORE = {PretrainConfig: ("model",), FinetuneConfig: ()}
+RESUME_MAY_CHANGE_BEFORE = (
+    "label",
+    "train.progress",
+    "train.report_to",
+    "train.log_every",
+    "train.eval_batch_size",
+    "train.save_every",
+    "train.keep_checkpoints",
+    "train.max_bad_steps",
+    "train.gradient_checkpointing",
+    "data.num_proc",
+    "data.cache_dir",
+    "train.batch_size",
+    "train.grad_accum",
+)
+RESUME_MAY_CHANGE_UNTIL_A_RUN_FINISHES_BEFORE = ("train.max_steps", "train.epochs", "train.eval_every")
+RESUME_UNLOGGED_BEFORE = ("train.progress", "train.report_to")
+
+
+@pytest.mark.parametrize("cls", [PretrainConfig, FinetuneConfig], ids=lambda cls: cls.__name__)
+def test_the_loader_tables_derived_from_the_fields_are_the_old_tables(cls: type) -> None:
+    from roformer.config import field_keys
+
+    assert field_keys(cls, "path") == PATH_KEYS_BEFORE[cls]  # in the same order, too
+    assert field_keys(cls, "hub_name") == NAME_KEYS_BEFORE[cls]
+    assert field_keys(cls, "include") == INCLUDES_BEFORE[cls]
+
+
+def test_the_resume_tables_derived_from_the_fields_are_the_old_tables() -> None:
+    from roformer.train import run_dir
+
+    # the same keys, each once; listed in field order now (the order a refused resume's message names them in)
+    for derived, before in [
+        (run_dir.RESUME_MAY_CHANGE, RESUME_MAY_CHANGE_BEFORE),
+        (run_dir.RESUME_MAY_CHANGE_UNTIL_A_RUN_FINISHES, RESUME_MAY_CHANGE_UNTIL_A_RUN_FINISHES_BEFORE),
+        (run_dir.RESUME_UNLOGGED, RESUME_UNLOGGED_BEFORE),
+    ]:
+        assert sorted(derived) == sorted(before)
+
+
+def test_a_field_a_subclass_redefines_keeps_its_metadata() -> None:
+    """FinetuneTrainConfig changes defaults of TrainArgs fields: it must repeat what the loader and resume read."""
+    from dataclasses import fields
+
+    from roformer.train.config import FinetuneTrainConfig, TrainArgs, TrainConfig
+
+    shared = {f.name: f.metadata for f in fields(TrainArgs)}
+    for cls in (TrainConfig, FinetuneTrainConfig):
+        for f in fields(cls):
+            if f.name in shared:
+                assert f.metadata == shared[f.name], f"{cls.__name__}.{f.name}"
+    pretraining = {f.name: f.metadata for f in fields(TrainConfig)}
+    assert {f.name: f.metadata for f in fields(FinetuneTrainConfig)}["max_steps"] == pretraining["max_steps"]
+
+
+# Every shipped task config as it loaded before the nine files included configs/glue/recipe.yaml (issue 34): the same
+# for all but data.task (to_dict() of each, computed then; paths relative to the repository)
+GLUE_TASK_CONFIG_BEFORE = {
+    "init": "runs/roformer-base/final",
+    "label": None,
+    "model": {"classifier_dropout": 0.1},
+    "data": {
+        "source": "glue_dir",
+        "glue_dir": "glue_data",
+        "hub_name": "nyu-mll/glue",
+        "train_file": None,
+        "validation_file": None,
+        "test_file": None,
+        "validation_mismatched_file": None,
+        "test_mismatched_file": None,
+        "text_columns": None,
+        "label_column": "label",
+        "max_length": 512,
+        "pad_to_multiple_of": 8,
+        "group_by_length": False,
+        "beyond_pretraining_length": False,
+        "max_train_examples": None,
+        "max_eval_examples": None,
+    },
+    "train": {
+        "seed": 0,
+        "lr": 2e-05,
+        "batch_size": 32,
+        "grad_accum": 1,
+        "mixed_precision": None,
+        "schedule": "linear",
+        "warmup_steps": None,
+        "warmup_fraction": 0.1,
+        "weight_decay": 0.01,
+        "adam_beta1": 0.9,
+        "adam_beta2": 0.999,
+        "adam_eps": 1e-06,
+        "max_grad_norm": 1.0,
+        "log_every": 50,
+        "eval_every": None,
+        "eval_batch_size": None,
+        "save_every": 0,
+        "keep_checkpoints": 2,
+        "report_to": [],
+        "max_bad_steps": 20,
+        "compile": False,
+        "gradient_checkpointing": False,
+        "deterministic": False,
+        "progress": True,
+        "epochs": 3.0,
+        "max_steps": None,
+        "lrs": [2e-05, 3e-05, 4e-05, 5e-05],
+        "seeds": [0, 1, 2, 3, 4],
+    },
+}
+GLUE_TASKS = ["cola", "mnli", "mrpc", "qnli", "qqp", "rte", "sst2", "stsb", "wnli"]
+
+
+@pytest.mark.parametrize("task", GLUE_TASKS)
+def test_a_glue_task_config_loads_as_it_did_before_it_included_the_recipe(task: str) -> None:
+    expected = {**GLUE_TASK_CONFIG_BEFORE, "data": {"task": task, **GLUE_TASK_CONFIG_BEFORE["data"]}}
+    expected["init"] = str(REPO / expected["init"])
+    expected["data"]["glue_dir"] = str(REPO / expected["data"]["glue_dir"])
+    assert load(FinetuneConfig, REPO / "configs" / "glue" / f"{task}.yaml").to_dict() == expected
+
+
+def test_every_glue_task_config_is_the_recipe_and_its_task() -> None:
+    from roformer.config import read_yaml
+
+    for task in GLUE_TASKS:
+        assert read_yaml(REPO / "configs" / "glue" / f"{task}.yaml") == {
+            "include": "recipe.yaml",
+            "data": {"task": task},
+        }
+
+
+def write_finetune_configs(folder: Path, recipe: dict, task: dict) -> Path:
+    """`folder/shared/recipe.yaml` and `folder/tasks/task.yaml`, which includes it; returns the task's path."""
+    (folder / "shared").mkdir(parents=True)
+    (folder / "tasks").mkdir()
+    roformer.config.write_yaml(folder / "shared" / "recipe.yaml", recipe)
+    roformer.config.write_yaml(folder / "tasks" / "task.yaml", {"include": "../shared/recipe.yaml", **task})
+    return folder / "tasks" / "task.yaml"
+
+
+RECIPE = {
+    "init": "../models/base",
+    "model": {"classifier_dropout": 0.1, "hidden_dropout": 0.2},
+    "data": {"source": "files", "train_file": "train.tsv", "validation_file": "dev.tsv", "max_length": 128},
+    "train": {"lrs": [1e-5, 2e-5], "seeds": [0, 1], "epochs": 2},
+}
+
+
+def test_a_files_own_keys_win_over_the_included_files_and_mappings_merge(tmp_path: Path) -> None:
+    task = {"model": {"hidden_dropout": 0.0}, "data": {"task": "rte"}, "train": {"lrs": [3e-5]}}
+    config = load(FinetuneConfig, write_finetune_configs(tmp_path, RECIPE, task), ["train.epochs=1"])
+    assert config.model == {"classifier_dropout": 0.1, "hidden_dropout": 0.0}  # merged key by key
+    assert (config.data.task, config.data.max_length) == ("rte", 128)
+    assert (config.train.lrs, config.train.seeds, config.train.epochs) == ([3e-5], [0, 1], 1.0)  # a list replaces
+
+
+def test_included_paths_are_relative_to_the_file_that_writes_them(tmp_path: Path) -> None:
+    path = write_finetune_configs(tmp_path, RECIPE, {"data": {"task": "rte", "validation_file": "mine.tsv"}})
+    config = load(FinetuneConfig, path)
+    assert config.init == str(tmp_path / "models" / "base")
+    assert config.data.train_file == str(tmp_path / "shared" / "train.tsv")
+    assert config.data.validation_file == str(tmp_path / "tasks" / "mine.tsv")
+
+
+def test_an_included_pretraining_config_brings_its_model_file(tmp_path: Path) -> None:
+    (tmp_path / "mine").mkdir()
+    base = REPO / "configs" / "pretrain" / "roformer-tiny.yaml"  # model: ../model/roformer-tiny.yaml
+    roformer.config.write_yaml(tmp_path / "mine" / "long.yaml", {"include": str(base), "data": {"max_seq_len": 256}})
+    config = load(PretrainConfig, tmp_path / "mine" / "long.yaml")
+    expected = load(PretrainConfig, base, ["data.max_seq_len=256"])
+    assert config.to_dict() == expected.to_dict()
+
+
+def test_a_bad_value_in_an_included_file_is_named_by_that_file(tmp_path: Path) -> None:
+    path = write_finetune_configs(tmp_path / "a", {**RECIPE, "train": {"lr": "abc"}}, {"data": {"task": "rte"}})
+    recipe = tmp_path / "a" / "shared" / "recipe.yaml"
+    with pytest.raises(roformer.ConfigError, match=f"^{re.escape(str(recipe))}: key 'train.lr' must be a number"):
+        load(FinetuneConfig, path)
+    path = write_finetune_configs(tmp_path / "b", RECIPE, {"data": {"tsak": "rte"}})  # the including file's own
+    with pytest.raises(roformer.ConfigError, match=f"^{re.escape(str(path))}: unknown key 'data.tsak'"):
+        load(FinetuneConfig, path)
+
+
+@pytest.mark.parametrize(
+    "include, message",
+    [
+        ("missing.yaml", "include: file not found: "),
+        (["a.yaml"], "include: expected the path of a YAML file, got ['a.yaml']"),
+        ("task.yaml", "is already being included (the files include each other)"),
+    ],
+)
+def test_a_bad_include_is_one_error_naming_the_file(tmp_path: Path, include: object, message: str) -> None:
+    path = tmp_path / "task.yaml"
+    roformer.config.write_yaml(path, {"include": include, "init": "x", "data": {"task": "rte", "glue_dir": "."}})
+    with pytest.raises(roformer.ConfigError, match=f"^{re.escape(str(path))}: .*{re.escape(message)}"):
+        load(FinetuneConfig, path)
+
+
+def test_include_is_an_unknown_key_where_a_config_class_does_not_take_it(tmp_path: Path) -> None:
+    from roformer.study.suite import SuiteConfig
+
+    path = write(tmp_path, "include: other.yaml\ntasks: [rte.yaml]\n")
+    with pytest.raises(roformer.ConfigError, match="unknown key 'include'"):
+        load(SuiteConfig, path)

@@ -14,9 +14,10 @@ import pytest
 from conftest import REPO
 from packaging.specifiers import SpecifierSet
 
-import roformer.config as config_module
+import roformer.catalogue as catalogue
+from roformer.catalogue import find_config, shipped_config, shipped_configs
 from roformer.cli import main
-from roformer.config import ConfigError, find_config, load, shipped_config, shipped_configs
+from roformer.config import ConfigError, load
 from roformer.study.experiment import load_experiment
 from roformer.study.suite import load_suite_config
 from roformer.train.config import FinetuneConfig, PretrainConfig
@@ -84,7 +85,7 @@ def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The configs as a wheel installs them (site-packages/roformer/configs), and an empty working directory."""
     package = tmp_path / "site-packages" / "roformer" / "configs"
     shutil.copytree(CONFIGS, package)
-    monkeypatch.setattr(config_module, "INSTALLED_CONFIGS", package)
+    monkeypatch.setattr(catalogue, "INSTALLED_CONFIGS", package)
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -92,11 +93,11 @@ def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_installed_configs_are_found_before_the_clone(installed: Path) -> None:
-    assert find_config("roformer-tiny", "pretrain") == config_module.INSTALLED_CONFIGS / "pretrain/roformer-tiny.yaml"
+    assert find_config("roformer-tiny", "pretrain") == catalogue.INSTALLED_CONFIGS / "pretrain/roformer-tiny.yaml"
 
 
 def test_installed_references_between_configs_stay_inside_the_package(installed: Path) -> None:
-    package = config_module.INSTALLED_CONFIGS
+    package = catalogue.INSTALLED_CONFIGS
     tiny = load(PretrainConfig, find_config("roformer-tiny", "pretrain"))  # model: ../model/roformer-tiny.yaml
     assert (tiny.model.num_layers, tiny.model.hidden_size) == (2, 64)
     suite = find_config("all", "glue")
@@ -107,7 +108,7 @@ def test_installed_references_between_configs_stay_inside_the_package(installed:
 
 def test_installed_paths_that_leave_the_configs_are_read_from_the_working_directory(installed: Path) -> None:
     # as if the configs folder were ./configs: in a clone's root, the name and the path mean the same files
-    rte = load(FinetuneConfig, find_config("glue/rte", "glue"))
+    rte = load(FinetuneConfig, find_config("glue/rte", "glue"))  # include: recipe.yaml, which holds the paths
     assert rte.init == str(installed / "runs" / "roformer-base" / "final")  # where `pretrain --config roformer-base`
     assert rte.data.glue_dir == str(installed / "glue_data")  # writes, and download_glue_data.py's folder
     small = load(PretrainConfig, find_config("roformer-small", "pretrain"))
@@ -127,6 +128,18 @@ def test_configs_command_lists_every_shipped_config(capsys: pytest.CaptureFixtur
     assert listed == set(shipped_configs())
     assert "  pretrain/roformer-tiny   the quickstart\n" in out  # the header comment's first sentence
     assert "Su et al. 2021, sec. 4.5.1" in out  # not cut at an abbreviation's dot
+
+
+def test_the_folder_table_names_every_shipped_folder_in_lookup_order() -> None:
+    assert list(catalogue.SHIPPED_FOLDERS) == ["pretrain", "glue", "experiments", "model", "accelerate"]
+    assert set(catalogue.SHIPPED_FOLDERS) == {p.name for p in CONFIGS.iterdir() if p.is_dir()}
+
+
+def test_the_config_module_still_offers_the_catalogues_names() -> None:
+    import roformer.config
+
+    for name in ("find_config", "shipped_config", "shipped_configs", "shipped_configs_dir"):
+        assert getattr(roformer.config, name) is getattr(catalogue, name)
 
 
 def test_configs_command_prints_one_path(capsys: pytest.CaptureFixture) -> None:

@@ -1,6 +1,7 @@
 """The `data:` sections of the recipes: `DataConfig` (text into MLM blocks) and `GlueDataConfig` (a GLUE task).
 
-Values only, checked on construction; what reads them is elsewhere in roformer.data (corpus, store, mlm, glue).
+Values only, checked on construction; what reads them is elsewhere in roformer.data (corpus, store, mlm, glue). The
+loader and the resume policy read what their field metadata says (roformer.config: PATH, MAY_CHANGE_ON_RESUME).
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from roformer.config import check_seed, check_types
+from roformer.config import MAY_CHANGE_ON_RESUME, PATH, check_seed, check_types
 from roformer.data.glue_tasks import get_task
 from roformer.errors import ConfigError
 
@@ -58,8 +59,8 @@ class DataConfig:
     """
 
     source: Literal["builtin", "text", "hub"] = "builtin"
-    paths: list[str] = field(default_factory=list)
-    validation_paths: list[str] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list, metadata=PATH)
+    validation_paths: list[str] = field(default_factory=list, metadata=PATH)
     validation_fraction: float = 0.05
     split_seed: int = 0
     text_column: str = "text"
@@ -70,7 +71,7 @@ class DataConfig:
     hub_revision: str | None = None
     builtin_documents: int = 20000
     builtin_seed: int = 0
-    tokenizer: str | None = None
+    tokenizer: str | None = field(default=None, metadata=PATH)
     vocab_size: int = 8000
     lowercase: bool = True
     jieba: bool = False
@@ -78,10 +79,10 @@ class DataConfig:
     mask_rate: float = 0.15
     eval_mask_seed: int = 1234
     max_eval_blocks: int | None = None
-    num_proc: int | None = None
+    num_proc: int | None = field(default=None, metadata=MAY_CHANGE_ON_RESUME)
     whole_word_mask: bool = False
     cache: bool = True
-    cache_dir: str | None = None
+    cache_dir: str | None = field(default=None, metadata=MAY_CHANGE_ON_RESUME)
     streaming: bool = False
     stream_validation_documents: int = 1000
     tokenizer_documents: int = 100_000
@@ -144,13 +145,13 @@ class GlueDataConfig:
 
     task: str = ""
     source: Literal["glue_dir", "hub", "files"] = "glue_dir"
-    glue_dir: str | None = None
+    glue_dir: str | None = field(default=None, metadata=PATH)
     hub_name: str = "nyu-mll/glue"
-    train_file: str | None = None
-    validation_file: str | None = None
-    test_file: str | None = None
-    validation_mismatched_file: str | None = None
-    test_mismatched_file: str | None = None
+    train_file: str | None = field(default=None, metadata=PATH)
+    validation_file: str | None = field(default=None, metadata=PATH)
+    test_file: str | None = field(default=None, metadata=PATH)
+    validation_mismatched_file: str | None = field(default=None, metadata=PATH)
+    test_mismatched_file: str | None = field(default=None, metadata=PATH)
     text_columns: list[str] | None = None
     label_column: str = "label"
     max_length: int = 512

@@ -5,8 +5,8 @@ the training documents (vocab size and lower-casing from the config) unless `tok
 Validation is a fixed, seeded document-level split (or its own files), so eval blocks never share text with
 training blocks. The store (roformer.data.token_store) is built once into the cache (roformer.data.cache: keyed by
 every field and input file it depends on) and read through a memory map; `roformer prepare-data` builds it ahead of
-training. `data.streaming` has its own build (roformer.data.streaming); roformer.data.mlm.train_batches turns
-either into the masked batches of every step.
+training (`prepare_token_store`, which also says what the store holds). `data.streaming` has its own build
+(roformer.data.streaming); roformer.data.mlm.train_batches turns either into the masked batches of every step.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import atexit
 import logging
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,3 +179,43 @@ def store_usable(directory: Path, tokenizer: Any = None) -> bool:
         return True
     info = read_json(directory / "train" / STORE_FILE, rebuild_hint(directory))
     return same_vocabulary(info.get("vocab_hash"), tokenizer)
+
+
+def prepare_token_store(config: DataConfig, replace: bool = False) -> str:
+    """`roformer prepare-data`: build the token store of `config` ahead of training, unless a complete one is there.
+
+    The store is where pretraining finds it (`store_directory`; the config's paths already resolved by the loader).
+
+    Args:
+        config: The data section of a pretraining config.
+        replace: Rebuild the store even if it is complete (`--overwrite`).
+
+    Returns:
+        What was done and what the store holds (`store_summary`), for the console.
+
+    Raises:
+        UserError: a config that keeps no store (streaming, no cache), or what building it raises.
+    """
+    if config.streaming:
+        raise UserError("data.streaming: true tokenizes while training and keeps no token store to prepare")
+    if not config.cache:
+        raise UserError("data.cache: false keeps no store between runs; prepare-data writes into the cache")
+    directory = store_directory(config)
+    started = time.perf_counter()
+    if store_usable(directory) and not replace:
+        status = "up to date"
+    else:
+        build_token_store(config, directory, replace=replace)
+        status = f"built in {time.perf_counter() - started:.1f} s"
+    return f"token store {status}: {directory}\n" + store_summary(directory, config.max_seq_len)
+
+
+def store_summary(directory: Path, max_seq_len: int) -> str:
+    """What a token store holds: tokens per split, documents and blocks of the training split, vocabulary."""
+    train, validation = TokenStore(directory / "train"), TokenStore(directory / "validation")
+    size, tokens = train.nbytes + validation.nbytes, train.num_tokens + validation.num_tokens
+    return (
+        f"  train {train.num_tokens:,} tokens ({train.info['documents']:,} documents, "
+        f"{train.num_blocks(max_seq_len):,} blocks of {max_seq_len}), validation {validation.num_tokens:,} "
+        f"tokens; {size / tokens:.2f} bytes per token ({train.dtype.name}); vocabulary {train.info['vocab_size']:,}"
+    )

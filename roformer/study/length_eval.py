@@ -15,11 +15,13 @@ choose to run at that length). The weights are the same; only the rotation table
 when its tables are the model's own (`none` for a model trained without scaling): those are what compare reads.
 
 The results are rows of numbers (written as JSON by `write_results`); roformer.study.markdown.length_results_table
-lays them out as the table eval-mlm prints.
+lays them out as the table eval-mlm prints. `run_length_eval` is the command: its checks (before any work), the
+evaluation and the results file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -29,12 +31,13 @@ from typing import Any
 import torch
 
 import roformer.config
+from roformer.catalogue import find_config
 from roformer.data.corpus import validation_documents
 from roformer.data.mlm import eval_batch
 from roformer.data.packing import pack_blocks, tokenize_documents
 from roformer.data.tokenizer import check_fits, jieba_presegmenter, load_tokenizer
-from roformer.errors import UserError
-from roformer.files import atomic_write_text
+from roformer.errors import ConfigError, UserError
+from roformer.files import atomic_write_text, check_output_file
 from roformer.model.config import ModelConfig, RopeScaling
 from roformer.model.layers import rotary_frequencies
 from roformer.model.model import Model, load
@@ -214,3 +217,99 @@ def default_output(model_dir: str | Path) -> Path:
 def write_results(path: Path, model_dir: str | Path, results: list[dict[str, Any]]) -> None:
     """Write the results JSON (atomically)."""
     atomic_write_text(path, json.dumps({"model": str(model_dir), "results": results}, indent=2))
+
+
+def run_length_eval(
+    model_dir: str | Path,
+    data: str | None,
+    seq_lens: str,
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    rope_scaling: str | None = None,
+    max_tokens: int = 65536,
+    batch_size: int = 8,
+    device: str | None = None,
+    trained_length: int | None = None,
+) -> tuple[list[dict[str, Any]], Path]:
+    """`roformer eval-mlm`: check the request, evaluate every length, write the results file.
+
+    Everything that can be checked without the model is checked before it is loaded: the model directory, the
+    results file (writable, not replaced unless `overwrite`), the data source, the lengths and scaling methods.
+
+    Args:
+        model_dir: The model to evaluate.
+        data: A pretraining config (a path or a shipped config's name) or run directory; None = the model's own run
+            when `model_dir` is a run's final/.
+        seq_lens: Comma-separated block lengths, as given to --seq-lens.
+        out: The results JSON; None = `default_output(model_dir)`.
+        overwrite: Replace an existing results file.
+        rope_scaling: Comma-separated scaling methods, as given to --rope-scaling (`parse_rope_scalings`).
+        max_tokens: Tokens scored at every length.
+        batch_size: Blocks per forward.
+        device: Where to run; None = `default_device()`.
+        trained_length: The model's training length (default: its pretraining.json).
+
+    Returns:
+        The results (`evaluate_lengths`) and the file they were written to.
+
+    Raises:
+        UserError: a bad request, or no requested length that could be evaluated.
+    """
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise UserError(f"--model {model_dir}: no such model directory")
+    out = Path(out) if out else default_output(model_dir)
+    check_output_file(out)  # before evaluating
+    source = data_source_of(data, model_dir)
+    lengths = parse_lengths(seq_lens)
+    scalings = parse_rope_scalings(rope_scaling) if rope_scaling else None
+    if out.exists() and not overwrite:  # earlier results (e.g. at other lengths) are not replaced unasked
+        raise UserError(f"{out}: exists (pass --overwrite to replace it)")
+    results = evaluate_lengths(
+        model_dir,
+        source,
+        lengths,
+        max_tokens=max_tokens,
+        batch_size=batch_size,
+        device=device or default_device(),
+        rope_scalings=scalings,
+        trained_length=trained_length,
+    )
+    if all("error" in r for r in results):  # nothing evaluated: not a result to write
+        raise UserError(f"{model_dir}: no requested length could be evaluated ({results[0]['error']})")
+    write_results(out, model_dir, results)
+    return results, out
+
+
+def data_source_of(data: str | None, model_dir: Path) -> str | Path:
+    """What --data means: a path, else a shipped pretraining config's name; without it, the run of a final/ model.
+
+    Raises:
+        UserError: no --data for a model directory that is not a run's final/.
+    """
+    if not data:
+        if model_dir.name != FINAL_DIR:
+            raise UserError(
+                "--data is required (a pretraining config or run directory) unless --model is a run's final/"
+            )
+        return model_dir.parent
+    if not Path(data).exists():  # a shipped config's name; else the data source's own error
+        with contextlib.suppress(ConfigError):
+            return find_config(data, "pretrain")
+    return data
+
+
+def parse_lengths(text: str) -> list[int]:
+    """`128,256` -> [128, 256].
+
+    Raises:
+        UserError: an item that is not an integer >= 1.
+    """
+    message = f"--seq-lens: expected comma-separated integers >= 1, got {text!r}"
+    try:
+        lengths = [int(item) for item in text.split(",")]
+    except ValueError:
+        raise UserError(message) from None
+    if any(n < 1 for n in lengths):
+        raise UserError(message)
+    return lengths

@@ -5,6 +5,9 @@
 (`roformer pretrain`, the studies) and `FinetuneConfig` (`roformer finetune`, `roformer glue`) are whole run
 configs, read with `roformer.config.load(PretrainConfig, path, overrides)`; the `data:` sections are in
 roformer.data.config, the `model:` section is roformer.model.config.ModelConfig.
+
+What the loader and the resume policy must know about a field is in its metadata (roformer.config: PATH, INCLUDE,
+MAY_CHANGE_ON_RESUME, ...). A subclass that changes a field's default repeats its metadata (a test checks).
 """
 
 from __future__ import annotations
@@ -12,7 +15,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
-from roformer.config import check_seed, check_types
+from roformer.config import (
+    INCLUDE,
+    MAY_CHANGE_ON_RESUME,
+    MAY_CHANGE_ON_RESUME_QUIETLY,
+    MAY_CHANGE_UNTIL_A_RUN_FINISHES,
+    PATH,
+    PATH_OR_NAME,
+    check_seed,
+    check_types,
+)
 from roformer.data.config import DataConfig, GlueDataConfig
 from roformer.errors import ConfigError
 from roformer.model.config import ModelConfig
@@ -59,8 +71,10 @@ class TrainArgs:
 
     seed: int = 0
     lr: float = 5e-4
-    batch_size: int = 32
-    grad_accum: int = 1
+    # the process layout, under the same global batch (batch_size x processes x grad_accum): the checkpoint and every
+    # finished run's record carry it, and a resume under another one is refused (roformer.train.engine)
+    batch_size: int = field(default=32, metadata=MAY_CHANGE_ON_RESUME)
+    grad_accum: int = field(default=1, metadata=MAY_CHANGE_ON_RESUME)
     mixed_precision: Literal["no", "bf16", "fp16"] | None = None
     schedule: Literal["linear", "cosine", "constant"] = "linear"
     warmup_steps: int | None = None
@@ -70,17 +84,17 @@ class TrainArgs:
     adam_beta2: float = 0.999
     adam_eps: float = 1e-6
     max_grad_norm: float | None = 1.0
-    log_every: int = 10
-    eval_every: int | None = 200
-    eval_batch_size: int | None = None
-    save_every: int = 500
-    keep_checkpoints: int = 2
-    report_to: list[str] = field(default_factory=list)
-    max_bad_steps: int = 20
+    log_every: int = field(default=10, metadata=MAY_CHANGE_ON_RESUME)
+    eval_every: int | None = field(default=200, metadata=MAY_CHANGE_UNTIL_A_RUN_FINISHES)
+    eval_batch_size: int | None = field(default=None, metadata=MAY_CHANGE_ON_RESUME)
+    save_every: int = field(default=500, metadata=MAY_CHANGE_ON_RESUME)
+    keep_checkpoints: int = field(default=2, metadata=MAY_CHANGE_ON_RESUME)
+    report_to: list[str] = field(default_factory=list, metadata=MAY_CHANGE_ON_RESUME_QUIETLY)
+    max_bad_steps: int = field(default=20, metadata=MAY_CHANGE_ON_RESUME)
     compile: bool = False
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = field(default=False, metadata=MAY_CHANGE_ON_RESUME)  # same losses, recomputed
     deterministic: bool = False
-    progress: bool = True
+    progress: bool = field(default=True, metadata=MAY_CHANGE_ON_RESUME_QUIETLY)
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -131,17 +145,12 @@ class TrainConfig(TrainArgs):
         max_steps: Optimizer steps (each of batch_size x processes x grad_accum blocks).
     """
 
-    max_steps: int = 1000
+    max_steps: int = field(default=1000, metadata=MAY_CHANGE_UNTIL_A_RUN_FINISHES)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.max_steps < 1:
             raise ConfigError(f"max_steps must be >= 1, got {self.max_steps}")
-
-    @property
-    def warmup(self) -> int:
-        """Warmup length in optimizer steps."""
-        return self.warmup_for(self.max_steps)
 
 
 @dataclass
@@ -160,11 +169,11 @@ class FinetuneTrainConfig(TrainArgs):
 
     lr: float = 2e-5
     warmup_fraction: float = 0.1
-    log_every: int = 50
-    eval_every: int | None = None
-    save_every: int = 0
-    epochs: float = 3.0
-    max_steps: int | None = None
+    log_every: int = field(default=50, metadata=MAY_CHANGE_ON_RESUME)
+    eval_every: int | None = field(default=None, metadata=MAY_CHANGE_UNTIL_A_RUN_FINISHES)
+    save_every: int = field(default=0, metadata=MAY_CHANGE_ON_RESUME)
+    epochs: float = field(default=3.0, metadata=MAY_CHANGE_UNTIL_A_RUN_FINISHES)
+    max_steps: int | None = field(default=None, metadata=MAY_CHANGE_UNTIL_A_RUN_FINISHES)
     lrs: list[float] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
 
@@ -195,14 +204,13 @@ class PretrainConfig:
     followed by a short continued pretraining at a longer `data.max_seq_len`, as in Chen et al. 2023).
     """
 
-    INCLUDES: ClassVar = ("model",)  # `model:` may name a configs/model file (overrides apply on top of it)
-    PATH_KEYS: ClassVar = ("data.paths", "data.validation_paths", "data.tokenizer", "init")
+    INCLUDE_FILE: ClassVar = True  # `include: FILE` starts from another pretraining config (roformer.config.load)
 
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelConfig = field(default_factory=ModelConfig, metadata=INCLUDE)  # or a configs/model file's path
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    label: str | None = None
-    init: str | None = None
+    label: str | None = field(default=None, metadata=MAY_CHANGE_ON_RESUME)
+    init: str | None = field(default=None, metadata=PATH)
 
     def __post_init__(self) -> None:
         if self.init and not self.data.tokenizer:
@@ -234,22 +242,13 @@ class FinetuneConfig:
     or classifier_dropout (num_labels comes from the task).
     """
 
-    PATH_KEYS: ClassVar = (
-        "init",
-        "data.glue_dir",
-        "data.train_file",
-        "data.validation_file",
-        "data.test_file",
-        "data.validation_mismatched_file",
-        "data.test_mismatched_file",
-    )
-    NAME_KEYS: ClassVar = ("init",)  # an HF hub name is not a path
+    INCLUDE_FILE: ClassVar = True  # `include: FILE` starts from a shared recipe (configs/glue/recipe.yaml)
 
-    init: str = ""
+    init: str = field(default="", metadata=PATH_OR_NAME)  # an HF hub name is not a path
     data: GlueDataConfig = field(default_factory=GlueDataConfig)
     train: FinetuneTrainConfig = field(default_factory=FinetuneTrainConfig)
     model: dict[str, Any] = field(default_factory=dict)
-    label: str | None = None
+    label: str | None = field(default=None, metadata=MAY_CHANGE_ON_RESUME)
 
     def __post_init__(self) -> None:
         if not self.init:

@@ -22,11 +22,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from roformer.config import ABSENT, config_differences, read_yaml, write_yaml
+from roformer.config import ABSENT, config_differences, field_keys, read_yaml, write_yaml
 from roformer.data.tokenizer import save_tokenizer
 from roformer.errors import UserError
 from roformer.files import atomic_write_text, check_output_dir, staged_output_dir
 from roformer.logs import MAIN_ONLY
+from roformer.train.config import FinetuneConfig, PretrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -46,32 +47,21 @@ PRETRAINING_FILE = "pretraining.json"  # in a pretrained model directory: the bl
 LENGTH_FILE = "length_extrapolation.json"  # written by roformer eval-mlm next to a run's final/
 
 
-# What a resumed run may change in its config.yaml: one policy for every recipe. A resume continues the computation
-# the checkpoint holds (weights, optimizer, schedule, data order, masks, RNG) and, for a fine-tuning grid, joins
-# runs that have finished: any field that enters that computation is refused, by name, with both values.
-RESUME_MAY_CHANGE = (  # what only watches or keeps the run (logged as a warning)
-    "label",
-    "train.progress",
-    "train.report_to",
-    "train.log_every",
-    "train.eval_batch_size",
-    "train.save_every",
-    "train.keep_checkpoints",
-    "train.max_bad_steps",
-    "train.gradient_checkpointing",  # the same losses and gradients, recomputed
-    "data.num_proc",
-    "data.cache_dir",
-    # the process layout, under the same global batch (batch_size x processes x grad_accum): the checkpoint and
-    # every finished run's record carry it, and a resume under another one is refused (roformer.train.engine)
-    "train.batch_size",
-    "train.grad_accum",
-)
-RESUME_MAY_CHANGE_UNTIL_A_RUN_FINISHES = (  # where a run ends and what it selects: the same for all runs of a grid
-    "train.max_steps",
-    "train.epochs",
-    "train.eval_every",
-)
-RESUME_UNLOGGED = ("train.progress", "train.report_to")  # display only: not worth a warning
+# What a resumed run may change in its config.yaml: one policy for every recipe, written on the fields of the run
+# configs (roformer.config: MAY_CHANGE_ON_RESUME and the others). A resume continues the computation the checkpoint
+# holds (weights, optimizer, schedule, data order, masks, RNG) and, for a fine-tuning grid, joins runs that have
+# finished: any field that enters that computation is refused, by name, with both values.
+RUN_CONFIGS = (PretrainConfig, FinetuneConfig)
+
+
+def resume_keys(name: str, value: Any) -> tuple[str, ...]:
+    """The dotted keys of the run configs' fields whose metadata has `name: value`, each once, in field order."""
+    return tuple(dict.fromkeys(key for config in RUN_CONFIGS for key in field_keys(config, name, value)))
+
+
+RESUME_MAY_CHANGE = resume_keys("resume", "may_change")  # what only watches or keeps the run (logged as a warning)
+RESUME_MAY_CHANGE_UNTIL_A_RUN_FINISHES = resume_keys("resume", "until_a_run_finishes")  # the same for a whole grid
+RESUME_UNLOGGED = resume_keys("resume_warning", False)  # display only: not worth a warning
 
 
 class RunDir:
