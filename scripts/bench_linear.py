@@ -23,7 +23,8 @@ import time
 import torch
 
 from roformer.model.config import ModelConfig
-from roformer.model.layers import RotaryEmbedding, SelfAttention
+from roformer.model.layers import AttentionContext, SelfAttention
+from roformer.model.positions import RotaryEmbedding
 
 VARIANTS = {"softmax": ("softmax", 0.0), "softmax-dropout": ("softmax", 0.1), "linear": ("linear", 0.0)}
 
@@ -43,7 +44,7 @@ def child(variant: str, length: int, args: argparse.Namespace) -> dict[str, floa
     x = torch.randn(1, length, args.hidden, device=device, requires_grad=True)
 
     def step() -> None:
-        layer(x, None, rotary).sum().backward()
+        layer(x, AttentionContext(rotary=rotary)).sum().backward()
         if device.type == "cuda":
             torch.cuda.synchronize()
 

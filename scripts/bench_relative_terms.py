@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from roformer.model.flops import synchronize
-from roformer.model.layers import ShawTerms, alibi_slopes, relative_distances
+from roformer.model.positions import ShawTerms, alibi_slopes, relative_distances
 
 
 def timed(fn: Callable[[], torch.Tensor], inputs: list[torch.Tensor], repeats: int) -> float:

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from roformer.model.layers import RotaryEmbedding
+from roformer.model.positions import RotaryEmbedding
 
 
 def hf_style(x: torch.Tensor, sinusoidal_pos: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,14 @@ import pytest
 from conftest import REPO
 
 PACKAGE = REPO / "roformer"
-BASE = {"roformer.config", "roformer.catalogue", "roformer.files", "roformer.errors", "roformer.logs", "roformer.version"}
+BASE = {
+    "roformer.config",
+    "roformer.catalogue",
+    "roformer.files",
+    "roformer.errors",
+    "roformer.logs",
+    "roformer.version",
+}
 
 
 def module_name(path: Path) -> str:
@@ -92,6 +99,7 @@ ROOMS = {
     "roformer.model": [
         {"config"},
         {"weights", "flops"},
+        {"positions"},
         {"layers"},
         {"generation"},
         {"model"},

@@ -11,7 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import roformer
 from roformer.model.config import ModelConfig
-from roformer.model.layers import LINEAR_ATTENTION_EPS, RotaryEmbedding, linear_attention
+from roformer.model.layers import LINEAR_ATTENTION_EPS, linear_attention
+from roformer.model.positions import RotaryEmbedding
 
 
 def explicit_eq19(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, rotary: bool):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,8 +13,10 @@ from torch.testing import assert_close
 import roformer
 from roformer.data import masking
 from roformer.errors import CheckpointError
-from roformer.model.config import RELATIVE_ENCODINGS
+from roformer.model.config import RELATIVE_ENCODINGS, position_fields
+from roformer.model.layers import KVCache
 from roformer.model.model import IGNORE_INDEX
+from roformer.model.positions import attention_positions
 
 ENCODINGS = ["rotary", "sinusoidal", "learned", "shaw", "t5_bias", "alibi", "none"]
 
@@ -102,6 +106,57 @@ def test_same_seed_gives_every_position_encoding_the_same_shared_weights() -> No
     torch.manual_seed(1)  # another seed, other weights
     other = roformer.MaskedLM(tiny_config()).state_dict()["backbone.embeddings.word.weight"]
     assert not torch.equal(other, reference["backbone.embeddings.word.weight"])
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_the_attention_side_encoding_keeps_its_checkpoint_name(encoding: str) -> None:
+    """`attention_positions` builds it, the backbone registers it under the name its saved keys have always had."""
+    backbone = roformer.Backbone(tiny_config(position_encoding=encoding))
+    expected = {"rotary": "rotary", "t5_bias": "relative_bias", "alibi": "relative_bias", "shaw": "shaw"}.get(encoding)
+    children = {name for name, _ in backbone.named_children()}
+    assert children - {"embeddings", "layers"} == ({expected} if expected else set())
+    if expected is None:
+        assert backbone.positions is None and attention_positions(backbone.config) is None
+    else:
+        assert backbone.positions is getattr(backbone, expected) and backbone.positions.attribute == expected
+
+
+def test_position_fields_are_those_the_experiments_compared() -> None:
+    """The fields marked as the position encoding: the set roformer.study.experiment named by hand before them."""
+    before = {
+        "position_encoding",
+        "rotary_base",
+        "rotary_layout",
+        "rotary_value",
+        "sinusoidal_scale",
+        "sinusoidal_scale_learned",
+        "max_position_embeddings",
+        "rotary_dim",
+        "rope_scaling",
+        "relative_max_distance",
+        "relative_num_buckets",
+        "shaw_values",
+        "shaw_shared_layers",
+    }
+    fields = position_fields()
+    assert set(fields) == before and len(fields) == len(before)
+    declared = [f.name for f in dataclasses.fields(roformer.ModelConfig)]
+    assert list(fields) == sorted(fields, key=declared.index)  # a stable order: the config's own
+
+
+def test_every_head_opens_with_the_backbone_and_its_pooler() -> None:
+    """`run_backbone`: the hidden states and the pooler's output every head starts from; no pooling with a cache."""
+    torch.manual_seed(0)
+    model = roformer.TokenClassifier(tiny_config(add_pooler=True)).eval()
+    batch = padded_batch()
+    with torch.no_grad():
+        x, hidden, pooled = model.run_backbone(**batch, output_hidden_states=True)
+        out = model.backbone(**batch, output_hidden_states=True)
+    assert torch.equal(x, out.logits) and torch.equal(pooled, out.pooled) and len(hidden) == 3
+    assert torch.equal(model(**batch).pooled, pooled)
+    decoder = roformer.CausalLM(tiny_config(add_pooler=True)).eval()
+    with torch.no_grad():
+        assert decoder.run_backbone(batch["input_ids"], cache=KVCache())[2] is None
 
 
 def test_hidden_states_and_backbone_output() -> None:

@@ -16,8 +16,9 @@ from torch.testing import assert_close
 
 import roformer
 from roformer.model.config import PositionEncoding
-from roformer.model.layers import ShawEmbeddings, alibi_slopes, relative_distances, t5_buckets
+from roformer.model.layers import AttentionContext
 from roformer.model.model import CausalLM
+from roformer.model.positions import ShawEmbeddings, alibi_slopes, relative_distances, t5_buckets
 
 RELATIVE = ["shaw", "t5_bias", "alibi"]
 
@@ -113,9 +114,9 @@ def test_shaw_attention_is_the_papers_equation_in_float64(values: bool) -> None:
     mask = torch.ones(2, T, dtype=torch.long)
     mask[1, 6:] = 0
     layer = model.layers[0].attn
-    shaw = model.shaw.for_layers(relative_distances(torch.arange(T), torch.arange(T)), 1 - T, T - 1)(0)
+    shaw = model.shaw.for_layers(relative_distances(torch.arange(T), torch.arange(T)), 1 - T, T - 1)
     with torch.no_grad():
-        got = layer(x, mask.bool()[:, None, None, :], None, shaw=shaw)
+        got = layer(x, AttentionContext(mask.bool()[:, None, None, :], shaw=shaw))
         for b in range(2):
             keys = model.shaw.keys[0].weight
             value_table = model.shaw.values[0].weight if values else None
@@ -242,8 +243,8 @@ def test_shaw_values_on_a_row_of_padding_only_is_finite() -> None:
     keep = torch.ones(2, T, dtype=torch.bool)
     keep[1] = False  # no key at all
     layer = backbone.layers[0].attn
-    shaw = backbone.shaw.for_layers(relative_distances(torch.arange(T), torch.arange(T)), 1 - T, T - 1)(0)
-    y = layer(x, keep[:, None, None, :], None, shaw=shaw)  # (B, T, C)
+    shaw = backbone.shaw.for_layers(relative_distances(torch.arange(T), torch.arange(T)), 1 - T, T - 1)
+    y = layer(x, AttentionContext(keep[:, None, None, :], shaw=shaw))  # (B, T, C)
     assert_close(y[1], layer.proj.bias.expand(T, -1))  # attention gives 0, projected
     y.sum().backward()
     assert x.grad.isfinite().all()

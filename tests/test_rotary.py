@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from roformer.model.layers import RotaryEmbedding, SinusoidalPositions, apply_rotary
 from roformer.model.model import rotary_permutation
+from roformer.model.positions import RotaryEmbedding, SinusoidalPositions, apply_rotary
 
 
 def paper_rotation_matrix(d: int, m: int, base: float = 10000.0) -> torch.Tensor:
@@ -129,7 +129,7 @@ def test_apply_rotary_half_layout_matches_neox_formula() -> None:
 
 def test_compiled_rotary_matches_eager(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under torch.compile the rotation takes a real-arithmetic path; it must equal the complex one in both layouts."""
-    from roformer.model.layers import RotaryEmbedding
+    from roformer.model.positions import RotaryEmbedding
 
     for layout in ("interleaved", "half"):
         rotary = RotaryEmbedding(16, layout=layout)

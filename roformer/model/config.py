@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,6 +47,10 @@ PositionEncoding = Literal["rotary", "sinusoidal", "learned", "shaw", "t5_bias",
 
 # Encodings that enter attention as a function of the distance between two tokens, not of the tokens' own positions.
 RELATIVE_ENCODINGS = ("rotary", "shaw", "t5_bias", "alibi")
+
+# Metadata of the ModelConfig fields that make up a model's position encoding (`position_fields()`): the fields in
+# which two arms of an experiment may differ, everything else being equal.
+POSITION = {"position": True}
 
 
 @dataclass
@@ -187,20 +191,20 @@ class ModelConfig:
     type_vocab_size: int = 2
     pad_token_id: int = 0
     initializer_range: float = 0.02
-    position_encoding: PositionEncoding = "rotary"
-    max_position_embeddings: int = 512
-    rotary_base: float = 10000.0
-    rotary_layout: Literal["interleaved", "half"] = "interleaved"
-    rotary_value: bool = False
-    rotary_dim: int | None = None
-    rope_scaling: RopeScaling | None = None
-    relative_max_distance: int = 128
-    relative_num_buckets: int = 32
-    shaw_values: bool = False
-    shaw_shared_layers: bool = False
+    position_encoding: PositionEncoding = field(default="rotary", metadata=POSITION)
+    max_position_embeddings: int = field(default=512, metadata=POSITION)
+    rotary_base: float = field(default=10000.0, metadata=POSITION)
+    rotary_layout: Literal["interleaved", "half"] = field(default="interleaved", metadata=POSITION)
+    rotary_value: bool = field(default=False, metadata=POSITION)
+    rotary_dim: int | None = field(default=None, metadata=POSITION)
+    rope_scaling: RopeScaling | None = field(default=None, metadata=POSITION)
+    relative_max_distance: int = field(default=128, metadata=POSITION)
+    relative_num_buckets: int = field(default=32, metadata=POSITION)
+    shaw_values: bool = field(default=False, metadata=POSITION)
+    shaw_shared_layers: bool = field(default=False, metadata=POSITION)
     attention: Literal["softmax", "linear"] = "softmax"
-    sinusoidal_scale: float | None = None
-    sinusoidal_scale_learned: bool = False
+    sinusoidal_scale: float | None = field(default=None, metadata=POSITION)
+    sinusoidal_scale_learned: bool = field(default=False, metadata=POSITION)
     tie_word_embeddings: bool = True
     num_labels: int = 2
     classifier_head: Literal["pooler", "mlp"] = "mlp"
@@ -349,3 +353,8 @@ class ModelConfig:
     def to_yaml(self, path: str | Path) -> None:
         """Write all fields to a YAML file."""
         write_yaml(path, self.to_dict())
+
+
+def position_fields() -> tuple[str, ...]:
+    """The names of the ModelConfig fields that make up the position encoding (metadata `POSITION`), in field order."""
+    return tuple(f.name for f in dataclasses.fields(ModelConfig) if f.metadata.get("position", False))

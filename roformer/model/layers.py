@@ -1,26 +1,27 @@
 """The layers of the encoder, read top to bottom.
 
-Activations, position encodings, norms, embeddings, attention (softmax, linear) and the post-LN block. Of the
-position encodings, `rotary` rotates q and k, `sinusoidal` and `learned` (a table in `Embeddings`) are added to the
-token embeddings, `shaw` adds learned embeddings of the distance to the keys (and values), `t5_bias` and `alibi` add
-a bias to the attention logits, and `none` has none. The models that stack them are in `roformer.model.model`.
+Activations, norms, embeddings, attention (softmax with a KV cache, linear) and the post-LN block. The position
+encodings are one room below, in `roformer.model.positions`: the absolute ones (`sinusoidal`, `learned`) enter here
+through `Embeddings`, the others (`rotary`, `shaw`, `t5_bias`, `alibi`) through the `AttentionContext` every attention
+layer reads, and `none` has none. The models that stack the layers are in `roformer.model.model`.
 
 References:
     Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding", arXiv 2104.09864 ("paper").
-    Devlin et al. 2019, BERT; Vaswani et al. 2017, "Attention is all you need" (sinusoidal positions).
+    Devlin et al. 2019, BERT.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from roformer.model.config import ModelConfig, RopeScaling
+from roformer.model.config import ModelConfig
+from roformer.model.positions import Rotation, ShawTerms, SinusoidalPositions
 
 # ----------------------------------------------------------------------------------------------------------------
 # Activations: every parameter-free name HF BERT/RoFormer configs use (config.ACTIVATION_NAMES), written out here.
@@ -61,349 +62,6 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "sqrtsoftplus": lambda x: torch.sqrt(F.softplus(x)),
     "linear": lambda x: x,
 }
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Position encodings
-
-
-def rotary_angles(num_positions: int, dim: int, base: float = 10000.0, scaling: RopeScaling | None = None) -> Tensor:
-    """Angles m * theta_i for positions m < num_positions, theta_i = base^(-2i/dim) (paper eq. 15), or as scaled.
-
-    Computed in float64: in float32, m * theta_i at m = 1e5 is off by ~1e-2 rad, a known bug class (GPT-NeoX,
-    Megatron). Callers cast the cos/sin tables to float32 and cast at use.
-
-    Returns:
-        (num_positions, dim // 2) float64 tensor on the CPU.
-    """
-    inv_freq, _ = rotary_frequencies(dim, base, scaling)  # (dim/2,)
-    return torch.outer(torch.arange(num_positions, dtype=torch.float64), inv_freq)  # (T, dim/2)
-
-
-def rotary_frequencies(dim: int, base: float, scaling: RopeScaling | None = None) -> tuple[Tensor, float]:
-    """float64 inverse frequencies theta_i (dim/2,) and the magnitude of the rotation table (1 but for yarn).
-
-    linear (position interpolation, Chen et al. 2023): theta_i / factor. ntk (NTK-aware, bloc97 2023): the base
-    becomes base * factor^(dim / (dim - 2)), so the lowest frequency is interpolated by `factor` and the highest kept.
-    yarn (Peng et al. 2023, sec. 3.2-3.4): frequency i makes r_i = L / (2 pi / theta_i) rotations over the trained
-    length L; it is kept where r_i > beta_fast, interpolated (/ factor) where r_i < beta_slow, and mixed on a linear
-    ramp over the dimensions between; the table's magnitude 0.1 ln(factor) + 1 scales q.k by its square.
-    """
-    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # 2i/d
-    if scaling is None:
-        return base**-exponents, 1.0
-    factor = scaling.factor
-    if scaling.type == "linear":
-        return base**-exponents / factor, 1.0
-    if scaling.type == "ntk":
-        return (base * factor ** (dim / (dim - 2))) ** -exponents, 1.0
-    original = base**-exponents
-    low, high = _yarn_ramp_bounds(dim, base, scaling)
-    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0.0, 1.0)  # 0: keep, 1: interp.
-    inv_freq = original * (1.0 - ramp) + original / factor * ramp
-    magnitude = scaling.attention_factor
-    if magnitude is None:
-        magnitude = 0.1 * math.log(factor) + 1.0 if factor > 1.0 else 1.0
-    return inv_freq, magnitude
-
-
-def _yarn_ramp_bounds(dim: int, base: float, scaling: RopeScaling) -> tuple[float, float]:
-    """Pair indices where frequencies make beta_fast / beta_slow rotations over the trained length (floor / ceil)."""
-
-    def pair_index(rotations: float) -> float:  # YaRN eq. 17 solved for the dimension
-        return dim * math.log(scaling.original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-    low = max(math.floor(pair_index(scaling.beta_fast)), 0)
-    high = min(math.ceil(pair_index(scaling.beta_slow)), dim - 1)
-    return low, high if high > low else low + 0.001  # one pair: a step, not a division by zero
-
-
-def _capacity(length: int) -> int:
-    """Cache size for a request of `length` positions: the next power of two, so growth happens rarely."""
-    return max(64, 1 << (length - 1).bit_length())
-
-
-class RotaryEmbedding(nn.Module):
-    """Rotary position embedding (RoPE, paper sec. 3.2-3.4): rotates pairs of a head vector by position.
-
-    Pair i of the vector at position m is rotated by angle m * theta_i. In the `interleaved` layout (paper, HF
-    RoFormer) pair i is (x_2i, x_2i+1); in the `half` layout (GPT-NeoX, LLaMA) it is (x_i, x_i+d/2). With `dim`
-    smaller than the head, only the first `dim` features are rotated (partial rotary) and the rest pass through.
-    The table e^{i m theta_i} (times yarn's magnitude) is kept in complex64 (float32 cos/sin, never the model
-    dtype), grown on demand, so there is no length limit.
-    """
-
-    def __init__(
-        self, dim: int, base: float = 10000.0, layout: str = "interleaved", scaling: RopeScaling | None = None
-    ) -> None:
-        super().__init__()
-        self.dim = dim
-        self.base = base
-        self.layout = layout
-        self.scaling = scaling
-        self.magnitude = rotary_frequencies(dim, base, scaling)[1]
-        # Plain attributes, not buffers: `model.to(bfloat16)` must not cast the tables. The real tables start filled
-        # (512 positions, grown on demand): torch.compile guards on them, and a first call that created them would
-        # recompile the model once more.
-        self._cache: Tensor | None = None
-        self._real_cache: tuple[Tensor, Tensor] | None = None
-        self.cos_sin(512, torch.device("cpu"))
-
-    def rotations(self, length: int, device: torch.device) -> Tensor:
-        """complex64 table magnitude * e^{i m theta_i} of shape (length, dim // 2) on `device`."""
-        if self._cache is None or self._cache.shape[0] < length or self._cache.device != device:
-            angles = rotary_angles(_capacity(length), self.dim, self.base, self.scaling)
-            table = torch.polar(torch.full_like(angles, self.magnitude), angles)
-            self._cache = table.to(torch.complex64).to(device)
-        return self._cache[:length]
-
-    def cos_sin(self, length: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        """float32 cos and sin tables (times the magnitude), each (length, dim // 2) (real copies, no complex views)."""
-        cached = self._real_cache
-        if cached is None or cached[0].shape[0] < length or cached[0].device != device:
-            angles = rotary_angles(_capacity(length), self.dim, self.base, self.scaling)  # float64
-            cos, sin = angles.cos() * self.magnitude, angles.sin() * self.magnitude
-            self._real_cache = cached = (cos.float().to(device), sin.float().to(device))
-        return cached[0][:length], cached[1][:length]
-
-    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        """Rotate `x` of shape (B, T, ..., D) by position; returns the input dtype.
-
-        The position of x[b, t] is `positions[b, t]` (B, T) when given (left padding, packed documents), else t.
-        """
-        if self.dim < x.shape[-1]:  # partial rotary: the remaining features carry no position
-            return torch.cat((self(x[..., : self.dim], positions), x[..., self.dim :]), dim=-1)
-        length = x.shape[1] if positions is None else int(positions.max()) + 1
-        if torch.compiler.is_compiling():
-            cos, sin = self.cos_sin(length, x.device)
-            if positions is not None:
-                cos, sin = cos[positions], sin[positions]  # (B, T, D/2)
-            return apply_rotary_real(x, cos, sin, self.layout)
-        table = self.rotations(length, x.device)
-        return apply_rotary(x, table if positions is None else table[positions], self.layout)
-
-
-def apply_rotary(x: Tensor, rotations: Tensor, layout: str = "interleaved") -> Tensor:
-    """Rotate pairs of the last dim of `x` (B, T, *, D) by `rotations` (T, D/2) or (B, T, D/2) complex; in float32.
-
-    Paper eq. 34 computes x * cos + rotate(x) * sin. For the interleaved layout that is exactly the complex product
-    (x_2i + i x_2i+1) * e^{i m theta_i}: one kernel forward and one backward, where the stack-and-flatten form
-    used by HF costs about twice as much (measured in scripts/bench_model.py).
-    """
-    if layout != "interleaved":
-        return apply_rotary_real(x, rotations.real, rotations.imag, layout)
-    rotations = rotations.view(_broadcastable(rotations, x))
-    xf = x.float() if x.element_size() < 4 else x  # bf16/fp16 are rotated in float32 and cast back
-    if xf.stride(-1) != 1:
-        xf = xf.contiguous()
-    rotated = torch.view_as_real(torch.view_as_complex(xf.unflatten(-1, (-1, 2))) * rotations)
-    return rotated.flatten(-2).to(x.dtype)
-
-
-def apply_rotary_real(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved") -> Tensor:
-    """The rotation of `apply_rotary` in real arithmetic: `cos`, `sin` float32, (T, D/2) or (B, T, D/2).
-
-    Used for the `half` layout and under torch.compile, whose Inductor backend generates no code for complex ops
-    (it would fall back to eager kernels); in real form the rotation fuses with its neighbours.
-    """
-    shape = _broadcastable(cos, x)
-    cos, sin = cos.reshape(shape), sin.reshape(shape)
-    xf = x.float() if x.element_size() < 4 else x
-    if layout == "interleaved":
-        x1, x2 = xf.unflatten(-1, (-1, 2)).unbind(-1)
-        return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2).to(x.dtype)
-    x1, x2 = xf.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
-
-
-def _broadcastable(table: Tensor, x: Tensor) -> tuple[int, ...]:
-    """The shape of a (T, D/2) or (B, T, D/2) table that broadcasts over the batch and head dims of x (B, T, *, D).
-
-    A table already shaped to broadcast (e.g. (1, T, 1, D/2)) keeps its shape.
-    """
-    if table.dim() == 2 or (table.dim() == 3 and tuple(table.shape[:2]) == tuple(x.shape[:2])):
-        return tuple(table.shape[:-1]) + (1,) * (x.dim() - 3) + (table.shape[-1],)  # (T, 1.., D/2) / (B, T, 1.., D/2)
-    return tuple(table.shape)
-
-
-class SinusoidalPositions(nn.Module):
-    """Absolute sinusoidal positions (Vaswani et al. sec. 3.5): PE[m, 2i] = sin(m theta_i), PE[m, 2i+1] = cos(...).
-
-    The table is multiplied by `scale` before it is added to the token embeddings; see
-    `ModelConfig.resolved_sinusoidal_scale` for why a raw table is an unfair baseline. With `learned=True` the scale
-    is a trained scalar (as in Cramming, Geiping & Goldstein 2022).
-    """
-
-    def __init__(self, dim: int, scale: float, learned: bool = False, base: float = 10000.0) -> None:
-        super().__init__()
-        self.dim = dim
-        self.base = base
-        if learned:
-            self.scale = nn.Parameter(torch.tensor(float(scale)))
-        else:
-            self.scale = float(scale)
-        self._cache: Tensor | None = None
-
-    def table(self, length: int, device: torch.device) -> Tensor:
-        """Unscaled float32 table of shape (length, dim) on `device`."""
-        if self._cache is None or self._cache.shape[0] < length or self._cache.device != device:
-            angles = rotary_angles(_capacity(length), self.dim, self.base)
-            self._cache = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).float().to(device)
-        return self._cache[:length]
-
-    def forward(self, length: int, device: torch.device, dtype: torch.dtype, positions: Tensor | None = None) -> Tensor:
-        """Scaled table (length, dim) in `dtype`, or the rows of `positions` (B, T) -> (B, T, dim)."""
-        if positions is None:
-            return (self.table(length, device) * self.scale).to(dtype)
-        return (self.table(int(positions.max()) + 1, device)[positions] * self.scale).to(dtype)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Relative position encodings: the paper's other baselines (sec. 2.3) and ALiBi. Each is a function of the distance
-# key position - query position, (T, S) when every row has positions 0..T-1, else (B, T, S).
-
-
-def relative_distances(query_positions: Tensor, key_positions: Tensor) -> Tensor:
-    """Key position - query position: (T,) and (S,) -> (T, S), or (B, T) and (B, S) -> (B, T, S)."""
-    return key_positions.unsqueeze(-2) - query_positions.unsqueeze(-1)
-
-
-def t5_buckets(distance: Tensor, num_buckets: int, max_distance: int, bidirectional: bool = True) -> Tensor:
-    """T5's buckets of a distance (key - query) (Raffel et al. 2020, sec. 2.1; mesh-tensorflow).
-
-    Bidirectional (T5's encoder): half the buckets are for keys after the query, half for the rest. Otherwise (T5's
-    decoder, whose keys are never after the query) all of them are for keys at or before it, and a later key shares
-    distance 0's bucket (its score is masked). Within a direction, distances below half its buckets each have their
-    own bucket; larger ones share log-spaced buckets up to max_distance, and everything further shares the last one.
-    """
-    span = num_buckets // 2 if bidirectional else num_buckets  # buckets per direction
-    exact = span // 2
-    if bidirectional:
-        bucket = (distance > 0).long() * span
-        n = distance.abs()
-    else:
-        bucket = torch.zeros_like(distance)
-        n = (-distance).clamp(min=0)
-    # n = 0 gives log(0) = -inf here; those entries take the exact branch below
-    log_spaced = exact + (torch.log(n.float() / exact) / math.log(max_distance / exact) * (span - exact)).long()
-    return bucket + torch.where(n < exact, n, log_spaced.clamp(max=span - 1))
-
-
-def alibi_slopes(num_heads: int) -> Tensor:
-    """ALiBi's head slopes (Press et al. 2022, sec. 3): 2^(-8/n), 2^(-16/n), ... for n heads, n a power of two.
-
-    Otherwise the slopes of the largest power of two p below n, then every other slope of 2p for the remaining
-    heads (the paper's interpolation, as its reference code). float32 (H,).
-    """
-
-    def geometric(n: int) -> list[float]:
-        return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
-
-    power = 2 ** int(math.log2(num_heads))
-    slopes = geometric(power) + geometric(2 * power)[0::2][: num_heads - power]
-    return torch.tensor(slopes, dtype=torch.float32)
-
-
-class RelativeBias(nn.Module):
-    """A bias of the attention logits that depends on distance only, computed once per forward for every layer.
-
-    `t5_bias`: one learned scalar per bucket (`t5_buckets`) and head, shared by all layers as in T5. `alibi`: the fixed
-    -slope_h |key - query| (no parameters), symmetric for an encoder: a token's own position is not special.
-    """
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.kind = config.position_encoding
-        self.num_buckets = config.relative_num_buckets
-        self.max_distance = config.relative_max_distance
-        # a causal decoder never looks ahead: all buckets for the past, as T5's decoder (UniLM's prompt does look ahead)
-        self.bidirectional = config.attention_pattern != "causal"
-        self.buckets = nn.Embedding(config.relative_num_buckets, config.num_heads) if self.kind == "t5_bias" else None
-        # A plain attribute, copied once per device: model.to(bfloat16) must not round it, and a copy to the GPU in
-        # every forward would wait for the stream.
-        self._slopes = {"cpu": alibi_slopes(config.num_heads)}
-
-    def forward(self, distance: Tensor) -> Tensor:
-        """(T, S) or (B, T, S) distances -> float32 bias (1, H, T, S) or (B, H, T, S)."""
-        distance = distance if distance.dim() == 3 else distance[None]
-        if self.buckets is not None:
-            buckets = t5_buckets(distance, self.num_buckets, self.max_distance, self.bidirectional)  # (B, T, S)
-            bias = self.buckets(buckets)  # (B, T, S, H)
-            return bias.float().permute(0, 3, 1, 2).contiguous()  # SDPA's kernels want the keys' dim contiguous
-        device = str(distance.device)
-        if device not in self._slopes:
-            self._slopes[device] = self._slopes["cpu"].to(device)
-        return -self._slopes[device][None, :, None, None] * distance.abs()[:, None].float()  # (1, H, 1, 1) slopes
-
-
-@dataclass
-class ShawTerms:
-    """One layer's relative embeddings (Shaw et al. 2018) and where each (query, key) pair reads them.
-
-    Attributes:
-        keys: (R, D) embeddings a^K of the R clipped distances this forward contains.
-        values: (R, D) embeddings a^V, or None (keys only).
-        index: (T, S) or (B, T, S) long: the row of `keys` / `values` of each pair.
-    """
-
-    keys: Tensor
-    values: Tensor | None
-    index: Tensor
-
-    def logits(self, q: Tensor) -> Tensor:
-        """q_i . a^K_ij for every pair: (B, H, T, D) -> (B, H, T, S) float32.
-
-        q . a^K for the R distinct distances first, (B, H, T, R), then each pair picks its own: a (T, S, D) gather
-        of the embeddings would cost S / R times the memory and as much more arithmetic (Shaw et al. sec. 3.3).
-        """
-        per_distance = q @ self.keys.to(q.dtype).T  # (B, H, T, R)
-        return per_distance.float().gather(-1, self._index(q.shape))
-
-    def value_terms(self, probs: Tensor) -> Tensor:
-        """sum_j probs_ij a^V_ij: the probabilities summed per distance, then one (R, D) product. -> (B, H, T, D)."""
-        per_distance = torch.zeros(*probs.shape[:-1], self.values.shape[0], dtype=probs.dtype, device=probs.device)
-        per_distance.scatter_add_(-1, self._index(probs.shape), probs)  # (B, H, T, R), summed in probs' dtype
-        return per_distance @ self.values.to(probs.dtype)
-
-    def _index(self, shape: torch.Size) -> Tensor:
-        B, H, T = shape[:3]
-        index = self.index if self.index.dim() == 3 else self.index[None]
-        return index[:, None].expand(B, H, T, index.shape[-1])  # (B, H, T, S), a view
-
-
-class ShawEmbeddings(nn.Module):
-    """Shaw et al.'s relative position representations: learned embeddings of the clipped distance.
-
-        e_ij = q_i . (k_j + a^K_ij) / sqrt(d),   z_i = sum_j softmax(e)_ij (v_j + a^V_ij)    (Shaw et al. eq. 3-5)
-
-    a_ij = w_clip(j - i, k): 2k + 1 embeddings of the head width, shared by the heads, one set per layer (or one for
-    all layers with `shaw_shared_layers`).
-    """
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.max_distance = config.relative_max_distance
-        tables = 1 if config.shaw_shared_layers else config.num_layers
-        rows, dim = 2 * self.max_distance + 1, config.head_size
-        self.keys = nn.ModuleList(nn.Embedding(rows, dim) for _ in range(tables))
-        self.values = nn.ModuleList(nn.Embedding(rows, dim) for _ in range(tables)) if config.shaw_values else None
-
-    def for_layers(self, distance: Tensor, lowest: int, highest: int) -> Callable[[int], ShawTerms]:
-        """The terms of each layer for these distances, which lie in [lowest, highest] once clipped.
-
-        Only those rows are used: at T = 128 with k = 128 that is 255 of 257, at T = 16 it is 31.
-        """
-        k = self.max_distance
-        lowest, highest = max(lowest, -k), min(highest, k)
-        index = distance.clamp(-k, k) - lowest
-        rows = slice(lowest + k, highest + k + 1)
-
-        def terms(layer: int) -> ShawTerms:
-            table = layer % len(self.keys)
-            values = None if self.values is None else self.values[table].weight[rows]
-            return ShawTerms(self.keys[table].weight[rows], values, index)
-
-        return terms
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -497,8 +155,6 @@ class Embeddings(nn.Module):
         return x
 
 
-Rotation = Callable[[Tensor], Tensor]  # rotates (B, T, ..., D) by position: RotaryEmbedding, or it at position_ids
-
 LINEAR_ATTENTION_EPS = 1e-6  # as Katharopoulos et al.'s reference implementation: a denominator that underflows
 
 
@@ -530,9 +186,6 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, rotar
         numerator = torch.einsum("bmhd,bhde->bmhe", rot_q, kv)  # (B, T, H, D)
         denominator = torch.einsum("bmhd,bhd->bmh", phi_q, phi_k.sum(dim=1))  # (B, T, H)
         return (numerator / (denominator[..., None] + LINEAR_ATTENTION_EPS)).to(q.dtype)
-
-
-KVUpdate = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (B, H, T, D) new k, v -> all k, v (B, H, S, D)
 
 
 class KVCache:
@@ -685,6 +338,47 @@ def self_attention_mask(
     return allowed[:, None], False  # (B, 1, T, S)
 
 
+@dataclass
+class AttentionContext:
+    """What every layer's attention reads besides its input: built once per forward by `Backbone.encode`.
+
+    One object, not six arguments threaded by hand through `Block.forward`, `SelfAttention.forward` and the
+    checkpoint call: a new per-forward input is a field here and nowhere else. The cache is a field too, not a
+    buffer on each attention module as in litgpt: one `KVCache` holds every layer's keys and values along with the
+    per-slot padding, ranks and positions that the mask and the relative encodings read, so the layers keep no state
+    between calls and the same model serves a cached decode and a plain forward. `layer(i)` names the layer whose
+    cache and Shaw tables its attention uses.
+
+    Attributes:
+        mask: Over the S keys (cached ones first): (B, 1, 1 or T, S) bool, True = attend; or a float bias
+            (1 or B, H, T, S) added to the logits, -inf where not attended (T5 bias, ALiBi); or None.
+        causal: Attend to earlier positions only, by SDPA's own causal path (no cache, no mask).
+        rotary: Rotates (B, T, ..., D) by the new tokens' positions, or None.
+        cache: The decoder's `KVCache` (the new keys and values are stored, all of them attended), or None.
+        shaw: Shaw et al.'s relative embeddings of a layer, by layer index, or None.
+        index: The layer this context is for.
+    """
+
+    mask: Tensor | None = None
+    causal: bool = False
+    rotary: Rotation | None = None
+    cache: KVCache | None = None
+    shaw: Callable[[int], ShawTerms] | None = None
+    index: int = 0
+
+    def layer(self, index: int) -> AttentionContext:
+        """This context for layer `index`."""
+        return replace(self, index=index)
+
+    def keys_values(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """This layer's keys and values (B, H, S, D): the new ones (B, H, T, D) after the cached ones, if any."""
+        return (k, v) if self.cache is None else self.cache.update(self.index, k, v)
+
+    def shaw_terms(self) -> ShawTerms | None:
+        """This layer's Shaw terms, or None."""
+        return None if self.shaw is None else self.shaw(self.index)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention with RoPE on q and k (and v if asked): softmax through SDPA, or linear (eq. 19)."""
 
@@ -699,27 +393,10 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.use_bias)
         self.proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
 
-    def forward(
-        self,
-        x: Tensor,
-        mask: Tensor | None,
-        rotary: Rotation | None,
-        kv: KVUpdate | None = None,
-        causal: bool = False,
-        shaw: ShawTerms | None = None,
-    ) -> Tensor:
-        """(B, T, C) -> (B, T, C).
-
-        Args:
-            x: The new tokens' hidden states.
-            mask: Over the S keys (cached ones first): (B, 1, 1 or T, S) bool, True = attend; or a float bias
-                (1 or B, H, T, S) added to the logits, -inf where not attended (T5 bias, ALiBi); or None.
-            rotary: Rotates (B, T, ..., D) by the new tokens' positions, or None.
-            kv: Stores the new keys and values in a `KVCache` and returns all of them, or None (no cache).
-            causal: Attend to earlier positions only, by SDPA's own causal path (no cache, no mask).
-            shaw: This layer's relative embeddings (Shaw et al.), or None.
-        """
+    def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:
+        """The new tokens' hidden states (B, T, C) -> (B, T, C), attending as `ctx` says (mask, positions, cache)."""
         B, T, C = x.shape
+        mask, rotary = ctx.mask, ctx.rotary
         qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_size)  # (B, T, 3, H, D)
         if self.linear:  # RoPE goes on the feature-mapped q and k, inside
             keep = None if mask is None else mask[:, 0, 0, :]  # (B, T)
@@ -733,15 +410,15 @@ class SelfAttention(nn.Module):
             q, k = rotary(qkv[:, :, :2]).unbind(2)  # positions enter only through q.k (paper eq. 16)
             v = qkv[:, :, 2]
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
-        if kv is not None:
-            k, v = kv(k, v)  # (B, H, S, D)
+        k, v = ctx.keys_values(k, v)  # (B, H, S, D)
         dropout = self.dropout if self.training else 0.0
+        shaw = ctx.shaw_terms()
         if shaw is not None:
             y = shaw_attention(q, k, v, mask, shaw, dropout)
         else:
             if mask is not None and mask.is_floating_point() and mask.dtype != q.dtype:
                 mask = mask.to(q.dtype)  # SDPA takes a float mask in the query's dtype (autocast)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=ctx.causal)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))  # y: (B, H, T, D)
 
 
@@ -778,14 +455,7 @@ class Block(nn.Module):
         self.act = ACTIVATIONS[config.hidden_act]
         self.dropout = nn.Dropout(config.hidden_dropout)
 
-    def forward(
-        self,
-        x: Tensor,
-        mask: Tensor | None,
-        rotary: Rotation | None,
-        kv: KVUpdate | None = None,
-        causal: bool = False,
-        shaw: ShawTerms | None = None,
-    ) -> Tensor:
-        x = self.attn_norm(x + self.dropout(self.attn(x, mask, rotary, kv, causal, shaw)))
+    def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:
+        """(B, T, C) -> (B, T, C); `ctx` is this layer's (`AttentionContext.layer`)."""
+        x = self.attn_norm(x + self.dropout(self.attn(x, ctx)))
         return self.ffn_norm(x + self.dropout(self.ffn_out(self.act(self.ffn_in(x)))))

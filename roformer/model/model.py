@@ -1,12 +1,12 @@
 """RoFormer and its BERT baseline: the backbone, every task head, and `load`.
 
 The backbone stacks the layers of `roformer.model.layers`: one post-LN encoder whose position encoding the config
-chooses (`rotary`, `sinusoidal`, `learned`, `shaw`, `t5_bias`, `alibi` or `none`). The heads on top are those of HF
-RoFormer/BERT, one class per architecture: `backbone` (Backbone, no head), `masked_lm` (MaskedLM),
-`sequence_classification` (SequenceClassifier), `token_classification` (TokenClassifier), `question_answering`
-(QuestionAnswering), `multiple_choice` (MultipleChoice) and `causal_lm` (CausalLM, a decoder). A saved model
-directory is read through `roformer.model.weights`. Plain PyTorch: no training, logging or distributed code lives
-here.
+chooses (`rotary`, `sinusoidal`, `learned`, `shaw`, `t5_bias`, `alibi` or `none`: `roformer.model.positions`). The
+heads on top are those of HF RoFormer/BERT, one class per architecture: `backbone` (Backbone, no head), `masked_lm`
+(MaskedLM), `sequence_classification` (SequenceClassifier), `token_classification` (TokenClassifier),
+`question_answering` (QuestionAnswering), `multiple_choice` (MultipleChoice) and `causal_lm` (CausalLM, a decoder).
+A saved model directory is read through `roformer.model.weights`. Plain PyTorch: no training, logging or
+distributed code lives here.
 
 References:
     Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding", arXiv 2104.09864 ("paper").
@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +30,14 @@ from roformer.model.config import ARCHITECTURE_NAMES, ModelConfig
 from roformer.model.generation import Sampling, generate
 from roformer.model.layers import (
     ACTIVATIONS,
+    AttentionContext,
     Block,
     Embeddings,
     KVCache,
-    RelativeBias,
-    RotaryEmbedding,
-    ShawEmbeddings,
-    ShawTerms,
     make_norm,
-    relative_distances,
     self_attention_mask,
 )
+from roformer.model.positions import AttentionPositions, PositionTerms, attention_positions
 from roformer.model.weights import load_weights, read_model_dir, save_model
 
 
@@ -135,6 +130,27 @@ class Model(nn.Module):
         """The backbone: the model itself when it is one, else the one under its head (HF's `base_model`)."""
         return self if isinstance(self, Backbone) else self.backbone
 
+    def run_backbone(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        output_hidden_states: bool = False,
+        position_ids: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor, tuple[Tensor, ...] | None, Tensor | None]:
+        """Every model's opening: encode the batch, then pool it, before any head reads the hidden states.
+
+        Returns:
+            The last hidden states (B, T, C); all hidden states when asked (`Backbone.encode`), else None; the
+            pooler's output (B, C), or None without a pooler or with a `cache` (x[:, 0] is then not the first token).
+        """
+        backbone = self.base_model
+        x, hidden = backbone.encode(
+            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids, cache
+        )
+        return x, hidden, backbone.pooled(x) if cache is None else None
+
     def set_gradient_checkpointing(self, enabled: bool = True) -> None:
         """Recompute each block in the backward pass instead of keeping its activations (training only)."""
         for module in self.modules():
@@ -159,14 +175,13 @@ class Backbone(Model):
         super().__init__(config)
         self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
-        self.rotary = (
-            RotaryEmbedding(config.rotary_size, config.rotary_base, config.rotary_layout, config.rope_scaling)
-            if config.position_encoding == "rotary"
-            else None
-        )
-        # The relative baselines: a bias shared by every layer (T5, ALiBi) or embeddings each layer reads (Shaw).
-        self.relative_bias = RelativeBias(config) if config.position_encoding in ("t5_bias", "alibi") else None
-        self.shaw = ShawEmbeddings(config) if config.position_encoding == "shaw" else None
+        # The encoding that acts inside attention (rotary, T5's bias, ALiBi, Shaw); the absolute ones are in
+        # `embeddings`. Registered under its own name (`rotary`, `relative_bias`, `shaw`), which its checkpoint keys
+        # carry, and reached as `self.positions` whatever the name.
+        positions = attention_positions(config)
+        self.positions_attribute = None if positions is None else positions.attribute
+        if positions is not None:
+            self.add_module(positions.attribute, positions)
         self.pooler = (
             nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias) if config.add_pooler else None
         )
@@ -175,6 +190,11 @@ class Backbone(Model):
         self.gradient_checkpointing = False
         if init:  # a head owning this backbone initialises everything once
             self.init_weights()
+
+    @property
+    def positions(self) -> AttentionPositions | None:
+        """The position encoding that acts inside attention, or None (absolute positions, or none at all)."""
+        return None if self.positions_attribute is None else getattr(self, self.positions_attribute)
 
     def encode(
         self,
@@ -196,56 +216,30 @@ class Backbone(Model):
         B, T = input_ids.shape
         if cache is not None and position_ids is None:
             position_ids = torch.arange(cache.length, cache.length + T, device=input_ids.device).expand(B, T)
-        relative = self.relative_bias is not None or self.shaw is not None
+        positions = self.positions
         mask, causal = self_attention_mask(
-            self.config.attention_pattern, attention_mask, token_type_ids, cache, (B, T), input_ids.device, not relative
+            self.config.attention_pattern,
+            attention_mask,
+            token_type_ids,
+            cache,
+            (B, T),
+            input_ids.device,
+            causal_shortcut=positions is None or not positions.adds_to_logits,
         )
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, C)
-        rotary = self.rotary
-        if rotary is not None and position_ids is not None:
-            rotary = partial(self.rotary, positions=position_ids)
-        shaw = None
-        if relative:
-            mask, shaw = self._relative_positions(mask, position_ids, cache, T)
+        terms = PositionTerms(mask) if positions is None else positions.terms(mask, position_ids, cache, T, x.device)
+        ctx = AttentionContext(terms.mask, causal, terms.rotary, cache, terms.shaw)
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         hidden = [x] if output_hidden_states else None
         for i, block in enumerate(self.layers):
-            kv = partial(cache.update, i) if cache is not None else None
-            terms = shaw(i) if shaw is not None else None
             if recompute:  # dropout masks are replayed: the same values and gradients as without
-                x = checkpoint(block, x, mask, rotary, kv, causal, terms, use_reentrant=False)
+                # non-reentrant: the context, a dataclass holding tensors, needs no unpacking into tensor arguments
+                x = checkpoint(block, x, ctx.layer(i), use_reentrant=False)
             else:
-                x = block(x, mask, rotary, kv, causal, terms)
+                x = block(x, ctx.layer(i))
             if hidden is not None:
                 hidden.append(x)
         return x, tuple(hidden) if hidden is not None else None
-
-    def _relative_positions(
-        self, mask: Tensor | None, position_ids: Tensor | None, cache: KVCache | None, T: int
-    ) -> tuple[Tensor | None, Callable[[int], ShawTerms] | None]:
-        """A relative encoding's distances, once per forward: T5/ALiBi's bias folded into the mask, or Shaw's terms.
-
-        Without `position_ids` every row has positions 0..T-1: the (T, T) distances (and the (1, H, T, T) bias) are
-        shared by the batch. With them (or a cache, which keeps every slot's position) they are per row, (B, T, S).
-        """
-        if position_ids is None:
-            positions = torch.arange(T, device=self.embeddings.word.weight.device)
-            distance, lowest, highest = relative_distances(positions, positions), 1 - T, T - 1  # (T, T)
-            if torch.compiler.is_compiling():  # the whole table: a row range that depends on T would guard on T
-                lowest, highest = -self.config.relative_max_distance, self.config.relative_max_distance
-        else:
-            keys = cache.add_positions(position_ids) if cache is not None else position_ids
-            distance = relative_distances(position_ids, keys)  # (B, T, S)
-            lowest, highest = -self.config.relative_max_distance, self.config.relative_max_distance  # no host sync
-        if self.shaw is not None:
-            return mask, self.shaw.for_layers(distance, lowest, highest)
-        bias = self.relative_bias(distance)  # (1 or B, H, T, S) float32
-        if mask is not None:
-            bias = bias.masked_fill(~mask, float("-inf"))
-        device = bias.device.type
-        if torch.is_autocast_enabled(device):  # once here, not in every layer: SDPA takes the query's dtype
-            bias = bias.to(torch.get_autocast_dtype(device))
-        return bias, None
 
     def pool(self, x: Tensor) -> Tensor:
         """The pooler on the first token: tanh(dense(x[:, 0])) (BERT), or dense(x[:, 0]) (pooler_activation: linear)."""
@@ -270,8 +264,10 @@ class Backbone(Model):
         """Encode; `logits` holds the last hidden states (B, T, C)."""
         if labels is not None:
             raise ValueError("a bare Backbone has no loss; use MaskedLM or SequenceClassifier")
-        x, hidden = self.encode(input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids)
-        return ModelOutput(logits=x, hidden_states=hidden, pooled=self.pooled(x))
+        x, hidden, pooled = self.run_backbone(
+            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids
+        )
+        return ModelOutput(logits=x, hidden_states=hidden, pooled=pooled)
 
 
 IGNORE_INDEX = -100  # labels at this value are not scored (the cross-entropy's ignore_index, as in HF)
@@ -347,8 +343,9 @@ class MaskedLM(LanguageModel):
         length (roformer.data.masking.masked_positions): a fixed shape, so torch.compile traces one graph where the
         boolean selection would break it at every new masked-token count.
         """
-        x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids)
-        pooled = self.backbone.pooled(x)  # before any head reads from x
+        x, hidden, pooled = self.run_backbone(
+            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids
+        )
         if masked_only:
             if labels is None:
                 raise ValueError("masked_only=True needs labels")
@@ -395,7 +392,7 @@ class CausalLM(LanguageModel):
         Labels are the input ids themselves (shifted here, as in HF), IGNORE_INDEX where not scored (the prompt of a
         sequence-to-sequence pair, padding). With a `cache`, the input is the tokens after the cached ones.
         """
-        x, hidden = self.backbone.encode(
+        x, hidden, pooled = self.run_backbone(
             input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids, cache
         )
         logits = self.vocabulary_logits(x)  # (B, T, V)
@@ -403,7 +400,6 @@ class CausalLM(LanguageModel):
         if labels is not None:  # shift the labels, not the logits: no copy of the (B, T, V) logits and their gradient
             ignore = torch.full_like(labels[:, :1], IGNORE_INDEX)
             loss = token_cross_entropy(logits, torch.cat([labels[:, 1:], ignore], dim=1))
-        pooled = self.backbone.pooled(x) if cache is None else None  # x[:, 0] is not the first token with a cache
         return ModelOutput(logits=logits, loss=loss, hidden_states=hidden, pooled=pooled)
 
     def next_token_logits(
@@ -482,8 +478,9 @@ class SequenceClassifier(Model):
         position_ids: Tensor | None = None,
     ) -> ModelOutput:
         """(B, num_labels) logits; with labels: MSE (1 label), cross-entropy (int labels) or BCE (float labels)."""
-        x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids)
-        pooled = self.backbone.pooled(x)  # before any head reads from x
+        x, hidden, pooled = self.run_backbone(
+            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids
+        )
         if self.dense is None:
             h = self.dropout(pooled)
         else:
@@ -524,8 +521,9 @@ class TokenClassifier(Model):
         position_ids: Tensor | None = None,
     ) -> ModelOutput:
         """(B, T, num_labels) logits; with labels (B, T) (IGNORE_INDEX: not scored), the mean cross-entropy."""
-        x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids)
-        pooled = self.backbone.pooled(x)  # before any head reads from x
+        x, hidden, pooled = self.run_backbone(
+            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids
+        )
         logits = self.out(self.dropout(x))  # (B, T, L)
         loss = token_cross_entropy(logits, labels) if labels is not None else None
         return ModelOutput(logits=logits, loss=loss, hidden_states=hidden, pooled=pooled)
@@ -559,8 +557,9 @@ class QuestionAnswering(Model):
 
         Positions outside the input (an answer cut off by truncation) are clamped to T and not scored, as in HF.
         """
-        x, hidden = self.backbone.encode(input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids)
-        pooled = self.backbone.pooled(x)  # before any head reads from x
+        x, hidden, pooled = self.run_backbone(
+            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids
+        )
         logits = self.out(x)  # (B, T, 2)
         loss = None
         if start_positions is not None and end_positions is not None:
@@ -605,8 +604,9 @@ class MultipleChoice(Model):
             t.reshape(B * K, T) if t is not None else None
             for t in (input_ids, attention_mask, token_type_ids, position_ids)
         )
-        x, hidden = self.backbone.encode(ids, mask, types, output_hidden_states, positions)  # (B*K, T, C)
-        pooled = self.backbone.pooled(x)  # (B*K, C) or None
+        x, hidden, pooled = self.run_backbone(
+            ids, mask, types, output_hidden_states, positions
+        )  # (B*K, T, C), (B*K, C)
         if self.config.classifier_head == "pooler":
             summary = self.dropout(pooled)  # (B*K, C)
         else:

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from roformer.errors import CheckpointError
 from roformer.model.model import Model
+from roformer.model.positions import RotaryEmbedding
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 ONNX_FILE = "model.onnx"
@@ -121,7 +122,7 @@ def export_onnx(model: Model, path: str | Path, max_length: int | None = None, o
 def _build_position_tables(model: Model, length: int) -> None:
     """Fill the rotary and sinusoidal caches up to `length`: the export stores them as constants."""
     backbone = model.base_model
-    if backbone.rotary is not None:
-        backbone.rotary.cos_sin(length, torch.device("cpu"))
+    if isinstance(backbone.positions, RotaryEmbedding):
+        backbone.positions.cos_sin(length, torch.device("cpu"))
     if backbone.embeddings.sinusoidal is not None:
         backbone.embeddings.sinusoidal.table(length, torch.device("cpu"))

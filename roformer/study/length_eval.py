@@ -39,8 +39,8 @@ from roformer.data.tokenizer import check_fits, jieba_presegmenter, load_tokeniz
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_write_text, check_output_file
 from roformer.model.config import ModelConfig, RopeScaling
-from roformer.model.layers import rotary_frequencies
 from roformer.model.model import Model, load
+from roformer.model.positions import rotary_frequencies
 from roformer.train.config import PretrainConfig
 from roformer.train.evaluate import evaluate_mlm
 from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, RUN_CONFIG_FILE, pretraining_length
