@@ -31,7 +31,7 @@ from typing import Any
 from roformer.config import check_seed, check_types, config_path, load, read_yaml
 from roformer.errors import ConfigError
 from roformer.files import check_output_dir
-from roformer.model.config import ModelConfig
+from roformer.model.config import ModelConfig, position_fields
 from roformer.model.weights import WEIGHTS_FILE
 from roformer.study.compare import compare
 from roformer.study.length_eval import default_device, evaluate_lengths, write_results
@@ -46,22 +46,8 @@ from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, RUN_CONFIG_FILE, RunD
 
 logger = logging.getLogger(__name__)
 
-# Model fields an arm may change: the position encoding and what belongs to it.
-POSITION_FIELDS = {
-    "position_encoding",
-    "rotary_base",
-    "rotary_layout",
-    "rotary_value",
-    "sinusoidal_scale",
-    "sinusoidal_scale_learned",
-    "max_position_embeddings",
-    "rotary_dim",
-    "rope_scaling",
-    "relative_max_distance",
-    "relative_num_buckets",
-    "shaw_values",
-    "shaw_shared_layers",
-}
+# Model fields an arm may change: the position encoding and what belongs to it (marked on ModelConfig's fields).
+POSITION_FIELDS = frozenset(position_fields())
 
 
 @dataclass
