@@ -2,6 +2,6 @@
 
 In the order data flows: config; builtin and text (documents), corpus (sources and the document split); tokenizer,
 packing; cache, store (the memory-mapped token store) and streaming; masking, sampling and mlm (the batch of every
-step). GLUE: glue_tasks (metadata and readers), glue (encoding, padding), glue_metrics. Imports no model and no
-training code.
+step). Fine-tuning: tasks (the task protocol and make_task); GLUE, its first task: glue_tasks (metadata and readers),
+glue (encoding, padding, GlueTask), glue_metrics. Imports no model and no training code.
 """

@@ -165,13 +165,13 @@ class GlueDataConfig:
         check_types(self)
         if not self.task:
             raise ConfigError("task is required (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli)")
-        get_task(self.task)
+        task = get_task(self.task)
         if self.source == "glue_dir" and not self.glue_dir:
             raise ConfigError("source: glue_dir needs glue_dir")
         if self.source == "files" and not (self.train_file and self.validation_file):
             raise ConfigError("source: files needs train_file and validation_file")
         mismatched = self.validation_mismatched_file or self.test_mismatched_file
-        if mismatched and (self.source != "files" or len(get_task(self.task).dev) < 2):
+        if mismatched and (self.source != "files" or len(task.dev) < 2):
             raise ConfigError("validation_mismatched_file / test_mismatched_file are for MNLI with source: files")
         if self.pad_to_multiple_of < 1:
             raise ConfigError(f"pad_to_multiple_of must be >= 1, got {self.pad_to_multiple_of}")

@@ -1,5 +1,7 @@
-"""GLUE data for fine-tuning: the task's splits, tokenized examples and padded batches.
+"""GLUE data for fine-tuning: the task's splits, tokenized examples, padded batches and the GLUE server's files.
 
+`GlueTask` is the fine-tuning task (roformer.data.tasks.FinetuneTask) of every GLUE config: the training floor asks
+it for everything GLUE-shaped (the classifier and its labels, the splits, predictions from logits, the server format).
 The `data:` section is roformer.data.config.GlueDataConfig.
 Task metadata and the readers of the three sources (official TSV layout, hub, local files) are in
 roformer.data.glue_tasks; the official metrics in roformer.data.glue_metrics.
@@ -7,22 +9,30 @@ roformer.data.glue_tasks; the official metrics in roformer.data.glue_metrics.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from roformer.data.config import GlueDataConfig
-from roformer.data.glue_tasks import Example, get_task, read_files, read_glue_dir, read_hub
+from roformer.data.glue_tasks import Example, Split, Task, get_task, read_files, read_glue_dir, read_hub
 from roformer.errors import UserError
+from roformer.files import atomic_copy, atomic_write_text
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
 
 
-def load_splits(data: GlueDataConfig) -> dict[str, list[Example]]:
-    """All splits of the configured task and source (train labelled, dev labelled, test splits unlabelled)."""
-    task = get_task(data.task)
+def load_splits(data: GlueDataConfig, task: Task | None = None) -> dict[str, list[Example]]:
+    """All splits of the configured task and source (train labelled, dev labelled, test splits unlabelled).
+
+    Args:
+        data: The data: section.
+        task: Its task's metadata when the caller has looked it up already (else `get_task(data.task)`).
+    """
+    task = task or get_task(data.task)
     if data.source == "glue_dir":
         splits = read_glue_dir(task, data.glue_dir)
     elif data.source == "hub":
@@ -96,3 +106,84 @@ def collate(
             [encoded.labels[r] for r in rows], dtype=torch.float if regression else torch.long
         )
     return batch
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The fine-tuning task
+
+
+class GlueTask:
+    """A GLUE task with its splits read: the fine-tuning task (roformer.data.tasks.FinetuneTask) of a GLUE config.
+
+    Every GLUE task classifies one text or a pair (STS-B: one score); the dev files and the server's test files
+    (SST-2.tsv, MNLI-m.tsv, AX.tsv, ...) hold label names, or STS-B's scores clipped to [0, 5] with 3 decimals.
+
+    Args:
+        task: The task's metadata.
+        splits: Its examples per split (`load_splits`): only the splits present are evaluated and predicted.
+        pad_to_multiple_of: Batches are padded to their longest example rounded up to this.
+    """
+
+    architecture = "sequence_classification"
+
+    def __init__(self, task: Task, splits: dict[str, list[Example]], pad_to_multiple_of: int) -> None:
+        self.meta, self.splits, self.multiple = task, splits, pad_to_multiple_of
+        self.name = task.name
+        self.tracker_project = f"roformer-glue-{task.name}"
+        self.num_labels = task.num_labels
+        self.metrics = task.metrics
+        self.dev_splits = [s.name for s in task.dev if s.name in splits]
+        self.server_splits: list[Split] = [s for s in task.test + task.extra_tests if s.name in splits]
+        self.test_splits = [s.name for s in self.server_splits]
+
+    @classmethod
+    def from_config(cls, data: GlueDataConfig) -> GlueTask:
+        """The task of a data: section, its splits read (the one look-up of the task's metadata)."""
+        task = get_task(data.task)
+        return cls(task, load_splits(data, task), data.pad_to_multiple_of)
+
+    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, Encoded]:
+        """Every split tokenized, single sentences or pairs, truncated longest-first to `max_length` tokens."""
+        return {name: encode(examples, tokenizer, max_length) for name, examples in self.splits.items()}
+
+    def padded_length(self, longest: int, cap: int) -> int:
+        """`longest` rounded up to data.pad_to_multiple_of, within `cap` (see `padded_length`)."""
+        return padded_length(longest, self.multiple, cap)
+
+    def collate(self, split: Encoded, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
+        """The padded batch of `rows` (see `collate`): float labels for STS-B's MSE loss, class ids otherwise."""
+        return collate(split, rows, pad_id, self.meta.is_regression, self.multiple, cap)
+
+    def predictions(self, logits: torch.Tensor) -> list[int | float]:
+        """The predicted class of every row (argmax), or STS-B's score (the one output)."""
+        values = logits.squeeze(-1) if self.meta.is_regression else logits.argmax(-1)
+        return values.cpu().tolist()
+
+    def server_label(self, value: int | float) -> str:
+        """Server format: class names for classification, the score (3 decimals, clipped to [0, 5]) for STS-B."""
+        if self.meta.labels is None:
+            return f"{min(5.0, max(0.0, float(value))):.3f}"
+        return self.meta.labels[int(value)]
+
+    def write_predictions(
+        self, folder: Path, encoded: dict[str, Encoded], predictions: dict[str, list[int | float]]
+    ) -> None:
+        """Dev predictions as `<split>.tsv` (index, prediction, label) and every test split's server file."""
+        label = self.server_label
+        for split in self.dev_splits:
+            rows = zip(encoded[split].index, map(label, predictions[split]), map(label, encoded[split].labels))
+            write_tsv(folder / f"{split}.tsv", ["index", "prediction", "label"], rows)
+        for test in self.server_splits:
+            rows = zip(encoded[test.name].index, map(label, predictions[test.name]))
+            write_tsv(folder / test.submission, ["index", "prediction"], rows)
+
+    def write_submission(self, run_folder: Path, submission: Path) -> None:
+        """Copy the server files of one run (written by `write_predictions` into `run_folder`) into `submission`."""
+        for test in self.server_splits:
+            atomic_copy(run_folder / test.submission, submission / test.submission)
+
+
+def write_tsv(path: Path, header: list[str], rows: Iterable[Iterable[object]]) -> None:
+    """A tab-separated file with a header line, written atomically (complete or absent)."""
+    lines = ["\t".join(header)] + ["\t".join(str(c) for c in row) for row in rows]
+    atomic_write_text(path, "".join(line + "\n" for line in lines))

@@ -83,7 +83,7 @@ def run_suite(
     extra = suite.overrides + list(overrides or [])
     if not resume:  # before the suite's directory is written (or --overwrite deletes the one it replaces)
         for config in configs:
-            check_before_writing(config, inputs=True)
+            check_before_writing(config)  # the task's data too: nothing has read it yet
     # the suite's own record; a resume is checked task by task (each task directory holds its resolved config)
     record = {"suite": str(path.resolve()), "tasks": suite.tasks, "overrides": extra}
     run_on_main(lambda: run_dir.prepare(record))

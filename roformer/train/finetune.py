@@ -1,4 +1,4 @@
-"""GLUE fine-tuning: `roformer finetune --config configs/glue/<task>.yaml` (the suite `roformer glue` is in study).
+"""Fine-tuning: `roformer finetune --config configs/glue/<task>.yaml` (the suite `roformer glue` is in study).
 
 One config fine-tunes one task for every learning rate of `train.lrs` (or `train.lr`) and every seed of
 `train.seeds` (or `train.seed`), keeping each run's best dev checkpoint. A run directory holds:
@@ -8,8 +8,11 @@ One config fine-tunes one task for every learning rate of `train.lrs` (or `train
     results.json      per run: dev metrics of the best checkpoint and its step; per learning rate: mean, std,
                       median and max over seeds; the selected learning rate (best mean dev score)
     predictions/      per run: dev predictions (index, prediction, label) and test predictions
-    submission/       the GLUE server's files (SST-2.tsv, MNLI-m.tsv, AX.tsv, ...) of the selected run
+    submission/       the selected run's submission files (GLUE: the server's SST-2.tsv, MNLI-m.tsv, AX.tsv, ...)
     best/             the selected run's model + tokenizer (roformer.load-able)
+
+This module keeps the grid, the selection and the publishing; what depends on the task (its model, splits, batches,
+predictions, metrics and files) comes from its task object (roformer.data.tasks.FinetuneTask, looked up once per job).
 
 Token type 1 (the second text of a pair) is never seen in MLM pretraining on single blocks: its embedding starts
 fine-tuning untrained, as in any MLM-only recipe (BERT learned it through next-sentence prediction).
@@ -30,21 +33,21 @@ import logging
 import math
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from roformer.config import flat_config
-from roformer.data.glue import Encoded, collate, encode, load_splits, padded_length
 from roformer.data.glue_metrics import compute, ranked, seed_summary
-from roformer.data.glue_tasks import get_task
 from roformer.data.sampling import EpochSampler, LengthGroupedSampler, global_batch_size, share
+from roformer.data.tasks import Encoded, FinetuneTask, make_task
 from roformer.data.tokenizer import check_fits, load_tokenizer
 from roformer.errors import UserError
-from roformer.files import atomic_copy, atomic_write_text
+from roformer.files import atomic_write_text
 from roformer.logs import quiet_loggers
 from roformer.model.config import ModelConfig
 from roformer.model.model import Model
@@ -67,19 +70,46 @@ from roformer.train.run_dir import (
     write_model_dir,
 )
 
+if TYPE_CHECKING:
+    from roformer.data.tokenizer import Tokenizer
+
 logger = logging.getLogger(__name__)
 
 RECORD_FILE = "record.json"  # .progress/<run>/: the finished run's dev metrics and best step
 BEST_WEIGHTS_FILE = "best.safetensors"  # inside a fine-tuning checkpoint: the best dev weights so far
 CANDIDATE_SCORE_FILE = "score.json"  # .candidates/lr<lr>/: the dev score of the model kept there
-CLASSIFIER = "sequence_classification"
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # One (lr, seed) run: a recipe of the engine
 
 
-class _ClassifyStep:
+@dataclass(frozen=True)
+class EncodedTask:
+    """A task with its splits encoded for one tokenizer and length: what every run of a grid batches and predicts.
+
+    Attributes:
+        task: The task.
+        splits: Its splits, encoded.
+        pad_id: The tokenizer's padding id.
+        max_length: The length the examples were cut to, also the longest a batch is padded to.
+    """
+
+    task: FinetuneTask
+    splits: dict[str, Encoded]
+    pad_id: int
+    max_length: int
+
+    def batch(self, split: str, rows: list[int]) -> dict[str, torch.Tensor]:
+        """The padded batch of `rows` of `split` (training and prediction pad alike, within max_length)."""
+        return self.task.collate(self.splits[split], rows, self.pad_id, self.max_length)
+
+    def padded_length(self, longest: int) -> int:
+        """The padded length of a batch whose longest example has `longest` tokens."""
+        return self.task.padded_length(longest, self.max_length)
+
+
+class _FinetuneStep:
     """One step's examples; each process pads and trains on its rows of every micro-batch.
 
     Args:
@@ -116,32 +146,39 @@ class _ClassifyStep:
 
 
 class FinetuneRun:
-    """The batches, evaluation and best-checkpoint keeping of one fine-tuning run."""
+    """The batches, evaluation and best-checkpoint keeping of one fine-tuning run.
 
-    def __init__(self, finetuner: Finetuner, engine: Engine, seed: int) -> None:
-        self.finetuner, self.engine, self.train = finetuner, engine, finetuner.config.train
-        self.encoded = finetuner.encoded["train"]
-        if finetuner.config.data.group_by_length:
+    Args:
+        engine: The run's engine, set up with its model.
+        seed: The run's seed (the order of its training examples).
+        data: The task and its encoded splits.
+        eval_size: Examples per prediction batch and process.
+        group_by_length: Training batches of similar-length examples (data.group_by_length).
+    """
+
+    def __init__(self, engine: Engine, seed: int, data: EncodedTask, eval_size: int, group_by_length: bool) -> None:
+        self.engine, self.data, self.eval_size = engine, data, eval_size
+        self.encoded = data.splits["train"]
+        if group_by_length:
             lengths = [len(ids) for ids in self.encoded.ids]
             self.sampler: EpochSampler = LengthGroupedSampler(lengths, engine.global_batch, seed)
         else:
             self.sampler = EpochSampler(len(self.encoded.ids), engine.global_batch, seed)
         self.best: dict[str, Any] = {"score": -math.inf, "step": 0, "state": None, "dev": None}
 
-    def plan(self, step: int) -> _ClassifyStep:
+    def plan(self, step: int) -> _FinetuneStep:
         indices = self.sampler.indices(step).tolist()
         lengths = [len(self.encoded.ids[i]) for i in indices]
-        finetuner = self.finetuner
-        batch_of = partial(finetuner.batch, self.encoded)
-        return _ClassifyStep(indices, lengths, batch_of, finetuner.padded_length, self.engine.layout)
+        batch_of = partial(self.data.batch, "train")
+        return _FinetuneStep(indices, lengths, batch_of, self.data.padded_length, self.engine.layout)
 
     def evaluate(self, step: int) -> list[dict[str, Any]]:
         """Dev metrics of every dev split; the weights are kept when the first split's score improves."""
-        finetuner, dev = self.finetuner, {}
-        for split in finetuner.eval_splits:
-            predictions = finetuner.predict(self.engine, split)
-            dev[split] = compute(finetuner.task.metrics, predictions, finetuner.encoded[split].labels)
-        score = dev[finetuner.eval_splits[0]]["score"]
+        task, dev = self.data.task, {}
+        for split in task.dev_splits:
+            predictions = predict(self.engine, self.data, split, self.eval_size)
+            dev[split] = compute(task.metrics, predictions, self.data.splits[split].labels)
+        score = dev[task.dev_splits[0]]["score"]
         if ranked(score) > ranked(self.best["score"]) or self.best["state"] is None:  # NaN: below every score
             # gathered by every process (FSDP/ZeRO-3 shards), complete at least on the main process
             state = {k: v.detach().cpu().clone() for k, v in self.engine.full_state_dict().items()}
@@ -164,42 +201,71 @@ class FinetuneRun:
         self.best = {**state, "state": load_file(str(weights)) if weights.is_file() else None}
 
 
+@torch.no_grad()
+def predict(engine: Engine, data: EncodedTask, split: str, eval_size: int) -> list[int | float]:
+    """Predictions for every example of `split`: a contiguous share per process, gathered (no duplicates).
+
+    Examples are batched in order of length (little padding) and the predictions put back in split order.
+    """
+    from accelerate.utils import gather_object
+
+    acc, model = engine.accelerator, engine.model
+    model.eval()
+    encoded = data.splits[split]
+    order = sorted(range(len(encoded.ids)), key=lambda i: len(encoded.ids[i]))
+    predictions: list[int | float] = []
+    for chunk in eval_chunks(len(encoded.ids), eval_size, acc.process_index, acc.num_processes):
+        rows = [0] if chunk is None else [order[i] for i in chunk.tolist()]  # None: keeps FSDP in step
+        batch = data.batch(split, rows)
+        batch.pop("labels", None)
+        logits = model(**{k: to_device(v, acc.device) for k, v in batch.items()}).logits.float()
+        if chunk is not None:
+            predictions += data.task.predictions(logits)
+    gathered = gather_object([predictions]) if acc.num_processes > 1 else [predictions]
+    by_length = [p for part in gathered for p in part]
+    in_order: list[int | float] = [0] * len(by_length)
+    for position, example in enumerate(order):
+        in_order[example] = by_length[position]
+    return in_order
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The job
 
 
-def task_inputs(config: FinetuneConfig) -> tuple[Any, dict[str, list[Any]], ModelConfig]:
-    """The task's tokenizer (the init's), its splits and its model's config, checked against each other.
+def task_inputs(config: FinetuneConfig) -> tuple[FinetuneTask, Tokenizer, ModelConfig]:
+    """The task (its splits read), its tokenizer (the init's) and its model's config, checked against each other.
 
     Raises:
         UserError: a missing tokenizer or init, unreadable data, a tokenizer larger than the model's vocabulary.
     """
     tokenizer = load_tokenizer(Path(config.init))
-    splits = load_splits(config.data)
-    model_config = pretrained_config(config.init, CLASSIFIER, get_task(config.data.task).num_labels, **config.model)
+    task = make_task(config.data)
+    model_config = pretrained_config(config.init, task.architecture, task.num_labels, **config.model)
     check_fits(tokenizer, model_config.vocab_size, config.init)
-    return tokenizer, splits, model_config
+    return task, tokenizer, model_config
 
 
-def check_before_writing(config: FinetuneConfig, inputs: bool = False) -> None:
+def check_before_writing(config: FinetuneConfig, task: FinetuneTask | None = None) -> None:
     """Check what would fail only once training starts, before a run directory is written (or deleted).
 
-    The init loads as the task's classifier, and the accelerator would accept the run settings: --overwrite must not
+    The init loads as the task's model, and the accelerator would accept the run settings: --overwrite must not
     delete the job it would replace for a run that cannot start.
 
     Args:
         config: The task's config.
-        inputs: Also check `task_inputs` (a GLUE suite writes its directory before its tasks read their data).
+        task: Its task, when the job has read it already; else `task_inputs` reads and checks it here too (a GLUE
+            suite writes its directory before its tasks read their data).
 
     Raises:
         UserError: an init that does not load (a truncated weights file, shapes the overrides change), a tracker,
-            launcher or precision the accelerator refuses, and with `inputs`, what `task_inputs` refuses.
+            launcher or precision the accelerator refuses, and without `task`, what `task_inputs` refuses.
     """
     check_run_settings(config.train)
-    if inputs:
-        task_inputs(config)
+    if task is None:
+        task = task_inputs(config)[0]
     with quiet_loggers("roformer.model.weights"):  # the run's own load says which weights start fresh, once
-        load_pretrained(config.init, CLASSIFIER, get_task(config.data.task).num_labels, **config.model)
+        load_pretrained(config.init, task.architecture, task.num_labels, **config.model)
 
 
 class Finetuner:
@@ -214,27 +280,16 @@ class Finetuner:
         self._recorded = False
         if resume:
             self.run_dir.check_resume(config.to_dict(), finished_runs=self._count_finished_runs())
-        self.task = get_task(config.data.task)
         # a missing or unreadable init or data fails here, before any training
-        self.tokenizer, self.splits, model_config = task_inputs(config)
+        self.task, self.tokenizer, model_config = task_inputs(config)
         self.classifier_head = model_config.classifier_head
         self.max_length = self._max_length(model_config)
-        self.encoded: dict[str, Encoded] = {
-            name: encode(ex, self.tokenizer, self.max_length) for name, ex in self.splits.items()
-        }
-
-    def padded_length(self, longest: int) -> int:
-        """The padded length of a batch whose longest example has `longest` tokens."""
-        return padded_length(longest, self.config.data.pad_to_multiple_of, self.max_length)
-
-    def batch(self, encoded: Encoded, rows: list[int]) -> dict[str, torch.Tensor]:
-        """The padded batch of `rows` (training and prediction pad alike: to a multiple, within max_length)."""
-        pad_id, regression = self.tokenizer.pad_token_id, self.task.is_regression
-        return collate(encoded, rows, pad_id, regression, self.config.data.pad_to_multiple_of, self.max_length)
+        encoded = self.task.encode(self.tokenizer, self.max_length)
+        self.data = EncodedTask(self.task, encoded, self.tokenizer.pad_token_id, self.max_length)
 
     def load_model(self) -> torch.nn.Module:
-        """The task's model: the init's backbone, a classifier head drawn from the torch RNG unless the init has it."""
-        return load_pretrained(self.config.init, CLASSIFIER, self.task.num_labels, **self.config.model)
+        """The task's model: the init's backbone, a head drawn from the torch RNG unless the init has it."""
+        return load_pretrained(self.config.init, self.task.architecture, self.task.num_labels, **self.config.model)
 
     def _max_length(self, model: ModelConfig) -> int:
         """data.max_length, capped at the pretraining length (unless lifted) and at a learned position table."""
@@ -247,16 +302,6 @@ class Finetuner:
             length = min(length, model.max_position_embeddings)
         return length
 
-    @property
-    def eval_splits(self) -> list[str]:
-        """Dev split names present in the data (the first one selects checkpoints and learning rates)."""
-        return [s.name for s in self.task.dev if s.name in self.encoded]
-
-    @property
-    def test_splits(self) -> list[Any]:
-        """Test splits present in the data (with their submission file names)."""
-        return [s for s in self.task.test + self.task.extra_tests if s.name in self.encoded]
-
     def run(self) -> dict[str, Any]:
         """Fine-tune every (lr, seed), then write results.json, predictions, submission/ and best/.
 
@@ -268,7 +313,7 @@ class Finetuner:
             results = run_on_main(self.finished_results)
             return results or {}
         if not self.run_dir.resume:
-            check_before_writing(self.config)
+            check_before_writing(self.config, self.task)
         run_on_main(lambda: self.run_dir.prepare(self.config.to_dict()))
         runs = []
         for lr, seed in self.config.train.grid:
@@ -322,22 +367,22 @@ class Finetuner:
         engine = Engine(train, self.out, seed, progress / CHECKPOINTS_DIR, self.out / METRICS_FILE, tags)
         torch.manual_seed(seed)  # the head's initialisation
         model = self.load_model()
-        n = len(self.encoded["train"].ids)
+        n = len(self.data.splits["train"].ids)
         steps = train.max_steps if train.max_steps is not None else math.ceil(train.epochs * n / engine.global_batch)
         engine.setup(model, lr, steps)
-        run = FinetuneRun(self, engine, seed)
+        run = FinetuneRun(engine, seed, self.data, train.eval_size, self.config.data.group_by_length)
         state = RunState()
         if self.run_dir.resume:
             state = engine.resume(run)
             self._record_resumed_config()
         config = {**flat_config(self.config.to_dict()), "run": tag}
-        engine.start_logging(f"roformer-glue-{self.task.name}", config, tracker_prefix=f"{tag}/")
+        engine.start_logging(self.task.tracker_project, config, tracker_prefix=f"{tag}/")
         if steps == 0:
             engine.evaluate(run, state)
         engine.fit(run, state, checkpoint_at_end=False, desc=f"{self.task.name} {tag}")
         engine.load_full_state_dict(run.best["state"])
-        predictions = {split: self.predict(engine, split) for split in self.eval_splits}
-        tests = {split.name: self.predict(engine, split.name) for split in self.test_splits}
+        splits = self.task.dev_splits + self.task.test_splits
+        predictions = {split: predict(engine, self.data, split, train.eval_size) for split in splits}
         record = {
             "peak_lr": lr,
             "seed": seed,
@@ -348,7 +393,9 @@ class Finetuner:
         }
 
         def write() -> None:  # the main process: predictions, the candidate model, the run's record
-            self._write_predictions(tag, predictions, tests)
+            folder = self.out / PREDICTIONS_DIR / tag
+            folder.mkdir(parents=True, exist_ok=True)
+            self.task.write_predictions(folder, self.data.splits, predictions)
             best = type(engine.bare_model())(engine.bare_model().config)
             best.load_state_dict(run.best["state"])
             self._keep_candidate(best, lr, run.best["score"])
@@ -359,54 +406,6 @@ class Finetuner:
         engine.finish()
         run_on_main(write)
         return record
-
-    @torch.no_grad()
-    def predict(self, engine: Engine, split: str) -> list[int | float]:
-        """Predictions for every example of `split`: a contiguous share per process, gathered (no duplicates).
-
-        Examples are batched in order of length (little padding) and the predictions put back in split order.
-        """
-        from accelerate.utils import gather_object
-
-        acc, model = engine.accelerator, engine.model
-        model.eval()
-        encoded = self.encoded[split]
-        order = sorted(range(len(encoded.ids)), key=lambda i: len(encoded.ids[i]))
-        predictions: list[int | float] = []
-        for chunk in eval_chunks(len(encoded.ids), self.config.train.eval_size, acc.process_index, acc.num_processes):
-            rows = [0] if chunk is None else [order[i] for i in chunk.tolist()]  # None: keeps FSDP in step
-            batch = self.batch(encoded, rows)
-            batch.pop("labels", None)
-            logits = model(**{k: to_device(v, acc.device) for k, v in batch.items()}).logits.float()
-            if chunk is not None:
-                values = logits.squeeze(-1) if self.task.is_regression else logits.argmax(-1)
-                predictions += values.cpu().tolist()
-        gathered = gather_object([predictions]) if acc.num_processes > 1 else [predictions]
-        by_length = [p for part in gathered for p in part]
-        in_order: list[int | float] = [0] * len(by_length)
-        for position, example in enumerate(order):
-            in_order[example] = by_length[position]
-        return in_order
-
-    def _write_predictions(
-        self, tag: str, results: dict[str, list[int | float]], tests: dict[str, list[int | float]]
-    ) -> None:
-        """Dev predictions (index, prediction, label) and the test splits' server files of run `tag`."""
-        folder = self.out / PREDICTIONS_DIR / tag
-        folder.mkdir(parents=True, exist_ok=True)
-        for split, predictions in results.items():
-            encoded = self.encoded[split]
-            rows = zip(encoded.index, map(self._label_name, predictions), map(self._label_name, encoded.labels))
-            _write_tsv(folder / f"{split}.tsv", ["index", "prediction", "label"], rows)
-        for split in self.test_splits:
-            rows = zip(self.encoded[split.name].index, map(self._label_name, tests[split.name]))
-            _write_tsv(folder / split.submission, ["index", "prediction"], rows)
-
-    def _label_name(self, value: int | float) -> str:
-        """Server format: class names for classification, the score (3 decimals, clipped to [0, 5]) for STS-B."""
-        if self.task.labels is None:
-            return f"{min(5.0, max(0.0, float(value))):.3f}"
-        return self.task.labels[int(value)]
 
     def _keep_candidate(self, model: Model, lr: float, score: float) -> None:
         """Keep the model of the best seed so far of this learning rate (at most one model per lr on disk)."""
@@ -424,13 +423,13 @@ class Finetuner:
         dev score of the first dev split, and its best seed. `max_length` is the length the examples were cut to
         (data.max_length after its caps): the model card of `roformer push` reports it.
         """
-        split = self.eval_splits[0]
+        split = self.task.dev_splits[0]
         by_lr: dict[str, Any] = {}
         for lr in dict.fromkeys(r["peak_lr"] for r in runs):
             chosen = [r for r in runs if r["peak_lr"] == lr]
             names = list(chosen[0]["dev"][split])
             by_lr[f"{lr:g}"] = {
-                s: {m: seed_summary([r["dev"][s][m] for r in chosen]) for m in names} for s in self.eval_splits
+                s: {m: seed_summary([r["dev"][s][m] for r in chosen]) for m in names} for s in self.task.dev_splits
             }
         best_lr = max(by_lr, key=lambda k: ranked(by_lr[k][split]["score"]["mean"]))
         candidates = [r for r in runs if f"{r['peak_lr']:g}" == best_lr]
@@ -463,9 +462,8 @@ class Finetuner:
         selected = results["selected"]
         submission = self.out / SUBMISSION_DIR
         submission.mkdir(exist_ok=True)
-        for test in self.test_splits:
-            source = self.out / PREDICTIONS_DIR / run_tag(selected["peak_lr"], selected["seed"]) / test.submission
-            atomic_copy(source, submission / test.submission)
+        selected_run = self.out / PREDICTIONS_DIR / run_tag(selected["peak_lr"], selected["seed"])
+        self.task.write_submission(selected_run, submission)
         candidate = self.out / CANDIDATES_DIR / f"lr{selected['peak_lr']:g}"
         if candidate.is_dir():  # not yet moved (a first publish, or one interrupted before the move)
             (candidate / CANDIDATE_SCORE_FILE).unlink(missing_ok=True)
@@ -481,11 +479,6 @@ class Finetuner:
         shutil.rmtree(self.out / PROGRESS_DIR, ignore_errors=True)
 
 
-def _write_tsv(path: Path, header: list[str], rows: Any) -> None:
-    lines = ["\t".join(header)] + ["\t".join(str(c) for c in row) for row in rows]
-    atomic_write_text(path, "".join(line + "\n" for line in lines))
-
-
 def run_tag(lr: float, seed: int) -> str:
     """The name of a run in predictions/ and .progress/."""
     return f"lr{lr:g}-seed{seed}"
@@ -494,5 +487,5 @@ def run_tag(lr: float, seed: int) -> str:
 def finetune(
     config: FinetuneConfig, output_dir: str | Path, overwrite: bool = False, resume: bool = False
 ) -> dict[str, Any]:
-    """Fine-tune one GLUE task (every lr and seed); returns the results (also written to results.json)."""
+    """Fine-tune one task (every lr and seed); returns the results (also written to results.json)."""
     return Finetuner(config, output_dir, overwrite, resume).run()
