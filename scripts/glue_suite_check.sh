@@ -11,8 +11,14 @@
 set -euo pipefail
 if [[ "${1:-}" == "--compare" ]]; then
     before=${2:?}; after=${3:?}; status=0
+    # results.json names its init, which lies under each side's own folder: compared with that folder's path blanked
+    blank() { sed "s#$(cd "$1" && pwd)#OUT#g" "$1/$2"; }
     for file in $(cd "$before" && find . -name results.json -o -name '*.tsv' -path '*submission*' | sort); do
-        if cmp -s "$before/$file" "$after/$file"; then echo "identical: $file"; else echo "DIFFERENT: $file"; status=1; fi
+        if cmp -s <(blank "$before" "$file") <(blank "$after" "$file"); then
+            echo "identical: $file"
+        else
+            echo "DIFFERENT: $file"; status=1
+        fi
     done
     exit $status
 fi
