@@ -5,7 +5,7 @@
 # are untested, not known to fail.
 #
 #     bash scripts/check_lower_bounds.sh                 # the whole suite (the README's test command)
-#     bash scripts/check_lower_bounds.sh tests/test_hf.py -x   # arguments go to pytest
+#     bash scripts/check_lower_bounds.sh tests/unit/test_hf.py -x   # arguments go to pytest
 #     KEEP=1 bash scripts/check_lower_bounds.sh          # keep the virtualenv (its path is printed)
 #     PYTHON=python3.11 bash scripts/check_lower_bounds.sh   # at requires-python's floor
 #     PINS=scripts/gpu_machine_pins.txt PYTHON=python3.12 bash scripts/check_lower_bounds.sh

@@ -6,7 +6,7 @@
 #     bash scripts/check_wheel.sh            # a fresh virtualenv: torch==2.13.0 (see README), then the wheel and its
 #                                            # dependencies from the package index (minutes; what a new user runs)
 #     bash scripts/check_wheel.sh --reuse    # a virtualenv on top of this interpreter's packages: only the wheel is
-#                                            # installed (seconds; what tests/test_package.py runs)
+#                                            # installed (seconds; what tests/e2e/test_package.py runs)
 #
 # Run from the repository root. Leaves nothing behind but the temporary directory it prints (removed on success).
 set -euo pipefail

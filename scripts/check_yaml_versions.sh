@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Configs mean the same under every PyYAML the project allows: tests/test_config.py (merge keys, duplicates, every
+# Configs mean the same under every PyYAML the project allows: tests/unit/test_config.py (merge keys, duplicates, every
 # shipped YAML) under each PyYAML release named below, each installed into its own folder that shadows the installed
 # one. 6.0.4 changed what nested `<<` merges read (yaml/pyyaml#953); our loader resolves merges itself
 # (roformer.config._ConfigLoader), and this proves it under the broken release and the ones around it.
@@ -16,6 +16,6 @@ for version in $versions; do
     python -m pip install -q --no-deps --target "$work/pyyaml-$version" "pyyaml==$version"
     installed=$(PYTHONPATH="$work/pyyaml-$version" python -c 'import yaml; print(yaml.__version__)')
     [[ "$installed" == "$version" ]] || { echo "expected PyYAML $version, imported $installed" >&2; exit 1; }
-    echo "== tests/test_config.py under PyYAML $version"
-    PYTHONPATH="$work/pyyaml-$version" python -m pytest -q -p no:cacheprovider tests/test_config.py
+    echo "== tests/unit/test_config.py under PyYAML $version"
+    PYTHONPATH="$work/pyyaml-$version" python -m pytest -q -p no:cacheprovider tests/unit/test_config.py
 done

@@ -45,7 +45,7 @@ else
 fi
 
 run_tests() {
-    python -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider --junitxml "$out/gpu-tests.xml" || true
+    python -m pytest -q -m gpu tests/e2e/test_gpu.py -p no:cacheprovider --junitxml "$out/gpu-tests.xml" || true
 }
 
 run_bench() {

@@ -6,7 +6,7 @@ the index's page from it: a relative link becomes its text followed by the path 
 source distribution: MANIFEST.in), a relative image is dropped with its line, absolute links are kept.
 
     python scripts/package_description.py           # rewrite PACKAGE.md after editing README.md
-    python scripts/package_description.py --check   # exit 1 if PACKAGE.md is stale (tests/test_package.py)
+    python scripts/package_description.py --check   # exit 1 if PACKAGE.md is stale (tests/e2e/test_package.py)
 """
 
 from __future__ import annotations

@@ -1,4 +1,22 @@
-"""Shared fixtures: tiny model configs and the location of the real data in ../shared (optional)."""
+"""The test suite's layout and its shared fixtures.
+
+tests/unit/  fast: model maths (rotary, relative encodings, masks, precision), configs, data units (tokenizer,
+             packing, token store format, GLUE files), statistics, metrics, FLOPs, markdown, the package's layout,
+             HF and JunnYu parity on tiny random models. Seconds in all: `python -m pytest -q tests/unit`.
+tests/e2e/   whole commands and runs: tiny pretraining and fine-tuning runs, resume, several processes, faults and
+             full disks, Slurm, experiments, hub pushes, `convert` in a subprocess, ONNX export, torch.compile, the
+             docs, notebooks, the wheel, CI, the GPU.
+tests/golden/  reference files (JunnYu's port, scripts/junnyu_goldens.py).
+
+`python -m pytest -q` runs both (pyproject.toml: testpaths, and `-m 'not slow'`: `-m slow` runs the long ones; `gpu`
+tests skip without CUDA). A new test goes to unit/ if it takes well under a second and starts no training run and
+no launch, else to e2e/; a file that would hold both is split.
+
+What test modules share is in tests/helpers.py (`from helpers import tiny_config, tiny_run_config, ...`): this file,
+at tests/, puts tests/ on sys.path (pytest's default `prepend` import mode), so both folders import it. Test files
+never import each other, and their names are unique across the folders (the same mode requires it). The fixtures of
+both folders are here, so that a session fixture (a pretrained tiny model) is built once for the whole run.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +27,12 @@ import tempfile
 
 # The packed-data cache of the tests lives in a fresh directory, never in the user's ~/.cache/roformer.
 os.environ["ROFORMER_CACHE"] = tempfile.mkdtemp(prefix="roformer-test-cache-")
-from collections.abc import Callable
+import csv
+import random
 from pathlib import Path
 
 import pytest
-import torch
-
-import roformer
-
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("ROFORMER_SHARED_DATA", REPO.parent / "shared" / "data"))
+from helpers import SHARED_DATA, tiny_run_config
 
 
 @pytest.fixture
@@ -31,51 +45,39 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
-def tiny_config(**overrides) -> roformer.ModelConfig:
-    """A 2-layer model that runs in milliseconds."""
-    fields = dict(
-        vocab_size=101,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=4,
-        intermediate_size=48,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        max_position_embeddings=64,
-    )
-    fields.update(overrides)
-    return roformer.ModelConfig(**fields)
+@pytest.fixture(scope="session")
+def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny RoFormer pretrained for a few steps on the built-in corpus (its final/ has model + tokenizer)."""
+    from roformer.config import load
+    from roformer.train.config import PretrainConfig
+    from roformer.train.pretrain import pretrain
+
+    tmp = tmp_path_factory.mktemp("pretrained")
+    yaml = tiny_run_config(tmp / "c.yaml", max_steps=20, lr=2e-3, eval_every=0, save_every=0, log_every=10)
+    return pretrain(load(PretrainConfig, yaml), tmp / "run") / "final"
 
 
-def assert_checkpointing_changes_nothing(build: Callable[[], roformer.Model], batch: dict) -> roformer.Model:
-    """Activation checkpointing off and on from the same weights and dropout masks: the same loss, exactly, and the
-    same gradients. Returns the second model."""
-    results = []
-    for on in (False, True):
-        torch.manual_seed(0)
-        model = build().train()
-        model.set_gradient_checkpointing(on)
-        torch.manual_seed(1)  # the same dropout masks
-        loss = model(**batch).loss
-        loss.backward()
-        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
-    (loss_off, grads_off), (loss_on, grads_on) = results
-    assert torch.equal(loss_off, loss_on)
-    for name, grad in grads_off.items():
-        torch.testing.assert_close(grads_on[name], grad, msg=name)
-    return model
+@pytest.fixture(scope="session")
+def number_task(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A balanced binary task on built-in sentences: does the sentence contain a number word (majority = 50%)?"""
+    from roformer.data.builtin import NUMBERS, generate_documents
 
-
-def padded_batch(vocab_size: int = 101, batch: int = 3, length: int = 19, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random ids with right padding of different lengths and two token types."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, vocab_size, (batch, length), generator=g)
-    mask = torch.ones(batch, length, dtype=torch.long)
-    for row, keep in enumerate(range(length, 0, -max(1, length // batch))):
-        if row < batch:
-            mask[row, keep:] = 0
-    ids = ids.masked_fill(mask == 0, 0)
-    types = torch.zeros_like(ids)
-    types[:, length // 2 :] = 1
-    types = types * mask
-    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    tmp = tmp_path_factory.mktemp("numbers")
+    sentences = [s.strip() for d in generate_documents(1500, seed=9) for s in d.split(" . ") if s.strip()]
+    numbers = set(NUMBERS)
+    positive = [s for s in sentences if numbers & set(s.split())]
+    negative = [s for s in sentences if not numbers & set(s.split())]
+    rng = random.Random(0)
+    rows = [(s, 1) for s in rng.sample(positive, 300)] + [(s, 0) for s in rng.sample(negative, 300)]
+    rng.shuffle(rows)
+    files = {"train": rows[:440], "dev": rows[440:541], "test": rows[541:598]}  # odd sizes on purpose
+    paths = {}
+    for split, split_rows in files.items():
+        path = tmp / f"{split}.csv"
+        with path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["sentence", "label"] if split != "test" else ["idx", "sentence"])
+            for i, (sentence, label) in enumerate(split_rows):
+                writer.writerow([sentence, label] if split != "test" else [i, sentence])
+        paths[split] = path
+    return paths

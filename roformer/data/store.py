@@ -29,7 +29,14 @@ from roformer.data.config import DataConfig
 from roformer.data.corpus import open_documents
 from roformer.data.packing import eval_indices, validation_mask
 from roformer.data.token_store import STORE_FILE, BlockView, TokenStore, rebuild_hint, write_token_store
-from roformer.data.tokenizer import jieba_presegmenter, load_tokenizer, make_tokenizer, save_tokenizer, vocab_hash
+from roformer.data.tokenizer import (
+    Tokenizer,
+    jieba_presegmenter,
+    load_tokenizer,
+    make_tokenizer,
+    save_tokenizer,
+    vocab_hash,
+)
 from roformer.errors import UserError, WriteFailed
 from roformer.files import read_json, staged_output_dir
 
@@ -42,10 +49,10 @@ class MLMData:
 
     train: Any  # (N, max_seq_len) token ids: a BlockView over the memory-mapped store (or a tensor)
     validation: torch.Tensor  # (M, max_seq_len), in memory (at most max_eval_blocks)
-    tokenizer: Any
+    tokenizer: Tokenizer
 
 
-def build_mlm_data(config: DataConfig, base: Path | None = None, tokenizer: Any = None) -> MLMData:
+def build_mlm_data(config: DataConfig, base: Path | None = None, tokenizer: Tokenizer | None = None) -> MLMData:
     """The configured corpus as a token store (built once, then memory-mapped) and its tokenizer.
 
     The store is built when missing (`build_token_store`), in the cache directory keyed by everything it depends
@@ -89,7 +96,11 @@ TOKENIZER_SUBDIR = "tokenizer"
 
 
 def build_token_store(
-    config: DataConfig, directory: Path, base: Path | None = None, tokenizer: Any = None, replace: bool = False
+    config: DataConfig,
+    directory: Path,
+    base: Path | None = None,
+    tokenizer: Tokenizer | None = None,
+    replace: bool = False,
 ) -> Path:
     """Split, make the tokenizer and tokenize the corpus into `directory` (tokenizer/, train/, validation/).
 
@@ -171,7 +182,7 @@ def _temporary_directory(config: DataConfig) -> Path:
     return directory / "store"
 
 
-def store_usable(directory: Path, tokenizer: Any = None) -> bool:
+def store_usable(directory: Path, tokenizer: Tokenizer | None = None) -> bool:
     """A complete store is there, made with `tokenizer`'s vocabulary when one is given."""
     if not all((directory / split / STORE_FILE).is_file() for split in ("train", "validation")):
         return False

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from roformer.config import ABSENT, config_differences, field_keys, read_yaml, write_yaml
-from roformer.data.tokenizer import save_tokenizer
+from roformer.data.tokenizer import Tokenizer, save_tokenizer
 from roformer.errors import UserError
 from roformer.files import atomic_write_text, check_output_dir, staged_output_dir
 from roformer.logs import MAIN_ONLY
@@ -233,7 +233,9 @@ def keep_metrics(path: Path, keep: Callable[[dict[str, Any]], bool]) -> None:
         atomic_write_text(path, "".join(json.dumps(e) + "\n" for e in events))
 
 
-def write_model_dir(model: Any, tokenizer: Any, directory: Path, pretraining: dict[str, Any] | None = None) -> None:
+def write_model_dir(
+    model: Any, tokenizer: Tokenizer, directory: Path, pretraining: dict[str, Any] | None = None
+) -> None:
     """Write a model (`model.save`), its tokenizer and what it was pretrained on into `directory`, all or nothing."""
     with staged_output_dir(directory, overwrite=True) as staging:
         model.save(staging)

@@ -31,7 +31,7 @@ from typing import get_args
 
 import pytest
 import yaml
-from conftest import REPO, SHARED_DATA
+from helpers import REPO, SHARED_DATA
 
 import roformer
 from roformer.cli import build_parser

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import interrupted_run, tiny_run_config
 from safetensors.torch import load_file
-from test_pretrain import interrupted_run, tiny_run_config
 
 from roformer.cli import main
 from roformer.config import ConfigError, read_yaml, write_yaml

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from helpers import REPO, accelerate_launch, run_cli, tiny_run_config, train_losses
 from safetensors.torch import load_file
-from test_pretrain import run_cli, tiny_run_config, train_losses
 
 from roformer.cli import main
 from roformer.train import pretrain as pretrain_module
@@ -366,8 +365,6 @@ def test_two_processes_stop_after_the_same_step_when_one_gets_the_signal(
     reference: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """Rank 1 alone receives SIGTERM: both ranks finish the step, write one checkpoint together, exit 75."""
-    from test_pretrain import accelerate_launch
-
     yaml, _ = reference
     wrapper = tmp_path / "wrapper.py"
     wrapper.write_text(

@@ -2,82 +2,20 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import math
-import random
 from pathlib import Path
 
 import pytest
 import torch
-from test_pretrain import accelerate_launch, tiny_run_config
+from helpers import accelerate_launch, launch_two, task_config, tiny_run_config, write_wrapper
 
 import roformer
 from roformer.cli import main
 from roformer.config import load, write_yaml
-from roformer.data.builtin import NUMBERS, generate_documents
-from roformer.train.config import FinetuneConfig, PretrainConfig
+from roformer.train.config import FinetuneConfig
 from roformer.train.finetune import finetune
-from roformer.train.pretrain import pretrain
-
-
-@pytest.fixture(scope="session")
-def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny RoFormer pretrained for a few steps on the built-in corpus (its final/ has model + tokenizer)."""
-    tmp = tmp_path_factory.mktemp("pretrained")
-    yaml = tiny_run_config(tmp / "c.yaml", max_steps=20, lr=2e-3, eval_every=0, save_every=0, log_every=10)
-    return pretrain(load(PretrainConfig, yaml), tmp / "run") / "final"
-
-
-@pytest.fixture(scope="session")
-def number_task(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A balanced binary task on built-in sentences: does the sentence contain a number word (majority = 50%)?"""
-    tmp = tmp_path_factory.mktemp("numbers")
-    sentences = [s.strip() for d in generate_documents(1500, seed=9) for s in d.split(" . ") if s.strip()]
-    numbers = set(NUMBERS)
-    positive = [s for s in sentences if numbers & set(s.split())]
-    negative = [s for s in sentences if not numbers & set(s.split())]
-    rng = random.Random(0)
-    rows = [(s, 1) for s in rng.sample(positive, 300)] + [(s, 0) for s in rng.sample(negative, 300)]
-    rng.shuffle(rows)
-    files = {"train": rows[:440], "dev": rows[440:541], "test": rows[541:598]}  # odd sizes on purpose
-    paths = {}
-    for split, split_rows in files.items():
-        path = tmp / f"{split}.csv"
-        with path.open("w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["sentence", "label"] if split != "test" else ["idx", "sentence"])
-            for i, (sentence, label) in enumerate(split_rows):
-                writer.writerow([sentence, label] if split != "test" else [i, sentence])
-        paths[split] = path
-    return paths
-
-
-def task_config(path: Path, init: Path, files: dict[str, Path], model: dict | None = None, **train) -> Path:
-    config = {
-        "model": model or {},
-        "init": str(init),
-        "data": {
-            "task": "sst2",
-            "source": "files",
-            "train_file": str(files["train"]),
-            "validation_file": str(files["dev"]),
-            "test_file": str(files["test"]),
-            "max_length": 64,
-        },
-        "train": {
-            "epochs": 3,
-            "batch_size": 16,
-            "lr": 1e-3,
-            "seeds": [0, 1],
-            "progress": False,
-            "log_every": 5,
-            **train,
-        },
-    }
-    write_yaml(path, config)
-    return path
 
 
 def test_finetune_beats_the_majority_class(tmp_path: Path, pretrained: Path, number_task: dict) -> None:
@@ -263,7 +201,6 @@ def test_overwrite_with_an_init_that_does_not_load_keeps_the_job(
 def test_two_processes_run_a_glue_suite_with_a_slow_rank(tmp_path: Path, pretrained: Path, number_task: dict) -> None:
     """Rank 1 checks the task directory late: the main process must not have written it yet (it waits for every
     process before writing); both exit 0 and print nothing but on the main process."""
-    from test_multiprocess import launch_two, write_wrapper
 
     task_config(tmp_path / "sst2.yaml", pretrained, number_task, max_steps=1, seeds=[0], batch_size=4)
     write_yaml(tmp_path / "suite.yaml", {"tasks": ["sst2.yaml"]})

@@ -8,7 +8,7 @@
   collective each), fine-tuning gathers its best weights on every process, the DeepSpeed config gets its
   micro-batch and accumulation from `train:`.
 
-Run them on a GPU machine with `python -m pytest -m gpu tests/test_gpu.py` (scripts/gpu_check.sh does).
+Run them on a GPU machine with `python -m pytest -m gpu tests/e2e/test_gpu.py` (scripts/gpu_check.sh does).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_pretrain import accelerate_launch, interrupted_run, tiny_run_config, train_losses
+from helpers import accelerate_launch, interrupted_run, tiny_run_config, train_losses
 
 import roformer
 from roformer.cli import main

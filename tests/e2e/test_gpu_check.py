@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 
 @pytest.mark.slow

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config
-from test_pretrain import tiny_run_config
+from helpers import task_config, tiny_config, tiny_run_config
 
 import roformer
 from roformer.cli import main
@@ -98,8 +97,6 @@ def finetuned(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     learn. data.max_length is 64, above the pretraining length 32 that caps it.
     """
     import csv
-
-    from test_finetune import task_config
 
     import roformer.train.finetune as finetune_module
     from roformer.train.config import FinetuneConfig

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
-from test_pretrain import run_python, tiny_run_config
+from helpers import REPO, run_python, tiny_run_config
 
 import roformer
 from roformer.cli import main

@@ -17,51 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO
-from test_pretrain import tiny_run_config
-
-WRAPPER_TAIL = "from roformer.cli import main\nsys.exit(main(sys.argv[1:]))\n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch_two(wrapper: Path, args: list[str], env: dict[str, str] | None = None, timeout: float = 180) -> list:
-    """Run `python WRAPPER ARGS` as ranks 0 and 1 of one gloo group; returns (exit code, stderr) per rank.
-
-    A rank still running at `timeout` (waiting in a collective) fails the test.
-    """
-    port = str(free_port())
-    processes = []
-    for rank in range(2):
-        rank_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": port, "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
-                    "LOCAL_WORLD_SIZE": "2", **(env or {})}  # fmt: skip
-        command = [sys.executable, str(wrapper), *args]
-        processes.append(subprocess.Popen(command, env=rank_env, stderr=subprocess.PIPE, text=True))
-    results = []
-    try:
-        for process in processes:
-            _, err = process.communicate(timeout=timeout)
-            results.append((process.returncode, err))
-    except subprocess.TimeoutExpired:
-        for process in processes:
-            process.kill()
-        pytest.fail(f"a rank was still waiting after {timeout} s (a collective nobody else reached)")
-    return results
-
-
-def write_wrapper(path: Path, patch: str) -> Path:
-    path.write_text("import os, sys\nRANK = int(os.environ['RANK'])\n" + patch + "\n" + WRAPPER_TAIL)
-    return path
-
-
-def last_line(err: str) -> str:
-    lines = [line for line in err.strip().splitlines() if line.startswith("roformer ")]
-    return lines[-1] if lines else err.strip()[-500:]
+from helpers import REPO, free_port, last_line, launch_two, tiny_run_config, write_wrapper
 
 
 @pytest.fixture

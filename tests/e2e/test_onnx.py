@@ -12,7 +12,7 @@ from typing import get_args
 
 import pytest
 import torch
-from conftest import tiny_config
+from helpers import tiny_config
 from torch.testing import assert_close
 
 from roformer.cli import main

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 from packaging.specifiers import SpecifierSet
 
 import roformer.catalogue as catalogue

@@ -1,17 +1,24 @@
-"""`roformer pretrain`: end-to-end tiny runs, exact resume, launch equivalence, run directory, bad input."""
+"""`roformer pretrain`: end-to-end tiny runs, exact resume, launch equivalence, run directory, bad input, and the
+token store `roformer prepare-data` builds for a run."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from helpers import (
+    REPO,
+    accelerate_launch,
+    finished_run,
+    interrupted_run,
+    run_cli,
+    run_python,
+    tiny_run_config,
+    train_losses,
+)
 from safetensors.torch import load_file
 
 import roformer
@@ -22,72 +29,8 @@ from roformer.data.mlm import MLMBatches, PackedBlocks
 from roformer.data.sampling import share
 from roformer.train.checkpoints import CheckpointManager
 from roformer.train.config import PretrainConfig
-from roformer.train.engine import Engine
 from roformer.train.pretrain import Pretrainer, pretrain
 from roformer.train.run_dir import read_metrics
-
-TINY_MODEL = dict(
-    vocab_size=300,
-    hidden_size=32,
-    num_layers=2,
-    num_heads=2,
-    intermediate_size=64,
-    max_position_embeddings=64,
-    hidden_dropout=0.0,
-    attention_dropout=0.0,
-)
-TINY_DATA = dict(builtin_documents=300, vocab_size=300, max_seq_len=32, validation_fraction=0.05)
-
-
-def tiny_run_config(path: Path, model: dict | None = None, data: dict | None = None, **train) -> Path:
-    """Write a tiny pretraining YAML to `path` and return it."""
-    config = {
-        "model": {**TINY_MODEL, **(model or {})},
-        "data": {**TINY_DATA, **(data or {})},
-        "train": {
-            "max_steps": 8,
-            "log_every": 1,
-            "eval_every": 4,
-            "save_every": 4,
-            "batch_size": 4,
-            "lr": 1e-3,
-            "progress": False,
-            **train,
-        },
-    }
-    roformer.config.write_yaml(path, config)
-    return path
-
-
-def train_losses(run: Path) -> list[tuple[int, float]]:
-    return [(e["step"], e["loss"]) for e in read_metrics(run / "metrics.jsonl") if e["event"] == "train"]
-
-
-def interrupted_run(config: PretrainConfig, out: Path, crash_step: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run `config` into `out` and kill it (KeyboardInterrupt) when it reaches `crash_step`."""
-    original = Engine.train_step
-
-    def crash(self, task, step):
-        if step == crash_step:
-            raise KeyboardInterrupt
-        return original(self, task, step)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(Engine, "train_step", crash)
-        with pytest.raises(KeyboardInterrupt):
-            pretrain(config, out)
-
-
-def run_python(args: list[str]) -> subprocess.CompletedProcess:
-    """Run `python ARGS` with the repository importable; returns the finished process (text output)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=300)
-
-
-def accelerate_launch(program: list[str], launcher: str = "multi-cpu", *options: str) -> subprocess.CompletedProcess:
-    """`accelerate launch --config_file configs/accelerate/LAUNCHER.yaml OPTIONS PROGRAM` (e.g. `-m roformer ...`)."""
-    config = str(REPO / "configs" / "accelerate" / f"{launcher}.yaml")
-    return run_python(["-m", "accelerate.commands.launch", "--config_file", config, *options, *program])
 
 
 def test_tiny_run_end_to_end(tmp_path: Path) -> None:
@@ -204,11 +147,6 @@ def test_shipped_tiny_config_resolves() -> None:
 # Bad input: one line, exit code 2, nothing overwritten
 
 
-def run_cli(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str]:
-    code = main(["pretrain", *args])
-    return code, capsys.readouterr().err
-
-
 def test_occupied_run_dir_is_refused_and_kept(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2)
     out = tmp_path / "run"
@@ -259,14 +197,6 @@ def test_bad_input_one_line_exit_2(
     assert code == 2, err
     assert expected in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "run").exists()
-
-
-def finished_run(tmp_path: Path, capsys: pytest.CaptureFixture, save_every: int = 1) -> tuple[Path, Path]:
-    """(config, run directory) of a finished 2-step tiny run with checkpoints every `save_every` steps."""
-    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2, save_every=save_every)
-    run = tmp_path / "run"
-    assert run_cli(["--config", str(yaml), "--output-dir", str(run)], capsys)[0] == 0
-    return yaml, run
 
 
 def test_overwrite_with_input_that_fails_keeps_the_run_it_would_replace(
@@ -602,3 +532,19 @@ def test_a_run_written_before_a_config_field_existed_resumes(tmp_path: Path, cap
     roformer.config.write_yaml(run / "config.yaml", saved)
     code, err = run_cli(["--output-dir", str(run), "--resume", "--set", "train.max_steps=3"], capsys)
     assert code == 0, err
+
+
+def test_prepare_data_builds_the_store_that_pretraining_then_uses(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`roformer prepare-data` writes the token store; the run then reads it instead of building its own."""
+    from roformer.data import store as store_module
+
+    yaml = tiny_run_config(tmp_path / "c.yaml", data={"cache_dir": str(tmp_path / "cache")}, max_steps=2)
+    assert main(["prepare-data", "--config", str(yaml)]) == 0
+    out = capsys.readouterr().out
+    assert "token store built" in out and "2.00 bytes per token (uint16)" in out
+    assert main(["prepare-data", "--config", str(yaml)]) == 0 and "up to date" in capsys.readouterr().out
+    monkeypatch.setattr(store_module, "build_token_store", lambda *a, **k: pytest.fail("built again"))
+    assert main(["pretrain", "--config", str(yaml), "--output-dir", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    assert main(["prepare-data", "--config", str(yaml), "--set", "data.cache=false"]) == 2
+    assert "keeps no store" in capsys.readouterr().err

@@ -2,7 +2,7 @@
 
 import re
 
-from conftest import REPO
+from helpers import REPO
 
 TEST_COMMAND = 'pip install torch==2.13.0 && pip install -e ".[dev]" && python -m pytest -q'
 

@@ -12,9 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO
-from test_multiprocess import free_port
-from test_pretrain import accelerate_launch, tiny_run_config
+from helpers import REPO, accelerate_launch, free_port, tiny_run_config
 
 from roformer.train.run_dir import read_metrics
 

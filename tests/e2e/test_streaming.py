@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_pretrain import interrupted_run, tiny_run_config, train_losses
+from helpers import interrupted_run, tiny_run_config, train_losses
 
 from roformer.config import load
 from roformer.data.builtin import generate_documents

@@ -20,9 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import finished_run, last_line, launch_two, make_hf, task_config, tiny_run_config, write_wrapper
 from safetensors.torch import save_file
-from test_multiprocess import last_line, launch_two, write_wrapper
-from test_pretrain import finished_run, tiny_run_config
 
 from roformer.cli import main
 from roformer.files import is_write_failure
@@ -189,8 +188,6 @@ def test_a_token_store_that_does_not_fit_is_one_line(
 def test_convert_from_hf_into_a_full_disk_keeps_the_previous_output(
     tmp_path: Path, small_disk: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from test_hf import make_hf
-
     hf_dir = tmp_path / "hf"
     make_hf("roformer-mlm").save_pretrained(hf_dir)
     capsys.readouterr()
@@ -209,8 +206,6 @@ def test_convert_from_hf_into_a_full_disk_keeps_the_previous_output(
 def test_convert_from_hf_with_a_failing_write_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    from test_hf import make_hf
-
     hf_dir = tmp_path / "hf"
     make_hf("roformer-mlm").save_pretrained(hf_dir)
     capsys.readouterr()
@@ -263,8 +258,6 @@ def test_every_output_into_a_full_disk_is_one_line(
 def test_a_failing_write_while_fine_tuning_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    from test_finetune import task_config
-
     yaml, pre = finished_run(tmp_path, capsys)
     rows = [("una duo", 1), ("ba ka", 0)] * 20
     files = {}

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 import roformer
 from roformer.config import load

@@ -8,8 +8,7 @@ import math
 import pytest
 import torch
 import transformers
-from conftest import assert_checkpointing_changes_nothing, padded_batch, tiny_config
-from test_hf import VOCAB, hf_config, randomised
+from helpers import VOCAB, assert_checkpointing_changes_nothing, hf_config, padded_batch, randomised, tiny_config
 from torch.testing import assert_close
 
 import roformer

@@ -1,4 +1,6 @@
-"""Shared training utilities: optimizer groups, schedules, atomic checkpoints, metrics files."""
+"""The training engine's parts, each alone: optimizer groups and schedules, the non-finite step guard, atomic
+checkpoints and which one every process resumes from, the metrics file, sharded evaluation, launcher settings and
+the accelerator."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config
+from helpers import tiny_config
 
 import roformer
 from roformer.errors import UserError

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import tiny_config
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -11,16 +12,7 @@ import roformer
 from roformer.data.masking import masked_positions
 from roformer.model.flops import encoder_parameters, measure_matmul_tflops, spec_tflops, training_flops_per_token
 
-CONFIG = roformer.ModelConfig(
-    vocab_size=1000,
-    hidden_size=128,
-    num_layers=2,
-    num_heads=4,
-    intermediate_size=512,
-    hidden_dropout=0.0,
-    attention_dropout=0.0,
-    max_position_embeddings=256,
-)
+CONFIG = tiny_config(vocab_size=1000, hidden_size=128, intermediate_size=512, max_position_embeddings=256)
 B, T = 4, 256
 
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
 import torch
 import transformers
-from conftest import padded_batch, tiny_config
+from helpers import HF_CASES, VOCAB, hf_config, hf_output, make_hf, our_output, padded_batch, randomised, tiny_config
 from packaging.version import Version
 from torch.testing import assert_close
 from transformers.activations import ACT2FN
@@ -19,79 +17,8 @@ from roformer.model.config import ACTIVATION_NAMES
 from roformer.model.layers import ACTIVATIONS
 from roformer.model.model import ARCHITECTURES
 
-VOCAB = 101
 
-
-def hf_config(family: str, **kw):
-    fields = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=37,
-        max_position_embeddings=64,
-        type_vocab_size=2,
-        num_labels=3,
-    )
-    cls = transformers.RoFormerConfig if family == "roformer" else transformers.BertConfig
-    return cls(**{**fields, **kw})
-
-
-def hf_roformer_config(**kw) -> transformers.RoFormerConfig:
-    return hf_config("roformer", **kw)
-
-
-def hf_bert_config(**kw) -> transformers.BertConfig:
-    return hf_config("bert", **kw)
-
-
-CASES = {
-    "roformer-model": (transformers.RoFormerModel, hf_roformer_config),
-    "roformer-mlm": (transformers.RoFormerForMaskedLM, hf_roformer_config),
-    "roformer-cls": (transformers.RoFormerForSequenceClassification, hf_roformer_config),
-    "roformer-mlm-emb16-rotv": (
-        transformers.RoFormerForMaskedLM,
-        lambda: hf_roformer_config(embedding_size=16, rotary_value=True),
-    ),
-    "roformer-cls-emb16-rotv": (
-        transformers.RoFormerForSequenceClassification,
-        lambda: hf_roformer_config(embedding_size=16, rotary_value=True),
-    ),
-    "roformer-regression": (transformers.RoFormerForSequenceClassification, lambda: hf_roformer_config(num_labels=1)),
-    "bert-model": (transformers.BertModel, hf_bert_config),
-    "bert-mlm": (transformers.BertForMaskedLM, hf_bert_config),
-    "bert-cls": (transformers.BertForSequenceClassification, hf_bert_config),
-    "bert-mlm-gelu_new": (transformers.BertForMaskedLM, lambda: hf_bert_config(hidden_act="gelu_new")),
-}
-
-
-def hf_output(hf_model, batch) -> torch.Tensor:
-    with torch.no_grad():
-        out = hf_model(**batch)
-    return out.logits if hasattr(out, "logits") else out.last_hidden_state
-
-
-def our_output(model, batch) -> torch.Tensor:
-    with torch.no_grad():
-        return model(**batch).logits
-
-
-def make_hf(name: str, seed: int = 0):
-    cls, make_config = CASES[name]
-    torch.manual_seed(seed)
-    return randomised(cls(make_config()).eval())
-
-
-def randomised(model):
-    """HF inits biases and LayerNorms to constants: randomise every weight so that a mix-up would show."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "embed_positions" not in name:  # the fixed sinusoidal table of HF RoFormer
-                p.add_(torch.randn_like(p) * 0.02)
-    return model
-
-
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", list(HF_CASES))
 def test_from_hf_logits_match(name: str) -> None:
     hf_model = make_hf(name)
     ours = roformer.from_hf(hf_model)
@@ -99,7 +26,7 @@ def test_from_hf_logits_match(name: str) -> None:
     assert_close(our_output(ours, batch), hf_output(hf_model, batch))
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", list(HF_CASES))
 def test_to_hf_round_trip(name: str, tmp_path) -> None:
     hf_model = make_hf(name)
     ours = roformer.from_hf(hf_model)
@@ -130,7 +57,7 @@ def test_loss_matches_hf(name: str) -> None:
 def test_rotary_runs_past_hf_max_position_embeddings() -> None:
     hf_small = make_hf("roformer-mlm")  # max_position_embeddings=64
     ours = roformer.from_hf(hf_small)
-    hf_big = transformers.RoFormerForMaskedLM(hf_roformer_config(max_position_embeddings=256)).eval()
+    hf_big = transformers.RoFormerForMaskedLM(hf_config("roformer", max_position_embeddings=256)).eval()
     hf_big.load_state_dict({k: v for k, v in hf_small.state_dict().items() if "embed_positions" not in k}, strict=False)
     batch = padded_batch(VOCAB, batch=2, length=150)
     assert_close(our_output(ours, batch), hf_output(hf_big, batch))
@@ -211,11 +138,11 @@ def test_loading_a_saved_rotary_model_in_the_other_layout_keeps_its_outputs(tmp_
 
 def test_unsupported_hf_models_give_clear_errors(tmp_path) -> None:
     with pytest.raises(roformer.CheckpointError, match="relative_key"):
-        roformer.from_hf(transformers.BertModel(hf_bert_config(position_embedding_type="relative_key")))
+        roformer.from_hf(transformers.BertModel(hf_config("bert", position_embedding_type="relative_key")))
     with pytest.raises(roformer.CheckpointError, match="cannot convert"):  # token classification is a head now
-        roformer.from_hf(transformers.BertForNextSentencePrediction(hf_bert_config()))
+        roformer.from_hf(transformers.BertForNextSentencePrediction(hf_config("bert")))
     with pytest.raises(roformer.CheckpointError, match="a start and an end output, this one 3"):
-        roformer.from_hf(transformers.BertForQuestionAnswering(hf_bert_config(num_labels=3)))
+        roformer.from_hf(transformers.BertForQuestionAnswering(hf_config("bert", num_labels=3)))
     with pytest.raises(roformer.CheckpointError, match="cannot read an HF config"):
         roformer.from_hf(tmp_path)
     rotary_with_pooler = roformer.SequenceClassifier(tiny_config(classifier_head="pooler"))
@@ -231,57 +158,10 @@ def test_activations_match_hf(name: str) -> None:
     assert_close(ACTIVATIONS[name](x), ACT2FN[name](x))
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "roformer", *args], capture_output=True, text=True)
-
-
-def test_convert_cli_round_trip(tmp_path) -> None:
-    hf_model = make_hf("roformer-mlm")
-    hf_dir, ours_dir, back_dir = tmp_path / "hf", tmp_path / "ours", tmp_path / "back"
-    hf_model.save_pretrained(hf_dir)
-    (hf_dir / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")
-    result = run_cli("convert", "--from-hf", str(hf_dir), "--out", str(ours_dir))
-    assert result.returncode == 0, result.stderr
-    assert (ours_dir / "vocab.txt").is_file()
-    ours = roformer.load(ours_dir)
-    batch = padded_batch(VOCAB)
-    assert_close(our_output(ours, batch), hf_output(hf_model, batch))
-    result = run_cli("convert", "--to-hf", str(ours_dir), "--out", str(back_dir))
-    assert result.returncode == 0, result.stderr
-    back = transformers.AutoModelForMaskedLM.from_pretrained(back_dir).eval()
-    assert_close(hf_output(back, batch), hf_output(hf_model, batch))
-    assert (back_dir / "vocab.txt").is_file()
-
-
-def test_convert_cli_bad_input(tmp_path) -> None:
-    result = run_cli("convert", "--to-hf", str(tmp_path / "missing"), "--out", str(tmp_path / "o"))
-    assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and "model directory not found" in result.stderr
-    assert "Traceback" not in result.stderr
-    # a non-empty output directory is refused and left untouched
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "keep.txt").write_text("precious")
-    roformer.MaskedLM(tiny_config()).save(tmp_path / "m")
-    result = run_cli("convert", "--to-hf", str(tmp_path / "m"), "--out", str(out))
-    assert result.returncode == 2 and "not empty" in result.stderr and result.stderr.count("\n") == 1
-    assert (out / "keep.txt").read_text() == "precious" and len(list(out.iterdir())) == 1
-    result = run_cli("convert", "--out", str(out))
-    assert result.returncode == 2 and result.stderr.count("\n") == 1
-
-
 @pytest.mark.parametrize("rotary_value", [False, True])
 def test_rotary_layout_conversion_with_partial_rotary(rotary_value: bool) -> None:
     """rotary_dim < head_size: only the rotated features change layout; the outputs stay the same."""
-    config = roformer.ModelConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        num_layers=2,
-        num_heads=2,
-        intermediate_size=64,
-        rotary_dim=16,
-        rotary_value=rotary_value,
-    )
+    config = tiny_config(hidden_size=64, num_heads=2, intermediate_size=64, rotary_dim=16, rotary_value=rotary_value)
     torch.manual_seed(0)
     model = roformer.MaskedLM(config).eval()
     half = roformer.convert_rotary_layout(model, "half").eval()

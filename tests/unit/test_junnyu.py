@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from helpers import REPO
 from safetensors.torch import load_file
 from torch.testing import assert_close
 
@@ -21,7 +22,7 @@ import roformer
 from roformer.cli import main
 from roformer.model.model import Backbone, CausalLM, MaskedLM
 
-GOLDEN = Path(__file__).parent / "golden" / "junnyu"
+GOLDEN = REPO / "tests" / "golden" / "junnyu"
 
 
 def golden(name: str) -> tuple[Path, dict[str, torch.Tensor]]:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_rotary import paper_rotation_matrix
+from helpers import paper_rotation_matrix, tiny_config
 from torch.testing import assert_close
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import roformer
-from roformer.model.config import ModelConfig
 from roformer.model.layers import LINEAR_ATTENTION_EPS, linear_attention
 from roformer.model.positions import RotaryEmbedding
 
@@ -68,15 +67,8 @@ def test_numerator_scores_depend_only_on_relative_position() -> None:
 
 @pytest.mark.parametrize("encoding", ["rotary", "sinusoidal", "learned", "none"])
 def test_every_position_encoding_trains_and_padding_is_ignored(encoding: str) -> None:
-    config = ModelConfig(
-        vocab_size=50,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        intermediate_size=64,
-        attention="linear",
-        position_encoding=encoding,
-        hidden_dropout=0.0,
+    config = tiny_config(
+        vocab_size=50, num_heads=2, intermediate_size=64, attention="linear", position_encoding=encoding
     )
     model = roformer.MaskedLM(config)
     ids = torch.randint(5, 50, (2, 12))
@@ -113,9 +105,7 @@ class LargestTensor(TorchDispatchMode):
 
 def test_memory_is_linear_in_length() -> None:
     """No T x T matrix at T = 4096, forward and backward (softmax attention would build B*H*T*T elements)."""
-    config = ModelConfig(
-        vocab_size=50, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, attention="linear"
-    )
+    config = tiny_config(vocab_size=50, num_layers=1, num_heads=2, intermediate_size=64, attention="linear")
     model = roformer.MaskedLM(config)
     T = 4096
     ids = torch.randint(5, 50, (1, T))

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import padded_batch, tiny_config
+from helpers import hf_config, padded_batch, tiny_config
 from torch.testing import assert_close
 
 import roformer
@@ -306,10 +306,7 @@ def test_state_dict_names_are_readable() -> None:
 )
 def test_position_ids_make_a_left_padded_row_equal_itself_unpadded(fields: dict) -> None:
     """Left padding shifts every token's index; position_ids (cumsum of the mask - 1) give them back their positions."""
-    sizes = {"vocab_size": 50, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 48}
-    config = roformer.ModelConfig(
-        **sizes, max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0, **fields
-    )
+    config = tiny_config(vocab_size=50, num_heads=2, max_position_embeddings=32, **fields)
     torch.manual_seed(0)
     model = roformer.MaskedLM(config).eval()
     ids = torch.randint(5, 50, (1, 9))
@@ -333,9 +330,8 @@ def test_position_ids_make_a_left_padded_row_equal_itself_unpadded(fields: dict)
 def test_position_ids_equal_hf_bert_position_ids() -> None:
     import transformers
 
-    hf = transformers.BertModel(transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2,
-                                                        num_attention_heads=2, intermediate_size=48,
-                                                        max_position_embeddings=32)).eval()  # fmt: skip
+    config = hf_config("bert", vocab_size=50, num_attention_heads=2, intermediate_size=48, max_position_embeddings=32)
+    hf = transformers.BertModel(config).eval()
     ours = roformer.from_hf(hf)
     ids = torch.randint(1, 50, (2, 11))
     positions = torch.tensor([[3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3]])  # packed docs

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import padded_batch, tiny_config
+from helpers import padded_batch, tiny_config
 
 import roformer
 from roformer.model.positions import RotaryEmbedding, rotary_angles

@@ -11,7 +11,7 @@ from typing import get_args
 
 import pytest
 import torch
-from conftest import assert_checkpointing_changes_nothing, padded_batch, tiny_config
+from helpers import RELATIVE, assert_checkpointing_changes_nothing, padded_batch, short_range, tiny_config
 from torch.testing import assert_close
 
 import roformer
@@ -19,17 +19,6 @@ from roformer.model.config import PositionEncoding
 from roformer.model.layers import AttentionContext
 from roformer.model.model import CausalLM
 from roformer.model.positions import ShawEmbeddings, alibi_slopes, relative_distances, t5_buckets
-
-RELATIVE = ["shaw", "t5_bias", "alibi"]
-
-
-def short_range(encoding: str, **fields) -> roformer.ModelConfig:
-    """A tiny model whose relative encoding saturates within a test (Shaw clips at 5, T5 at 5 of 8 buckets)."""
-    if encoding in ("shaw", "t5_bias"):
-        fields.setdefault("relative_max_distance", 5)
-    if encoding == "t5_bias":
-        fields.setdefault("relative_num_buckets", 8)
-    return tiny_config(position_encoding=encoding, **fields)
 
 
 @pytest.mark.parametrize("bidirectional", [True, False])
@@ -213,19 +202,6 @@ def test_config_errors_and_hf_export_refusal() -> None:
             roformer.to_hf(roformer.MaskedLM(tiny_config(position_encoding=encoding)))
 
 
-@pytest.mark.parametrize("encoding", RELATIVE)
-def test_compiles_without_graph_breaks(encoding: str) -> None:
-    """fullgraph: dynamo traces the bias and Shaw's terms in one graph (aot_eager: the trace, not Inductor)."""
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = roformer.MaskedLM(short_range(encoding, shaw_values=encoding == "shaw")).train()
-    batch = padded_batch()
-    batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-    eager = model(**batch).loss
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)(**batch).loss
-    assert_close(compiled, eager)
-
-
 def test_shaw_values_on_a_row_of_padding_only_is_finite() -> None:
     """SDPA gives a query with no key to attend 0; the written-out attention with a^V must too, not NaN.
 
@@ -253,7 +229,7 @@ def test_shaw_values_on_a_row_of_padding_only_is_finite() -> None:
 @pytest.mark.parametrize("encoding", [*get_args(PositionEncoding), "rotary-linear"])
 def test_a_row_of_padding_only_attends_as_if_unpadded_and_changes_no_other_row(encoding: str) -> None:
     """A static batch's filler row or a padded choice has no key to attend: it sees all of its tokens, so that an
-    exported graph gives what PyTorch does (tests/test_onnx.py), where a softmax over -inf only would be NaN."""
+    exported graph gives what PyTorch does (tests/e2e/test_onnx.py), where a softmax over -inf only would be NaN."""
     torch.manual_seed(0)
     fields = {"attention": "linear"} if encoding == "rotary-linear" else {}
     model = roformer.MaskedLM(short_range(encoding.removesuffix("-linear"), **fields)).eval()

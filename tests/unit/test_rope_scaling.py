@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from helpers import tiny_config
 from torch.testing import assert_close
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import (
@@ -103,9 +104,16 @@ def test_partial_rotary_rotates_only_the_first_features() -> None:
     assert not torch.allclose(y[:, 1:, :, :16], x[:, 1:, :, :16])
 
 
+def wide_config(**overrides) -> ModelConfig:
+    """The tiny model with 2 heads of 32 features (room for a partial rotary_dim), 1 layer, vocabulary 100."""
+    return tiny_config(
+        **{"vocab_size": 100, "hidden_size": 64, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, **overrides}
+    )
+
+
 def test_partial_rotary_model_scores_stay_relative() -> None:
     """Shift every position by s (left-pad with a prefix that nothing attends to is not possible; rotate directly)."""
-    config = ModelConfig(vocab_size=100, hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64, rotary_dim=8)
+    config = wide_config(rotary_dim=8)
     model = roformer.MaskedLM(config).eval()
     assert model.backbone.rotary.dim == 8
     q, k = torch.randn(2, 32), torch.randn(2, 32)
@@ -143,16 +151,7 @@ def test_new_fields_are_validated_saved_and_loaded(tmp_path) -> None:
     with pytest.raises(ConfigError, match="yarn cannot be used with attention: linear"):  # its magnitude is in the
         ModelConfig(hidden_size=64, num_heads=2, attention="linear", rope_scaling=yarn)  # tables: eq. 19 scaled by m^2
     for attention, scaling in (("softmax", yarn), ("linear", {"type": "ntk", "factor": 4})):
-        config = ModelConfig(
-            vocab_size=100,
-            hidden_size=64,
-            num_layers=1,
-            num_heads=2,
-            intermediate_size=64,
-            rotary_dim=16,
-            attention=attention,
-            rope_scaling=scaling,
-        )
+        config = wide_config(rotary_dim=16, attention=attention, rope_scaling=scaling)
         model = roformer.MaskedLM(config)
         model.save(tmp_path / attention)
         loaded = roformer.load(tmp_path / attention)
@@ -170,7 +169,7 @@ def test_new_fields_are_validated_saved_and_loaded(tmp_path) -> None:
     ],
 )
 def test_hf_export_refuses_what_hf_roformer_cannot_express(fields: dict, reason: str) -> None:
-    config = ModelConfig(vocab_size=100, hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64, **fields)
+    config = wide_config(**fields)
     with pytest.raises(CheckpointError, match=reason):
         roformer.to_hf(roformer.MaskedLM(config))
 
@@ -178,16 +177,7 @@ def test_hf_export_refuses_what_hf_roformer_cannot_express(fields: dict, reason:
 def test_eval_variants_share_weights_and_differ_only_beyond_the_trained_length() -> None:
     from roformer.study.length_eval import scaled
 
-    config = ModelConfig(
-        vocab_size=100,
-        hidden_size=64,
-        num_layers=2,
-        num_heads=2,
-        intermediate_size=64,
-        initializer_range=0.3,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-    )
+    config = wide_config(num_layers=2, initializer_range=0.3)
     model = roformer.MaskedLM(config).eval()
     ids = torch.randint(5, 100, (1, 128))
     logits = {}

@@ -6,20 +6,11 @@ import math
 
 import pytest
 import torch
+from helpers import paper_rotation_matrix
 from torch.testing import assert_close
 
 from roformer.model.model import rotary_permutation
 from roformer.model.positions import RotaryEmbedding, SinusoidalPositions, apply_rotary
-
-
-def paper_rotation_matrix(d: int, m: int, base: float = 10000.0) -> torch.Tensor:
-    """R^d_{Theta,m} of paper eq. 15: block-diagonal 2x2 rotations by m * theta_i, theta_i = base^(-2(i-1)/d)."""
-    R = torch.zeros(d, d, dtype=torch.float64)
-    for i in range(d // 2):
-        theta = base ** (-2.0 * i / d)
-        c, s = math.cos(m * theta), math.sin(m * theta)
-        R[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[c, -s], [s, c]], dtype=torch.float64)
-    return R
 
 
 def rotate_at(x: torch.Tensor, positions: list[int], layout: str = "interleaved") -> torch.Tensor:

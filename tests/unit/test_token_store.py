@@ -91,24 +91,6 @@ def test_an_interrupted_build_leaves_nothing_that_looks_complete(corpus, tmp_pat
     assert store.num_tokens > 0
 
 
-def test_prepare_data_builds_the_store_that_pretraining_then_uses(tmp_path: Path, monkeypatch, capsys) -> None:
-    from test_pretrain import tiny_run_config
-
-    from roformer.cli import main
-    from roformer.data import store as store_module
-
-    yaml = tiny_run_config(tmp_path / "c.yaml", data={"cache_dir": str(tmp_path / "cache")}, max_steps=2)
-    assert main(["prepare-data", "--config", str(yaml)]) == 0
-    out = capsys.readouterr().out
-    assert "token store built" in out and "2.00 bytes per token (uint16)" in out
-    assert main(["prepare-data", "--config", str(yaml)]) == 0 and "up to date" in capsys.readouterr().out
-    monkeypatch.setattr(store_module, "build_token_store", lambda *a, **k: pytest.fail("built again"))
-    assert main(["pretrain", "--config", str(yaml), "--output-dir", str(tmp_path / "run")]) == 0
-    capsys.readouterr()
-    assert main(["prepare-data", "--config", str(yaml), "--set", "data.cache=false"]) == 2
-    assert "keeps no store" in capsys.readouterr().err
-
-
 def test_hub_sources_feed_the_same_store_builder(tmp_path: Path, monkeypatch) -> None:
     """A downloaded hub split streams from its Arrow table into the store (no list of all documents)."""
     import datasets
