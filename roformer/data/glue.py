@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from roformer.data.config import GlueDataConfig
+from roformer.data.glue_metrics import compute
 from roformer.data.glue_tasks import Example, Split, Task, get_task, read_files, read_glue_dir, read_hub
 from roformer.errors import UserError
 from roformer.files import atomic_copy, atomic_write_text
@@ -158,6 +159,10 @@ class GlueTask:
         """The predicted class of every row (argmax), or STS-B's score (the one output)."""
         values = logits.squeeze(-1) if self.meta.is_regression else logits.argmax(-1)
         return values.cpu().tolist()
+
+    def evaluate(self, split: Encoded, predictions: list[int | float]) -> dict[str, float]:
+        """The task's official metrics (roformer.data.glue_metrics) and `score`, the one that selects."""
+        return compute(self.metrics, predictions, split.labels)
 
     def server_label(self, value: int | float) -> str:
         """Server format: class names for classification, the score (3 decimals, clipped to [0, 5]) for STS-B."""

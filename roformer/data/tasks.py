@@ -56,6 +56,9 @@ class FinetuneTask(Protocol):
     def predictions(self, logits: torch.Tensor) -> list[int | float]:
         """One prediction per row of a batch's logits (what the metrics and the prediction files take)."""
 
+    def evaluate(self, split: Encoded, predictions: list[int | float]) -> dict[str, float]:
+        """The dev metrics of `predictions` against `split`'s labels, `score` (the selection metric) among them."""
+
     def write_predictions(
         self, folder: Path, encoded: dict[str, Encoded], predictions: dict[str, list[int | float]]
     ) -> None:

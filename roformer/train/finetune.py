@@ -42,7 +42,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from roformer.config import flat_config
-from roformer.data.glue_metrics import compute, ranked, seed_summary
+from roformer.data.glue_metrics import ranked, seed_summary
 from roformer.data.sampling import EpochSampler, LengthGroupedSampler, global_batch_size, share
 from roformer.data.tasks import Encoded, FinetuneTask, make_task
 from roformer.data.tokenizer import check_fits, load_tokenizer
@@ -177,7 +177,7 @@ class FinetuneRun:
         task, dev = self.data.task, {}
         for split in task.dev_splits:
             predictions = predict(self.engine, self.data, split, self.eval_size)
-            dev[split] = compute(task.metrics, predictions, self.data.splits[split].labels)
+            dev[split] = task.evaluate(self.data.splits[split], predictions)
         score = dev[task.dev_splits[0]]["score"]
         if ranked(score) > ranked(self.best["score"]) or self.best["state"] is None:  # NaN: below every score
             # gathered by every process (FSDP/ZeRO-3 shards), complete at least on the main process

@@ -263,10 +263,10 @@ def test_interrupted_grid_resumes_exactly(tmp_path: Path, pretrained: Path, numb
 
 def test_nan_dev_scores_do_not_crash(tmp_path: Path, pretrained: Path, number_task: dict, monkeypatch) -> None:
     """Constant predictions give NaN correlations; the run still ends, with a model and NaN in the table."""
-    import roformer.train.finetune as finetune_module
+    import roformer.data.glue as glue_module
 
     nan = float("nan")
-    monkeypatch.setattr(finetune_module, "compute", lambda metrics, p, y: {"accuracy": nan, "score": nan})
+    monkeypatch.setattr(glue_module, "compute", lambda metrics, p, y: {"accuracy": nan, "score": nan})
     yaml = task_config(tmp_path / "c.yaml", pretrained, number_task, epochs=1, seeds=[0])
     results = finetune(load(FinetuneConfig, yaml), tmp_path / "run")
     assert math.isnan(results["summary"]["dev"]["score"]["mean"]) and (tmp_path / "run" / "best").is_dir()
@@ -462,6 +462,7 @@ def test_a_nan_dev_score_neither_locks_the_best_checkpoint_nor_crashes_the_summa
 ) -> None:
     """Seed 0 scores NaN at every evaluation, seed 1 NaN first and then numbers: seed 1 is selected at a later step,
     and the summary over the two seeds leaves the NaN out (statistics.stdev raises on one)."""
+    import roformer.data.glue as glue_module
     import roformer.train.finetune as finetune_module
 
     calls = {0: 0, 1: 0}
@@ -479,7 +480,7 @@ def test_a_nan_dev_score_neither_locks_the_best_checkpoint_nor_crashes_the_summa
         seed_of["current"] = seed
         return original(self, lr, seed)
 
-    monkeypatch.setattr(finetune_module, "compute", scores)
+    monkeypatch.setattr(glue_module, "compute", scores)
     monkeypatch.setattr(finetune_module.Finetuner, "_run_one", run_one)
     yaml = task_config(tmp_path / "c.yaml", pretrained, number_task, epochs=3, seeds=[0, 1])
     results = finetune(load(FinetuneConfig, yaml), tmp_path / "run")

@@ -98,7 +98,7 @@ def finetuned(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """
     import csv
 
-    import roformer.train.finetune as finetune_module
+    import roformer.data.glue as glue_module
     from roformer.train.config import FinetuneConfig
     from roformer.train.finetune import Finetuner, finetune
 
@@ -115,7 +115,7 @@ def finetuned(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
                 writer.writerow([sentence, i % 2] if split != "test" else [i, sentence])
     yaml = task_config(tmp / "sst2.yaml", run / "final", files, max_steps=3, seeds=[0, 1], log_every=1, batch_size=8)
     seed = {}
-    real_compute, real_run_one = finetune_module.compute, Finetuner._run_one
+    real_compute, real_run_one = glue_module.compute, Finetuner._run_one
 
     def run_one(self, lr, s):
         seed["current"] = s
@@ -127,7 +127,7 @@ def finetuned(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Finetuner, "_run_one", run_one)
-        patch.setattr(finetune_module, "compute", compute)
+        patch.setattr(glue_module, "compute", compute)
         results = finetune(load(FinetuneConfig, yaml), tmp / "ft")
     assert results["selected"]["seed"] == 0 and results["runs"][-1]["seed"] == 1  # the selected run is not the last
     return tmp / "ft"

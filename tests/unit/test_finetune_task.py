@@ -190,3 +190,13 @@ def test_the_training_floor_knows_no_glue() -> None:
     assert not imported & {"roformer.data.glue", "roformer.data.glue_tasks"}, imported
     for glue_only in ("get_task", "sequence_classification", ".tsv", "is_regression", ".labels[", "roformer-glue"):
         assert glue_only not in code, glue_only
+
+
+def test_a_dev_split_is_scored_by_the_tasks_official_metrics() -> None:
+    """MRPC: accuracy and F1 of the positive class, the selection score their mean (BERT's convention here)."""
+    split = encoded([4, 4, 4, 4], [1, 1, 0, 0])
+    metrics = glue_task("mrpc").evaluate(split, [1, 0, 0, 0])
+    assert metrics["accuracy"] == 0.75 and abs(metrics["f1"] - 2 / 3) < 1e-12
+    assert set(metrics) == set(TASKS["mrpc"].metrics) | {"score"} and abs(metrics["score"] - (0.75 + 2 / 3) / 2) < 1e-12
+    rte = glue_task("rte").evaluate(split, [0, 0, 0, 0])
+    assert rte["accuracy"] == 0.5 and rte["score"] == rte["accuracy"]
