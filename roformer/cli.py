@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple, NoReturn
 
-from roformer.errors import RunStopped, UserError, WriteFailed
+from roformer.errors import RunStopped, UserError
 from roformer.logs import configure_console
 from roformer.model.config import ARCHITECTURE_NAMES
 from roformer.version import version_report
@@ -491,16 +491,13 @@ def _run(args: argparse.Namespace) -> int:
         print(f"roformer {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
-        from roformer.files import describe_write_error, is_write_failure
+        from roformer.files import is_write_failure, unnamed_write_failure
 
         if not is_write_failure(e):
             raise  # a bug: its traceback
-        # a write outside the staged and atomic writers (a folder made, a file appended): still one line and 74
-        filename = getattr(e, "filename", None)
-        what = f"cannot write {filename}" if filename else "a write failed"
-        detail = describe_write_error(e, Path(filename or "."))
-        print(f"roformer {args.command}: stopped: {what}: {detail}", file=sys.stderr)
-        return WriteFailed.exit_code
+        stopped = unnamed_write_failure(e)  # outside the staged and atomic writers: still one line and 74
+        print(f"roformer {args.command}: stopped: {stopped}", file=sys.stderr)
+        return stopped.exit_code
     return 0
 
 

@@ -214,6 +214,16 @@ def stop_on_write_failure(path: str | Path, kept: str = "") -> Iterator[None]:
         raise _write_failed(Path(path), describe_write_error(e, Path(path)), kept=kept) from None
 
 
+def unnamed_write_failure(error: BaseException) -> WriteFailed:
+    """The WriteFailed of a failed write that no writer above named (a folder made, a file appended).
+
+    It names the file the error itself names, if any.
+    """
+    filename = getattr(error, "filename", None)
+    what = f"cannot write {filename}" if filename else "a write failed"
+    return WriteFailed(f"{what}: {describe_write_error(error, Path(filename or '.'))}")
+
+
 def _write_failed(path: Path, detail: str, part: str = "", kept: str = "") -> WriteFailed:
     """The one-line WriteFailed of `path` (its `part`, a file in it, named in brackets), path and detail attached."""
     error = WriteFailed(f"cannot write {path}{part}: {detail}; {kept or f'{path} is as it was'}")

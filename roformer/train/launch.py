@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from roformer.errors import UserError, WriteFailed
-from roformer.files import describe_write_error, is_write_failure
+from roformer.files import is_write_failure, unnamed_write_failure
 
 if TYPE_CHECKING:
     from roformer.train.config import TrainArgs
@@ -299,8 +299,7 @@ def agree_on_errors(work: Callable[[], T] | None) -> T | None:
         failure, error = (type(e), str(e)), e
     except Exception as e:
         if is_write_failure(e):
-            where = Path(getattr(e, "filename", None) or ".")
-            error = WriteFailed(f"cannot write {where}: {describe_write_error(e, where)}")
+            error = unnamed_write_failure(e)
             failure = (WriteFailed, str(error))
         else:
             first_line = str(e).splitlines()[0] if str(e) else ""
