@@ -1,4 +1,4 @@
-"""The `data:` sections of the recipes: `DataConfig` (text into MLM blocks) and `GlueDataConfig` (a GLUE task).
+"""The `data:` sections of the recipes: `DataConfig` (text into MLM blocks) and `FinetuneDataConfig` (a task).
 
 Values only, checked on construction; what reads them is elsewhere in roformer.data (corpus, store, mlm, glue). The
 loader and the resume policy read what their field metadata says (roformer.config: PATH, MAY_CHANGE_ON_RESUME).
@@ -115,22 +115,153 @@ class DataConfig:
             raise ConfigError(f"max_eval_blocks must be >= 1 or null (all), got {self.max_eval_blocks}")
 
 
+TASK_TYPES = (
+    "glue",
+    "classification",
+    "regression",
+    "multi_label_classification",
+    "token_classification",
+    "question_answering",
+    "multiple_choice",
+)
+TaskType = Literal[
+    "glue",
+    "classification",
+    "regression",
+    "multi_label_classification",
+    "token_classification",
+    "question_answering",
+    "multiple_choice",
+]
+
+
 @dataclass
-class GlueDataConfig:
-    """Where the task's examples come from.
+class TaggingConfig:
+    """`data.tagging:` of `type: token_classification` (NER, POS).
 
     Attributes:
-        task: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte or wnli.
-        source: `glue_dir` (official TSV layout), `hub` (datasets) or `files` (local csv/tsv/json/jsonl).
+        format: `conll` (whitespace-separated columns, one token per line, blank lines between sentences,
+            `-DOCSTART-` lines skipped) or `jsonl` (one sentence per line: a list of tokens and a list of tags);
+            `auto` = `jsonl` for .json/.jsonl files, `conll` otherwise.
+        tag_column: `conll`: the column holding the tag (0-based; -1 = the last).
+        tokens_column: `jsonl` and hub datasets: the field holding the tokens.
+        tags_column: `jsonl` and hub datasets: the field holding the tags (names, or ids into `labels`).
+        scheme: How the tags mark entities, for the entity-level metric: `IOB1`, `IOB2` or `IOBES` (conlleval and
+            seqeval's definitions).
+        label_all_tokens: Train on every WordPiece piece of a word (its word's tag; `B-` becomes `I-` after the
+            first piece) instead of the first piece only. Predictions always read the first piece.
+    """
+
+    format: Literal["auto", "conll", "jsonl"] = "auto"
+    tag_column: int = -1
+    tokens_column: str = "tokens"
+    tags_column: str = "tags"
+    scheme: Literal["IOB1", "IOB2", "IOBES"] = "IOB2"
+    label_all_tokens: bool = False
+
+    def __post_init__(self) -> None:
+        check_types(self)
+
+
+@dataclass
+class QAConfig:
+    """`data.qa:` of `type: question_answering` (extractive, SQuAD-format JSON).
+
+    Attributes:
+        version_2: SQuAD v2.0: questions may have no answer (`is_impossible`); the model may predict "" (the [CLS]
+            position) when its score beats the best span's by `null_threshold`.
+        doc_stride: Tokens of overlap between consecutive windows of a context longer than max_length.
+        max_query_length: The question is cut to this many tokens.
+        max_answer_length: The longest answer span (in tokens) n-best decoding considers.
+        n_best: Start and end candidates per window in n-best decoding.
+        null_threshold: v2.0: predict no answer when null score - best span score > this.
+        metric: `squad` (the official SQuAD v1.1/v2.0 EM and F1) or `cmrc2018` (CMRC 2018's official metric:
+            character-level for Chinese).
+    """
+
+    version_2: bool = False
+    doc_stride: int = 128
+    max_query_length: int = 64
+    max_answer_length: int = 30
+    n_best: int = 20
+    null_threshold: float = 0.0
+    metric: Literal["squad", "cmrc2018"] = "squad"
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("doc_stride", "max_query_length", "max_answer_length", "n_best"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"qa.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class ChoicesConfig:
+    """`data.choices:` of `type: multiple_choice`: a context (and question) with K candidate answers.
+
+    Attributes:
+        context_column: The field with the context (SWAG `sent1`; CHID `content`).
+        question_column: A field joined to each candidate as its text (SWAG `sent2`, the start of the ending);
+            null = the candidate alone.
+        choices_column: A field holding the list of candidates (CHID `candidates`); or
+        choice_columns: one field per candidate (SWAG `ending0`..`ending3`).
+        blank: A placeholder in the context that each candidate fills (CHID `#idiom#`): the model reads the filled
+            context alone instead of the pair (context, candidate).
+    """
+
+    context_column: str = "context"
+    question_column: str | None = None
+    choices_column: str | None = None
+    choice_columns: list[str] = field(default_factory=list)
+    blank: str | None = None
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if bool(self.choices_column) == bool(self.choice_columns):
+            raise ConfigError("choices: name either choices_column (a list field) or choice_columns (one per choice)")
+
+
+TYPE_SECTIONS = {"token_classification": "tagging", "question_answering": "qa", "multiple_choice": "choices"}
+
+
+@dataclass
+class FinetuneDataConfig:
+    """Where the task's examples come from, what kind of task it is and how its examples become model inputs.
+
+    Attributes:
+        type: The kind of task: `glue` (a GLUE task by name), `classification` or `regression` of one text or a
+            pair, `multi_label_classification` (a list of labels per text; sigmoid outputs), `token_classification`
+            (a tag per word: NER, POS), `question_answering` (extractive, SQuAD format) or `multiple_choice`.
+        task: `glue`: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte or wnli. Other types: the task's name in
+            results.json and the logs (default: the type).
+        source: `glue_dir` (GLUE's official TSV layout), `hub` (datasets) or `files` (local files); null = glue_dir
+            for `glue`, files otherwise.
         glue_dir: The GLUE directory (holding CoLA/, SST-2/, ...); relative to the config file.
-        hub_name: The hub dataset for `hub`.
-        train_file: `files`: the training file (text columns named as on the hub, e.g. sentence1/sentence2).
-        validation_file: `files`: the dev file.
-        test_file: `files`: an unlabelled test file (optional).
+        hub_name: The hub dataset for `hub` (GLUE: nyu-mll/glue).
+        hub_config: Its configuration (GLUE: the task's).
+        train_file: `files`: the training file.
+        validation_file: `files`: the dev file (labelled; it selects checkpoints and learning rates).
+        test_file: `files`: a test file (optional; predicted by every run, scored too when it has labels).
         validation_mismatched_file: `files`, MNLI: the mismatched dev file (optional; `validation_file` is matched).
         test_mismatched_file: `files`, MNLI: the mismatched test file (optional).
-        text_columns: `files`: the text column names, if not the hub's.
-        label_column: `files`: the label column (names or ids).
+        format: `files` of classification, regression and multiple choice: `csv`, `tsv`, `json` (a list of records,
+            or JSON lines), `jsonl` or `parquet`; `auto` = from the file's suffix.
+        text_columns: The text fields: one, or two for a pair (default: GLUE, the hub's names; classification,
+            `text` and `text_pair` when present). A field in a nested JSON object is `a.b`; an entry with `{field}`
+            in it is a template filled from the record (`"{target.span2_text}是{target.span1_text}"`).
+        label_column: The label field (classification: names or ids; regression: numbers; multi-label: a list).
+        id_column: The example id field, written with the predictions (null = `id` or `idx` when present, else
+            the row number).
+        labels: The label set, in id order (null = read from the training data, sorted). A label outside it is an
+            error naming the file and line.
+        skip_labels: Rows with one of these labels are left out (OCNLI's `-`: no majority label).
+        metrics: Dev metrics, from roformer.data.glue_metrics.METRICS (null = the type's: accuracy for
+            classification, pearson and spearman for regression); their mean selects.
+        threshold: `multi_label_classification`: a label is predicted when its probability is at least this.
+        tagging: `token_classification`'s own settings (TaggingConfig).
+        qa: `question_answering`'s own settings (QAConfig).
+        choices: `multiple_choice`'s own settings (ChoicesConfig).
+        jieba: Segment Chinese text into words with jieba before WordPiece, as the word-level (WoBERT-style)
+            tokenizers were pretrained; character offsets stay exact.
         pad_to_multiple_of: Batches are padded to their longest example rounded up to this (8: what tensor cores and
             the fused attention kernels want; fewer distinct shapes for torch.compile). 1 = no rounding.
         group_by_length: Training batches of similar-length examples (windows of 50 global batches sorted by length,
@@ -143,17 +274,29 @@ class GlueDataConfig:
         max_eval_examples: Use only the first N examples of each dev/test split.
     """
 
+    type: TaskType = "glue"
     task: str = ""
-    source: Literal["glue_dir", "hub", "files"] = "glue_dir"
+    source: Literal["glue_dir", "hub", "files"] | None = None
     glue_dir: str | None = field(default=None, metadata=PATH)
-    hub_name: str = "nyu-mll/glue"
+    hub_name: str | None = None
+    hub_config: str | None = None
     train_file: str | None = field(default=None, metadata=PATH)
     validation_file: str | None = field(default=None, metadata=PATH)
     test_file: str | None = field(default=None, metadata=PATH)
     validation_mismatched_file: str | None = field(default=None, metadata=PATH)
     test_mismatched_file: str | None = field(default=None, metadata=PATH)
+    format: Literal["auto", "csv", "tsv", "json", "jsonl", "parquet"] = "auto"
     text_columns: list[str] | None = None
     label_column: str = "label"
+    id_column: str | None = None
+    labels: list[str] | None = None
+    skip_labels: list[str] = field(default_factory=list)
+    metrics: list[str] | None = None
+    threshold: float = 0.5
+    tagging: TaggingConfig | None = None
+    qa: QAConfig | None = None
+    choices: ChoicesConfig | None = None
+    jieba: bool = False
     max_length: int = 512
     pad_to_multiple_of: int = 8
     group_by_length: bool = False
@@ -163,16 +306,13 @@ class GlueDataConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        if not self.task:
-            raise ConfigError("task is required (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli)")
-        task = get_task(self.task)
-        if self.source == "glue_dir" and not self.glue_dir:
-            raise ConfigError("source: glue_dir needs glue_dir")
-        if self.source == "files" and not (self.train_file and self.validation_file):
-            raise ConfigError("source: files needs train_file and validation_file")
-        mismatched = self.validation_mismatched_file or self.test_mismatched_file
-        if mismatched and (self.source != "files" or len(task.dev) < 2):
-            raise ConfigError("validation_mismatched_file / test_mismatched_file are for MNLI with source: files")
+        if self.source is None:
+            self.source = "glue_dir" if self.type == "glue" else "files"
+        if self.type == "glue":
+            self._check_glue()
+        else:
+            self._check_files_or_hub()
+        self._check_sections()
         if self.pad_to_multiple_of < 1:
             raise ConfigError(f"pad_to_multiple_of must be >= 1, got {self.pad_to_multiple_of}")
         if self.max_length < 8:
@@ -180,3 +320,52 @@ class GlueDataConfig:
         for name in ("max_train_examples", "max_eval_examples"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1 or null (all), got {getattr(self, name)}")
+        if not 0.0 < self.threshold < 1.0:
+            raise ConfigError(f"threshold must be in (0, 1), got {self.threshold}")
+        if self.labels is not None and len(set(self.labels)) != len(self.labels):
+            raise ConfigError(f"labels must be distinct, got {self.labels}")
+        if self.metrics is not None:
+            from roformer.data.glue_metrics import METRICS
+
+            unknown = [m for m in self.metrics if m not in METRICS]
+            if unknown or not self.metrics:
+                raise ConfigError(f"metrics: unknown {unknown or 'empty list'} (known: {', '.join(METRICS)})")
+
+    def _check_glue(self) -> None:
+        if not self.task:
+            raise ConfigError("task is required (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli)")
+        task = get_task(self.task)
+        if self.hub_name is None:
+            self.hub_name = "nyu-mll/glue"
+        if self.source == "glue_dir" and not self.glue_dir:
+            raise ConfigError("source: glue_dir needs glue_dir")
+        if self.source == "files" and not (self.train_file and self.validation_file):
+            raise ConfigError("source: files needs train_file and validation_file")
+        mismatched = self.validation_mismatched_file or self.test_mismatched_file
+        if mismatched and (self.source != "files" or len(task.dev) < 2):
+            raise ConfigError("validation_mismatched_file / test_mismatched_file are for MNLI with source: files")
+
+    def _check_files_or_hub(self) -> None:
+        if self.source == "glue_dir":
+            raise ConfigError(f"source: glue_dir is for type: glue (type {self.type} reads files or the hub)")
+        if self.source == "files" and not (self.train_file and self.validation_file):
+            raise ConfigError(f"type {self.type} with source: files needs train_file and validation_file")
+        if self.source == "hub" and not self.hub_name:
+            raise ConfigError("source: hub needs hub_name")
+        if self.validation_mismatched_file or self.test_mismatched_file:
+            raise ConfigError("validation_mismatched_file / test_mismatched_file are for MNLI (type: glue)")
+        if not self.task:
+            self.task = self.type
+
+    def _check_sections(self) -> None:
+        """The section of this type is filled with its defaults; another type's section is an error."""
+        own = TYPE_SECTIONS.get(self.type)
+        for type_name, section in TYPE_SECTIONS.items():
+            if section != own and getattr(self, section) is not None:
+                raise ConfigError(f"{section}: is for type: {type_name} (this task is type: {self.type})")
+        if own == "tagging" and self.tagging is None:
+            self.tagging = TaggingConfig()
+        if own == "qa" and self.qa is None:
+            self.qa = QAConfig()
+        if own == "choices" and self.choices is None:
+            raise ConfigError("type: multiple_choice needs a choices: section (its columns)")

@@ -2,7 +2,7 @@
 
 `GlueTask` is the fine-tuning task (roformer.data.tasks.FinetuneTask) of every GLUE config: the training floor asks
 it for everything GLUE-shaped (the classifier and its labels, the splits, predictions from logits, the server format).
-The `data:` section is roformer.data.config.GlueDataConfig.
+The `data:` section is roformer.data.config.FinetuneDataConfig.
 Task metadata and the readers of the three sources (official TSV layout, hub, local files) are in
 roformer.data.glue_tasks; the official metrics in roformer.data.glue_metrics.
 """
@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from roformer.data.config import GlueDataConfig
+from roformer.data.config import FinetuneDataConfig
 from roformer.data.glue_metrics import compute
+from roformer.data.tasks import pad_rows
 from roformer.data.glue_tasks import Example, Split, Task, get_task, read_files, read_glue_dir, read_hub
 from roformer.errors import UserError
 from roformer.files import atomic_copy, atomic_write_text
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
 
 
-def load_splits(data: GlueDataConfig, task: Task | None = None) -> dict[str, list[Example]]:
+def load_splits(data: FinetuneDataConfig, task: Task | None = None) -> dict[str, list[Example]]:
     """All splits of the configured task and source (train labelled, dev labelled, test splits unlabelled).
 
     Args:
@@ -60,12 +61,22 @@ def load_splits(data: GlueDataConfig, task: Task | None = None) -> dict[str, lis
 
 @dataclass
 class Encoded:
-    """Token ids and types of a split, ragged (padding happens per batch)."""
+    """Token ids and types of a split, ragged (padding happens per batch): one row per example."""
 
     ids: list[list[int]]
     types: list[list[int]]
     labels: list[int | float | None]
     index: list[str]
+
+    @property
+    def lengths(self) -> list[int]:
+        """Tokens of every row."""
+        return [len(row) for row in self.ids]
+
+    @property
+    def labelled(self) -> bool:
+        """Whether the split has labels (dev) or not (GLUE's test splits)."""
+        return bool(self.labels) and self.labels[0] is not None
 
 
 def encode(examples: list[Example], tokenizer: Tokenizer, max_length: int) -> Encoded:
@@ -93,15 +104,7 @@ def collate(
 ) -> dict[str, torch.Tensor]:
     """Pad the chosen rows to their longest, rounded up to `multiple`; labels when the split has them."""
     length = padded_length(max(len(encoded.ids[r]) for r in rows), multiple, cap)
-    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
-    types = torch.zeros((len(rows), length), dtype=torch.long)
-    mask = torch.zeros((len(rows), length), dtype=torch.long)
-    for i, r in enumerate(rows):
-        n = len(encoded.ids[r])
-        ids[i, :n] = torch.tensor(encoded.ids[r])
-        types[i, :n] = torch.tensor(encoded.types[r])
-        mask[i, :n] = 1
-    batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+    batch = pad_rows(encoded.ids, encoded.types, rows, pad_id, length)
     if encoded.labels[rows[0]] is not None:
         batch["labels"] = torch.tensor(
             [encoded.labels[r] for r in rows], dtype=torch.float if regression else torch.long
@@ -138,7 +141,7 @@ class GlueTask:
         self.test_splits = [s.name for s in self.server_splits]
 
     @classmethod
-    def from_config(cls, data: GlueDataConfig) -> GlueTask:
+    def from_config(cls, data: FinetuneDataConfig) -> GlueTask:
         """The task of a data: section, its splits read (the one look-up of the task's metadata)."""
         task = get_task(data.task)
         return cls(task, load_splits(data, task), data.pad_to_multiple_of)
@@ -155,7 +158,7 @@ class GlueTask:
         """The padded batch of `rows` (see `collate`): float labels for STS-B's MSE loss, class ids otherwise."""
         return collate(split, rows, pad_id, self.meta.is_regression, self.multiple, cap)
 
-    def predictions(self, logits: torch.Tensor) -> list[int | float]:
+    def predictions(self, logits: torch.Tensor, split: Encoded, rows: list[int]) -> list[int | float]:
         """The predicted class of every row (argmax), or STS-B's score (the one output)."""
         values = logits.squeeze(-1) if self.meta.is_regression else logits.argmax(-1)
         return values.cpu().tolist()

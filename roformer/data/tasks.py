@@ -1,25 +1,39 @@
-"""Fine-tuning tasks: what `roformer finetune` asks of a kind of downstream work (`FinetuneTask`), and `make_task`.
+"""Fine-tuning tasks: what `roformer finetune` asks of a kind of downstream work (`FinetuneTask`), and shared parts.
 
 The fine-tuning recipe (roformer.train.finetune) trains every (lr, seed) run, keeps the best dev checkpoint, selects
 and publishes; everything that depends on the task comes from its task object: the model head and its outputs, the
 encoded splits, how a batch is padded, how logits become predictions, which metrics score them and which files the
 predictions are written to (a benchmark's server format included). GLUE (roformer.data.glue.GlueTask) is the first.
-An encoded split is an `Encoded` (ragged token ids and types, labels, example ids): the recipe reads only its
-lengths (batch order, padding counts) and its labels (the metrics); the rest is the task's.
+An encoded split is the task's own (`EncodedSplit`): the recipe reads only its `lengths` (rows, batch order, padding
+counts); what a row holds (an example, a window of a long context, a set of K choices) and how rows become
+predictions of examples is the task's. Task types: GLUE (roformer.data.glue), classification, regression and
+multi-label classification of texts (roformer.data.classify), token classification (roformer.data.tagging),
+extractive question answering (roformer.data.qa), multiple choice (roformer.data.choices).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from roformer.data.config import GlueDataConfig
-from roformer.data.glue import Encoded, GlueTask
+
+import torch
 
 if TYPE_CHECKING:
-    import torch
-
     from roformer.data.tokenizer import Tokenizer
+
+
+class EncodedSplit(Protocol):
+    """A split tokenized for one tokenizer and length: rows, each what one entry of a batch holds.
+
+    Attributes:
+        lengths: Tokens of every row (the longest choice of a multiple-choice row): batch order and padding.
+    """
+
+    lengths: list[int]
+
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # a batch's keys the model reads to predict
 
 
 class FinetuneTask(Protocol):
@@ -30,10 +44,10 @@ class FinetuneTask(Protocol):
         tracker_project: The experiment tracker's project of its runs.
         architecture: The model `roformer.load` builds for it, e.g. `sequence_classification`.
         num_labels: The outputs of that model's head.
-        metrics: The dev metrics, by name in roformer.data.glue_metrics.METRICS, scored against a split's labels;
-            their mean (`score`) selects checkpoints and learning rates.
+        metrics: The names of the dev metrics `evaluate` returns; their mean (`score`) selects checkpoints and
+            learning rates.
         dev_splits: The labelled dev splits present; the first one selects checkpoints and learning rates.
-        test_splits: The unlabelled splits present, predicted by every run.
+        test_splits: The other splits present, predicted by every run (scored too when labelled).
     """
 
     name: str
@@ -44,23 +58,23 @@ class FinetuneTask(Protocol):
     dev_splits: list[str]
     test_splits: list[str]
 
-    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, Encoded]:
-        """Every split tokenized with `tokenizer`, cut to `max_length` tokens (ragged: batches pad on their own)."""
+    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, EncodedSplit]:
+        """Every split tokenized with `tokenizer`, rows of at most `max_length` tokens (ragged: batches pad)."""
 
     def padded_length(self, longest: int, cap: int) -> int:
-        """The length of a batch whose longest example has `longest` tokens (at most `cap`, unless longer)."""
+        """The length of a batch whose longest row has `longest` tokens (at most `cap`, unless longer)."""
 
-    def collate(self, split: Encoded, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
-        """The model inputs of `rows` of `split`, padded to `padded_length`, with `labels` when the split has them."""
+    def collate(self, split: EncodedSplit, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
+        """The model inputs of `rows` of `split`, padded to `padded_length`, with their labels when it has them."""
 
-    def predictions(self, logits: torch.Tensor) -> list[int | float]:
-        """One prediction per row of a batch's logits (what the metrics and the prediction files take)."""
+    def predictions(self, logits: torch.Tensor, split: EncodedSplit, rows: list[int]) -> list[Any]:
+        """What each row of a batch's logits predicts (picklable: several processes gather them)."""
 
-    def evaluate(self, split: Encoded, predictions: list[int | float]) -> dict[str, float]:
-        """The dev metrics of `predictions` against `split`'s labels, `score` (the selection metric) among them."""
+    def evaluate(self, split: EncodedSplit, predictions: list[Any]) -> dict[str, float]:
+        """The dev metrics of a split's row predictions against its labels, `score` (the selection metric) among them."""
 
     def write_predictions(
-        self, folder: Path, encoded: dict[str, Encoded], predictions: dict[str, list[int | float]]
+        self, folder: Path, encoded: dict[str, EncodedSplit], predictions: dict[str, list[Any]]
     ) -> None:
         """One run's predictions of every dev and test split, as files in the existing `folder`."""
 
@@ -68,12 +82,16 @@ class FinetuneTask(Protocol):
         """The selected run's submission files (from what `write_predictions` wrote in `run_folder`) in `submission`."""
 
 
-def make_task(data: GlueDataConfig) -> FinetuneTask:
-    """The task of a fine-tuning config's data: section, its splits read.
-
-    Every data: section is a GLUE task's today; another kind of task brings its data config and a branch here.
-
-    Raises:
-        UserError: missing or unreadable data files, labels outside the task's label set, an empty training split.
-    """
-    return GlueTask.from_config(data)
+def pad_rows(
+    ids: list[list[int]], types: list[list[int]], rows: list[int], pad_id: int, length: int
+) -> dict[str, torch.Tensor]:
+    """`input_ids`, `token_type_ids` and `attention_mask` (B, length) of `rows`, right-padded with `pad_id`."""
+    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    token_types = torch.zeros((len(rows), length), dtype=torch.long)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(ids[r])
+        input_ids[i, :n] = torch.tensor(ids[r])
+        token_types[i, :n] = torch.tensor(types[r])
+        mask[i, :n] = 1
+    return {"input_ids": input_ids, "token_type_ids": token_types, "attention_mask": mask}

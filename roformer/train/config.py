@@ -25,7 +25,7 @@ from roformer.config import (
     check_seed,
     check_types,
 )
-from roformer.data.config import DataConfig, GlueDataConfig
+from roformer.data.config import DataConfig, FinetuneDataConfig
 from roformer.errors import ConfigError
 from roformer.model.config import ModelConfig
 
@@ -245,7 +245,7 @@ class FinetuneConfig:
     INCLUDE_FILE: ClassVar = True  # `include: FILE` starts from a shared recipe (configs/glue/recipe.yaml)
 
     init: str = field(default="", metadata=PATH_OR_NAME)  # an HF hub name is not a path
-    data: GlueDataConfig = field(default_factory=GlueDataConfig)
+    data: FinetuneDataConfig = field(default_factory=FinetuneDataConfig)
     train: FinetuneTrainConfig = field(default_factory=FinetuneTrainConfig)
     model: dict[str, Any] = field(default_factory=dict)
     label: str | None = field(default=None, metadata=MAY_CHANGE_ON_RESUME)

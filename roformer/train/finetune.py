@@ -44,7 +44,8 @@ from safetensors.torch import load_file, save_file
 from roformer.config import flat_config
 from roformer.data.glue_metrics import ranked, seed_summary
 from roformer.data.sampling import EpochSampler, LengthGroupedSampler, global_batch_size, share
-from roformer.data.tasks import Encoded, FinetuneTask, make_task
+from roformer.data.task_types import make_task
+from roformer.data.tasks import MODEL_INPUTS, EncodedSplit, FinetuneTask
 from roformer.data.tokenizer import check_fits, load_tokenizer
 from roformer.errors import UserError
 from roformer.files import atomic_write_text
@@ -96,7 +97,7 @@ class EncodedTask:
     """
 
     task: FinetuneTask
-    splits: dict[str, Encoded]
+    splits: dict[str, EncodedSplit]
     pad_id: int
     max_length: int
 
@@ -158,17 +159,16 @@ class FinetuneRun:
 
     def __init__(self, engine: Engine, seed: int, data: EncodedTask, eval_size: int, group_by_length: bool) -> None:
         self.engine, self.data, self.eval_size = engine, data, eval_size
-        self.encoded = data.splits["train"]
+        self.lengths = data.splits["train"].lengths
         if group_by_length:
-            lengths = [len(ids) for ids in self.encoded.ids]
-            self.sampler: EpochSampler = LengthGroupedSampler(lengths, engine.global_batch, seed)
+            self.sampler: EpochSampler = LengthGroupedSampler(self.lengths, engine.global_batch, seed)
         else:
-            self.sampler = EpochSampler(len(self.encoded.ids), engine.global_batch, seed)
+            self.sampler = EpochSampler(len(self.lengths), engine.global_batch, seed)
         self.best: dict[str, Any] = {"score": -math.inf, "step": 0, "state": None, "dev": None}
 
     def plan(self, step: int) -> _FinetuneStep:
         indices = self.sampler.indices(step).tolist()
-        lengths = [len(self.encoded.ids[i]) for i in indices]
+        lengths = [self.lengths[i] for i in indices]
         batch_of = partial(self.data.batch, "train")
         return _FinetuneStep(indices, lengths, batch_of, self.data.padded_length, self.engine.layout)
 
@@ -189,7 +189,7 @@ class FinetuneRun:
         return step / self.steps_per_epoch()
 
     def steps_per_epoch(self) -> float:
-        return len(self.encoded.ids) / self.engine.global_batch
+        return len(self.lengths) / self.engine.global_batch
 
     def save_checkpoint_state(self, directory: Path) -> dict[str, Any]:
         if self.best["state"] is not None:
@@ -202,28 +202,28 @@ class FinetuneRun:
 
 
 @torch.no_grad()
-def predict(engine: Engine, data: EncodedTask, split: str, eval_size: int) -> list[int | float]:
-    """Predictions for every example of `split`: a contiguous share per process, gathered (no duplicates).
+def predict(engine: Engine, data: EncodedTask, split: str, eval_size: int) -> list[Any]:
+    """The task's prediction of every row of `split`: a contiguous share per process, gathered (no duplicates).
 
-    Examples are batched in order of length (little padding) and the predictions put back in split order.
+    Rows are batched in order of length (little padding) and the predictions put back in split order.
     """
     from accelerate.utils import gather_object
 
     acc, model = engine.accelerator, engine.model
     model.eval()
     encoded = data.splits[split]
-    order = sorted(range(len(encoded.ids)), key=lambda i: len(encoded.ids[i]))
-    predictions: list[int | float] = []
-    for chunk in eval_chunks(len(encoded.ids), eval_size, acc.process_index, acc.num_processes):
+    lengths = encoded.lengths
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    predictions: list[Any] = []
+    for chunk in eval_chunks(len(lengths), eval_size, acc.process_index, acc.num_processes):
         rows = [0] if chunk is None else [order[i] for i in chunk.tolist()]  # None: keeps FSDP in step
         batch = data.batch(split, rows)
-        batch.pop("labels", None)
-        logits = model(**{k: to_device(v, acc.device) for k, v in batch.items()}).logits.float()
+        logits = model(**{k: to_device(batch[k], acc.device) for k in MODEL_INPUTS if k in batch}).logits.float()
         if chunk is not None:
-            predictions += data.task.predictions(logits)
+            predictions += data.task.predictions(logits, encoded, rows)
     gathered = gather_object([predictions]) if acc.num_processes > 1 else [predictions]
     by_length = [p for part in gathered for p in part]
-    in_order: list[int | float] = [0] * len(by_length)
+    in_order: list[Any] = [None] * len(by_length)
     for position, example in enumerate(order):
         in_order[example] = by_length[position]
     return in_order
@@ -367,7 +367,7 @@ class Finetuner:
         engine = Engine(train, self.out, seed, progress / CHECKPOINTS_DIR, self.out / METRICS_FILE, tags)
         torch.manual_seed(seed)  # the head's initialisation
         model = self.load_model()
-        n = len(self.data.splits["train"].ids)
+        n = len(self.data.splits["train"].lengths)
         steps = train.max_steps if train.max_steps is not None else math.ceil(train.epochs * n / engine.global_batch)
         engine.setup(model, lr, steps)
         run = FinetuneRun(engine, seed, self.data, train.eval_size, self.config.data.group_by_length)

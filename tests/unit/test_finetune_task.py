@@ -7,10 +7,11 @@ from pathlib import Path
 
 import torch
 
-from roformer.data.config import GlueDataConfig
+from roformer.data.config import FinetuneDataConfig
 from roformer.data.glue import Encoded, GlueTask
 from roformer.data.glue_tasks import TASKS, Example, get_task
-from roformer.data.tasks import FinetuneTask, make_task
+from roformer.data.task_types import make_task
+from roformer.data.tasks import FinetuneTask
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,8 +55,9 @@ def test_only_the_splits_present_are_evaluated_and_predicted() -> None:
 
 def test_predictions_are_the_argmax_or_the_regression_score() -> None:
     logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 0.5], [-2.0, -3.0, -1.0]])
-    assert glue_task("mnli").predictions(logits) == [1, 0, 2]
-    scores = glue_task("stsb").predictions(torch.tensor([[2.5], [-0.25], [5.75]]))
+    split = Encoded([[2]] * 3, [[0]] * 3, [None] * 3, ["0", "1", "2"])
+    assert glue_task("mnli").predictions(logits, split, [0, 1, 2]) == [1, 0, 2]
+    scores = glue_task("stsb").predictions(torch.tensor([[2.5], [-0.25], [5.75]]), split, [0, 1, 2])
     assert scores == [2.5, -0.25, 5.75] and all(isinstance(s, float) for s in scores)
 
 
@@ -148,7 +150,7 @@ def test_make_task_reads_the_splits_of_a_glue_config(tmp_path: Path) -> None:
     (tmp_path / "dev.csv").write_text("sentence,label\na log,0\n")
     (tmp_path / "test.csv").write_text("idx,sentence\n5,a cat sat\n")
     files = {"train_file": "train.csv", "validation_file": "dev.csv", "test_file": "test.csv"}
-    data = GlueDataConfig(task="SST-2", source="files", **{k: str(tmp_path / v) for k, v in files.items()})
+    data = FinetuneDataConfig(task="SST-2", source="files", **{k: str(tmp_path / v) for k, v in files.items()})
     task = make_task(data)
     assert isinstance(task, GlueTask) and task.name == "sst2" and task.num_labels == 2
     assert (task.dev_splits, task.test_splits) == (["dev"], ["test"])

@@ -101,7 +101,7 @@ def test_hub_path(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_mnli_from_local_files_with_unlabelled_tests_and_both_dev_splits(tmp_path: Path) -> None:
     """`source: files` for MNLI: test files without labels, matched and (optionally) mismatched dev files."""
     from roformer.config import ConfigError
-    from roformer.data.config import GlueDataConfig
+    from roformer.data.config import FinetuneDataConfig
     from roformer.data.glue import load_splits
 
     labelled = "premise,hypothesis,label\na cat sat,a cat is sitting,entailment\nit rains,it is dry,contradiction\n"
@@ -116,16 +116,16 @@ def test_mnli_from_local_files_with_unlabelled_tests_and_both_dev_splits(tmp_pat
         "validation_file": str(tmp_path / "dev_m.csv"),
         "test_file": str(tmp_path / "test_m.csv"),
     }
-    splits = load_splits(GlueDataConfig(**files))
+    splits = load_splits(FinetuneDataConfig(**files))
     assert set(splits) == {"train", "dev_matched", "test_matched"} and splits["test_matched"][0].label is None
-    both = GlueDataConfig(
+    both = FinetuneDataConfig(
         **files,
         validation_mismatched_file=str(tmp_path / "dev_mm.csv"),
         test_mismatched_file=str(tmp_path / "test_mm.csv"),
     )
     assert set(load_splits(both)) == {"train", "dev_matched", "dev_mismatched", "test_matched", "test_mismatched"}
     with pytest.raises(ConfigError, match="for MNLI"):
-        GlueDataConfig(source="files", task="rte", train_file="a", validation_file="b", validation_mismatched_file="c")
+        FinetuneDataConfig(source="files", task="rte", train_file="a", validation_file="b", validation_mismatched_file="c")
 
 
 def test_batches_pad_to_a_multiple_of_8_within_the_model_limit() -> None:

@@ -108,11 +108,12 @@ ROOMS = {
     ],
     "roformer.data": [
         {"builtin", "text", "glue_tasks", "glue_metrics", "masking", "sampling", "token_store"},
+        {"records", "tasks", "tagging_metrics", "qa_metrics"},
         {"config"},
         {"tokenizer", "packing"},
-        {"corpus", "cache"},
-        {"store", "streaming", "glue"},
-        {"mlm", "tasks"},
+        {"corpus", "cache", "segment"},
+        {"store", "streaming", "glue", "classify", "tagging", "qa", "choices"},
+        {"mlm", "task_types"},
     ],
     "roformer.train": [
         {"config", "interval", "faults", "checkpoints", "evaluate"},

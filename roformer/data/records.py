@@ -1,0 +1,193 @@
+"""Records of a task's data: rows of a local csv/tsv/json/jsonl/parquet file or a hub split, each with where it is.
+
+Every fine-tuning reader but GLUE's official TSVs and the formats of their own (CoNLL columns, SQuAD JSON) reads its
+rows here, so a bad row is reported the same way everywhere: `file:line: what is wrong` (a hub row: `name:split:i`).
+A field may be named with dots into nested JSON objects (`target.span1_text`), and a text column may be a template
+filled from the record (`"{target.span2_text}是{target.span1_text}"`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from roformer.errors import UserError
+
+FORMATS = ("csv", "tsv", "json", "jsonl", "parquet")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One row: its fields and where it was read (`path:line`, for error messages)."""
+
+    fields: dict[str, Any]
+    where: str
+
+
+def file_format(path: Path, format: str = "auto") -> str:
+    """The format of `path`: `format` unless `auto`, else from the suffix (.txt and unknown suffixes: an error).
+
+    Raises:
+        UserError: a suffix that names no known format.
+    """
+    if format != "auto":
+        return format
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix in FORMATS:
+        return suffix
+    raise UserError(f"{path}: cannot tell the format from the suffix {path.suffix!r}: set data.format ({FORMATS})")
+
+
+def read_text(path: Path) -> str:
+    """The file's text (UTF-8, a byte-order mark dropped).
+
+    Raises:
+        UserError: a missing, unreadable or non-UTF-8 file, naming it.
+    """
+    if not path.is_file():
+        raise UserError(f"{path}: data file not found")
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def read_records(path: str | Path, format: str = "auto") -> list[Record]:
+    """Every row of a csv, tsv (no quoting: quotes are text), json (a list, or JSON lines), jsonl or parquet file.
+
+    Raises:
+        UserError: a missing or unreadable file, a line that is not JSON or not an object, naming file and line.
+    """
+    path = Path(path)
+    kind = file_format(path, format)
+    if kind == "parquet":
+        return _read_parquet(path)
+    text = read_text(path)
+    if kind in ("json", "jsonl"):
+        return _read_json(path, text, whole_file=kind == "json")
+    delimiter, quoting = ("\t", csv.QUOTE_NONE) if kind == "tsv" else (",", csv.QUOTE_MINIMAL)
+    lines = text.split("\n")
+    reader = csv.DictReader(lines, delimiter=delimiter, quoting=quoting)
+    records = []
+    try:
+        for row in reader:
+            if None in row:  # more cells than header names
+                raise UserError(
+                    f"{path}:{reader.line_num}: {len(row) + len(row[None]) - 1} cells, header has {len(row) - 1}"
+                )
+            if any(value is None for value in row.values()):
+                raise UserError(f"{path}:{reader.line_num}: fewer cells than the header's {len(row)} columns")
+            records.append(Record({k: v.rstrip("\r") for k, v in row.items()}, f"{path}:{reader.line_num}"))
+    except csv.Error as e:
+        raise UserError(f"{path}:{reader.line_num}: {e}") from None
+    return records
+
+
+def _read_json(path: Path, text: str, whole_file: bool) -> list[Record]:
+    if whole_file and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{e.lineno}: not JSON ({e.msg})") from None
+        return [_record(path, row, f"{path}:[{i}]") for i, row in enumerate(rows)]
+    records = []
+    for number, line in enumerate(text.split("\n"), start=1):  # not splitlines: U+2028 may be inside a string
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{number}: not a JSON line ({e.msg})") from None
+        records.append(_record(path, row, f"{path}:{number}"))
+    return records
+
+
+def _record(path: Path, row: Any, where: str) -> Record:
+    if not isinstance(row, dict):
+        raise UserError(f"{where}: expected a JSON object (a record), got {type(row).__name__}")
+    return Record(row, where)
+
+
+def _read_parquet(path: Path) -> list[Record]:
+    if not path.is_file():
+        raise UserError(f"{path}: data file not found")
+    try:
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(path).to_pylist()
+    except Exception as e:  # pyarrow raises several types for a bad file
+        raise UserError(f"{path}: cannot read parquet ({str(e).splitlines()[0]})") from None
+    return [Record(row, f"{path}:row {i + 1}") for i, row in enumerate(rows)]
+
+
+def read_hub_split(name: str, config: str | None, split: str) -> list[Record]:
+    """Every row of one split of a hub dataset (`datasets.load_dataset`).
+
+    Raises:
+        UserError: the dataset, configuration or split cannot be loaded (offline, unknown names).
+    """
+    import datasets
+
+    try:
+        table = datasets.load_dataset(name, config, split=split)
+    except Exception as e:  # offline, unknown names: many exception types
+        label = f"{name}/{config}" if config else name
+        raise UserError(f"cannot load {label} split {split}: {str(e).splitlines()[0]}") from None
+    return [Record(dict(row), f"{name}:{split}:{i}") for i, row in enumerate(table)]
+
+
+_MISSING = object()
+
+
+def field(record: Record, column: str) -> Any:
+    """The value of `column` in `record`: a field, a dotted path into nested objects, or a `{field}` template.
+
+    Raises:
+        UserError: the field is absent, naming the record's file and line.
+    """
+    if "{" in column:
+        names = [name for _, name, _, _ in string.Formatter().parse(column) if name]
+        return column.format_map({name: _text(field(record, name)) for name in names}) if names else column
+    value: Any = record.fields.get(column, _MISSING)
+    if value is _MISSING and "." in column:
+        value = record.fields
+        for part in column.split("."):
+            value = value.get(part, _MISSING) if isinstance(value, dict) else _MISSING
+    if value is _MISSING:
+        known = ", ".join(map(str, record.fields)) or "none"
+        raise UserError(f"{record.where}: no field {column!r} (fields: {known})")
+    return value
+
+
+def text_field(record: Record, column: str) -> str:
+    """`field` as text: a list (CSL's keywords) joined by spaces; a missing value (null) is an error.
+
+    Raises:
+        UserError: the field is absent or null.
+    """
+    value = field(record, column)
+    if value is None:
+        raise UserError(f"{record.where}: field {column!r} is empty (null)")
+    return _text(value)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, list):
+        return " ".join(str(v) for v in value)
+    return str(value)
+
+
+def example_id(record: Record, column: str | None, number: int) -> str:
+    """The record's id: `column`, else an `id` or `idx` field, else its position in the split."""
+    if column:
+        return str(field(record, column))
+    for name in ("id", "idx"):
+        if name in record.fields:
+            return str(record.fields[name])
+    return str(number)
