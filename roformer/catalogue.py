@@ -24,6 +24,7 @@ CHECKOUT_CONFIGS = _PACKAGE_DIR.parent / "configs"
 SHIPPED_FOLDERS = {
     "pretrain": "roformer pretrain, prepare-data, eval-mlm --data (the folder may be left out of the name)",
     "glue": "roformer finetune (a task) and roformer glue (a suite); the folder may be left out",
+    "finetune": "roformer finetune: NER, QA, multiple choice, CLUE, your own files (recipe.yaml: what they include)",
     "experiments": "roformer experiment (the folder may be left out)",
     "model": "the model: section of a pretraining config",
     "accelerate": 'accelerate launch --config_file "$(roformer configs accelerate/NAME)" -m roformer ...',

@@ -282,7 +282,11 @@ def _prepare_data(args: argparse.Namespace) -> None:
 
 
 def _finetune_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_run_arguments(parser, "task YAML, or a shipped task's name (glue/rte)", "runs/glue/<config name>")
+    _add_run_arguments(
+        parser,
+        "task YAML, or a shipped task's name (glue/rte, finetune/conll2003)",
+        "runs/glue/<task> for GLUE configs, else runs/finetune/<config name>",
+    )
     parser.add_argument("--resume", action="store_true", help="continue: finished runs are kept, the last resumes")
 
 
@@ -295,6 +299,8 @@ def _finetune(args: argparse.Namespace) -> None:
     if args.config is None and not (args.resume and args.output_dir):
         raise UserError("--config is required (unless --resume --output-dir continues a job from its config.yaml)")
     config_path, out = _config_and_output(args, "glue", "glue")
+    if config_path is not None and not args.output_dir and config_path.parent.name != "glue":
+        out = Path("runs", "finetune", config_path.stem)  # GLUE tasks keep runs/glue/<task>
     config = load(FinetuneConfig, config_path or out / RUN_CONFIG_FILE, args.set)
     results = finetune(config, out, overwrite=args.overwrite, resume=args.resume)
     if results:
@@ -434,7 +440,12 @@ COMMANDS = (
         _prepare_data_arguments,
         _prepare_data,
     ),
-    Command("finetune", "fine-tune on one GLUE task (every lr and seed of the config)", _finetune_arguments, _finetune),
+    Command(
+        "finetune",
+        "fine-tune on one task: GLUE, NER, QA, multiple choice, your own files (every lr and seed of the config)",
+        _finetune_arguments,
+        _finetune,
+    ),
     Command("glue", "fine-tune several GLUE tasks and write one table and one submission", _glue_arguments, _glue),
     Command(
         "experiment",

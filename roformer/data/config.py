@@ -220,6 +220,7 @@ class ChoicesConfig:
             raise ConfigError("choices: name either choices_column (a list field) or choice_columns (one per choice)")
 
 
+MULTI_LABEL_METRICS = ("micro_f1", "macro_f1", "subset_accuracy")
 TYPE_SECTIONS = {"token_classification": "tagging", "question_answering": "qa", "multiple_choice": "choices"}
 
 
@@ -245,6 +246,8 @@ class FinetuneDataConfig:
         test_mismatched_file: `files`, MNLI: the mismatched test file (optional).
         format: `files` of classification, regression and multiple choice: `csv`, `tsv`, `json` (a list of records,
             or JSON lines), `jsonl` or `parquet`; `auto` = from the file's suffix.
+        column_names: csv and tsv files without a header line: the names of their columns, in order (Chinese
+            STS-B's `sentence1, sentence2, score`); null = the first line is the header.
         text_columns: The text fields: one, or two for a pair (default: GLUE, the hub's names; classification,
             `text` and `text_pair` when present). A field in a nested JSON object is `a.b`; an entry with `{field}`
             in it is a template filled from the record (`"{target.span2_text}是{target.span1_text}"`).
@@ -254,8 +257,9 @@ class FinetuneDataConfig:
         labels: The label set, in id order (null = read from the training data, sorted). A label outside it is an
             error naming the file and line.
         skip_labels: Rows with one of these labels are left out (OCNLI's `-`: no majority label).
-        metrics: Dev metrics, from roformer.data.glue_metrics.METRICS (null = the type's: accuracy for
-            classification, pearson and spearman for regression); their mean selects.
+        metrics: Dev metrics of classification and regression, from roformer.data.glue_metrics.METRICS (null =
+            accuracy; pearson and spearman), of multi-label classification from micro_f1, macro_f1 and
+            subset_accuracy (null = micro_f1 and macro_f1); their mean selects.
         threshold: `multi_label_classification`: a label is predicted when its probability is at least this.
         tagging: `token_classification`'s own settings (TaggingConfig).
         qa: `question_answering`'s own settings (QAConfig).
@@ -286,6 +290,7 @@ class FinetuneDataConfig:
     validation_mismatched_file: str | None = field(default=None, metadata=PATH)
     test_mismatched_file: str | None = field(default=None, metadata=PATH)
     format: Literal["auto", "csv", "tsv", "json", "jsonl", "parquet"] = "auto"
+    column_names: list[str] | None = None
     text_columns: list[str] | None = None
     label_column: str = "label"
     id_column: str | None = None
@@ -325,11 +330,18 @@ class FinetuneDataConfig:
         if self.labels is not None and len(set(self.labels)) != len(self.labels):
             raise ConfigError(f"labels must be distinct, got {self.labels}")
         if self.metrics is not None:
-            from roformer.data.glue_metrics import METRICS
+            self._check_metrics()
 
-            unknown = [m for m in self.metrics if m not in METRICS]
-            if unknown or not self.metrics:
-                raise ConfigError(f"metrics: unknown {unknown or 'empty list'} (known: {', '.join(METRICS)})")
+    def _check_metrics(self) -> None:
+        from roformer.data.glue_metrics import METRICS
+
+        known = {"classification": tuple(METRICS), "regression": tuple(METRICS)}
+        known["multi_label_classification"] = MULTI_LABEL_METRICS
+        if self.type not in known:
+            raise ConfigError(f"metrics: the metrics of type {self.type} are its own (remove metrics)")
+        unknown = [m for m in self.metrics if m not in known[self.type]]
+        if unknown or not self.metrics:
+            raise ConfigError(f"metrics: unknown {unknown or 'empty list'} (known: {', '.join(known[self.type])})")
 
     def _check_glue(self) -> None:
         if not self.task:

@@ -18,8 +18,8 @@ import torch
 
 from roformer.data.config import FinetuneDataConfig
 from roformer.data.glue_metrics import compute
-from roformer.data.tasks import pad_rows
 from roformer.data.glue_tasks import Example, Split, Task, get_task, read_files, read_glue_dir, read_hub
+from roformer.data.tasks import pad_rows
 from roformer.errors import UserError
 from roformer.files import atomic_copy, atomic_write_text
 

@@ -58,8 +58,13 @@ def read_text(path: Path) -> str:
         raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
-def read_records(path: str | Path, format: str = "auto") -> list[Record]:
+def read_records(path: str | Path, format: str = "auto", column_names: list[str] | None = None) -> list[Record]:
     """Every row of a csv, tsv (no quoting: quotes are text), json (a list, or JSON lines), jsonl or parquet file.
+
+    Args:
+        path: The file.
+        format: `csv`, `tsv`, `json`, `jsonl`, `parquet`, or `auto` (from the suffix).
+        column_names: A csv or tsv file without a header line: its columns' names.
 
     Raises:
         UserError: a missing or unreadable file, a line that is not JSON or not an object, naming file and line.
@@ -73,7 +78,9 @@ def read_records(path: str | Path, format: str = "auto") -> list[Record]:
         return _read_json(path, text, whole_file=kind == "json")
     delimiter, quoting = ("\t", csv.QUOTE_NONE) if kind == "tsv" else (",", csv.QUOTE_MINIMAL)
     lines = text.split("\n")
-    reader = csv.DictReader(lines, delimiter=delimiter, quoting=quoting)
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
+    reader = csv.DictReader(lines, fieldnames=column_names, delimiter=delimiter, quoting=quoting)
     records = []
     try:
         for row in reader:

@@ -16,7 +16,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-
 import torch
 
 if TYPE_CHECKING:
@@ -28,9 +27,12 @@ class EncodedSplit(Protocol):
 
     Attributes:
         lengths: Tokens of every row (the longest choice of a multiple-choice row): batch order and padding.
+        labelled: Whether the split has labels: a dev split always, a test split when its file has them (then
+            the selected checkpoint of every run is scored on it too).
     """
 
     lengths: list[int]
+    labelled: bool
 
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # a batch's keys the model reads to predict
@@ -71,7 +73,7 @@ class FinetuneTask(Protocol):
         """What each row of a batch's logits predicts (picklable: several processes gather them)."""
 
     def evaluate(self, split: EncodedSplit, predictions: list[Any]) -> dict[str, float]:
-        """The dev metrics of a split's row predictions against its labels, `score` (the selection metric) among them."""
+        """The metrics of row predictions against the split's labels, `score` (the selection metric) among them."""
 
     def write_predictions(
         self, folder: Path, encoded: dict[str, EncodedSplit], predictions: dict[str, list[Any]]

@@ -391,6 +391,9 @@ class Finetuner:
             "dev": run.best["dev"],
             "global_batch": engine.global_batch,
         }
+        scored = [s for s in self.task.test_splits if self.data.splits[s].labelled]
+        if scored:  # labelled test sets (FewCLUE's public test, CoNLL-2003's test): the best checkpoint's metrics
+            record["test"] = {s: self.task.evaluate(self.data.splits[s], predictions[s]) for s in scored}
 
         def write() -> None:  # the main process: predictions, the candidate model, the run's record
             folder = self.out / PREDICTIONS_DIR / tag
@@ -446,6 +449,19 @@ class Finetuner:
             "by_lr": by_lr,
             "selected": {"peak_lr": selected["peak_lr"], "seed": selected["seed"], "best_step": selected["best_step"]},
             "summary": by_lr[best_lr],
+            **self._test_summary([r for r in runs if f"{r['peak_lr']:g}" == best_lr]),
+        }
+
+    @staticmethod
+    def _test_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+        """`test`: every labelled test split's metrics over the selected learning rate's seeds (none: {})."""
+        if "test" not in runs[0]:
+            return {}
+        return {
+            "test": {
+                split: {m: seed_summary([r["test"][split][m] for r in runs]) for m in metrics}
+                for split, metrics in runs[0]["test"].items()
+            }
         }
 
     def finished_results(self) -> dict[str, Any]:

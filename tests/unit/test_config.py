@@ -35,6 +35,13 @@ def _load_glue_config(path: Path) -> None:
         load(FinetuneConfig, path)
 
 
+def _load_finetune_config(path: Path) -> None:
+    if path.name == "recipe.yaml":  # what every config of the folder includes: a config but for its data
+        load(FinetuneConfig, path, ["data.type=classification", "data.train_file=a", "data.validation_file=b"])
+    else:
+        load(FinetuneConfig, path)
+
+
 def _load_experiment_config(path: Path) -> None:
     from roformer.study.experiment import load_experiment
 
@@ -44,6 +51,7 @@ def _load_experiment_config(path: Path) -> None:
 CONFIG_LOADERS = {
     "experiments": _load_experiment_config,
     "glue": _load_glue_config,
+    "finetune": _load_finetune_config,
     "model": ModelConfig.from_yaml,
     "pretrain": lambda path: load(PretrainConfig, path),
     "accelerate": _load_accelerate_config,

@@ -1,0 +1,311 @@
+"""Classification, regression and multi-label classification of one text or a pair, from any local file or hub dataset.
+
+`TextTask` is the fine-tuning task (roformer.data.tasks.FinetuneTask) of `type: classification`, `regression` and
+`multi_label_classification`. Rows come from csv/tsv/json/jsonl/parquet files or a hub dataset (roformer.data.records),
+with the text and label fields named in the config (`text_columns`, `label_column`; nested JSON fields and templates
+allowed). The label set is `data.labels` or, when not given, every label of the training split (sorted: numerically
+when all labels are integers); a dev or test label outside it is an error naming the file and line.
+
+Multi-label: the label field is a list (or a JSON list, or names separated by commas in a csv cell); the head has one
+sigmoid output per label (binary cross-entropy), a label is predicted when its probability reaches `data.threshold`,
+and the metrics are micro and macro F1 over labels.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from roformer.data.config import FinetuneDataConfig
+from roformer.data.glue import Encoded, padded_length, write_tsv
+from roformer.data.glue_metrics import compute
+from roformer.data.records import Record, example_id, field, read_hub_split, read_records, text_field
+from roformer.data.tasks import pad_rows
+from roformer.data.tokenizer import jieba_presegmenter
+from roformer.errors import UserError
+from roformer.files import atomic_copy
+
+if TYPE_CHECKING:
+    from roformer.data.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_METRICS = {
+    "classification": ("accuracy",),
+    "regression": ("pearson", "spearman"),
+    "multi_label_classification": ("micro_f1", "macro_f1"),
+}
+HUB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
+PREDICTIONS_FILE = "{split}.tsv"
+
+
+def read_split_records(data: FinetuneDataConfig) -> dict[str, list[Record]]:
+    """The rows of every split present: train and dev always, test when given (files) or on the hub.
+
+    Raises:
+        UserError: a missing or unreadable file, an empty train or dev split.
+    """
+    if data.source == "hub":
+        splits = {"train": read_hub_split(data.hub_name, data.hub_config, "train")}
+        splits["dev"] = read_hub_split(data.hub_name, data.hub_config, "validation")
+        try:
+            splits["test"] = read_hub_split(data.hub_name, data.hub_config, "test")
+        except UserError as e:
+            logger.warning("no test split (%s)", e)
+    else:
+        files = {"train": data.train_file, "dev": data.validation_file, "test": data.test_file}
+        splits = {name: read_records(path, data.format, data.column_names) for name, path in files.items() if path}
+    for name in ("train", "dev"):
+        if not splits[name]:
+            where = data.hub_name if data.source == "hub" else files[name]
+            raise UserError(f"{where}: the {name} split is empty")
+    if data.max_train_examples is not None:
+        splits["train"] = splits["train"][: data.max_train_examples]
+    if data.max_eval_examples is not None:
+        splits = {k: v if k == "train" else v[: data.max_eval_examples] for k, v in splits.items()}
+    return splits
+
+
+def label_text(value: Any) -> str:
+    """A label as the text it is known by: ints and strings as written, booleans as `true`/`false` (CLUEWSC)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value).strip()
+
+
+def label_list(value: Any, where: str) -> list[str]:
+    """A multi-label field: a list, a JSON list in a string, or names separated by commas (a csv cell)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                raise UserError(f"{where}: labels {text!r} are not a JSON list") from None
+        else:
+            value = [part for part in (p.strip() for p in text.split(",")) if part]
+    if not isinstance(value, list):
+        raise UserError(f"{where}: expected a list of labels, got {value!r}")
+    return [label_text(v) for v in value]
+
+
+def sorted_labels(labels: set[str]) -> list[str]:
+    """The label set in id order: numerically when every label is an integer (TNEWS's 100..116), else by text."""
+    if all(label.lstrip("-").isdigit() for label in labels):
+        return sorted(labels, key=int)
+    return sorted(labels)
+
+
+class TextTask:
+    """Classify one text or a pair (or score it, or tag it with a set of labels): rows from any file or hub dataset.
+
+    Args:
+        data: The data: section (type classification, regression or multi_label_classification).
+        records: The rows of every split (`read_split_records`).
+    """
+
+    architecture = "sequence_classification"
+
+    def __init__(self, data: FinetuneDataConfig, records: dict[str, list[Record]]) -> None:
+        self.data, self.type = data, data.type
+        self.name = data.task
+        self.tracker_project = f"roformer-{data.task}"
+        self.columns = data.text_columns or self._default_columns(records["train"][0])
+        if not 1 <= len(self.columns) <= 2:
+            raise UserError(f"text_columns: one text or a pair, got {self.columns}")
+        self.metrics = tuple(data.metrics or DEFAULT_METRICS[self.type])
+        kept = {name: self._kept(name, rows) for name, rows in records.items()}
+        self.labels = self._label_set(kept["train"])
+        self.num_labels = 1 if self.type == "regression" else len(self.labels)
+        self.examples = {name: self._examples(name, rows) for name, rows in kept.items()}
+        self.dev_splits = ["dev"]
+        self.test_splits = [name for name in ("test",) if name in kept]
+
+    @classmethod
+    def from_config(cls, data: FinetuneDataConfig) -> TextTask:
+        """The task of a data: section, its splits read and checked."""
+        return cls(data, read_split_records(data))
+
+    @staticmethod
+    def _default_columns(first: Record) -> list[str]:
+        return ["text", "text_pair"] if "text_pair" in first.fields else ["text"]
+
+    def _kept(self, split: str, rows: list[Record]) -> list[Record]:
+        """The rows of `split` without those whose label is in data.skip_labels (counted in the log)."""
+        if not self.data.skip_labels:
+            return rows
+        skip = set(self.data.skip_labels)
+        kept = [r for r in rows if self.data.label_column not in r.fields or label_text(self._raw(r)) not in skip]
+        if len(kept) < len(rows):
+            logger.info("%s: left out %d rows labelled %s", split, len(rows) - len(kept), sorted(skip))
+        if not kept and split != "test":
+            raise UserError(f"{rows[0].where.rpartition(':')[0]}: every row of the {split} split has a skipped label")
+        return kept
+
+    def _raw(self, record: Record) -> Any:
+        return field(record, self.data.label_column)
+
+    def _label_set(self, train: list[Record]) -> list[str]:
+        if self.type == "regression":
+            return []
+        if self.data.labels is not None:
+            return list(self.data.labels)
+        seen: set[str] = set()
+        for record in train:
+            raw = self._raw(record)
+            seen.update(
+                label_list(raw, record.where) if self.type == "multi_label_classification" else [label_text(raw)]
+            )
+        if len(seen) < 2 and self.type == "classification":
+            raise UserError(
+                f"{train[0].where.rpartition(':')[0]}: the training split has one label only {sorted(seen)}"
+            )
+        return sorted_labels(seen)
+
+    def _labelled(self, split: str, rows: list[Record]) -> bool:
+        """Train and dev rows must have labels; a test file may have them (then it is scored) or not."""
+        if split != "test":
+            return True
+        return all(self.data.label_column in r.fields and r.fields[self.data.label_column] is not None for r in rows)
+
+    def _examples(self, split: str, rows: list[Record]) -> list[tuple[tuple[str, ...], Any, str]]:
+        labelled = self._labelled(split, rows)
+        return [
+            (
+                tuple(text_field(r, c) for c in self.columns),
+                self._label(r) if labelled else None,
+                example_id(r, self.data.id_column, i),
+            )
+            for i, r in enumerate(rows)
+        ]
+
+    def _label(self, record: Record) -> int | float | list[int]:
+        """A row's label: a class id, a score or the ids of its labels.
+
+        Raises:
+            UserError: a label outside the label set, a score that is not a number, naming the file and line.
+        """
+        raw = self._raw(record)
+        if self.type == "regression":
+            try:
+                return float(raw)
+            except (TypeError, ValueError):
+                raise UserError(f"{record.where}: score {raw!r} is not a number") from None
+        names = label_list(raw, record.where) if self.type == "multi_label_classification" else [label_text(raw)]
+        unknown = [n for n in names if n not in self.labels]
+        if unknown:
+            origin = "data.labels" if self.data.labels is not None else "the training split's labels"
+            raise UserError(f"{record.where}: label {unknown[0]!r} is not one of {origin} {self.labels}")
+        ids = [self.labels.index(n) for n in names]
+        return ids if self.type == "multi_label_classification" else ids[0]
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The protocol
+
+    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, Encoded]:
+        """Every split tokenized: one text or a pair (`[CLS] A [SEP] B [SEP]`), truncated longest-first."""
+        segment = jieba_presegmenter() if self.data.jieba else None
+        out = {}
+        for name, examples in self.examples.items():
+            texts = [[segment(t) if segment else t for t in texts] for texts, _, _ in examples]
+            first = [t[0] for t in texts]
+            second = [t[1] for t in texts] if len(self.columns) == 2 else None
+            tokens = tokenizer(first, second, truncation=True, max_length=max_length, return_token_type_ids=True)
+            out[name] = Encoded(
+                tokens["input_ids"], tokens["token_type_ids"], [e[1] for e in examples], [e[2] for e in examples]
+            )
+        return out
+
+    def padded_length(self, longest: int, cap: int) -> int:
+        """`longest` rounded up to data.pad_to_multiple_of, within `cap`."""
+        return padded_length(longest, self.data.pad_to_multiple_of, cap)
+
+    def collate(self, split: Encoded, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
+        """The padded batch of `rows`: class ids, float scores, or multi-hot float rows (binary cross-entropy)."""
+        length = self.padded_length(max(len(split.ids[r]) for r in rows), cap)
+        batch = pad_rows(split.ids, split.types, rows, pad_id, length)
+        if split.labelled:
+            if self.type == "multi_label_classification":
+                hot = torch.zeros((len(rows), self.num_labels))
+                for i, r in enumerate(rows):
+                    hot[i, split.labels[r]] = 1.0
+                batch["labels"] = hot
+            else:
+                dtype = torch.float if self.type == "regression" else torch.long
+                batch["labels"] = torch.tensor([split.labels[r] for r in rows], dtype=dtype)
+        return batch
+
+    def predictions(self, logits: torch.Tensor, split: Encoded, rows: list[int]) -> list[Any]:
+        """The class (argmax), the score, or the labels whose probability reaches data.threshold."""
+        if self.type == "regression":
+            return logits.squeeze(-1).cpu().tolist()
+        if self.type == "multi_label_classification":
+            chosen = (torch.sigmoid(logits) >= self.data.threshold).cpu()
+            return [row.nonzero().flatten().tolist() for row in chosen]
+        return logits.argmax(-1).cpu().tolist()
+
+    def evaluate(self, split: Encoded, predictions: list[Any]) -> dict[str, float]:
+        """The configured metrics and `score`, their mean (multi-label: micro and macro F1 over labels)."""
+        if self.type == "multi_label_classification":
+            return multi_label_metrics(self.metrics, predictions, split.labels, self.num_labels)
+        return compute(self.metrics, predictions, split.labels)
+
+    def label_name(self, value: Any) -> str:
+        """How a prediction or label is written: its name, the score, or the names joined by commas."""
+        if self.type == "regression":
+            return f"{float(value):.6g}"
+        if self.type == "multi_label_classification":
+            return ",".join(self.labels[i] for i in value)
+        return self.labels[int(value)]
+
+    def write_predictions(self, folder: Path, encoded: dict[str, Encoded], predictions: dict[str, list[Any]]) -> None:
+        """`<split>.tsv` of every split: index, prediction (and label where the split has labels)."""
+        for split, values in predictions.items():
+            rows = zip(encoded[split].index, map(self.label_name, values))
+            header = ["index", "prediction"]
+            if encoded[split].labelled:
+                rows = ((i, p, self.label_name(y)) for (i, p), y in zip(rows, encoded[split].labels))
+                header.append("label")
+            write_tsv(folder / PREDICTIONS_FILE.format(split=split), header, rows)
+
+    def write_submission(self, run_folder: Path, submission: Path) -> None:
+        """The selected run's test predictions, when there is a test split."""
+        for split in self.test_splits:
+            name = PREDICTIONS_FILE.format(split=split)
+            atomic_copy(run_folder / name, submission / name)
+
+
+def multi_label_metrics(
+    names: tuple[str, ...], predictions: list[list[int]], labels: list[list[int]], num_labels: int
+) -> dict[str, float]:
+    """Micro F1 (over every (example, label) decision), macro F1 (the mean of the per-label F1s), subset accuracy.
+
+    A label that is never gold nor predicted has F1 0 in the macro mean, as in scikit-learn's `zero_division=0`.
+    """
+    predicted, gold = _multi_hot(predictions, num_labels), _multi_hot(labels, num_labels)
+    tp = (predicted & gold).sum(axis=0)
+    fp = (predicted & ~gold).sum(axis=0)
+    fn = (~predicted & gold).sum(axis=0)
+    micro_denominator = 2 * tp.sum() + fp.sum() + fn.sum()
+    per_label = np.divide(2 * tp, 2 * tp + fp + fn, out=np.zeros(num_labels), where=(2 * tp + fp + fn) > 0)
+    values = {
+        "micro_f1": float(2 * tp.sum() / micro_denominator) if micro_denominator else 0.0,
+        "macro_f1": float(per_label.mean()),
+        "subset_accuracy": float((predicted == gold).all(axis=1).mean()),
+    }
+    chosen = {name: values[name] for name in names}
+    return {**chosen, "score": float(np.mean(list(chosen.values())))}
+
+
+def _multi_hot(rows: list[list[int]], num_labels: int) -> np.ndarray:
+    hot = np.zeros((len(rows), num_labels), dtype=bool)
+    for i, ids in enumerate(rows):
+        hot[i, ids] = True
+    return hot
