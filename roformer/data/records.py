@@ -9,8 +9,9 @@ filled from the record (`"{target.span2_text}是{target.span1_text}"`).
 from __future__ import annotations
 
 import csv
+import io
 import json
-import string
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,19 +78,14 @@ def read_records(path: str | Path, format: str = "auto", column_names: list[str]
     if kind in ("json", "jsonl"):
         return _read_json(path, text, whole_file=kind == "json")
     delimiter, quoting = ("\t", csv.QUOTE_NONE) if kind == "tsv" else (",", csv.QUOTE_MINIMAL)
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # the newline that ends the last line
-    reader = csv.DictReader(lines, fieldnames=column_names, delimiter=delimiter, quoting=quoting)
+    reader = csv.DictReader(io.StringIO(text, newline=""), column_names, delimiter=delimiter, quoting=quoting)
     records = []
     try:
         for row in reader:
-            if None in row:  # more cells than header names
-                raise UserError(
-                    f"{path}:{reader.line_num}: {len(row) + len(row[None]) - 1} cells, header has {len(row) - 1}"
-                )
-            if any(value is None for value in row.values()):
-                raise UserError(f"{path}:{reader.line_num}: fewer cells than the header's {len(row)} columns")
+            if None in row or None in row.values():  # more cells than names, or fewer
+                cells = sum(v is not None for k, v in row.items() if k is not None) + len(row.get(None, []))
+                names = len(row) - (None in row)
+                raise UserError(f"{path}:{reader.line_num}: {cells} cells, expected {names} ({kind} columns)")
             records.append(Record({k: v.rstrip("\r") for k, v in row.items()}, f"{path}:{reader.line_num}"))
     except csv.Error as e:
         raise UserError(f"{path}:{reader.line_num}: {e}") from None
@@ -150,6 +146,7 @@ def read_hub_split(name: str, config: str | None, split: str) -> list[Record]:
 
 
 _MISSING = object()
+_TEMPLATE_FIELD = re.compile(r"\{([^{}]+)\}")
 
 
 def field(record: Record, column: str) -> Any:
@@ -158,9 +155,8 @@ def field(record: Record, column: str) -> Any:
     Raises:
         UserError: the field is absent, naming the record's file and line.
     """
-    if "{" in column:
-        names = [name for _, name, _, _ in string.Formatter().parse(column) if name]
-        return column.format_map({name: _text(field(record, name)) for name in names}) if names else column
+    if "{" in column:  # not str.format: it would read `{a.b}` as attribute b of field a
+        return _TEMPLATE_FIELD.sub(lambda match: _text(field(record, match.group(1))), column)
     value: Any = record.fields.get(column, _MISSING)
     if value is _MISSING and "." in column:
         value = record.fields
