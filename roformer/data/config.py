@@ -235,7 +235,8 @@ class FinetuneDataConfig:
         task: `glue`: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte or wnli. Other types: the task's name in
             results.json and the logs (default: the type).
         source: `glue_dir` (GLUE's official TSV layout), `hub` (datasets) or `files` (local files); null = glue_dir
-            for `glue`, files otherwise.
+            for `glue`; other types: files when train_file is set, else hub when hub_name is (a config that names
+            a hub dataset takes local files with `--set data.train_file=... --set data.validation_file=...`).
         glue_dir: The GLUE directory (holding CoLA/, SST-2/, ...); relative to the config file.
         hub_name: The hub dataset for `hub` (GLUE: nyu-mll/glue).
         hub_config: Its configuration (GLUE: the task's).
@@ -312,7 +313,7 @@ class FinetuneDataConfig:
     def __post_init__(self) -> None:
         check_types(self)
         if self.source is None:
-            self.source = "glue_dir" if self.type == "glue" else "files"
+            self.source = self._default_source()
         if self.type == "glue":
             self._check_glue()
         else:
@@ -342,6 +343,12 @@ class FinetuneDataConfig:
         unknown = [m for m in self.metrics if m not in known[self.type]]
         if unknown or not self.metrics:
             raise ConfigError(f"metrics: unknown {unknown or 'empty list'} (known: {', '.join(known[self.type])})")
+
+    def _default_source(self) -> str:
+        """glue_dir for GLUE; other types: the files when a training file is named, else the hub when a dataset is."""
+        if self.type == "glue":
+            return "glue_dir"
+        return "hub" if self.hub_name and not self.train_file else "files"
 
     def _check_glue(self) -> None:
         if not self.task:

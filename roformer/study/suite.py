@@ -1,4 +1,4 @@
-"""`roformer glue`: several GLUE tasks fine-tuned one after another into one table and one submission folder."""
+"""`roformer glue`: several tasks (GLUE's, or any fine-tuning config) fine-tuned one after another into one table."""
 
 from __future__ import annotations
 
@@ -66,8 +66,8 @@ def run_suite(
 ) -> dict[str, Any]:
     """Fine-tune every task of a suite config into output_dir/<task>/ and write one table and one submission.
 
-    Writes results.json, results.md (roformer.study.markdown.glue_suite_table) and submission/ (every task's server
-    files, ready to zip). With `resume`, an
+    Writes results.json, results.md (roformer.study.markdown.glue_suite_table) and submission/ (every GLUE task's
+    server files, ready to zip; another task's files in submission/<task>/). With `resume`, an
     interrupted suite continues: finished tasks are read back, a started one continues its grid (roformer.train.
     finetune), the others start.
 
@@ -87,8 +87,9 @@ def run_suite(
     # the suite's own record; a resume is checked task by task (each task directory holds its resolved config)
     record = {"suite": str(path.resolve()), "tasks": suite.tasks, "overrides": extra}
     run_on_main(lambda: run_dir.prepare(record))
-    results = {}
+    results, flat = {}, {}
     for config in configs:
+        flat[config.data.task] = config.data.type == "glue"  # the GLUE server wants its files in one folder
         task_dir = out / config.data.task
         started = resume and RunDir.started(task_dir)
         results[config.data.task] = finetune(config, task_dir, resume=started, overwrite=resume and not started)
@@ -96,8 +97,10 @@ def run_suite(
     def write() -> None:  # the main process: one submission folder and one table
         (out / SUBMISSION_DIR).mkdir(exist_ok=True)
         for task in results:
+            target = out / SUBMISSION_DIR if flat[task] else out / SUBMISSION_DIR / task  # other tasks: test.tsv each
             for file in (out / task / SUBMISSION_DIR).iterdir():
-                atomic_copy(file, out / SUBMISSION_DIR / file.name)
+                target.mkdir(exist_ok=True)
+                atomic_copy(file, target / file.name)
         atomic_write_text(out / RESULTS_FILE, json.dumps({t: r["summary"] for t, r in results.items()}, indent=2))
         atomic_write_text(out / SUITE_TABLE_FILE, glue_suite_table(results))
 
