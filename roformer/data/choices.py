@@ -386,8 +386,6 @@ class ChoicesTask:
         segment: Segmenter = identity,
         metrics: tuple[str, ...] = ("accuracy",),
     ) -> None:
-        if settings.blank and settings.question_column:
-            raise ConfigError("choices: blank and question_column do not go together (a filled context is read alone)")
         self.splits, self.settings, self.multiple, self.segment = splits, settings, pad_to_multiple_of, segment
         self.name = name
         self.tracker_project = f"roformer-{name}"
@@ -403,9 +401,12 @@ class ChoicesTask:
         """The task of a data: section, its splits read (and jieba loaded when `data.jieba`).
 
         Raises:
-            UserError: unreadable data, bad rows (naming file and line), jieba missing.
+            UserError: unreadable data, bad rows (naming file and line), jieba missing, both `blank` and
+                `question_column` set.
         """
         assert data.choices is not None  # FinetuneDataConfig requires the section for this type
+        if data.choices.blank and data.choices.question_column:
+            raise ConfigError("choices: blank and question_column do not go together (a filled context is read alone)")
         segment = jieba_presegmenter() if data.jieba else identity
         metrics = tuple(data.metrics) if data.metrics else ("accuracy",)
         return cls(data.task, load_questions(data), data.choices, data.pad_to_multiple_of, segment, metrics)

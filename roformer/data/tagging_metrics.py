@@ -147,8 +147,9 @@ def tag_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]
 def classification_report(
     gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]
 ) -> dict[str, dict[str, float]]:
-    """Per entity type and `micro avg`: precision, recall, f1 and support (as seqeval's `output_dict`, f1 not
-    `f1-score`, and no macro or weighted averages).
+    """Per entity type and `micro avg`: precision, recall, f1 and support.
+
+    As seqeval's `classification_report(output_dict=True)`, with `f1` for `f1-score` and no macro or weighted means.
 
     Raises:
         ValueError: the sentences or their lengths differ.

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-from roformer.data.choices import ChoicesTask
-from roformer.data.classify import TextTask
+import importlib
+
 from roformer.data.config import FinetuneDataConfig
-from roformer.data.glue import GlueTask
-from roformer.data.qa import QATask
-from roformer.data.tagging import TaggingTask
 from roformer.data.tasks import FinetuneTask
 
+# type -> the module and class of its task: imported when a config asks for it (a GLUE job never loads QA's metric)
 TASK_CLASSES = {
-    "glue": GlueTask,
-    "classification": TextTask,
-    "regression": TextTask,
-    "multi_label_classification": TextTask,
-    "token_classification": TaggingTask,
-    "question_answering": QATask,
-    "multiple_choice": ChoicesTask,
+    "glue": "roformer.data.glue:GlueTask",
+    "classification": "roformer.data.classify:TextTask",
+    "regression": "roformer.data.classify:TextTask",
+    "multi_label_classification": "roformer.data.classify:TextTask",
+    "token_classification": "roformer.data.tagging:TaggingTask",
+    "question_answering": "roformer.data.qa:QATask",
+    "multiple_choice": "roformer.data.choices:ChoicesTask",
 }
 
 
@@ -27,4 +25,5 @@ def make_task(data: FinetuneDataConfig) -> FinetuneTask:
     Raises:
         UserError: missing or unreadable data files, bad rows (naming file and line), an empty training split.
     """
-    return TASK_CLASSES[data.type].from_config(data)
+    module, _, name = TASK_CLASSES[data.type].partition(":")
+    return getattr(importlib.import_module(module), name).from_config(data)

@@ -1,0 +1,599 @@
+"""Token classification (NER, POS tagging): `data.type: token_classification`, a tag per word.
+
+`TaggingTask` is the fine-tuning task (roformer.data.tasks.FinetuneTask) of such a config; its own settings are
+`data.tagging` (roformer.data.config.TaggingConfig).
+
+Sources, read into `Sentence`s:
+- CoNLL column files (`tagging.format: conll`, or `auto` for any suffix but .json/.jsonl): one word per line, its
+  columns separated by spaces or tabs (other whitespace, e.g. U+3000, stays inside a word), the word first and the
+  tag in `tagging.tag_column` (-1 = the last); a blank line ends a sentence; `-DOCSTART-` lines are skipped; CRLF line
+  ends are read as LF. Every word line has the column count of the file's first one. A file of one column holds
+  words only: an unlabelled test split.
+- JSON lines (`jsonl`, or `auto` for .json/.jsonl; a JSON list of records is read too): a record per sentence with a
+  list of words (`tagging.tokens_column`) and a list of tags (`tagging.tags_column`), as names or as ids into
+  `data.labels`. A split whose records have no tags field is unlabelled (a test split).
+- Hub datasets (`data.source: hub`): splits train, validation and test (when the dataset has it), fields as for
+  JSON lines. Tags stored as ids (conll2003's `ner_tags`) are named by `data.labels`, else by the dataset's own
+  names (`features[tags_column].feature.names`, a `ClassLabel` sequence). That path needs the network (or the
+  datasets cache) and is not run by the offline tests.
+Sentences without words (JSON lines, hub) are skipped, and counted in the log.
+
+The label set (the model's output ids, in order) is `data.labels` when given (a tag outside it is an error naming
+its file and line), else the hub dataset's tag names, else the tags of the whole training file sorted by name, `O`
+first when present (`O, B-LOC, B-MISC, ..., I-PER`): the same ids whatever `max_train_examples` keeps.
+
+Words become WordPiece pieces (the tokenizer's `is_split_into_words=True`, cut to max_length). Only the first piece
+of a word is trained (its word's tag) and read at prediction; the other pieces and the specials are labelled
+IGNORE_INDEX. With `tagging.label_all_tokens` the other pieces are trained too, on the tag saying "inside this
+word's entity": `I-X` for a word tagged `B-X`, `I-X`, `E-X` or `S-X`, in every scheme, and the word's own tag for `O`
+and tags without a B/I/E/S prefix (POS tags). In IOBES a piece-level `E-`/`S-` would have to move from the first
+piece, which must carry the word's tag since it is the one read; `I-X` is true of every non-first piece. Where that
+tag is not in the label set the piece is not trained. `tagging.scheme` is not needed to read entities (the metric
+reads IOB1, IOB2 and IOBES alike: roformer.data.tagging_metrics); a tag whose prefix does not belong to it is
+reported once, as a likely mistake in the config.
+
+Words cut off by max_length (and words the tokenizer maps to no piece, e.g. only control characters) have no piece
+to read: they are predicted `O` (id 0 when the set has no `O`), scored against their gold tags, and counted in a
+warning per split.
+
+Predictions are written per split as `<split>.conll`: each word's line with the predicted tag appended as the last
+column (space-separated: conlleval reads `word ... gold predicted`); JSON-lines and hub words as `word gold predicted`
+(or `word predicted` when unlabelled), whitespace inside a word written as `_`. Labelled splits also get
+`<split>.report.json`, the scores per entity type. The test predictions are the submission.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from roformer.data.config import FinetuneDataConfig, TaggingConfig
+from roformer.data.glue import padded_length
+from roformer.data.records import Record, example_id, field, read_hub_split, read_records, read_text
+from roformer.data.tagging_metrics import classification_report, split_tag, tag_scores
+from roformer.data.tasks import pad_rows
+from roformer.errors import UserError
+from roformer.files import atomic_copy, atomic_write_text
+from roformer.logs import MAIN_ONLY
+from roformer.model.model import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from roformer.data.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+OUTSIDE = "O"  # the tag of words in no entity; also the prediction of words the model cannot see
+DOCSTART = "-DOCSTART-"  # CoNLL-2003's document separator line: not a sentence
+SCHEME_PREFIXES = {"IOB1": ("B", "I"), "IOB2": ("B", "I"), "IOBES": ("B", "I", "E", "S")}
+_COLUMN_SEPARATOR = re.compile(r"[ \t]+")
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """One sentence of a split.
+
+    Attributes:
+        tokens: Its words.
+        tags: Their tags (names), or None in an unlabelled split.
+        where: Where it was read (`file:line` of its first word; a hub row `name:split:i`), for messages.
+        index: Its id: the JSON/hub id field (data.id_column, `id` or `idx`), else its number in the split.
+        columns: CoNLL input: every word's columns, written back with the prediction; None for other sources.
+    """
+
+    tokens: list[str]
+    tags: list[str] | None
+    where: str
+    index: str
+    columns: list[list[str]] | None = None
+
+
+@dataclass(frozen=True)
+class TagNames:
+    """How tags read from data become names.
+
+    Attributes:
+        names: Names of tag ids, in id order (data.labels or the hub's); None: ids are an error.
+        closed: Tag names outside `names` are an error (data.labels was given).
+    """
+
+    names: list[str] | None = None
+    closed: bool = False
+
+    def name(self, value: Any, where: str) -> str:
+        """The tag name of a value read at `where`: a name, or an id into `names`.
+
+        Raises:
+            UserError: an id without names or out of range, a name outside a closed set, another type.
+        """
+        if isinstance(value, int) and not isinstance(value, bool):
+            if self.names is None:
+                raise UserError(f"{where}: tag {value} is an id: set data.labels (the tag names in id order)")
+            if not 0 <= value < len(self.names):
+                raise UserError(f"{where}: tag id {value} is outside the {len(self.names)} labels")
+            return self.names[value]
+        if not isinstance(value, str):
+            raise UserError(f"{where}: a tag must be a name or an id, got {type(value).__name__} {value!r}")
+        if self.closed and self.names is not None and value not in self.names:
+            raise UserError(f"{where}: tag {value!r} is not in data.labels ({', '.join(self.names)})")
+        return value
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Readers
+
+
+def read_conll(path: str | Path, tag_column: int = -1, tags: TagNames | None = None) -> list[Sentence]:
+    """The sentences of a CoNLL column file (see the module's docstring for the format).
+
+    Raises:
+        UserError: a missing or unreadable file, a line with another column count than the first word line's, a
+            tag column the file does not have, a tag outside a closed label set (each naming file and line), or
+            a file without sentences.
+    """
+    path, tags = Path(path), tags or TagNames()
+    sentences: list[Sentence] = []
+    block: list[list[str]] = []  # the current sentence's lines, split into columns
+    first_line, expected, tag_index = 0, 0, None
+    for number, line in enumerate(read_text(path).split("\n"), start=1):
+        cells = _COLUMN_SEPARATOR.split(line.strip(" \t\r"))
+        if cells == [""] or cells[0] == DOCSTART:  # a blank line or a document start ends a sentence
+            if block:
+                sentences.append(_conll_sentence(block, tag_index, tags, path, first_line, len(sentences)))
+            block = []
+            continue
+        if not expected:
+            expected, tag_index = len(cells), _tag_index(tag_column, len(cells), f"{path}:{number}")
+        elif len(cells) != expected:
+            raise UserError(f"{path}:{number}: {len(cells)} columns, expected {expected}")
+        if not block:
+            first_line = number
+        block.append(cells)
+    if block:
+        sentences.append(_conll_sentence(block, tag_index, tags, path, first_line, len(sentences)))
+    if not sentences:
+        raise UserError(f"{path}: no sentences (an empty file, or only -DOCSTART- lines)")
+    return sentences
+
+
+def _tag_index(tag_column: int, columns: int, where: str) -> int | None:
+    """The column holding the tag (None: one column, words only); the word is column 0.
+
+    Raises:
+        UserError: `tag_column` names no column of the file but the word's.
+    """
+    if columns == 1:
+        return None
+    index = tag_column if tag_column >= 0 else columns + tag_column
+    if not 0 < index < columns:
+        raise UserError(f"{where}: data.tagging.tag_column {tag_column} is not a tag column of {columns} columns")
+    return index
+
+
+def _conll_sentence(
+    block: list[list[str]], tag_index: int | None, tags: TagNames, path: Path, first_line: int, number: int
+) -> Sentence:
+    """A sentence of consecutive lines `block`, the first of them line `first_line`."""
+    names = None
+    if tag_index is not None:
+        names = [tags.name(cells[tag_index], f"{path}:{first_line + i}") for i, cells in enumerate(block)]
+    return Sentence([cells[0] for cells in block], names, f"{path}:{first_line}", str(number), block)
+
+
+def read_json_sentences(
+    path: str | Path, tagging: TaggingConfig, tags: TagNames | None = None, id_column: str | None = None
+) -> list[Sentence]:
+    """The sentences of a JSON-lines file (or a JSON list) of {tokens, tags} records.
+
+    Raises:
+        UserError: a missing or unreadable file, a bad record (naming file and line), no sentences.
+    """
+    records = read_records(path, "json")  # JSON lines, or one JSON list
+    sentences = records_to_sentences(records, tagging, tags or TagNames(), id_column)
+    if not sentences:
+        raise UserError(f"{path}: no sentences (an empty file?)")
+    return sentences
+
+
+def records_to_sentences(
+    records: list[Record], tagging: TaggingConfig, tags: TagNames, id_column: str | None = None
+) -> list[Sentence]:
+    """Sentences of JSON or hub records; records without words are skipped (counted in the log).
+
+    Raises:
+        UserError: words or tags that are not lists, a word that is not text, unequal lengths, a bad tag, a split
+            with tags in some records only (each naming its record).
+    """
+    sentences, empty = [], 0
+    for number, record in enumerate(records):
+        tokens = _list_field(record, tagging.tokens_column)
+        if any(not isinstance(t, str) for t in tokens):
+            raise UserError(f"{record.where}: {tagging.tokens_column!r} must be a list of strings")
+        values = _list_field(record, tagging.tags_column) if _has_field(record, tagging.tags_column) else None
+        if values is not None and len(values) != len(tokens):
+            raise UserError(f"{record.where}: {len(tokens)} tokens but {len(values)} tags")
+        if not tokens:
+            empty += 1
+            continue
+        names = None if values is None else [tags.name(v, record.where) for v in values]
+        sentences.append(Sentence(tokens, names, record.where, example_id(record, id_column, number)))
+    if empty:
+        logger.info("%s: %d sentences without words skipped", records[0].where.rsplit(":", 1)[0], empty)
+    _check_labelled(sentences)
+    return sentences
+
+
+def _has_field(record: Record, column: str) -> bool:
+    try:
+        field(record, column)
+    except UserError:
+        return False
+    return True
+
+
+def _list_field(record: Record, column: str) -> list[Any]:
+    value = field(record, column)
+    if not isinstance(value, list):
+        raise UserError(f"{record.where}: {column!r} must be a list, got {type(value).__name__}")
+    return value
+
+
+def _check_labelled(sentences: list[Sentence]) -> None:
+    """A split is labelled throughout or not at all.
+
+    Raises:
+        UserError: some sentences have tags and others not, naming the first without.
+    """
+    labelled = [s.tags is not None for s in sentences]
+    if any(labelled) and not all(labelled):
+        raise UserError(f"{sentences[labelled.index(False)].where}: no tags, where other sentences have them")
+
+
+def hub_tag_names(name: str, config: str | None, column: str) -> list[str] | None:
+    """The names of a hub dataset's tag ids (a `Sequence(ClassLabel)` feature), or None when it has none.
+
+    Reads the dataset's metadata (`datasets.load_dataset_builder`): the network or the datasets cache. Not run by
+    the offline tests.
+    """
+    import datasets
+
+    try:
+        features = datasets.load_dataset_builder(name, config).info.features
+    except Exception:  # offline, unknown names: the split reads will report it
+        return None
+    feature = getattr(features.get(column) if features else None, "feature", None)
+    names = getattr(feature, "names", None)
+    return list(names) if names else None
+
+
+def read_split(data: FinetuneDataConfig, split: str, tags: TagNames) -> list[Sentence]:
+    """The sentences of one split (`train`, `dev` or `test`) of a files or hub source.
+
+    Raises:
+        UserError: what the readers raise.
+    """
+    tagging = data.tagging or TaggingConfig()
+    if data.source == "hub":
+        hub_split = {"dev": "validation"}.get(split, split)
+        sentences = records_to_sentences(
+            read_hub_split(data.hub_name, data.hub_config, hub_split), tagging, tags, data.id_column
+        )
+        if not sentences:
+            raise UserError(f"{data.hub_name}: split {hub_split} has no sentences")
+        return sentences
+    path = Path({"train": data.train_file, "dev": data.validation_file, "test": data.test_file}[split])
+    if tagging_format(path, tagging.format) == "jsonl":
+        return read_json_sentences(path, tagging, tags, data.id_column)
+    return read_conll(path, tagging.tag_column, tags)
+
+
+def tagging_format(path: Path, format: str) -> str:
+    """`format`, or for `auto`: `jsonl` for .json/.jsonl files, `conll` for any other."""
+    if format != "auto":
+        return format
+    return "jsonl" if path.suffix.lower() in (".json", ".jsonl") else "conll"
+
+
+def label_set(train: list[Sentence]) -> list[str]:
+    """The training tags sorted by name, `O` first when present: the model's output ids."""
+    found = sorted({tag for sentence in train for tag in sentence.tags or []})
+    return [OUTSIDE, *(t for t in found if t != OUTSIDE)] if OUTSIDE in found else found
+
+
+def off_scheme(labels: list[str], scheme: str) -> list[str]:
+    """The labels whose prefix the scheme does not have (`E-X` in IOB2; `O` and tags without `-` always fit)."""
+    prefixes = SCHEME_PREFIXES[scheme]
+    return [t for t in labels if "-" in t and t != OUTSIDE and split_tag(t)[0] not in prefixes]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Encoding: words into pieces, tags onto pieces
+
+
+@dataclass
+class EncodedTags:
+    """A split tokenized: one row per sentence, ragged (padding happens per batch).
+
+    Attributes:
+        ids: Token ids of every row.
+        types: Token types (all 0: one text).
+        labels: The label id of every piece (IGNORE_INDEX: not trained).
+        positions: For every word of the sentence, the position of its first piece (-1: none, cut off).
+        gold: The gold tags of every word (the whole sentence), or None for an unlabelled split.
+        index: The sentences' ids.
+    """
+
+    ids: list[list[int]]
+    types: list[list[int]]
+    labels: list[list[int]]
+    positions: list[list[int]]
+    gold: list[list[str]] | None
+    index: list[str]
+
+    @property
+    def lengths(self) -> list[int]:
+        """Tokens of every row."""
+        return [len(row) for row in self.ids]
+
+
+def continuation_tag(tag: str) -> str:
+    """The tag of a word's pieces after the first with `label_all_tokens`: `I-X` inside an entity, else the tag."""
+    prefix, kind = split_tag(tag)
+    return f"I-{kind}" if prefix in SCHEME_PREFIXES["IOBES"] and kind else tag
+
+
+def first_pieces(word_ids: list[int | None], words: int) -> list[int]:
+    """For each of `words` words, the position of its first piece in `word_ids` (-1 where it has none)."""
+    positions = [-1] * words
+    for position, word in enumerate(word_ids):
+        if word is not None and positions[word] < 0:
+            positions[word] = position
+    return positions
+
+
+def piece_labels(
+    word_ids: list[int | None], tags: list[str], label_ids: dict[str, int], label_all_tokens: bool
+) -> list[int]:
+    """The label of every piece of a sentence.
+
+    The word's tag on its first piece; `continuation_tag` on the others with `label_all_tokens`; IGNORE_INDEX
+    elsewhere (specials, other pieces, tags outside the label set).
+    """
+    labels, previous = [], None
+    for word in word_ids:
+        if word is None:
+            labels.append(IGNORE_INDEX)
+        elif word != previous:
+            labels.append(label_ids.get(tags[word], IGNORE_INDEX))
+        elif label_all_tokens:
+            labels.append(label_ids.get(continuation_tag(tags[word]), IGNORE_INDEX))
+        else:
+            labels.append(IGNORE_INDEX)
+        previous = word
+    return labels
+
+
+def encode(
+    sentences: list[Sentence], tokenizer: Tokenizer, max_length: int, label_ids: dict[str, int], label_all_tokens: bool
+) -> EncodedTags:
+    """Tokenize the words of every sentence and label the pieces (`piece_labels`).
+
+    Rows hold at most `max_length` tokens with the specials; the words past that have no piece.
+    """
+    if not sentences:
+        return EncodedTags([], [], [], [], None, [])
+    out = tokenizer(
+        [s.tokens for s in sentences],
+        is_split_into_words=True,
+        truncation=True,
+        max_length=max_length,
+        return_token_type_ids=True,
+    )
+    labels, positions = [], []
+    for i, sentence in enumerate(sentences):
+        word_ids = out.word_ids(i)
+        positions.append(first_pieces(word_ids, len(sentence.tokens)))
+        if sentence.tags is None:
+            labels.append([IGNORE_INDEX] * len(word_ids))
+        else:
+            labels.append(piece_labels(word_ids, sentence.tags, label_ids, label_all_tokens))
+    labelled = sentences[0].tags is not None
+    gold = [list(s.tags or []) for s in sentences] if labelled else None
+    return EncodedTags(out["input_ids"], out["token_type_ids"], labels, positions, gold, [s.index for s in sentences])
+
+
+def unseen_words(encoded: EncodedTags) -> tuple[int, int]:
+    """Words without a piece to read: (cut off by max_length at a sentence's end, mapped to no piece before it)."""
+    cut = lost = 0
+    for positions in encoded.positions:
+        seen = [i for i, p in enumerate(positions) if p >= 0]
+        end = seen[-1] + 1 if seen else 0
+        cut += len(positions) - end
+        lost += sum(p < 0 for p in positions[:end])
+    return cut, lost
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Predictions files
+
+
+def _cell(token: str) -> str:
+    """A word as one column: whitespace inside it becomes `_` (an empty word too)."""
+    return re.sub(r"\s+", "_", token) or "_"
+
+
+def conll_lines(sentence: Sentence, predicted: list[str]) -> list[str]:
+    """The lines of a sentence with its predicted tags.
+
+    CoNLL input: its columns plus the prediction; other input: `word gold predicted` (`word predicted` unlabelled).
+    """
+    if sentence.columns is not None:
+        return [" ".join([*cells, tag]) for cells, tag in zip(sentence.columns, predicted)]
+    gold = sentence.tags if sentence.tags is not None else [None] * len(predicted)
+    return [" ".join(c for c in (_cell(w), g, p) if c is not None) for w, g, p in zip(sentence.tokens, gold, predicted)]
+
+
+def conll_text(sentences: list[Sentence], predicted: list[list[str]]) -> str:
+    """A CoNLL file of the sentences with their predicted tags, a blank line after each sentence."""
+    return "".join("\n".join(conll_lines(s, tags)) + "\n\n" for s, tags in zip(sentences, predicted))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The fine-tuning task
+
+
+class TaggingTask:
+    """A token classification task with its splits read: the fine-tuning task of `type: token_classification`.
+
+    Args:
+        name: The task's name (data.task).
+        splits: Its sentences per split: `train`, `dev` (labelled) and optionally `test`.
+        labels: The label set, in id order (see the module's docstring).
+        tagging: The data.tagging settings.
+        pad_to_multiple_of: Batches are padded to their longest row rounded up to this.
+    """
+
+    architecture = "token_classification"
+    metrics = ("f1",)  # entity F1 selects; evaluate also gives precision, recall and token accuracy
+
+    def __init__(
+        self,
+        name: str,
+        splits: dict[str, list[Sentence]],
+        labels: list[str],
+        tagging: TaggingConfig,
+        pad_to_multiple_of: int,
+    ) -> None:
+        self.name, self.splits, self.labels = name, splits, labels
+        self.tagging, self.multiple = tagging, pad_to_multiple_of
+        self.tracker_project = f"roformer-{name}"
+        self.num_labels = len(labels)
+        self.label_ids = {tag: i for i, tag in enumerate(labels)}
+        self.outside_id = self.label_ids.get(OUTSIDE, 0)
+        self.dev_splits = ["dev"]
+        self.test_splits = ["test"] if "test" in splits else []
+
+    @classmethod
+    def from_config(cls, data: FinetuneDataConfig) -> TaggingTask:
+        """The task of a data: section, its splits read, cut to max_train_examples / max_eval_examples.
+
+        Raises:
+            UserError: unreadable data or bad rows (naming file and line), a training or dev split without tags.
+        """
+        tagging = data.tagging or TaggingConfig()
+        names = data.labels
+        if names is None and data.source == "hub":
+            names = hub_tag_names(data.hub_name, data.hub_config, tagging.tags_column)
+        tags = TagNames(names, closed=data.labels is not None)
+        splits = {split: read_split(data, split, tags) for split in ("train", "dev")}
+        if data.source == "hub":
+            splits.update(_hub_test(data, tags))
+        elif data.test_file:
+            splits["test"] = read_split(data, "test", tags)
+        for split in ("train", "dev"):
+            if splits[split][0].tags is None:
+                raise UserError(f"{splits[split][0].where}: the {split} split has no tags")
+        labels = names if names is not None else label_set(splits["train"])
+        _warn_about_labels(splits, labels, tagging.scheme)
+        if data.max_train_examples is not None:
+            splits["train"] = splits["train"][: data.max_train_examples]
+        if data.max_eval_examples is not None:
+            splits = {k: v if k == "train" else v[: data.max_eval_examples] for k, v in splits.items()}
+        return cls(data.task, splits, list(labels), tagging, data.pad_to_multiple_of)
+
+    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, EncodedTags]:
+        """Every split tokenized word by word, cut to `max_length` tokens (cut-off words counted in a warning)."""
+        encoded = {}
+        for name, sentences in self.splits.items():
+            encoded[name] = encode(sentences, tokenizer, max_length, self.label_ids, self.tagging.label_all_tokens)
+            cut, lost = unseen_words(encoded[name])
+            if cut or lost:
+                logger.warning(
+                    "%s %s: %d words cut off by max_length %d and %d mapped to no token: predicted %s",
+                    self.name,
+                    name,
+                    cut,
+                    max_length,
+                    lost,
+                    self.labels[self.outside_id],
+                    extra=MAIN_ONLY,
+                )
+        return encoded
+
+    def padded_length(self, longest: int, cap: int) -> int:
+        """`longest` rounded up to data.pad_to_multiple_of, within `cap` (roformer.data.glue.padded_length)."""
+        return padded_length(longest, self.multiple, cap)
+
+    def collate(self, split: EncodedTags, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
+        """The padded batch of `rows`, with `labels` (B, T) padded with IGNORE_INDEX when the split has tags."""
+        length = self.padded_length(max(len(split.ids[r]) for r in rows), cap)
+        batch = pad_rows(split.ids, split.types, rows, pad_id, length)
+        if split.gold is not None:
+            labels = torch.full((len(rows), length), IGNORE_INDEX, dtype=torch.long)
+            for i, r in enumerate(rows):
+                labels[i, : len(split.labels[r])] = torch.tensor(split.labels[r])
+            batch["labels"] = labels
+        return batch
+
+    def predictions(self, logits: torch.Tensor, split: EncodedTags, rows: list[int]) -> list[list[int]]:
+        """Per row, the predicted tag id of every word: the argmax at its first piece (`O` where it has none)."""
+        best = logits.argmax(-1).cpu().tolist()
+        return [[best[i][p] if p >= 0 else self.outside_id for p in split.positions[r]] for i, r in enumerate(rows)]
+
+    def evaluate(self, split: EncodedTags, predictions: list[list[int]]) -> dict[str, float]:
+        """Entity-level precision, recall and f1 (the score), and token accuracy, over every word of the split.
+
+        Raises:
+            ValueError: the split has no gold tags.
+        """
+        if split.gold is None:
+            raise ValueError("an unlabelled split cannot be evaluated")
+        scores = tag_scores(split.gold, self.tag_names(predictions))
+        return {**scores, "score": scores["f1"]}
+
+    def tag_names(self, predictions: list[list[int]]) -> list[list[str]]:
+        """Predicted tag ids as names."""
+        return [[self.labels[i] for i in row] for row in predictions]
+
+    def write_predictions(
+        self, folder: Path, encoded: dict[str, EncodedTags], predictions: dict[str, list[list[int]]]
+    ) -> None:
+        """`<split>.conll` for every dev and test split, and `<split>.report.json` (scores per type) when labelled."""
+        for split in self.dev_splits + self.test_splits:
+            predicted = self.tag_names(predictions[split])
+            atomic_write_text(folder / f"{split}.conll", conll_text(self.splits[split], predicted))
+            gold = encoded[split].gold
+            if gold is not None:
+                report = json.dumps(classification_report(gold, predicted), indent=2)
+                atomic_write_text(folder / f"{split}.report.json", report + "\n")
+
+    def write_submission(self, run_folder: Path, submission: Path) -> None:
+        """Copy the selected run's test predictions (`<split>.conll`) into `submission` (nothing without a test)."""
+        for split in self.test_splits:
+            atomic_copy(run_folder / f"{split}.conll", submission / f"{split}.conll")
+
+
+def _hub_test(data: FinetuneDataConfig, tags: TagNames) -> dict[str, list[Sentence]]:
+    """The hub dataset's test split as {"test": sentences}, or {} when it cannot be read (it may have none)."""
+    try:
+        return {"test": read_split(data, "test", tags)}
+    except UserError as e:
+        logger.info("%s: no test split read (%s)", data.hub_name, e)
+        return {}
+
+
+def _warn_about_labels(splits: dict[str, list[Sentence]], labels: list[str], scheme: str) -> None:
+    """Warn about tags the model cannot predict (dev or test tags outside the label set) and off-scheme labels."""
+    known = set(labels)
+    for name, sentences in splits.items():
+        unknown = sorted({t for s in sentences for t in s.tags or [] if t not in known})
+        if unknown:
+            logger.warning("%s: tags not in the label set (never predicted): %s", name, ", ".join(unknown))
+    odd = off_scheme(labels, scheme)
+    if odd:
+        logger.warning("labels %s do not fit data.tagging.scheme %s", ", ".join(odd), scheme)
