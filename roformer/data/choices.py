@@ -22,7 +22,6 @@ hub's mark), and is then only predicted. Predictions are written as JSON lines, 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from roformer.data.classify import read_split_records
 from roformer.data.config import ChoicesConfig, FinetuneDataConfig
 from roformer.data.glue import padded_length
 from roformer.data.glue_metrics import compute
-from roformer.data.records import Record, example_id, field, read_hub_split, read_records, text_field
+from roformer.data.records import Record, example_id, field, text_field
 from roformer.data.tasks import pad_rows
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError, UserError
@@ -42,11 +42,8 @@ from roformer.files import atomic_copy, atomic_write_text
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
 
-logger = logging.getLogger(__name__)
-
 Segmenter = Callable[[str], str]  # text -> the same text with words separated by spaces (jieba)
 
-HUB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}  # our split names -> the hub's
 NO_LABEL = (None, "", -1, "-1")  # how a test split says it has no labels (-1: the hub's mark)
 
 
@@ -203,49 +200,16 @@ def check_same_count(splits: dict[str, list[Question]]) -> int:
     return count
 
 
-def read_split_records(data: FinetuneDataConfig) -> dict[str, list[Record]]:
-    """The rows of every split present: train, dev and (when given) test, from local files or the hub.
-
-    A hub dataset without a test split (or one that fails to load) is trained and evaluated without it (logged).
-
-    Raises:
-        UserError: a missing or unreadable file, an empty one, a hub split that does not load.
-    """
-    if data.source == "hub":
-        assert data.hub_name is not None  # FinetuneDataConfig checks it
-        records = {
-            split: read_hub_split(data.hub_name, data.hub_config, HUB_SPLITS[split]) for split in ("train", "dev")
-        }
-        try:
-            records["test"] = read_hub_split(data.hub_name, data.hub_config, HUB_SPLITS["test"])
-        except UserError as e:
-            logger.info("no test split: %s", e)
-        return records
-    files = {"train": data.train_file, "dev": data.validation_file, "test": data.test_file}
-    records = {}
-    for split, path in files.items():
-        if path:
-            records[split] = read_records(path, data.format)
-            if not records[split]:
-                raise UserError(f"{path}: no rows (the {split} split)")
-    return records
-
-
 def load_questions(data: FinetuneDataConfig) -> dict[str, list[Question]]:
-    """Every split's questions (train and dev labelled), cut to max_train_examples / max_eval_examples.
+    """Every split's questions: train and dev labelled, test when given (roformer.data.classify.read_split_records).
 
     Raises:
-        UserError: anything `read_split_records` or `read_questions` refuses.
+        UserError: a missing, unreadable or empty file, anything `read_questions` refuses.
     """
-    splits = {split: read_questions(rows, data, split != "test") for split, rows in read_split_records(data).items()}
-    if data.max_train_examples is not None:
-        splits["train"] = splits["train"][: data.max_train_examples]
-    if data.max_eval_examples is not None:
-        splits = {k: v if k == "train" else v[: data.max_eval_examples] for k, v in splits.items()}
-    for split in ("train", "dev"):
-        if not splits.get(split):
-            raise UserError(f"{data.task}: the {split} split is empty")
-    return splits
+    records = read_split_records(data)  # cut to max_train_examples / max_eval_examples already
+    if "test" in records and not records["test"]:
+        raise UserError(f"{data.test_file or data.hub_name}: the test split is empty")
+    return {split: read_questions(rows, data, labelled=split != "test") for split, rows in records.items()}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -372,10 +336,10 @@ class ChoicesTask:
         settings: The data.choices: section.
         pad_to_multiple_of: Batches are padded to their longest candidate rounded up to this.
         segment: Pre-segmentation of every text before tokenizing (jieba), or none.
-        metrics: Dev metrics (roformer.data.glue_metrics.METRICS) of the predicted indices; their mean selects.
     """
 
     architecture = "multiple_choice"
+    metrics = ("accuracy",)
 
     def __init__(
         self,
@@ -384,7 +348,6 @@ class ChoicesTask:
         settings: ChoicesConfig,
         pad_to_multiple_of: int = 8,
         segment: Segmenter = identity,
-        metrics: tuple[str, ...] = ("accuracy",),
     ) -> None:
         self.splits, self.settings, self.multiple, self.segment = splits, settings, pad_to_multiple_of, segment
         self.name = name
@@ -392,7 +355,6 @@ class ChoicesTask:
         self.num_choices = check_same_count(splits)
         # informational: MultipleChoice scores each candidate with one output whatever num_labels says
         self.num_labels = self.num_choices
-        self.metrics = metrics
         self.dev_splits = ["dev"]
         self.test_splits = ["test"] if "test" in splits else []
 
@@ -408,8 +370,7 @@ class ChoicesTask:
         if data.choices.blank and data.choices.question_column:
             raise ConfigError("choices: blank and question_column do not go together (a filled context is read alone)")
         segment = jieba_presegmenter() if data.jieba else identity
-        metrics = tuple(data.metrics) if data.metrics else ("accuracy",)
-        return cls(data.task, load_questions(data), data.choices, data.pad_to_multiple_of, segment, metrics)
+        return cls(data.task, load_questions(data), data.choices, data.pad_to_multiple_of, segment)
 
     def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, EncodedChoices]:
         """Every split tokenized: K sequences per question, at most `max_length` tokens each."""

@@ -340,6 +340,11 @@ class EncodedTags:
         """Tokens of every row."""
         return [len(row) for row in self.ids]
 
+    @property
+    def labelled(self) -> bool:
+        """Whether the split has gold tags (dev always; test when its file has them: then it is scored too)."""
+        return self.gold is not None
+
 
 def continuation_tag(tag: str) -> str:
     """The tag of a word's pieces after the first with `label_all_tokens`: `I-X` inside an entity, else the tag."""
@@ -533,7 +538,7 @@ class TaggingTask:
         """The padded batch of `rows`, with `labels` (B, T) padded with IGNORE_INDEX when the split has tags."""
         length = self.padded_length(max(len(split.ids[r]) for r in rows), cap)
         batch = pad_rows(split.ids, split.types, rows, pad_id, length)
-        if split.gold is not None:
+        if split.labelled:
             labels = torch.full((len(rows), length), IGNORE_INDEX, dtype=torch.long)
             for i, r in enumerate(rows):
                 labels[i, : len(split.labels[r])] = torch.tensor(split.labels[r])

@@ -1,0 +1,129 @@
+"""The contract of every shipped fine-tuning config (configs/finetune/), on small files in the config's own format.
+
+`roformer finetune --config NAME --set init=DIR --set data.train_file=F --set data.validation_file=F` trains and
+evaluates; `train.max_steps`, `train.lrs`, `train.seeds` and `train.progress` keep their meaning; results.json names
+the dev metrics as their definitions do; predictions are written under the run directory in the task's own format.
+The small files are the first examples of the real data (../shared/data), cut in the format each config reads.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+
+from roformer.cli import main
+from roformer.config import load
+from roformer.train.config import FinetuneConfig
+
+CONFIGS = sorted(p.stem for p in (REPO / "configs" / "finetune").glob("*.yaml") if p.stem != "recipe")
+METRICS = {  # the dev metrics each type's results.json names
+    "classification": {"accuracy"},
+    "regression": {"spearman"},
+    "token_classification": {"f1", "precision", "recall"},
+    "question_answering": {"exact_match", "f1"},
+    "multiple_choice": {"accuracy"},
+}
+PREDICTION_FILES = {  # the dev predictions each type writes
+    "classification": "dev.tsv",
+    "regression": "dev.tsv",
+    "token_classification": "dev.conll",
+    "question_answering": "dev_predictions.json",
+    "multiple_choice": "dev.jsonl",
+}
+CMRC_TRIAL = "qa/cmrc2018/cmrc2018_trial.json"
+
+
+def head(source: Path, target: Path, count: int, every: int = 1) -> Path:
+    """`count` examples of `source` (every `every`-th of a sample of count x every), written in its format to `target`.
+
+    The sample: the first articles (SQuAD JSON) or sentences (CoNLL), or rows spread over the file (lines).
+    """
+    skip, count = 0, count * every
+    text = source.read_text(encoding="utf-8")
+    if text.lstrip().startswith('{"version"') or text.lstrip().startswith('{"data"'):  # SQuAD JSON: questions
+        squad = json.loads(text)
+        articles = []
+        for article in squad["data"][skip : skip + count : every]:
+            for paragraph in article["paragraphs"]:
+                paragraph["qas"] = paragraph["qas"][:2]
+            articles.append(article)
+        target.write_text(json.dumps({**squad, "data": articles}, ensure_ascii=False), encoding="utf-8")
+    elif "-DOCSTART-" in text[:100]:  # CoNLL: sentences
+        sentences = [s for s in text.split("\n\n") if s.strip() and not s.startswith("-DOCSTART-")]
+        target.write_text("\n\n".join(sentences[skip : skip + count : every]) + "\n", encoding="utf-8")
+    else:  # JSON lines, tsv, csv (after its header): lines, keeping their line endings
+        lines = text.splitlines(keepends=True)
+        header = lines[:1] if source.suffix == ".csv" else []
+        rows = lines[len(header) :]
+        spread = rows[skip :: max(1, len(rows) // count)][:count:every]  # some files are sorted by label (CSLDCP)
+        target.write_text("".join(header + [r if r.endswith("\n") else r + "\n" for r in spread]), encoding="utf-8")
+    return target
+
+
+def csv_of_reviews(shared_data: Path, target: Path) -> Path:
+    """EPRSTMT's reviews as the template's csv: columns `text` and `label`."""
+    rows = [json.loads(line) for line in (shared_data / "clue/fewclue/eprstmt/train_few_all.json").open()]
+    with target.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", "label"])
+        writer.writerows((row["sentence"], row["label"]) for row in rows)
+    return target
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_shipped_config_trains_on_files_in_its_format(
+    name: str, shared_data: Path, pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    config = load(FinetuneConfig, REPO / "configs" / "finetune" / f"{name}.yaml")
+    kind = config.data.type
+    train = Path(config.data.train_file or shared_data / CMRC_TRIAL)  # squad: the hub by default
+    if not train.is_file():  # the template for one's own files: a csv of `text` and `label` (FewCLUE's EPRSTMT)
+        train = csv_of_reviews(shared_data, tmp_path / "reviews.csv")
+    suffix = train.suffix
+    files = {
+        "data.train_file": head(train, tmp_path / f"train{suffix}", 24),
+        # dev: some of the training rows, so that a 67-class task's dev labels are among its training labels
+        "data.validation_file": head(train, tmp_path / f"dev{suffix}", 12, every=2),
+    }
+    if config.data.test_file:
+        test = Path(config.data.test_file)  # labelled test files: training rows again (their labels are known)
+        unlabelled = name == "ocnli"
+        files["data.test_file"] = head(
+            test if unlabelled else train, tmp_path / f"test{suffix}", 6, every=1 if unlabelled else 4
+        )
+    overrides = [f"{key}={path}" for key, path in files.items()] + [
+        f"init={pretrained}",
+        "data.max_length=128",
+        "train.max_steps=2",
+        "train.lrs=[1.0e-3]",
+        "train.seeds=[0]",
+        "train.batch_size=4",
+        "train.progress=false",
+    ]
+    if kind == "question_answering":
+        overrides += ["data.qa.doc_stride=32", "data.qa.max_query_length=32"]
+    out = tmp_path / "run"
+    code = main(
+        [
+            "finetune",
+            "--config",
+            f"finetune/{name}",
+            "--output-dir",
+            str(out),
+            *sum((["--set", o] for o in overrides), []),
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    results = json.loads((out / "results.json").read_text())
+    assert results["task"] == config.data.task and results["selected"]["peak_lr"] == 1e-3
+    (run,) = results["runs"]
+    assert run["steps"] == 2 and run["seed"] == 0
+    assert METRICS[kind] <= set(run["dev"]["dev"]) and "score" in run["dev"]["dev"]
+    assert (out / "predictions" / "lr0.001-seed0" / PREDICTION_FILES[kind]).is_file()
+    assert (out / "best" / "model.safetensors").is_file()
+    if config.data.test_file and kind != "question_answering":
+        assert ("test" in results) == (not unlabelled)  # OCNLI's test file has no labels: predicted, not scored
