@@ -22,6 +22,7 @@ hub's mark), and is then only predicted. Predictions are written as JSON lines, 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from roformer.data.classify import read_split_records
 from roformer.data.config import ChoicesConfig, FinetuneDataConfig
 from roformer.data.glue import padded_length
 from roformer.data.glue_metrics import compute
-from roformer.data.records import Record, example_id, field, text_field
+from roformer.data.records import Record, example_id, field, read_hub_split, read_records, text_field
 from roformer.data.tasks import pad_rows
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError, UserError
@@ -42,8 +42,11 @@ from roformer.files import atomic_copy, atomic_write_text
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
 
+logger = logging.getLogger(__name__)
+
 Segmenter = Callable[[str], str]  # text -> the same text with words separated by spaces (jieba)
 
+HUB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}  # our split names -> the hub's
 NO_LABEL = (None, "", -1, "-1")  # how a test split says it has no labels (-1: the hub's mark)
 
 
@@ -89,9 +92,9 @@ def read_choices(record: Record, settings: ChoicesConfig) -> tuple[str, ...]:
             raise UserError(f"{record.where}: field {settings.choices_column!r} is not a list of candidates")
     else:
         values = [field(record, column) for column in settings.choice_columns]
-    if any(value is None or not str(value).strip() for value in values):
-        empty = next(j for j, value in enumerate(values) if value is None or not str(value).strip())
-        raise UserError(f"{record.where}: candidate {empty} is empty")
+    for j, value in enumerate(values):
+        if value is None or not str(value).strip():
+            raise UserError(f"{record.where}: candidate {j} is empty")
     return tuple(str(value) for value in values)
 
 
@@ -200,15 +203,45 @@ def check_same_count(splits: dict[str, list[Question]]) -> int:
     return count
 
 
-def load_questions(data: FinetuneDataConfig) -> dict[str, list[Question]]:
-    """Every split's questions: train and dev labelled, test when given (roformer.data.classify.read_split_records).
+def read_split_records(data: FinetuneDataConfig) -> dict[str, list[Record]]:
+    """The rows of every split present: train and dev, test when given (files) or on the hub.
+
+    A hub dataset whose test split does not load (many have none) is used without it (logged).
 
     Raises:
-        UserError: a missing, unreadable or empty file, anything `read_questions` refuses.
+        UserError: a missing, unreadable or empty file, a train or dev hub split that does not load.
     """
-    records = read_split_records(data)  # cut to max_train_examples / max_eval_examples already
-    if "test" in records and not records["test"]:
-        raise UserError(f"{data.test_file or data.hub_name}: the test split is empty")
+    if data.source == "hub":
+        assert data.hub_name is not None  # FinetuneDataConfig checks it
+        name, config = data.hub_name, data.hub_config
+        splits = {split: read_hub_split(name, config, HUB_SPLITS[split]) for split in ("train", "dev")}
+        try:
+            splits["test"] = read_hub_split(name, config, HUB_SPLITS["test"])
+        except UserError as e:
+            logger.warning("no test split (%s)", e)
+        return splits
+    files = {"train": data.train_file, "dev": data.validation_file, "test": data.test_file}
+    splits = {split: read_records(path, data.format, data.column_names) for split, path in files.items() if path}
+    for split, rows in splits.items():
+        if not rows:
+            raise UserError(f"{files[split]}: the {split} split is empty")
+    return splits
+
+
+def load_questions(data: FinetuneDataConfig) -> dict[str, list[Question]]:
+    """Every split's questions (train and dev labelled), cut to max_train_examples / max_eval_examples.
+
+    Raises:
+        UserError: anything `read_split_records` or `read_questions` refuses.
+    """
+    records = read_split_records(data)
+    if data.max_train_examples is not None:
+        records["train"] = records["train"][: data.max_train_examples]
+    if data.max_eval_examples is not None:
+        records = {k: v if k == "train" else v[: data.max_eval_examples] for k, v in records.items()}
+    for split, rows in records.items():
+        if not rows:
+            raise UserError(f"{data.hub_name}: the {split} split is empty")  # files were checked when read
     return {split: read_questions(rows, data, labelled=split != "test") for split, rows in records.items()}
 
 

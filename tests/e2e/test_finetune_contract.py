@@ -19,7 +19,11 @@ from roformer.cli import main
 from roformer.config import load
 from roformer.train.config import FinetuneConfig
 
-CONFIGS = sorted(p.stem for p in (REPO / "configs" / "finetune").glob("*.yaml") if p.stem != "recipe")
+CONFIGS = sorted(
+    p.stem
+    for p in (REPO / "configs" / "finetune").glob("*.yaml")
+    if p.stem != "recipe" and "tasks:" not in p.read_text()
+)
 METRICS = {  # the dev metrics each type's results.json names
     "classification": {"accuracy"},
     "regression": {"spearman"},

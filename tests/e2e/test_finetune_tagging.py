@@ -1,4 +1,4 @@
-"""`roformer finetune` on a token classification task: a tiny pretrained model learns a toy NER task from CoNLL files."""
+"""`roformer finetune` on token classification: a tiny pretrained model learns a toy NER task from CoNLL files."""
 
 from __future__ import annotations
 
@@ -19,13 +19,12 @@ PLACES = [word for pair in BRACKETS for word in pair]
 def toy_sentence(rng: random.Random, fillers: list[str]) -> list[tuple[str, str]]:
     """Filler words with a person (one or two words: B-PER I-PER) and sometimes a place (B-LOC) among them."""
     words = [(w, "O") for w in rng.sample(fillers, rng.randint(3, 7))]
+    if rng.random() < 0.6:
+        words.insert(rng.randint(0, len(words)), (rng.choice(PLACES), "B-LOC"))
     person = [(w, "I-PER") for w in rng.sample(PEOPLE, rng.randint(1, 2))]
     person[0] = (person[0][0], "B-PER")
     at = rng.randint(0, len(words))
-    words[at:at] = person
-    if rng.random() < 0.6:
-        words.insert(rng.randint(0, len(words)), (rng.choice(PLACES), "B-LOC"))
-    return words
+    return words[:at] + person + words[at:]
 
 
 def write_toy_ner(folder: Path) -> dict[str, Path]:
@@ -68,6 +67,7 @@ def test_finetune_learns_a_toy_ner_task(tmp_path: Path, pretrained: Path) -> Non
     dev = record["dev"]["dev"]
     assert {"precision", "recall", "f1", "accuracy", "score"} <= set(dev) and dev["score"] == dev["f1"]
     assert dev["f1"] > 0.5, dev  # word identity decides the tag: learnt in 60 steps
+    assert set(record["test"]["test"]) == set(dev)  # a labelled test file is scored too
 
     (folder,) = (run / "predictions").iterdir()
     lines = (folder / "dev.conll").read_text().split("\n")
@@ -79,4 +79,4 @@ def test_finetune_learns_a_toy_ner_task(tmp_path: Path, pretrained: Path) -> Non
     assert json.loads((folder / "dev.report.json").read_text())["PER"]["support"] == 48
     assert (run / "submission" / "test.conll").read_bytes() == (folder / "test.conll").read_bytes()
     model = roformer.load(run / "best")
-    assert model.config.architecture == "token_classification" and model.config.num_labels == 4
+    assert model.architecture == "token_classification" and model.config.num_labels == 4

@@ -11,7 +11,6 @@ import torch
 from helpers import tiny_config
 
 from roformer.data import choices as choices_module
-from roformer.data import classify
 from roformer.data.choices import ChoicesTask, EncodedChoices, blank_window, parse_label
 from roformer.data.config import ChoicesConfig, FinetuneDataConfig
 from roformer.data.records import Record
@@ -323,6 +322,11 @@ def test_example_caps_and_ids(tmp_path: Path) -> None:
     assert [q.id for q in task.splits["dev"]] == ["q0", "q1", "q2"]
 
 
+def test_an_empty_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"test\.jsonl: the test split is empty"):
+        make_task(tmp_path, [swag_row("w1", "w2", ["a", "b", "c"])], test=[])
+
+
 def test_hub_splits_are_train_validation_and_test_when_present(monkeypatch: pytest.MonkeyPatch) -> None:
     def read(name: str, config: str | None, split: str) -> list[Record]:
         if split == "test" and config == "no-test":
@@ -330,7 +334,7 @@ def test_hub_splits_are_train_validation_and_test_when_present(monkeypatch: pyte
         label = -1 if split == "test" else 1
         return [Record(swag_row("w1", "w2", ["a", "b", "c"], label), f"{name}:{split}:0")]
 
-    monkeypatch.setattr(classify, "read_hub_split", read)
+    monkeypatch.setattr(choices_module, "read_hub_split", read)
     for config, tests in (("regular", ["test"]), ("no-test", [])):
         data = FinetuneDataConfig(
             type="multiple_choice", source="hub", hub_name="swag", hub_config=config, choices=ChoicesConfig(**SWAG)

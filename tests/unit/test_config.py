@@ -36,7 +36,12 @@ def _load_glue_config(path: Path) -> None:
 
 
 def _load_finetune_config(path: Path) -> None:
-    if path.name == "recipe.yaml":  # what every config of the folder includes: a config but for its data
+    from roformer.config import read_yaml
+    from roformer.study.suite import load_suite_config
+
+    if "tasks" in (read_yaml(path) or {}):  # a suite of task configs
+        load_suite_config(path)
+    elif path.name == "recipe.yaml":  # what every config of the folder includes: a config but for its data
         load(FinetuneConfig, path, ["data.type=classification", "data.train_file=a", "data.validation_file=b"])
     else:
         load(FinetuneConfig, path)

@@ -125,7 +125,9 @@ def test_mnli_from_local_files_with_unlabelled_tests_and_both_dev_splits(tmp_pat
     )
     assert set(load_splits(both)) == {"train", "dev_matched", "dev_mismatched", "test_matched", "test_mismatched"}
     with pytest.raises(ConfigError, match="for MNLI"):
-        FinetuneDataConfig(source="files", task="rte", train_file="a", validation_file="b", validation_mismatched_file="c")
+        FinetuneDataConfig(
+            source="files", task="rte", train_file="a", validation_file="b", validation_mismatched_file="c"
+        )
 
 
 def test_batches_pad_to_a_multiple_of_8_within_the_model_limit() -> None:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from roformer.data.config import FinetuneDataConfig, TaggingConfig
+from roformer.data.records import Record
 from roformer.data.tagging import (
     TaggingTask,
     TagNames,
@@ -351,6 +352,38 @@ def test_task_refuses_unlabelled_training_data_and_tags_outside_labels(tmp_path:
         TaggingTask.from_config(
             tagging_config(tmp_path, {"train": TRAIN, "validation": "a O\nAcme B-ORG\n"}, labels=labels)
         )
+
+
+def test_hub_tags_are_ids_named_by_the_dataset_features(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hub path without the network: `datasets`' builder metadata and rows are stand-ins."""
+    import datasets
+
+    import roformer.data.tagging as tagging
+
+    names = ["O", "B-PER", "I-PER"]
+    features = datasets.Features(
+        {"tokens": datasets.List(datasets.Value("string")), "ner_tags": datasets.List(datasets.ClassLabel(names=names))}
+    )
+    builder = type("Builder", (), {"info": datasets.DatasetInfo(features=features)})
+    monkeypatch.setattr(datasets, "load_dataset_builder", lambda name, config: builder)
+    rows = {"train": [{"id": "7", "tokens": ["Ann", "Lee", "ran"], "ner_tags": [1, 2, 0]}], "validation": []}
+    rows["validation"] = rows["train"]
+
+    def read_hub_split(name: str, config: str | None, split: str) -> list[Record]:
+        if split not in rows:
+            raise UserError(f"cannot load {name} split {split}: no such split")
+        return [Record(row, f"{name}:{split}:{i}") for i, row in enumerate(rows[split])]
+
+    monkeypatch.setattr(tagging, "read_hub_split", read_hub_split)
+    config = FinetuneDataConfig(
+        type="token_classification", source="hub", hub_name="toy", tagging=TaggingConfig(tags_column="ner_tags")
+    )
+    task = TaggingTask.from_config(config)
+    assert task.labels == names and task.test_splits == []  # the hub's order; no test split: none
+    assert task.splits["dev"][0].tags == ["B-PER", "I-PER", "O"] and task.splits["dev"][0].index == "7"
+    rows["train"] = [{"tokens": ["Ann"], "ner_tags": [5]}]
+    with pytest.raises(UserError, match="toy:train:0: tag id 5 is outside the 3 labels"):
+        TaggingTask.from_config(config)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,596 @@
+"""Extractive question answering (SQuAD, CMRC 2018): SQuAD-format files, context windows, n-best span decoding.
+
+`QATask` is the fine-tuning task (roformer.data.tasks.FinetuneTask) of `type: question_answering`; its settings are
+`data.qa` (roformer.data.config.QAConfig). The model reads `[CLS] question [SEP] context window [SEP]` and gives every
+token a start and an end logit (roformer.model.model.QuestionAnswering).
+
+Data. SQuAD-format JSON files (`data[].paragraphs[].{context, qas[].{id, question, answers[].{text, answer_start},
+is_impossible}}`) or a hub dataset with SQuAD's columns (id, context, question, answers{text, answer_start}).
+`answer_start` is not always right (CMRC 2018 dev: -1 for 193 free-form answers, off by 1-2 characters for 7): an
+answer whose text is not at its start is moved to the occurrence of the text nearest to it, and an answer whose text
+is nowhere in the context is kept for the metric (which reads texts only) but not trained on; each split's counts
+are one warning line. A training question none of whose answers is in its context is an error naming the file and
+the question: nothing could be learnt from it, and the file is likely not what it claims to be. Duplicate question
+ids in a split, and (SQuAD v1.1) a question without answers, are errors too.
+
+Windows. As HF's run_qa (`prepare_train_features`): the question first (cut to `max_query_length` tokens), the context
+second, cut into windows of the room left in `max_length`, consecutive windows sharing `doc_stride` tokens. A training
+window's targets are the first and last token of the question's first answer, or [CLS] (position 0) when the answer
+is not wholly inside the window or the question has none (SQuAD v2.0). Tokens keep their characters in the original
+context (with `data.jieba`, through roformer.data.segment), so a predicted span is cut from the context as written.
+
+Decoding. As HF's `postprocess_qa_predictions`: per window the `n_best` best start and end tokens of the context, the
+pairs with end >= start and at most `max_answer_length` tokens, scored start + end logit; per question the best pair
+over all its windows. SQuAD v2.0: no answer ("") when the [CLS] score (the lowest over the windows) beats the best
+span's by more than `null_threshold`. One difference: tokens outside the context are excluded before the `n_best` are
+taken (HF takes them first, so question tokens can crowd the context out of its candidates).
+
+Files: `<split>_predictions.json` ({question id: answer text}: what the official scripts read) and
+`<split>_nbest.json` (the best few answers with their probabilities); the submission is the test predictions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from roformer.data import qa_metrics
+from roformer.data.config import FinetuneDataConfig, QAConfig
+from roformer.data.glue import padded_length
+from roformer.data.records import Record, read_hub_split, read_text
+from roformer.data.segment import TokenizedText, tokenize_texts
+from roformer.data.tasks import pad_rows
+from roformer.errors import ConfigError, UserError
+from roformer.files import atomic_copy, atomic_write_text
+
+if TYPE_CHECKING:
+    from roformer.data.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+HUB_SPLITS = {"train": "train", "dev": "validation"}
+PREDICTIONS_FILE = "{split}_predictions.json"
+NBEST_FILE = "{split}_nbest.json"
+NBEST_WRITTEN = 5  # answers per question in <split>_nbest.json
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading
+
+
+@dataclass
+class Question:
+    """One question about a context.
+
+    Attributes:
+        id: The question's id (the key of the predictions file).
+        question: The question.
+        context: The text that holds the answer.
+        answers: The gold answer texts, as given (the metrics read them); empty for an unanswerable question or an
+            unlabelled test file.
+        spans: The character spans `(start, end)` of the answers found in the context (training targets: the first).
+        impossible: SQuAD v2.0: the context does not answer the question.
+    """
+
+    id: str
+    question: str
+    context: str
+    answers: list[str]
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    impossible: bool = False
+
+
+@dataclass
+class AnswerCounts:
+    """What locating a split's answers found.
+
+    Attributes:
+        relocated: Answers whose `answer_start` did not point at their text: moved to its nearest occurrence.
+        absent: Answers whose text is nowhere in their context (kept for the metric, not trained on).
+    """
+
+    relocated: int = 0
+    absent: int = 0
+
+
+def locate(context: str, text: str, start: int) -> int | None:
+    """Where `text` starts in `context`: `start` when it is there, else its occurrence nearest to `start`.
+
+    Returns:
+        The character offset, or None when the text is empty or not in the context.
+    """
+    if not text:
+        return None
+    if 0 <= start and context.startswith(text, start):
+        return start
+    found, at = [], context.find(text)
+    while at >= 0:
+        found.append(at)
+        at = context.find(text, at + 1)
+    return min(found, key=lambda i: (abs(i - start), i)) if found else None
+
+
+def make_question(
+    qid: str, question: str, context: str, answers: list[tuple[str, int]], impossible: bool, counts: AnswerCounts
+) -> Question:
+    """A question with its answers located in the context (see `locate`), counting the moved and the missing ones."""
+    spans = []
+    for text, start in answers:
+        found = locate(context, text, start)
+        if found is None:
+            counts.absent += 1
+            continue
+        counts.relocated += int(found != start)
+        spans.append((found, found + len(text)))
+    texts = [] if impossible else [text for text, _ in answers]
+    return Question(qid, question, context, texts, spans if not impossible else [], impossible)
+
+
+def check_questions(questions: list[Question], where: str, split: str, version_2: bool) -> None:
+    """Unique ids; answers in labelled splits (unless v2.0 unanswerable); a located answer to train on.
+
+    Raises:
+        UserError: naming `where` (the file) and the question.
+    """
+    seen: set[str] = set()
+    for q in questions:
+        if q.id in seen:
+            raise UserError(f"{where}: question id {q.id!r} appears twice")
+        seen.add(q.id)
+        if split == "test":
+            continue
+        if not q.answers and not (version_2 and q.impossible):
+            hint = "" if version_2 else " (SQuAD v2.0 data? set data.qa.version_2: true)"
+            raise UserError(f"{where}: question {q.id!r} has no answer{hint}")
+        if split == "train" and q.answers and not q.spans:
+            raise UserError(f"{where}: question {q.id!r}: no answer text occurs in its context ({q.answers[0]!r})")
+
+
+def read_squad(path: str | Path, version_2: bool = False) -> tuple[list[Question], AnswerCounts]:
+    """Every question of a SQuAD-format JSON file, its answers located (the file's order).
+
+    Raises:
+        UserError: a missing or unreadable file, not JSON or not SQuAD's layout, naming the file and where in it.
+    """
+    path = Path(path)
+    text = read_text(path)
+    try:
+        squad = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg})") from None
+    if not isinstance(squad, dict) or not isinstance(squad.get("data"), list):
+        raise UserError(f"{path}: not SQuAD format (expected an object whose `data` is a list of articles)")
+    questions, counts = [], AnswerCounts()
+    for i, article in enumerate(squad["data"]):
+        for j, paragraph in enumerate(_list(article, "paragraphs", f"{path}: data[{i}]")):
+            where = f"{path}: data[{i}].paragraphs[{j}]"
+            context = _string(paragraph, "context", where)
+            for k, qa in enumerate(_list(paragraph, "qas", where)):
+                questions.append(_squad_question(qa, context, f"{where}.qas[{k}]", str(path), counts))
+    return questions, counts
+
+
+def _squad_question(qa: Any, context: str, where: str, path: str, counts: AnswerCounts) -> Question:
+    """One `qas` entry of a SQuAD file."""
+    if not isinstance(qa, dict) or "id" not in qa:
+        raise UserError(f"{where}: a question needs an `id`")
+    qid = str(qa["id"])
+    named = f"{path}: question {qid!r}"
+    answers = []
+    for answer in _list(qa, "answers", named, required=False):
+        if not isinstance(answer, dict) or not isinstance(answer.get("text"), str):
+            raise UserError(f"{named}: an answer needs a `text` string")
+        start = answer.get("answer_start", -1)
+        answers.append((answer["text"], start if isinstance(start, int) and not isinstance(start, bool) else -1))
+    impossible = bool(qa.get("is_impossible", False))
+    return make_question(qid, _string(qa, "question", named), context, answers, impossible, counts)
+
+
+def _list(parent: Any, key: str, where: str, required: bool = True) -> list[Any]:
+    value = parent.get(key, None if required else []) if isinstance(parent, dict) else None
+    if not isinstance(value, list):
+        raise UserError(f"{where}: `{key}` must be a list")
+    return value
+
+
+def _string(parent: dict[str, Any], key: str, where: str) -> str:
+    value = parent.get(key)
+    if not isinstance(value, str):
+        raise UserError(f"{where}: `{key}` must be a string")
+    return value
+
+
+def read_hub_questions(name: str, config: str | None, split: str) -> tuple[list[Question], AnswerCounts]:
+    """Every question of a hub split with SQuAD's columns (id, context, question, answers{text, answer_start}).
+
+    A question without answer texts is unanswerable (squad_v2).
+    """
+    counts = AnswerCounts()
+    return [_hub_question(r, counts) for r in read_hub_split(name, config, split)], counts
+
+
+def _hub_question(record: Record, counts: AnswerCounts) -> Question:
+    row = record.fields
+    try:
+        answers = row.get("answers") or {"text": [], "answer_start": []}
+        pairs = list(zip(answers["text"], answers["answer_start"]))
+        return make_question(str(row["id"]), row["question"], row["context"], pairs, not pairs, counts)
+    except (KeyError, TypeError):
+        raise UserError(f"{record.where}: expected SQuAD's columns id, context, question, answers") from None
+
+
+def load_splits(data: FinetuneDataConfig) -> dict[str, list[Question]]:
+    """The questions of every split present (train, dev, and test when given), checked, counts logged.
+
+    Raises:
+        UserError: unreadable or malformed files, bad questions (see `check_questions`), an empty training split.
+    """
+    version_2 = data.qa.version_2 if data.qa else False
+    if data.source == "hub":
+        sources = {split: f"{data.hub_name}:{hub}" for split, hub in HUB_SPLITS.items()}
+        read = {split: read_hub_questions(data.hub_name, data.hub_config, hub) for split, hub in HUB_SPLITS.items()}
+    else:
+        files = {"train": data.train_file, "dev": data.validation_file, "test": data.test_file}
+        sources = {split: str(path) for split, path in files.items() if path}
+        read = {split: read_squad(path, version_2) for split, path in files.items() if path}
+    splits = {}
+    for split, (questions, counts) in read.items():
+        check_questions(questions, sources[split], split, version_2)
+        if counts.relocated or counts.absent:
+            logger.warning(
+                "%s: %d answers re-located (answer_start did not point at the text: its nearest occurrence is used), "
+                "%d answer texts not in their context (scored, not trained on)",
+                sources[split],
+                counts.relocated,
+                counts.absent,
+            )
+        limit = data.max_train_examples if split == "train" else data.max_eval_examples
+        splits[split] = questions[:limit] if limit is not None else questions
+    if not splits["train"]:
+        raise UserError(f"{sources['train']}: the training split has no questions")
+    return splits
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Windows
+
+
+@dataclass
+class QAEncoded:
+    """A split as model rows: one row per window of a question's context (`[CLS] question [SEP] window [SEP]`).
+
+    Attributes:
+        questions: The split's questions.
+        ids: Token ids of every row.
+        types: Token types (0: [CLS], the question and its [SEP]; 1: the window and the last [SEP]).
+        question_of: Each row's question (an index into `questions`).
+        offsets: Each token's characters in the context, None outside the context (evaluated splits only).
+        starts: Training: the answer's first token in each row, 0 ([CLS]) when the row does not hold it.
+        ends: Training: the answer's last token, 0 likewise.
+        labelled: Whether the questions have answers to score (dev always; test when its file has them).
+    """
+
+    questions: list[Question]
+    ids: list[list[int]] = field(default_factory=list)
+    types: list[list[int]] = field(default_factory=list)
+    question_of: list[int] = field(default_factory=list)
+    offsets: list[list[tuple[int, int] | None]] | None = None
+    starts: list[int] | None = None
+    ends: list[int] | None = None
+    labelled: bool = True
+
+    @property
+    def lengths(self) -> list[int]:
+        """Tokens of every row."""
+        return [len(row) for row in self.ids]
+
+
+def windows(tokens: int, room: int, overlap: int) -> list[tuple[int, int]]:
+    """The `[start, end)` token ranges of a context's windows, consecutive ones sharing `overlap` tokens.
+
+    Each holds `room` tokens (the last may hold fewer): HF tokenizers' overflowing windows with `stride=overlap`.
+    """
+    spans, start = [], 0
+    while True:
+        spans.append((start, min(start + room, tokens)))
+        if start + room >= tokens:
+            return spans
+        start += room - overlap
+
+
+def question_room(max_length: int, qa: QAConfig) -> int:
+    """The most question tokens: `max_query_length`, less when the windows would not move on otherwise.
+
+    A window holds max_length - 3 - question tokens of context and moves by that less `doc_stride`.
+
+    Raises:
+        UserError: doc_stride leaves no room for a question in max_length.
+    """
+    room = min(qa.max_query_length, max_length - 4 - qa.doc_stride)
+    if room < 1:
+        raise UserError(
+            f"data.qa.doc_stride {qa.doc_stride} leaves no room for the question in max_length {max_length}"
+        )
+    return room
+
+
+def answer_tokens(offsets: list[tuple[int, int]], span: tuple[int, int]) -> tuple[int, int] | None:
+    """The first and last token (indices into `offsets`) of a character span, None when the tokens miss part of it.
+
+    `offsets` are a window's context tokens, in order.
+    """
+    start, end = span
+    if not offsets or offsets[0][0] > start or offsets[-1][1] < end:
+        return None
+    first = bisect_right([e for _, e in offsets], start)  # the first token ending after the span's start
+    last = bisect_left([s for s, _ in offsets], end) - 1  # the last token starting before its end
+    return (first, last) if first <= last else None
+
+
+def check_template(tokenizer: Tokenizer) -> None:
+    """Rows are built as `[CLS] A [SEP] B [SEP]` with types 0/1: the tokenizer's own pair template must be that.
+
+    Raises:
+        UserError: another template.
+    """
+    a, b = (tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("a", "b"))
+    pair = tokenizer("a", "b", return_token_type_ids=True)
+    cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+    if pair["input_ids"] != [cls, *a, sep, *b, sep] or pair["token_type_ids"] != [0] * (len(a) + 2) + [1] * (
+        len(b) + 1
+    ):
+        raise UserError("question answering needs a BERT-style tokenizer: [CLS] question [SEP] context [SEP]")
+
+
+def encode_split(
+    questions: list[Question], tokenizer: Tokenizer, max_length: int, qa: QAConfig, jieba: bool, training: bool
+) -> QAEncoded:
+    """The rows of a split's questions: every window of each context, with answer targets or character offsets.
+
+    Args:
+        questions: The questions.
+        tokenizer: A BERT-style fast tokenizer.
+        max_length: Tokens per row, special tokens included.
+        qa: The data.qa section (max_query_length, doc_stride).
+        jieba: Cut texts into words with jieba first (roformer.data.segment).
+        training: Give each row its answer's tokens (`starts`, `ends`); else each token's characters (`offsets`).
+    """
+    check_template(tokenizer)
+    labelled = all(q.answers or q.impossible for q in questions)
+    encoded = QAEncoded(questions, labelled=labelled)
+    if training:
+        encoded.starts, encoded.ends = [], []
+    else:
+        encoded.offsets = []
+    limit = question_room(max_length, qa)
+    contexts = list(dict.fromkeys(q.context for q in questions))  # each context once: a paragraph has many questions
+    context_tokens = dict(zip(contexts, tokenize_texts(tokenizer, contexts, jieba)))
+    question_tokens = tokenize_texts(tokenizer, [q.question for q in questions], jieba)
+    cut = sum(len(t.ids) > limit for t in question_tokens)
+    if cut:
+        logger.info("%d questions cut to %d tokens", cut, limit)
+    specials = (tokenizer.cls_token_id, tokenizer.sep_token_id)
+    for index, (q, asked) in enumerate(zip(questions, question_tokens)):
+        _add_rows(encoded, index, asked.ids[:limit], context_tokens[q.context], max_length, qa.doc_stride, specials)
+    return encoded
+
+
+def _add_rows(
+    encoded: QAEncoded,
+    index: int,
+    asked: list[int],
+    context: TokenizedText,
+    max_length: int,
+    doc_stride: int,
+    specials: tuple[int, int],
+) -> None:
+    """The rows of one question: one per window of its context."""
+    q, (cls, sep) = encoded.questions[index], specials
+    before = len(asked) + 2  # [CLS] question [SEP]
+    for start, end in windows(len(context.ids), max_length - before - 1, doc_stride):
+        encoded.ids.append([cls, *asked, sep, *context.ids[start:end], sep])
+        encoded.types.append([0] * before + [1] * (end - start + 1))
+        encoded.question_of.append(index)
+        if encoded.offsets is not None:
+            encoded.offsets.append([None] * before + list(context.offsets[start:end]) + [None])
+        if encoded.starts is not None and encoded.ends is not None:
+            found = answer_tokens(context.offsets[start:end], q.spans[0]) if q.spans else None
+            encoded.starts.append(before + found[0] if found else 0)
+            encoded.ends.append(before + found[1] if found else 0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Decoding
+
+Candidate = tuple[float, int, int]  # score (start + end logit), the span's first and past-last character
+RowPrediction = tuple[float, list[Candidate]]  # a row's null score ([CLS] start + end) and its best spans
+
+
+def best_spans(
+    logits: torch.Tensor, offsets: list[list[tuple[int, int] | None]], n_best: int, max_answer_length: int
+) -> list[RowPrediction]:
+    """The null score and the `n_best` best valid spans of every row of a batch.
+
+    Args:
+        logits: (B, T, 2) start and end logits.
+        offsets: Each row's token characters in the context (None outside it); rows may be shorter than T.
+        n_best: Start and end candidates per row (the best of the context's tokens), and spans kept.
+        max_answer_length: The longest span, in tokens.
+    """
+    logits = logits.detach().float().cpu()
+    rows, length = logits.shape[:2]
+    in_context = torch.zeros(rows, length, dtype=torch.bool)
+    for i, row in enumerate(offsets):
+        in_context[i, [p for p, o in enumerate(row) if o is not None]] = True
+    starts = logits[..., 0].masked_fill(~in_context, -math.inf)
+    ends = logits[..., 1].masked_fill(~in_context, -math.inf)
+    k = min(n_best, length)
+    start_values, start_index = starts.topk(k, dim=1)
+    end_values, end_index = ends.topk(k, dim=1)
+    tokens = end_index[:, None, :] - start_index[:, :, None] + 1  # (B, k starts, k ends)
+    scores = start_values[:, :, None] + end_values[:, None, :]
+    scores = scores.masked_fill((tokens < 1) | (tokens > max_answer_length), -math.inf).flatten(1)
+    values, pairs = scores.topk(min(n_best, k * k), dim=1)
+    null = (logits[:, 0, 0] + logits[:, 0, 1]).tolist()
+    out = []
+    for i, (row_values, row_pairs) in enumerate(zip(values.tolist(), pairs.tolist())):
+        first, last = start_index[i].tolist(), end_index[i].tolist()
+        spans = []
+        for value, pair in zip(row_values, row_pairs):
+            if value == -math.inf:  # sorted: the rest are invalid too
+                break
+            s, e = offsets[i][first[pair // k]], offsets[i][last[pair % k]]
+            spans.append((value, s[0], e[1]))  # type: ignore[index]  # in the context: not None
+        out.append((null[i], spans))
+    return out
+
+
+@dataclass
+class Decoded:
+    """A question's answer and the best few with their probabilities (softmax over the n-best scores)."""
+
+    text: str
+    nbest: list[dict[str, Any]]
+
+
+def decode(split: QAEncoded, predictions: list[RowPrediction], qa: QAConfig) -> dict[str, Decoded]:
+    """Every question's answer: the best span over its rows (v2.0: "" when the null score wins by null_threshold)."""
+    spans: list[dict[tuple[int, int], float]] = [{} for _ in split.questions]
+    null = [math.inf] * len(split.questions)
+    for row, (null_score, candidates) in enumerate(predictions):
+        index = split.question_of[row]
+        null[index] = min(null[index], null_score)
+        for score, start, end in candidates:  # a span seen by two overlapping windows: its best score
+            spans[index][start, end] = max(score, spans[index].get((start, end), -math.inf))
+    return {q.id: _decide(q.context, spans[i], null[i], qa) for i, q in enumerate(split.questions)}
+
+
+def _decide(context: str, spans: dict[tuple[int, int], float], null: float, qa: QAConfig) -> Decoded:
+    ranked = sorted(spans.items(), key=lambda item: -item[1])[: qa.n_best]
+    answers = [(context[s:e], score) for (s, e), score in ranked]
+    if qa.version_2:
+        answers.append(("", null))
+        answers.sort(key=lambda a: -a[1])
+    best = ranked[0] if ranked else None
+    if best is None or (qa.version_2 and null - best[1] > qa.null_threshold):
+        text = ""
+    else:
+        text = context[best[0][0] : best[0][1]]
+    top = max((score for _, score in answers), default=0.0)
+    weights = [math.exp(score - top) for _, score in answers]
+    nbest = [
+        {"text": t, "probability": w / sum(weights), "score": score}
+        for (t, score), w in zip(answers[:NBEST_WRITTEN], weights)
+    ]
+    return Decoded(text, nbest)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The fine-tuning task
+
+
+class QATask:
+    """Extractive question answering on SQuAD-format data: the task of `type: question_answering`.
+
+    Args:
+        name: The task's name (data.task: the shipped configs say `squad` and `cmrc2018`).
+        splits: Its questions per split (`load_splits`).
+        qa: The data.qa section.
+        jieba: Cut texts into words with jieba before WordPiece (data.jieba).
+        pad_to_multiple_of: Batches are padded to their longest row rounded up to this.
+    """
+
+    architecture = "question_answering"
+    num_labels = 2  # start and end: the head's outputs, whatever the config says
+    metrics = ("exact_match", "f1")
+
+    def __init__(
+        self, name: str, splits: dict[str, list[Question]], qa: QAConfig, jieba: bool, pad_to_multiple_of: int
+    ) -> None:
+        self.name, self.splits, self.qa, self.jieba, self.multiple = name, splits, qa, jieba, pad_to_multiple_of
+        self.tracker_project = f"roformer-{name}"
+        self.dev_splits = ["dev"]
+        self.test_splits = [s for s in ("test",) if s in splits]
+
+    @classmethod
+    def from_config(cls, data: FinetuneDataConfig) -> QATask:
+        """The task of a data: section, its splits read and checked.
+
+        Raises:
+            ConfigError: the cmrc2018 metric with SQuAD v2.0 (it has no unanswerable questions).
+        """
+        qa = data.qa or QAConfig()
+        if qa.metric == "cmrc2018" and qa.version_2:
+            raise ConfigError("data.qa.metric cmrc2018 has no unanswerable questions: use version_2: false")
+        return cls(data.task, load_splits(data), qa, data.jieba, data.pad_to_multiple_of)
+
+    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, QAEncoded]:
+        """Every split as windows of at most `max_length` tokens; training rows with their answer's tokens."""
+        return {
+            split: encode_split(questions, tokenizer, max_length, self.qa, self.jieba, training=split == "train")
+            for split, questions in self.splits.items()
+        }
+
+    def padded_length(self, longest: int, cap: int) -> int:
+        """`longest` rounded up to data.pad_to_multiple_of, within `cap`."""
+        return padded_length(longest, self.multiple, cap)
+
+    def collate(self, split: QAEncoded, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
+        """The padded batch of `rows`; training rows also `start_positions` and `end_positions`."""
+        batch = pad_rows(
+            split.ids, split.types, rows, pad_id, self.padded_length(max(len(split.ids[r]) for r in rows), cap)
+        )
+        if split.starts is not None and split.ends is not None:
+            batch["start_positions"] = torch.tensor([split.starts[r] for r in rows])
+            batch["end_positions"] = torch.tensor([split.ends[r] for r in rows])
+        return batch
+
+    def predictions(self, logits: torch.Tensor, split: QAEncoded, rows: list[int]) -> list[RowPrediction]:
+        """Each row's null score and its n-best spans (character offsets in the context, with their scores)."""
+        if split.offsets is None:
+            raise ValueError("the training split has no offsets to predict with")
+        offsets = [split.offsets[r] for r in rows]
+        return best_spans(logits, offsets, self.qa.n_best, self.qa.max_answer_length)
+
+    def answers(self, split: QAEncoded, predictions: list[RowPrediction]) -> dict[str, Decoded]:
+        """Every question's decoded answer (see `decode`)."""
+        return decode(split, predictions, self.qa)
+
+    def evaluate(self, split: QAEncoded, predictions: list[RowPrediction]) -> dict[str, float]:
+        """data.qa.metric's official metrics (SQuAD v1.1, v2.0 or CMRC 2018; percent); `score`: mean of EM and F1."""
+        texts = {qid: decoded.text for qid, decoded in self.answers(split, predictions).items()}
+        gold = {q.id: q.answers for q in split.questions}
+        if self.qa.metric == "cmrc2018":
+            metrics = qa_metrics.cmrc2018(texts, gold)
+        else:
+            metrics = (qa_metrics.squad_v2 if self.qa.version_2 else qa_metrics.squad_v1)(texts, gold)
+        metrics["score"] = (metrics["exact_match"] + metrics["f1"]) / 2
+        return metrics
+
+    def write_predictions(
+        self, folder: Path, encoded: dict[str, QAEncoded], predictions: dict[str, list[RowPrediction]]
+    ) -> None:
+        """`<split>_predictions.json` ({id: answer}, the official scripts' input) and `<split>_nbest.json`."""
+        for split, rows in predictions.items():
+            answers = self.answers(encoded[split], rows)
+            texts = {qid: a.text for qid, a in answers.items()}
+            nbest = {qid: a.nbest for qid, a in answers.items()}
+            atomic_write_text(folder / PREDICTIONS_FILE.format(split=split), _json(texts))
+            atomic_write_text(folder / NBEST_FILE.format(split=split), _json(nbest))
+
+    def write_submission(self, run_folder: Path, submission: Path) -> None:
+        """The selected run's test predictions, when there is a test split."""
+        for split in self.test_splits:
+            name = PREDICTIONS_FILE.format(split=split)
+            atomic_copy(run_folder / name, submission / name)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=1) + "\n"
