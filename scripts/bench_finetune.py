@@ -29,10 +29,11 @@ then `postprocess_qa_predictions` (n-best start/end pairs over all windows of a 
 `trainer.save_model()` after training (as both scripts do) and the predictions files of run_qa. The Trainer keeps
 its own defaults elsewhere (AdamW fused on CPU, random sampler with a partial last batch, dataloader_num_workers=0).
 
-Metrics: NER entity F1 (HF: seqeval, as run_ner; ours: roformer.data.tagging_metrics, conlleval's chunks as seqeval
-reads them; both sides are also rescored with seqeval from ours' dev predictions file when present). QA: CMRC 2018's
-EM and F1 (ours: its own metric; HF: roformer.data.qa_metrics when it has `cmrc2018_scores`, else this script's port
-of the official cmrc2018_evaluate.py; ours' dev predictions are rescored with the same function when found).
+Metrics: NER entity F1 (HF: seqeval, as run_ner, over the words it saw; ours: roformer.data.tagging_metrics,
+conlleval's chunks as seqeval reads them, over every dev word; each side is also scored by the other's code: ours'
+dev.conll by seqeval, HF's predictions by tagging_metrics). QA: CMRC 2018's official EM and F1 on both sides from
+roformer.data.qa_metrics.cmrc2018 (needs nltk), so that metric code is not a difference; ours' dev_predictions.json
+is rescored here with it too.
 
 Reported per side and seed: wall time of the whole subprocess, training time (ours: the steps' time from
 metrics.jsonl; HF: `train_runtime`) and training rows/s (steps x batch / training time; rows are windows for QA),
@@ -46,7 +47,6 @@ import collections
 import json
 import math
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -178,91 +178,18 @@ def seqeval_scores(gold: list[list[str]], predicted: list[list[str]]) -> dict[st
     }
 
 
-# CMRC 2018's official evaluation (cmrc2018_evaluate.py, v5), ported to Python 3. Its punctuation list is kept as it
-# is, "……" included (a two-character entry no single character equals). Runs of non-Chinese characters are split with
-# nltk.word_tokenize as there when nltk is installed, else into words and single punctuation marks.
-_CMRC_PUNCTUATION = [
-    "-", ":", "_", "*", "^", "/", "\\", "~", "`", "+", "=", "，", "。", "：", "？", "！", "“", "”", "；", "’", "《",
-    "》", "……", "·", "、", "「", "」", "（", "）", "－", "～", "『", "』",
-]  # fmt: skip
-_CHINESE = re.compile(r"[\u4e00-\u9fa5]")
-_WORDS = re.compile(r"\w+|[^\w\s]")
+QAMetric = Callable[[dict[str, str], dict[str, list[str]]], dict[str, float]]
 
 
-def _word_tokenize(text: str) -> list[str]:
-    try:
-        import nltk
+def qa_metric() -> tuple[QAMetric, str]:
+    """CMRC 2018's official metric (EM, F1 and their mean, in percent) both sides are scored with, and its source.
 
-        return nltk.word_tokenize(text)
-    except (ImportError, LookupError):  # no nltk, or no punkt data
-        return _WORDS.findall(text)
+    `roformer.data.qa_metrics.cmrc2018` (the port of cmrc2018_evaluate.py that ours reports) takes the predictions
+    `{question id: text}` and the gold answers `{question id: [texts]}`.
+    """
+    from roformer.data.qa_metrics import cmrc2018
 
-
-def _mixed_segmentation(text: str, drop_punctuation: bool) -> list[str]:
-    segments, run = [], ""
-    for char in text.lower().strip():
-        if drop_punctuation and char in _CMRC_PUNCTUATION:
-            continue
-        if _CHINESE.search(char) or char in _CMRC_PUNCTUATION:
-            if run:
-                segments.extend(_word_tokenize(run))
-                run = ""
-            segments.append(char)
-        else:
-            run += char
-    if run:
-        segments.extend(_word_tokenize(run))
-    return segments
-
-
-def _longest_common_run(a: list[str], b: list[str]) -> int:
-    best, previous = 0, [0] * (len(b) + 1)
-    for x in a:
-        current = [0] * (len(b) + 1)
-        for j, y in enumerate(b):
-            if x == y:
-                current[j + 1] = previous[j] + 1
-                best = max(best, current[j + 1])
-        previous = current
-    return best
-
-
-def _cmrc_f1(answers: list[str], prediction: str) -> float:
-    scores = []
-    predicted = _mixed_segmentation(prediction, drop_punctuation=True)
-    for answer in answers:
-        gold = _mixed_segmentation(answer, drop_punctuation=True)
-        common = _longest_common_run(gold, predicted)
-        if common == 0:
-            scores.append(0.0)
-            continue
-        precision, recall = common / len(predicted), common / len(gold)
-        scores.append(2 * precision * recall / (precision + recall))
-    return max(scores) if scores else 0.0
-
-
-def _no_punctuation(text: str) -> str:
-    return "".join(c for c in text.lower().strip() if c not in _CMRC_PUNCTUATION)
-
-
-def cmrc2018_port(predictions: list[str], answers: list[list[str]]) -> dict[str, float]:
-    """CMRC 2018's EM and F1 (fractions, averaged over questions) and their mean, as the official script."""
-    n = max(1, len(predictions))
-    f1 = sum(_cmrc_f1(a, p) for p, a in zip(predictions, answers)) / n
-    em = sum(any(_no_punctuation(x) == _no_punctuation(p) for x in a) for p, a in zip(predictions, answers)) / n
-    return {"exact_match": em, "f1": f1, "average": (em + f1) / 2}
-
-
-def qa_metric() -> tuple[Callable[[list[str], list[list[str]]], dict[str, float]], str]:
-    """The CMRC 2018 metric both sides are scored with, and where it comes from."""
-    try:
-        from roformer.data import qa_metrics
-    except ImportError:
-        return cmrc2018_port, "scripts/bench_finetune.py (port of cmrc2018_evaluate.py)"
-    shared = getattr(qa_metrics, "cmrc2018_scores", None)
-    if shared is None:
-        return cmrc2018_port, "scripts/bench_finetune.py (port; roformer.data.qa_metrics has no cmrc2018_scores)"
-    return shared, "roformer.data.qa_metrics.cmrc2018_scores"
+    return cmrc2018, "roformer.data.qa_metrics.cmrc2018"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -551,7 +478,7 @@ def hf_qa(job: dict[str, Any], clock: dict[str, float]) -> dict[str, Any]:
         raw["dev"], dev, start_logits, end_logits, job["n_best"], job["max_answer_length"], job["output_dir"], "eval"
     )
     metric, source = qa_metric()
-    dev_metrics = metric([answers[i] for i in raw["dev"]["id"]], [a["text"] for a in raw["dev"]["answers"]])
+    dev_metrics = metric(dict(answers), {i: a["text"] for i, a in zip(raw["dev"]["id"], raw["dev"]["answers"])})
     trainer.log_metrics("eval", dev_metrics)
     trainer.save_metrics("eval", dev_metrics)
     clock["eval"] = time.perf_counter()
@@ -645,30 +572,32 @@ def _rescore_ours(task: str, run_dir: Path, data: dict[str, Any]) -> dict[str, A
         gold = [[cols[-2] for cols in r] for r in rows]
         predicted = [[cols[-1] for cols in r] for r in rows]
         return {"metric": "seqeval", **seqeval_scores(gold, predicted)}
+    predictions = folders[0] / "dev_predictions.json"  # {question id: answer text}, CMRC's format
+    if not predictions.is_file():
+        return None
     dev = read_squad_flat(data["files"]["dev"])
-    for candidate in sorted(folders[0].rglob("*.json")):  # CMRC's format: {question id: answer text}
-        try:
-            content = json.loads(candidate.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            continue
-        if isinstance(content, dict) and set(dev["id"]) <= set(content):
-            if all(isinstance(content[i], str) for i in dev["id"]):
-                metric, source = qa_metric()
-                answers = [a["text"] for a in dev["answers"]]
-                return {"metric": source, "file": candidate.name, **metric([content[i] for i in dev["id"]], answers)}
-    return None
+    metric, source = qa_metric()
+    answers = {i: a["text"] for i, a in zip(dev["id"], dev["answers"])}
+    return {"metric": source, **metric(json.loads(predictions.read_text(encoding="utf-8")), answers)}
 
 
-def run_ours(args: argparse.Namespace, data: dict[str, Any], seed: int, env: dict[str, str]) -> dict[str, Any]:
-    """One `roformer finetune` job (a subprocess); its wall time, training time and dev metrics."""
+def run_ours(
+    args: argparse.Namespace, data: dict[str, Any], seed: int, env: dict[str, str], profiler: Sequence[str] = ()
+) -> dict[str, Any]:
+    """One `roformer finetune` job (a subprocess); its wall time, training time and dev metrics.
+
+    `profiler`: arguments of python before `-m roformer` (`-m cProfile -o FILE`: a profiled, untimed run).
+    """
     out = Path(args.out)
-    config = out / "configs" / f"ours-seed{seed}.yaml"
+    name = f"ours-seed{seed}" + ("-profiled" if profiler else "")
+    config = out / "configs" / f"{name}.yaml"
     config.parent.mkdir(parents=True, exist_ok=True)
     ours_config(args, data, seed, config)
-    run_dir = out / f"ours-seed{seed}"
-    log = out / f"ours-seed{seed}.log"
-    command = [sys.executable, "-m", "roformer", "finetune", "--config", str(config)]
+    run_dir = out / name
+    log = out / f"{name}.log"
+    command = [sys.executable, *profiler, "-m", "roformer", "finetune", "--config", str(config)]
     command += ["--output-dir", str(run_dir), "--overwrite"]
+    load = os.getloadavg()[0]
     start = time.perf_counter()
     with log.open("w") as f:
         done = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO)
@@ -681,8 +610,11 @@ def run_ours(args: argparse.Namespace, data: dict[str, Any], seed: int, env: dic
     timed = [e for e in events if e.get("event") in ("eval", "train") and "elapsed_sec" in e]
     train_sec = timed[-1]["elapsed_sec"] if timed else math.nan
     trains = [e for e in events if e.get("event") == "train"]
+    epoch = trains[-1].get("epoch") if trains else None  # rounded to 3 decimals: the row count is approximate
     return {
         "wall": wall,
+        "load_average_before": load,
+        "train_rows": f"~{round(run['steps'] * args.batch_size / epoch)}" if epoch else None,
         "train_sec": train_sec,
         "steps": run["steps"],
         "dev": run["dev"][results.get("selection_split", "dev")],
@@ -692,10 +624,13 @@ def run_ours(args: argparse.Namespace, data: dict[str, Any], seed: int, env: dic
     }
 
 
-def run_hf(args: argparse.Namespace, data: dict[str, Any], seed: int, env: dict[str, str]) -> dict[str, Any]:
+def run_hf(
+    args: argparse.Namespace, data: dict[str, Any], seed: int, env: dict[str, str], profiler: Sequence[str] = ()
+) -> dict[str, Any]:
     """One Trainer job (this script with `--side hf`, a subprocess); its wall time, phases and dev metrics."""
     out = Path(args.out)
-    folder = out / f"hf-seed{seed}"
+    name = f"hf-seed{seed}" + ("-profiled" if profiler else "")
+    folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
     job = {
         "task": args.task, "hf_init": str(out / "hf-init"), "files": data["files"], "seed": seed,
@@ -704,19 +639,37 @@ def run_hf(args: argparse.Namespace, data: dict[str, Any], seed: int, env: dict[
         "max_answer_length": args.max_answer_length, "n_best": 20, "threads": args.threads,
         "output_dir": str(folder), "result_file": str(folder / "bench_result.json"),
     }  # fmt: skip
-    job_file = out / "configs" / f"hf-seed{seed}.json"
+    job_file = out / "configs" / f"{name}.json"
     job_file.parent.mkdir(parents=True, exist_ok=True)
     job_file.write_text(json.dumps(job, indent=2))
-    log = out / f"hf-seed{seed}.log"
+    log = out / f"{name}.log"
+    load = os.getloadavg()[0]
     start = time.perf_counter()
     with log.open("w") as f:
-        command = [sys.executable, str(Path(__file__).resolve()), "--side", "hf", "--job", str(job_file)]
+        command = [sys.executable, *profiler, str(Path(__file__).resolve()), "--side", "hf", "--job", str(job_file)]
         done = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     wall = time.perf_counter() - start
     if done.returncode:
         raise SystemExit(f"the Trainer job failed (exit {done.returncode}); see {log}:\n{log.read_text()[-3000:]}")
     result = json.loads(Path(job["result_file"]).read_text())
-    return {"wall": wall, "train_sec": result["train_runtime"], **result}
+    return {"wall": wall, "load_average_before": load, "train_sec": result["train_runtime"], **result}
+
+
+def profile(args: argparse.Namespace, data: dict[str, Any], env: dict[str, str]) -> dict[str, str]:
+    """One more job per side under cProfile (first seed, not timed): the top functions by cumulative time, as text."""
+    import pstats
+
+    out, files = Path(args.out), {}
+    for side in args.sides:
+        stats = out / f"profile-{side}.prof"
+        run = run_ours if side == "ours" else run_hf
+        run(args, data, args.seeds[0], env, ("-m", "cProfile", "-o", str(stats)))
+        text = out / f"profile-{side}.txt"
+        with text.open("w") as f:
+            pstats.Stats(str(stats), stream=f).sort_stats("cumulative").print_stats(60)
+            pstats.Stats(str(stats), stream=f).sort_stats("tottime").print_stats(30)
+        files[side] = str(text)
+    return files
 
 
 def export_hf(init: Path, target: Path, env: dict[str, str]) -> None:
@@ -725,18 +678,19 @@ def export_hf(init: Path, target: Path, env: dict[str, str]) -> None:
     subprocess.run(command, check=True, env=env, cwd=REPO, stdout=subprocess.DEVNULL)
 
 
-def _mean_std(values: list[float]) -> str:
-    values = [v for v in values if v is not None and not math.isnan(v)]
+def _mean_std(values: list[float], scale: float) -> str:
+    values = [scale * v for v in values if v is not None and not math.isnan(v)]
     if not values:
         return "-"
     if len(values) == 1:
-        return f"{100 * values[0]:.2f}"
-    return f"{100 * statistics.mean(values):.2f} ± {100 * statistics.stdev(values):.2f}"
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
 
 
 def report(args: argparse.Namespace, bench: dict[str, Any]) -> str:
     """The markdown tables of a finished benchmark."""
     metrics = ["precision", "recall", "f1", "accuracy"] if args.task == "ner" else ["exact_match", "f1"]
+    scale = 100 if args.task == "ner" else 1  # NER scores are fractions, QA's percentages: both shown in percent
     lines = [
         f"### {args.task}: roformer finetune vs transformers Trainer ({bench['setup']['reference']})",
         "",
@@ -746,18 +700,19 @@ def report(args: argparse.Namespace, bench: dict[str, Any]) -> str:
         f"lr {args.lr}; seeds {args.seeds}; {args.threads} threads; torch {bench['setup']['torch']}, "
         f"transformers {bench['setup']['transformers']}",
         "",
-        "| side | seed | wall s | train s | train rows | steps | train rows/s | job rows/s | "
+        "| side | seed | wall s | train s | train rows | steps | train rows/s | job rows/s | load before | "
         + " | ".join(f"dev {m}" for m in metrics)
         + " |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(metrics),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(metrics),
     ]
     for side in ("ours", "hf"):
         for run in bench["runs"].get(side, []):
             rows = run["steps"] * args.batch_size
-            scores = " | ".join(f"{100 * run['dev'].get(m, math.nan):.2f}" for m in metrics)
+            scores = " | ".join(f"{scale * run['dev'].get(m, math.nan):.2f}" for m in metrics)
             lines.append(
                 f"| {side} | {run['seed']} | {run['wall']:.1f} | {run['train_sec']:.1f} | {run.get('train_rows', '-')}"
-                f" | {run['steps']} | {rows / run['train_sec']:.1f} | {rows / run['wall']:.1f} | {scores} |"
+                f" | {run['steps']} | {rows / run['train_sec']:.1f} | {rows / run['wall']:.1f}"
+                f" | {run['load_average_before']:.2f} | {scores} |"
             )
     summary = bench["summary"]
     lines += ["", "| side | mean wall s | mean train s | " + " | ".join(f"dev {m}" for m in metrics) + " |"]
@@ -766,27 +721,36 @@ def report(args: argparse.Namespace, bench: dict[str, Any]) -> str:
         cells = " | ".join(s["dev"][m] for m in metrics)
         lines.append(f"| {side} | {s['wall']:.1f} | {s['train_sec']:.1f} | {cells} |")
     if summary.get("wall_ratio_hf_over_ours") is not None:
-        lines += ["", f"HF wall / ours wall: **{summary['wall_ratio_hf_over_ours']:.2f}x** (target >= 1.3x)"]
-        lines.append(f"HF train time / ours train time: {summary['train_ratio_hf_over_ours']:.2f}x")
+        lines += ["", f"HF wall / ours wall: **{summary['wall_ratio_hf_over_ours']:.2f}x** (target >= 1.3x); "]
+        lines[-1] += f"HF training time / ours: {summary['train_ratio_hf_over_ours']:.2f}x"
+    lines += ["", "Where the time went (s):", ""]
     for side in ("ours", "hf"):
         for run in bench["runs"].get(side, []):
             if side == "hf":
-                phases = ", ".join(f"{k} {v:.1f}s" for k, v in run["phases_sec"].items())
-                lines.append(f"\nHF seed {run['seed']} phases: {phases}")
+                phases = ", ".join(f"{k} {v:.1f}" for k, v in run["phases_sec"].items())
+                lines.append(f"- HF seed {run['seed']}: {phases}")
             else:
-                other = run["wall"] - run["train_sec"]
-                lines.append(
-                    f"\nours seed {run['seed']}: training steps {run['train_sec']:.1f}s, the rest {other:.1f}s"
-                )
-            if run.get("rescored"):
-                lines.append(f"  ours rescored by the HF side's metric: {run['rescored']}")
-            if run.get("dev_roformer_tagging_metrics"):
-                scored = run["dev_roformer_tagging_metrics"]
-                lines.append(f"  HF predictions scored by roformer.data.tagging_metrics: {scored}")
+                rest = run["wall"] - run["train_sec"]
+                lines.append(f"- ours seed {run['seed']}: training steps {run['train_sec']:.1f}, the rest {rest:.1f}")
+    lines += [
+        "",
+        "HF phases: imports = torch + transformers; load = tokenizer and model (with transformers' lazy imports of "
+        "the model code); data = reading + Dataset.map; train = trainer.train(); save = save_model/metrics/state; "
+        "eval_forward = the prediction loop (QA); eval = evaluation (NER: loop + seqeval; QA: post-processing + "
+        "metric). Ours' rest = start-up, reading and tokenising, evaluation (dev is predicted twice: the end-of-run "
+        "evaluation and the predictions files), writing the run directory.",
+    ]
+    for side in ("ours", "hf"):
+        for run in bench["runs"].get(side, []):
+            checks = {"ours": run.get("rescored"), "hf": run.get("dev_roformer_tagging_metrics")}[side]
+            if checks:
+                what = "ours rescored by the HF side's metric" if side == "ours" else "HF scored by tagging_metrics"
+                numbers = ", ".join(f"{k} {scale * v:.2f}" for k, v in checks.items() if isinstance(v, float))
+                lines.append(f"- seed {run['seed']}, {what}: {numbers}")
     return "\n".join(lines)
 
 
-def summarise(bench: dict[str, Any], metrics: list[str]) -> dict[str, Any]:
+def summarise(bench: dict[str, Any], metrics: list[str], scale: float) -> dict[str, Any]:
     """Mean wall and training time per side, dev metrics as mean ± std over seeds, the HF/ours ratios."""
     sides = {}
     for side, runs in bench["runs"].items():
@@ -794,7 +758,7 @@ def summarise(bench: dict[str, Any], metrics: list[str]) -> dict[str, Any]:
             sides[side] = {
                 "wall": statistics.mean(r["wall"] for r in runs),
                 "train_sec": statistics.mean(r["train_sec"] for r in runs),
-                "dev": {m: _mean_std([r["dev"].get(m) for r in runs]) for m in metrics},
+                "dev": {m: _mean_std([r["dev"].get(m) for r in runs], scale) for m in metrics},
             }
     summary: dict[str, Any] = {"sides": sides}
     if "ours" in sides and "hf" in sides:
@@ -820,6 +784,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--doc-stride", type=int, default=128, help="qa: overlap of a long context's windows")
     parser.add_argument("--max-answer-length", type=int, default=30, help="qa: longest answer span in tokens")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of both sides (default: all cores)")
+    parser.add_argument("--profile", action="store_true", help="then one cProfile'd run per side (profile-*.txt)")
     parser.add_argument("--sides", nargs="+", choices=("ours", "hf"), default=["ours", "hf"])
     parser.add_argument("--side", choices=("hf",), help=argparse.SUPPRESS)  # internal: the Trainer child
     parser.add_argument("--job", help=argparse.SUPPRESS)
@@ -865,8 +830,10 @@ def main(argv: list[str] | None = None) -> None:
             if side == "ours" and run.get("max_length") not in (None, args.max_length):
                 print(f"warning: ours cut examples at {run['max_length']}, the Trainer at {args.max_length}")
             print(f"{side} seed {seed}: wall {run['wall']:.1f}s, dev {run['dev']}", flush=True)
+    if args.profile:
+        bench["profiles"] = profile(args, data, env)
     metrics = ["precision", "recall", "f1", "accuracy"] if args.task == "ner" else ["exact_match", "f1"]
-    bench["summary"] = summarise(bench, metrics)
+    bench["summary"] = summarise(bench, metrics, 100 if args.task == "ner" else 1)
     (out / "bench.json").write_text(json.dumps(bench, indent=2, default=float))
     text = report(args, bench)
     (out / "bench.md").write_text(text + "\n")

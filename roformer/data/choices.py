@@ -31,12 +31,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from roformer.data.config import ChoicesConfig, FinetuneDataConfig
-from roformer.data.glue import padded_length
 from roformer.data.glue_metrics import compute
-from roformer.data.records import Record, example_id, field, read_hub_split, read_records, text_field
-from roformer.data.tasks import pad_rows
+from roformer.data.records import Record, example_id, field, read_split_records, text_field
+from roformer.data.tasks import cut_to_limits, pad_rows, padded_length
 from roformer.data.tokenizer import jieba_presegmenter
-from roformer.errors import ConfigError, UserError
+from roformer.errors import UserError
 from roformer.files import atomic_copy, atomic_write_text
 
 if TYPE_CHECKING:
@@ -46,7 +45,6 @@ logger = logging.getLogger(__name__)
 
 Segmenter = Callable[[str], str]  # text -> the same text with words separated by spaces (jieba)
 
-HUB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}  # our split names -> the hub's
 NO_LABEL = (None, "", -1, "-1")  # how a test split says it has no labels (-1: the hub's mark)
 
 
@@ -203,45 +201,13 @@ def check_same_count(splits: dict[str, list[Question]]) -> int:
     return count
 
 
-def read_split_records(data: FinetuneDataConfig) -> dict[str, list[Record]]:
-    """The rows of every split present: train and dev, test when given (files) or on the hub.
-
-    A hub dataset whose test split does not load (many have none) is used without it (logged).
-
-    Raises:
-        UserError: a missing, unreadable or empty file, a train or dev hub split that does not load.
-    """
-    if data.source == "hub":
-        assert data.hub_name is not None  # FinetuneDataConfig checks it
-        name, config = data.hub_name, data.hub_config
-        splits = {split: read_hub_split(name, config, HUB_SPLITS[split]) for split in ("train", "dev")}
-        try:
-            splits["test"] = read_hub_split(name, config, HUB_SPLITS["test"])
-        except UserError as e:
-            logger.warning("no test split (%s)", e)
-        return splits
-    files = {"train": data.train_file, "dev": data.validation_file, "test": data.test_file}
-    splits = {split: read_records(path, data.format, data.column_names) for split, path in files.items() if path}
-    for split, rows in splits.items():
-        if not rows:
-            raise UserError(f"{files[split]}: the {split} split is empty")
-    return splits
-
-
 def load_questions(data: FinetuneDataConfig) -> dict[str, list[Question]]:
     """Every split's questions (train and dev labelled), cut to max_train_examples / max_eval_examples.
 
     Raises:
         UserError: anything `read_split_records` or `read_questions` refuses.
     """
-    records = read_split_records(data)
-    if data.max_train_examples is not None:
-        records["train"] = records["train"][: data.max_train_examples]
-    if data.max_eval_examples is not None:
-        records = {k: v if k == "train" else v[: data.max_eval_examples] for k, v in records.items()}
-    for split, rows in records.items():
-        if not rows:
-            raise UserError(f"{data.hub_name}: the {split} split is empty")  # files were checked when read
+    records = cut_to_limits(read_split_records(data), data.max_train_examples, data.max_eval_examples)
     return {split: read_questions(rows, data, labelled=split != "test") for split, rows in records.items()}
 
 
@@ -396,12 +362,9 @@ class ChoicesTask:
         """The task of a data: section, its splits read (and jieba loaded when `data.jieba`).
 
         Raises:
-            UserError: unreadable data, bad rows (naming file and line), jieba missing, both `blank` and
-                `question_column` set.
+            UserError: unreadable data, bad rows (naming file and line), jieba missing.
         """
         assert data.choices is not None  # FinetuneDataConfig requires the section for this type
-        if data.choices.blank and data.choices.question_column:
-            raise ConfigError("choices: blank and question_column do not go together (a filled context is read alone)")
         segment = jieba_presegmenter() if data.jieba else identity
         return cls(data.task, load_questions(data), data.choices, data.pad_to_multiple_of, segment)
 

@@ -22,10 +22,9 @@ import numpy as np
 import torch
 
 from roformer.data.config import FinetuneDataConfig
-from roformer.data.glue import Encoded, padded_length, write_tsv
 from roformer.data.glue_metrics import compute
-from roformer.data.records import Record, example_id, field, read_hub_split, read_records, text_field
-from roformer.data.tasks import pad_rows
+from roformer.data.records import Record, example_id, field, read_split_records, text_field
+from roformer.data.tasks import Encoded, cut_to_limits, pad_rows, padded_length, write_tsv
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import UserError
 from roformer.files import atomic_copy
@@ -40,35 +39,7 @@ DEFAULT_METRICS = {
     "regression": ("pearson", "spearman"),
     "multi_label_classification": ("micro_f1", "macro_f1"),
 }
-HUB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
 PREDICTIONS_FILE = "{split}.tsv"
-
-
-def read_split_records(data: FinetuneDataConfig) -> dict[str, list[Record]]:
-    """The rows of every split present: train and dev always, test when given (files) or on the hub.
-
-    Raises:
-        UserError: a missing or unreadable file, an empty train or dev split.
-    """
-    if data.source == "hub":
-        splits = {"train": read_hub_split(data.hub_name, data.hub_config, "train")}
-        splits["dev"] = read_hub_split(data.hub_name, data.hub_config, "validation")
-        try:
-            splits["test"] = read_hub_split(data.hub_name, data.hub_config, "test")
-        except UserError as e:
-            logger.warning("no test split (%s)", e)
-    else:
-        files = {"train": data.train_file, "dev": data.validation_file, "test": data.test_file}
-        splits = {name: read_records(path, data.format, data.column_names) for name, path in files.items() if path}
-    for name in ("train", "dev"):
-        if not splits[name]:
-            where = data.hub_name if data.source == "hub" else files[name]
-            raise UserError(f"{where}: the {name} split is empty")
-    if data.max_train_examples is not None:
-        splits["train"] = splits["train"][: data.max_train_examples]
-    if data.max_eval_examples is not None:
-        splits = {k: v if k == "train" else v[: data.max_eval_examples] for k, v in splits.items()}
-    return splits
 
 
 def label_text(value: Any) -> str:
@@ -131,7 +102,7 @@ class TextTask:
     @classmethod
     def from_config(cls, data: FinetuneDataConfig) -> TextTask:
         """The task of a data: section, its splits read and checked."""
-        return cls(data, read_split_records(data))
+        return cls(data, cut_to_limits(read_split_records(data), data.max_train_examples, data.max_eval_examples))
 
     @staticmethod
     def _default_columns(first: Record) -> list[str]:

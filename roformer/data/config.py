@@ -218,6 +218,8 @@ class ChoicesConfig:
         check_types(self)
         if bool(self.choices_column) == bool(self.choice_columns):
             raise ConfigError("choices: name either choices_column (a list field) or choice_columns (one per choice)")
+        if self.blank and self.question_column:
+            raise ConfigError("choices: blank and question_column do not go together (a filled context is read alone)")
 
 
 MULTI_LABEL_METRICS = ("micro_f1", "macro_f1", "subset_accuracy")

@@ -9,8 +9,6 @@ roformer.data.glue_tasks; the official metrics in roformer.data.glue_metrics.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,9 +17,9 @@ import torch
 from roformer.data.config import FinetuneDataConfig
 from roformer.data.glue_metrics import compute
 from roformer.data.glue_tasks import Example, Split, Task, get_task, read_files, read_glue_dir, read_hub
-from roformer.data.tasks import pad_rows
+from roformer.data.tasks import Encoded, cut_to_limits, pad_rows, padded_length, write_tsv
 from roformer.errors import UserError
-from roformer.files import atomic_copy, atomic_write_text
+from roformer.files import atomic_copy
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
@@ -52,31 +50,7 @@ def load_splits(data: FinetuneDataConfig, task: Task | None = None) -> dict[str,
         splits = read_files(task, files, data.text_columns, data.label_column)
     if not splits["train"]:
         raise UserError(f"{task.name}: the training split is empty")
-    if data.max_train_examples is not None:
-        splits["train"] = splits["train"][: data.max_train_examples]
-    if data.max_eval_examples is not None:
-        splits = {k: v if k == "train" else v[: data.max_eval_examples] for k, v in splits.items()}
-    return splits
-
-
-@dataclass
-class Encoded:
-    """Token ids and types of a split, ragged (padding happens per batch): one row per example."""
-
-    ids: list[list[int]]
-    types: list[list[int]]
-    labels: list[int | float | None]
-    index: list[str]
-
-    @property
-    def lengths(self) -> list[int]:
-        """Tokens of every row."""
-        return [len(row) for row in self.ids]
-
-    @property
-    def labelled(self) -> bool:
-        """Whether the split has labels (dev) or not (GLUE's test splits)."""
-        return bool(self.labels) and self.labels[0] is not None
+    return cut_to_limits(splits, data.max_train_examples, data.max_eval_examples)
 
 
 def encode(examples: list[Example], tokenizer: Tokenizer, max_length: int) -> Encoded:
@@ -87,16 +61,6 @@ def encode(examples: list[Example], tokenizer: Tokenizer, max_length: int) -> En
     second = [e.texts[1] for e in examples] if len(examples[0].texts) > 1 else None
     out = tokenizer(first, second, truncation=True, max_length=max_length, return_token_type_ids=True)
     return Encoded(out["input_ids"], out["token_type_ids"], [e.label for e in examples], [e.index for e in examples])
-
-
-def padded_length(longest: int, multiple: int, cap: int | None = None) -> int:
-    """`longest` rounded up to a multiple of `multiple`, but not past `cap` (unless `longest` already is).
-
-    Tensor cores and the fused attention kernels want multiples of 8; the cap is the longest length the model
-    accepts (a learned position table).
-    """
-    rounded = -(-longest // multiple) * multiple
-    return rounded if cap is None else max(longest, min(rounded, cap))
 
 
 def collate(
@@ -189,9 +153,3 @@ class GlueTask:
         """Copy the server files of one run (written by `write_predictions` into `run_folder`) into `submission`."""
         for test in self.server_splits:
             atomic_copy(run_folder / test.submission, submission / test.submission)
-
-
-def write_tsv(path: Path, header: list[str], rows: Iterable[Iterable[object]]) -> None:
-    """A tab-separated file with a header line, written atomically (complete or absent)."""
-    lines = ["\t".join(header)] + ["\t".join(str(c) for c in row) for row in rows]
-    atomic_write_text(path, "".join(line + "\n" for line in lines))

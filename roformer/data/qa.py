@@ -43,10 +43,9 @@ import torch
 
 from roformer.data import qa_metrics
 from roformer.data.config import FinetuneDataConfig, QAConfig
-from roformer.data.glue import padded_length
 from roformer.data.records import Record, read_hub_split, read_text
 from roformer.data.segment import TokenizedText, tokenize_texts
-from roformer.data.tasks import pad_rows
+from roformer.data.tasks import cut_to_limits, pad_rows, padded_length
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_copy, atomic_write_text
 
@@ -251,8 +250,8 @@ def load_splits(data: FinetuneDataConfig) -> dict[str, list[Question]]:
                 counts.relocated,
                 counts.absent,
             )
-        limit = data.max_train_examples if split == "train" else data.max_eval_examples
-        splits[split] = questions[:limit] if limit is not None else questions
+        splits[split] = questions
+    splits = cut_to_limits(splits, data.max_train_examples, data.max_eval_examples)  # by questions
     if not splits["train"]:
         raise UserError(f"{sources['train']}: the training split has no questions")
     return splits

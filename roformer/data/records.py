@@ -11,12 +11,18 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from roformer.errors import UserError
+
+if TYPE_CHECKING:
+    from roformer.data.config import FinetuneDataConfig
+
+logger = logging.getLogger(__name__)
 
 FORMATS = ("csv", "tsv", "json", "jsonl", "parquet")
 
@@ -194,3 +200,32 @@ def example_id(record: Record, column: str | None, number: int) -> str:
         if name in record.fields:
             return str(record.fields[name])
     return str(number)
+
+
+HUB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}  # our split names -> a hub dataset's
+
+
+def read_split_records(data: FinetuneDataConfig) -> dict[str, list[Record]]:
+    """The rows of every split of a data: section: train and dev, test when given (files) or on the hub.
+
+    A hub dataset whose test split does not load (many have none) is used without it (logged).
+
+    Raises:
+        UserError: a missing, unreadable or empty file or split, a train or dev hub split that does not load.
+    """
+    if data.source == "hub":
+        assert data.hub_name is not None  # FinetuneDataConfig checks it
+        name, config = data.hub_name, data.hub_config
+        splits = {split: read_hub_split(name, config, HUB_SPLITS[split]) for split in ("train", "dev")}
+        try:
+            splits["test"] = read_hub_split(name, config, HUB_SPLITS["test"])
+        except UserError as e:
+            logger.warning("no test split (%s)", e)
+        where = dict.fromkeys(splits, name)
+    else:
+        where = {"train": data.train_file, "dev": data.validation_file, "test": data.test_file}
+        splits = {split: read_records(path, data.format, data.column_names) for split, path in where.items() if path}
+    for split, rows in splits.items():
+        if not rows:
+            raise UserError(f"{where[split]}: the {split} split is empty")
+    return splits

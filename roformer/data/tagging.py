@@ -54,19 +54,20 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from roformer.data.config import FinetuneDataConfig, TaggingConfig
-from roformer.data.glue import padded_length
 from roformer.data.records import Record, example_id, field, read_hub_split, read_records, read_text
 from roformer.data.tagging_metrics import classification_report, split_tag, tag_scores
-from roformer.data.tasks import pad_rows
+from roformer.data.tasks import pad_rows, padded_length
 from roformer.errors import UserError
 from roformer.files import atomic_copy, atomic_write_text
 from roformer.logs import MAIN_ONLY
-from roformer.model.model import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
+
+# a label the loss skips: torch's cross_entropy default, the model's IGNORE_INDEX (data does not import model)
+IGNORE_INDEX = -100
 
 OUTSIDE = "O"  # the tag of words in no entity; also the prediction of words the model cannot see
 DOCSTART = "-DOCSTART-"  # CoNLL-2003's document separator line: not a sentence

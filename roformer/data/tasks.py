@@ -13,13 +13,37 @@ extractive question answering (roformer.data.qa), multiple choice (roformer.data
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 
+from roformer.files import atomic_write_text
+
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
+
+
+@dataclass
+class Encoded:
+    """Token ids and types of a split, ragged (padding happens per batch): one row per example."""
+
+    ids: list[list[int]]
+    types: list[list[int]]
+    labels: list[int | float | None]
+    index: list[str]
+
+    @property
+    def lengths(self) -> list[int]:
+        """Tokens of every row."""
+        return [len(row) for row in self.ids]
+
+    @property
+    def labelled(self) -> bool:
+        """Whether the split has labels (dev) or not (GLUE's test splits)."""
+        return bool(self.labels) and self.labels[0] is not None
 
 
 class EncodedSplit(Protocol):
@@ -97,3 +121,27 @@ def pad_rows(
         token_types[i, :n] = torch.tensor(types[r])
         mask[i, :n] = 1
     return {"input_ids": input_ids, "token_type_ids": token_types, "attention_mask": mask}
+
+
+def padded_length(longest: int, multiple: int, cap: int | None = None) -> int:
+    """`longest` rounded up to a multiple of `multiple`, but not past `cap` (unless `longest` already is).
+
+    Tensor cores and the fused attention kernels want multiples of 8; the cap is the longest length the model
+    accepts (a learned position table).
+    """
+    rounded = -(-longest // multiple) * multiple
+    return rounded if cap is None else max(longest, min(rounded, cap))
+
+
+T = TypeVar("T")
+
+
+def cut_to_limits(splits: dict[str, list[T]], max_train: int | None, max_eval: int | None) -> dict[str, list[T]]:
+    """The first `max_train` examples of the training split and the first `max_eval` of every other (None: all)."""
+    return {name: examples[: max_train if name == "train" else max_eval] for name, examples in splits.items()}
+
+
+def write_tsv(path: Path, header: list[str], rows: Iterable[Iterable[object]]) -> None:
+    """A tab-separated file with a header line, written atomically (complete or absent)."""
+    lines = ["\t".join(header)] + ["\t".join(str(c) for c in row) for row in rows]
+    atomic_write_text(path, "".join(line + "\n" for line in lines))

@@ -283,6 +283,13 @@ class Finetuner:
         # a missing or unreadable init or data fails here, before any training
         self.task, self.tokenizer, model_config = task_inputs(config)
         self.classifier_head = model_config.classifier_head
+        if self.task.architecture == "multiple_choice" and self.classifier_head == "mlp":
+            # HF's sequence summary reads the last position, a padding one for all but the longest candidate
+            logger.warning(
+                "multiple choice with classifier_head: mlp scores each candidate at the last position, padding "
+                "included (as HF does): predictions depend on how batches are padded; model.classifier_head: pooler "
+                "reads [CLS]"
+            )
         self.max_length = self._max_length(model_config)
         encoded = self.task.encode(self.tokenizer, self.max_length)
         self.data = EncodedTask(self.task, encoded, self.tokenizer.pad_token_id, self.max_length)

@@ -11,6 +11,7 @@ import torch
 from helpers import tiny_config
 
 from roformer.data import choices as choices_module
+from roformer.data import records as records_module
 from roformer.data.choices import ChoicesTask, EncodedChoices, blank_window, parse_label
 from roformer.data.config import ChoicesConfig, FinetuneDataConfig
 from roformer.data.records import Record
@@ -334,7 +335,7 @@ def test_hub_splits_are_train_validation_and_test_when_present(monkeypatch: pyte
         label = -1 if split == "test" else 1
         return [Record(swag_row("w1", "w2", ["a", "b", "c"], label), f"{name}:{split}:0")]
 
-    monkeypatch.setattr(choices_module, "read_hub_split", read)
+    monkeypatch.setattr(records_module, "read_hub_split", read)
     for config, tests in (("regular", ["test"]), ("no-test", [])):
         data = FinetuneDataConfig(
             type="multiple_choice", source="hub", hub_name="swag", hub_config=config, choices=ChoicesConfig(**SWAG)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from roformer.data import tagging as tagging_module
 from roformer.data.config import FinetuneDataConfig, TaggingConfig
 from roformer.data.records import Record
 from roformer.data.tagging import (
@@ -523,3 +524,7 @@ def test_conll2003_counts_match_the_data_readme(shared_data: Path) -> None:
     assert entities["train"] == {"PER": 6600, "ORG": 6321, "LOC": 7140, "MISC": 3438}
     assert sum(entities["valid"].values()) == 5942 and sum(entities["test"].values()) == 5648
     assert label_set(counts["train"]) == ["O"] + [f"{p}-{t}" for p in "BI" for t in ("LOC", "MISC", "ORG", "PER")]
+
+
+def test_the_ignored_label_is_the_models() -> None:
+    assert tagging_module.IGNORE_INDEX == IGNORE_INDEX  # data does not import model: the value is repeated
