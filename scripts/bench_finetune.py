@@ -2,6 +2,8 @@
 
     python scripts/bench_finetune.py --task ner --init runs/roformer-base/final --out runs/bench/ner
     python scripts/bench_finetune.py --task qa --init DIR --out runs/bench/qa --train-examples 1002 --epochs 2
+    python scripts/bench_finetune.py --task ner --init DIR --out /tmp/b --train-examples 64 --eval-examples 32 \
+        --max-steps 4 --batch-size 8 --seeds 0 1 --profile      # a smoke run; --sides hf: the Trainer alone
 
 Both sides start from the same weights and tokenizer (the roformer model directory `--init`; the Trainer gets it
 exported once, before any timing, with `roformer convert --to-hf`, and loads it as a user would, with
@@ -37,7 +39,16 @@ is rescored here with it too.
 
 Reported per side and seed: wall time of the whole subprocess, training time (ours: the steps' time from
 metrics.jsonl; HF: `train_runtime`) and training rows/s (steps x batch / training time; rows are windows for QA),
-the dev metrics; then the HF/ours wall-time ratio and, for HF, where the time went. Writes `--out/bench.json`.
+the dev metrics; then the HF/ours wall-time ratio and, for HF, where the time went. Writes `--out/bench.json` and
+`--out/bench.md`; with `--profile`, one more (untimed) run per side under cProfile: `--out/profile-{ours,hf}.txt`.
+
+Differences that remain, each side's own behaviour: ours pads a batch to its longest row (rounded up to 8), run_qa
+every window to max_length; ours predicts in order of length, the Trainer in file order; ours cuts a question to
+qa.max_query_length (64) tokens, run_qa does not, and ours drops question tokens before taking the n-best starts and
+ends (roformer.data.qa); ours numbers the NER labels `O` first, run_ner sorts them; ours scores every dev word (those
+cut off by max_length predicted `O`), run_ner only the words the model saw (the counts are in bench.json); ours
+trains on full batches from per-epoch permutations, the Trainer on a random sampler with a partial last batch; the
+Trainer's AdamW is the fused CPU kernel (its default optim), ours the per-tensor one.
 """
 
 from __future__ import annotations
@@ -740,6 +751,9 @@ def report(args: argparse.Namespace, bench: dict[str, Any]) -> str:
         "metric). Ours' rest = start-up, reading and tokenising, evaluation (dev is predicted twice: the end-of-run "
         "evaluation and the predictions files), writing the run directory.",
     ]
+    for run in bench["runs"].get("hf", []):
+        if run.get("dev_words_scored") is not None and run["dev_words_scored"] != run["dev_words"]:
+            lines.append(f"- HF seed {run['seed']} scored {run['dev_words_scored']} of {run['dev_words']} dev words")
     for side in ("ours", "hf"):
         for run in bench["runs"].get(side, []):
             checks = {"ours": run.get("rescored"), "hf": run.get("dev_roformer_tagging_metrics")}[side]

@@ -14,7 +14,9 @@ the question: nothing could be learnt from it, and the file is likely not what i
 ids in a split, and (SQuAD v1.1) a question without answers, are errors too.
 
 Windows. As HF's run_qa (`prepare_train_features`): the question first (cut to `max_query_length` tokens), the context
-second, cut into windows of the room left in `max_length`, consecutive windows sharing `doc_stride` tokens. A training
+second, cut into windows of the room left in `max_length`, consecutive windows sharing `doc_stride` tokens. Where
+max_length is short (a model pretrained on short blocks caps it), a question keeps at most half the room and windows
+share at most half their tokens, so that they always move on (HF's tokenizers refuse such a stride). A training
 window's targets are the first and last token of the question's first answer, or [CLS] (position 0) when the answer
 is not wholly inside the window or the question has none (SQuAD v2.0). Tokens keep their characters in the original
 context (with `data.jieba`, through roformer.data.segment), so a predicted span is cut from the context as written.
@@ -152,7 +154,7 @@ def check_questions(questions: list[Question], where: str, split: str, version_2
             raise UserError(f"{where}: question {q.id!r}: no answer text occurs in its context ({q.answers[0]!r})")
 
 
-def read_squad(path: str | Path, version_2: bool = False) -> tuple[list[Question], AnswerCounts]:
+def read_squad(path: str | Path) -> tuple[list[Question], AnswerCounts]:
     """Every question of a SQuAD-format JSON file, its answers located (the file's order).
 
     Raises:
@@ -238,7 +240,7 @@ def load_splits(data: FinetuneDataConfig) -> dict[str, list[Question]]:
     else:
         files = {"train": data.train_file, "dev": data.validation_file, "test": data.test_file}
         sources = {split: str(path) for split, path in files.items() if path}
-        read = {split: read_squad(path, version_2) for split, path in files.items() if path}
+        read = {split: read_squad(path) for split, path in files.items() if path}
     splits = {}
     for split, (questions, counts) in read.items():
         check_questions(questions, sources[split], split, version_2)
@@ -305,19 +307,16 @@ def windows(tokens: int, room: int, overlap: int) -> list[tuple[int, int]]:
 
 
 def question_room(max_length: int, qa: QAConfig) -> int:
-    """The most question tokens: `max_query_length`, less when the windows would not move on otherwise.
+    """The most question tokens: `max_query_length`, but at most half of what [CLS] and two [SEP] leave.
 
-    A window holds max_length - 3 - question tokens of context and moves by that less `doc_stride`.
-
-    Raises:
-        UserError: doc_stride leaves no room for a question in max_length.
+    The context gets the rest: a window of max_length - 3 - question tokens.
     """
-    room = min(qa.max_query_length, max_length - 4 - qa.doc_stride)
-    if room < 1:
-        raise UserError(
-            f"data.qa.doc_stride {qa.doc_stride} leaves no room for the question in max_length {max_length}"
-        )
-    return room
+    return max(1, min(qa.max_query_length, (max_length - 3) // 2))
+
+
+def window_overlap(room: int, doc_stride: int) -> int:
+    """Tokens that consecutive windows of `room` context tokens share: doc_stride, but at most half a window."""
+    return min(doc_stride, room // 2)
 
 
 def answer_tokens(offsets: list[tuple[int, int]], span: tuple[int, int]) -> tuple[int, int] | None:
@@ -342,9 +341,8 @@ def check_template(tokenizer: Tokenizer) -> None:
     a, b = (tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("a", "b"))
     pair = tokenizer("a", "b", return_token_type_ids=True)
     cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
-    if pair["input_ids"] != [cls, *a, sep, *b, sep] or pair["token_type_ids"] != [0] * (len(a) + 2) + [1] * (
-        len(b) + 1
-    ):
+    types = [0] * (len(a) + 2) + [1] * (len(b) + 1)
+    if pair["input_ids"] != [cls, *a, sep, *b, sep] or pair["token_type_ids"] != types:
         raise UserError("question answering needs a BERT-style tokenizer: [CLS] question [SEP] context [SEP]")
 
 
@@ -376,8 +374,19 @@ def encode_split(
     if cut:
         logger.info("%d questions cut to %d tokens", cut, limit)
     specials = (tokenizer.cls_token_id, tokenizer.sep_token_id)
+    narrowed = 0
     for index, (q, asked) in enumerate(zip(questions, question_tokens)):
-        _add_rows(encoded, index, asked.ids[:limit], context_tokens[q.context], max_length, qa.doc_stride, specials)
+        room = max_length - 3 - len(asked.ids[:limit])
+        overlap = window_overlap(room, qa.doc_stride)
+        narrowed += overlap < qa.doc_stride
+        _add_rows(encoded, index, asked.ids[:limit], context_tokens[q.context], room, overlap, specials)
+    if narrowed:
+        logger.warning(
+            "data.qa.doc_stride %d is over half the %d-token windows of %d questions: theirs overlap by half",
+            qa.doc_stride,
+            max_length,
+            narrowed,
+        )
     return encoded
 
 
@@ -386,14 +395,14 @@ def _add_rows(
     index: int,
     asked: list[int],
     context: TokenizedText,
-    max_length: int,
-    doc_stride: int,
+    room: int,
+    overlap: int,
     specials: tuple[int, int],
 ) -> None:
-    """The rows of one question: one per window of its context."""
+    """The rows of one question: one per window of `room` context tokens, consecutive ones sharing `overlap`."""
     q, (cls, sep) = encoded.questions[index], specials
     before = len(asked) + 2  # [CLS] question [SEP]
-    for start, end in windows(len(context.ids), max_length - before - 1, doc_stride):
+    for start, end in windows(len(context.ids), room, overlap):
         encoded.ids.append([cls, *asked, sep, *context.ids[start:end], sep])
         encoded.types.append([0] * before + [1] * (end - start + 1))
         encoded.question_of.append(index)
@@ -472,6 +481,7 @@ def decode(split: QAEncoded, predictions: list[RowPrediction], qa: QAConfig) -> 
 
 
 def _decide(context: str, spans: dict[tuple[int, int], float], null: float, qa: QAConfig) -> Decoded:
+    """One question's answer from its best score per span and its lowest null score."""
     ranked = sorted(spans.items(), key=lambda item: -item[1])[: qa.n_best]
     answers = [(context[s:e], score) for (s, e), score in ranked]
     if qa.version_2:
@@ -483,10 +493,10 @@ def _decide(context: str, spans: dict[tuple[int, int], float], null: float, qa: 
     else:
         text = context[best[0][0] : best[0][1]]
     top = max((score for _, score in answers), default=0.0)
-    weights = [math.exp(score - top) for _, score in answers]
+    weights = [math.exp(score - top) for _, score in answers]  # a softmax over all n-best, shifted: no overflow
+    total = sum(weights)
     nbest = [
-        {"text": t, "probability": w / sum(weights), "score": score}
-        for (t, score), w in zip(answers[:NBEST_WRITTEN], weights)
+        {"text": t, "probability": w / total, "score": score} for (t, score), w in zip(answers[:NBEST_WRITTEN], weights)
     ]
     return Decoded(text, nbest)
 
@@ -563,15 +573,17 @@ class QATask:
         return decode(split, predictions, self.qa)
 
     def evaluate(self, split: QAEncoded, predictions: list[RowPrediction]) -> dict[str, float]:
-        """data.qa.metric's official metrics (SQuAD v1.1, v2.0 or CMRC 2018; percent); `score`: mean of EM and F1."""
+        """data.qa.metric's official metrics (SQuAD v1.1, v2.0 or CMRC 2018) as fractions; `score`: EM and F1's mean."""
         texts = {qid: decoded.text for qid, decoded in self.answers(split, predictions).items()}
         gold = {q.id: q.answers for q in split.questions}
         if self.qa.metric == "cmrc2018":
             metrics = qa_metrics.cmrc2018(texts, gold)
         else:
             metrics = (qa_metrics.squad_v2 if self.qa.version_2 else qa_metrics.squad_v1)(texts, gold)
-        metrics["score"] = (metrics["exact_match"] + metrics["f1"]) / 2
-        return metrics
+        # the official scripts print percent; results.json holds fractions, as every other task's metrics
+        fractions = {name: value / 100 for name, value in metrics.items()}
+        fractions["score"] = (fractions["exact_match"] + fractions["f1"]) / 2
+        return fractions
 
     def write_predictions(
         self, folder: Path, encoded: dict[str, QAEncoded], predictions: dict[str, list[RowPrediction]]

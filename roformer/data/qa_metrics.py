@@ -125,11 +125,7 @@ def _percent(scores: Iterable[float]) -> float:
 
 # The official list, in its order. '……' is two characters: the script compares one character at a time, so it never
 # matches and a lone '…' stays (kept as the official script has it).
-CMRC_PUNCTUATION = (
-    "-", ":", "_", "*", "^", "/", "\\", "~", "`", "+", "=",
-    "，", "。", "：", "？", "！", "“", "”", "；", "’", "《", "》", "……", "·", "、",
-    "「", "」", "（", "）", "－", "～", "『", "』",
-)  # fmt: skip
+CMRC_PUNCTUATION = (*"-:_*^/\\~`+=，。：？！“”；’《》", "……", *"·、「」（）－～『』")
 _CMRC_PUNCTUATION = frozenset(CMRC_PUNCTUATION)
 _CJK = re.compile(r"[\u4e00-\u9fa5]")
 

@@ -48,7 +48,7 @@ def head(source: Path, target: Path, count: int, every: int = 1) -> Path:
     """
     skip, count = 0, count * every
     text = source.read_text(encoding="utf-8")
-    if text.lstrip().startswith('{"version"') or text.lstrip().startswith('{"data"'):  # SQuAD JSON: questions
+    if source.suffix == ".json" and text.lstrip().startswith("{") and '"paragraphs"' in text[:5000]:  # SQuAD
         squad = json.loads(text)
         articles = []
         for article in squad["data"][skip : skip + count : every]:

@@ -25,7 +25,7 @@ def toy_squad(path: Path, count: int, seed: int) -> Path:
     fillers = corpus.fillers[:40]
     articles = []
     for i in range(count):
-        words = rng.sample(fillers, rng.randint(40, 70) if i % 3 == 0 else rng.randint(6, 14))
+        words = rng.choices(fillers, k=rng.randint(40, 70) if i % 3 == 0 else rng.randint(6, 14))
         subject, number = rng.choice(corpus.subjects[:5]), rng.choice(NUMBERS)
         at = rng.randint(0, len(words))
         words[at:at] = [subject, number]
@@ -69,7 +69,7 @@ def test_a_qa_task_fine_tunes_predicts_and_publishes(tmp_path: Path, pretrained:
     assert set(metrics) == {"exact_match", "f1", "score"}
     assert metrics["score"] == (metrics["exact_match"] + metrics["f1"]) / 2
     print(metrics)
-    assert metrics["exact_match"] > 50, metrics  # the number word is the only one of its kind: learnt in 40 steps
+    assert metrics["exact_match"] > 0.5, metrics  # the number word is the only one of its kind: learnt in 40 steps
 
     (folder,) = (run / "predictions").iterdir()
     predicted = json.loads((folder / "dev_predictions.json").read_text())
