@@ -785,7 +785,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=("ner", "qa"))
     parser.add_argument("--init", help="a roformer model directory with its tokenizer (a pretraining run's final/)")
-    parser.add_argument("--out", help="output folder: data subsets, configs, both sides' run folders, bench.json")
+    parser.add_argument(
+        "--out", type=lambda p: str(Path(p).resolve()), help="output folder: data, configs, run folders, bench.json"
+    )
     parser.add_argument("--train-examples", type=int, default=None, help="first N training sentences/questions")
     parser.add_argument("--eval-examples", type=int, default=None, help="first M dev sentences/questions")
     parser.add_argument("--max-steps", type=int, default=None, help="optimizer steps (else --epochs)")

@@ -174,15 +174,16 @@ class FinetuneRun:
 
     def evaluate(self, step: int) -> list[dict[str, Any]]:
         """Dev metrics of every dev split; the weights are kept when the first split's score improves."""
-        task, dev = self.data.task, {}
+        task, dev, predicted = self.data.task, {}, {}
         for split in task.dev_splits:
-            predictions = predict(self.engine, self.data, split, self.eval_size)
-            dev[split] = task.evaluate(self.data.splits[split], predictions)
+            predicted[split] = predict(self.engine, self.data, split, self.eval_size)
+            dev[split] = task.evaluate(self.data.splits[split], predicted[split])
         score = dev[task.dev_splits[0]]["score"]
         if ranked(score) > ranked(self.best["score"]) or self.best["state"] is None:  # NaN: below every score
             # gathered by every process (FSDP/ZeRO-3 shards), complete at least on the main process
             state = {k: v.detach().cpu().clone() for k, v in self.engine.full_state_dict().items()}
-            self.best = {"score": score, "step": step, "state": state, "dev": dev}
+            # the dev predictions are kept too: the run's prediction files need not predict dev again
+            self.best = {"score": score, "step": step, "state": state, "dev": dev, "predictions": predicted}
         return [{"split": split, **metrics} for split, metrics in dev.items()]
 
     def epoch_of(self, step: int) -> float:
@@ -194,7 +195,7 @@ class FinetuneRun:
     def save_checkpoint_state(self, directory: Path) -> dict[str, Any]:
         if self.best["state"] is not None:
             save_file({k: v.contiguous() for k, v in self.best["state"].items()}, str(directory / BEST_WEIGHTS_FILE))
-        return {k: v for k, v in self.best.items() if k != "state"}
+        return {k: v for k, v in self.best.items() if k not in ("state", "predictions")}  # predictions: redone
 
     def load_checkpoint_state(self, directory: Path, state: dict[str, Any], step: int) -> None:
         weights = directory / BEST_WEIGHTS_FILE
@@ -388,8 +389,9 @@ class Finetuner:
             engine.evaluate(run, state)
         engine.fit(run, state, checkpoint_at_end=False, desc=f"{self.task.name} {tag}")
         engine.load_full_state_dict(run.best["state"])
+        kept = run.best.get("predictions") or {}  # the best evaluation's (a resumed run's checkpoint has none)
         splits = self.task.dev_splits + self.task.test_splits
-        predictions = {split: predict(engine, self.data, split, train.eval_size) for split in splits}
+        predictions = {s: kept[s] if s in kept else predict(engine, self.data, s, train.eval_size) for s in splits}
         record = {
             "peak_lr": lr,
             "seed": seed,
