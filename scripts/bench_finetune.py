@@ -193,14 +193,17 @@ QAMetric = Callable[[dict[str, str], dict[str, list[str]]], dict[str, float]]
 
 
 def qa_metric() -> tuple[QAMetric, str]:
-    """CMRC 2018's official metric (EM, F1 and their mean, in percent) both sides are scored with, and its source.
+    """CMRC 2018's official metric (EM, F1 and their mean, as fractions like results.json) both sides are scored with.
 
     `roformer.data.qa_metrics.cmrc2018` (the port of cmrc2018_evaluate.py that ours reports) takes the predictions
     `{question id: text}` and the gold answers `{question id: [texts]}`.
     """
     from roformer.data.qa_metrics import cmrc2018
 
-    return cmrc2018, "roformer.data.qa_metrics.cmrc2018"
+    def fractions(predictions: dict[str, str], gold: dict[str, list[str]]) -> dict[str, float]:
+        return {name: value / 100 for name, value in cmrc2018(predictions, gold).items()}  # the script's percent
+
+    return fractions, "roformer.data.qa_metrics.cmrc2018"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -701,7 +704,7 @@ def _mean_std(values: list[float], scale: float) -> str:
 def report(args: argparse.Namespace, bench: dict[str, Any]) -> str:
     """The markdown tables of a finished benchmark."""
     metrics = ["precision", "recall", "f1", "accuracy"] if args.task == "ner" else ["exact_match", "f1"]
-    scale = 100 if args.task == "ner" else 1  # NER scores are fractions, QA's percentages: both shown in percent
+    scale = 100  # every score is a fraction (results.json's), shown in percent
     lines = [
         f"### {args.task}: roformer finetune vs transformers Trainer ({bench['setup']['reference']})",
         "",
@@ -748,8 +751,8 @@ def report(args: argparse.Namespace, bench: dict[str, Any]) -> str:
         "HF phases: imports = torch + transformers; load = tokenizer and model (with transformers' lazy imports of "
         "the model code); data = reading + Dataset.map; train = trainer.train(); save = save_model/metrics/state; "
         "eval_forward = the prediction loop (QA); eval = evaluation (NER: loop + seqeval; QA: post-processing + "
-        "metric). Ours' rest = start-up, reading and tokenising, evaluation (dev is predicted twice: the end-of-run "
-        "evaluation and the predictions files), writing the run directory.",
+        "metric). Ours' rest = start-up, reading and tokenising, the end-of-run evaluation (its predictions are "
+        "the ones written), writing the run directory.",
     ]
     for run in bench["runs"].get("hf", []):
         if run.get("dev_words_scored") is not None and run["dev_words_scored"] != run["dev_words"]:
@@ -849,7 +852,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.profile:
         bench["profiles"] = profile(args, data, env)
     metrics = ["precision", "recall", "f1", "accuracy"] if args.task == "ner" else ["exact_match", "f1"]
-    bench["summary"] = summarise(bench, metrics, 100 if args.task == "ner" else 1)
+    bench["summary"] = summarise(bench, metrics, 100)
     (out / "bench.json").write_text(json.dumps(bench, indent=2, default=float))
     text = report(args, bench)
     (out / "bench.md").write_text(text + "\n")

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import REPO, launch_two, write_wrapper
 
 from roformer.cli import main
 from roformer.config import load
@@ -78,10 +78,8 @@ def csv_of_reviews(shared_data: Path, target: Path) -> Path:
     return target
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-def test_a_shipped_config_trains_on_files_in_its_format(
-    name: str, shared_data: Path, pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
+def small_job(name: str, shared_data: Path, pretrained: Path, tmp_path: Path) -> tuple[FinetuneConfig, list[str]]:
+    """The shipped config `name` and the --set items of a 2-step job on small files cut from its real data."""
     config = load(FinetuneConfig, REPO / "configs" / "finetune" / f"{name}.yaml")
     kind = config.data.type
     train = Path(config.data.train_file or shared_data / CMRC_TRIAL)  # squad: the hub by default
@@ -110,6 +108,16 @@ def test_a_shipped_config_trains_on_files_in_its_format(
     ]
     if kind == "question_answering":
         overrides += ["data.qa.doc_stride=32", "data.qa.max_query_length=32"]
+    return config, overrides
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_shipped_config_trains_on_files_in_its_format(
+    name: str, shared_data: Path, pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    config, overrides = small_job(name, shared_data, pretrained, tmp_path)
+    kind = config.data.type
+    unlabelled = name == "ocnli"
     out = tmp_path / "run"
     code = main(
         [
@@ -131,3 +139,29 @@ def test_a_shipped_config_trains_on_files_in_its_format(
     assert (out / "best" / "model.safetensors").is_file()
     if config.data.test_file and kind != "question_answering":
         assert ("test" in results) == (not unlabelled)  # OCNLI's test file has no labels: predicted, not scored
+
+
+@pytest.mark.parametrize("name", ["conll2003", "cmrc2018", "fewclue-chid", "fewclue-tnews"])
+def test_two_processes_predict_what_one_does(
+    name: str, shared_data: Path, pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The same global batch on one process and on two (2 x 2): the same results and prediction files, byte for byte.
+
+    Every row (a sentence, a window of a context, a question with its candidates) is predicted once, on one process,
+    and gathered in split order: QA's windows of one question may land on both processes.
+    """
+    _, overrides = small_job(name, shared_data, pretrained, tmp_path)
+    sets = sum((["--set", o] for o in overrides), [])
+    assert main(["finetune", "--config", f"finetune/{name}", "--output-dir", str(tmp_path / "one"), *sets]) == 0
+    wrapper = write_wrapper(tmp_path / "run.py", "")
+    two = ["finetune", "--config", f"finetune/{name}", "--output-dir", str(tmp_path / "two"), *sets]
+    ranks = launch_two(wrapper, [*two, "--set", "train.batch_size=2"], timeout=240)
+    assert [code for code, _ in ranks] == [0, 0], [err[-1500:] for _, err in ranks]
+    one, other = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("one", "two"))
+    for results in (one, other):
+        results.pop("init", None)
+    assert one["runs"][0]["dev"] == pytest.approx(other["runs"][0]["dev"], rel=1e-5)
+    folder = Path("predictions") / "lr0.001-seed0"
+    for file in sorted((tmp_path / "one" / folder).iterdir()):
+        if file.suffix != ".json" or "nbest" not in file.name:  # n-best probabilities: floats of two layouts
+            assert file.read_bytes() == (tmp_path / "two" / folder / file.name).read_bytes(), file.name
