@@ -145,12 +145,16 @@ def test_a_shipped_config_trains_on_files_in_its_format(
 def test_two_processes_predict_what_one_does(
     name: str, shared_data: Path, pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    """The same global batch on one process and on two (2 x 2): the same results and prediction files, byte for byte.
+    """The initial model predicted by one process and by two: the same results and prediction files, byte for byte.
 
     Every row (a sentence, a window of a context, a question with its candidates) is predicted once, on one process,
-    and gathered in split order: QA's windows of one question may land on both processes.
+    and gathered in split order: QA's windows of one question may land on both processes. `max_steps: 0` (the
+    head drawn from the seed, no step) keeps this to the task's part: after training steps, two processes' weights
+    differ from one's by float rounding (the steps are the engine's, whatever the task: tests/e2e/test_pretrain.py),
+    which can flip the argmax of near-tied candidates of a 2-step model.
     """
     _, overrides = small_job(name, shared_data, pretrained, tmp_path)
+    overrides = [o for o in overrides if not o.startswith("train.max_steps=")] + ["train.max_steps=0"]
     sets = sum((["--set", o] for o in overrides), [])
     assert main(["finetune", "--config", f"finetune/{name}", "--output-dir", str(tmp_path / "one"), *sets]) == 0
     wrapper = write_wrapper(tmp_path / "run.py", "")
@@ -160,7 +164,8 @@ def test_two_processes_predict_what_one_does(
     one, other = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("one", "two"))
     for results in (one, other):
         results.pop("init", None)
-    assert one["runs"][0]["dev"] == pytest.approx(other["runs"][0]["dev"], rel=1e-5)
+    for split, metrics in one["runs"][0]["dev"].items():
+        assert metrics == pytest.approx(other["runs"][0]["dev"][split], rel=1e-5)
     folder = Path("predictions") / "lr0.001-seed0"
     for file in sorted((tmp_path / "one" / folder).iterdir()):
         if file.suffix != ".json" or "nbest" not in file.name:  # n-best probabilities: floats of two layouts
