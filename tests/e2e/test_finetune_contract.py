@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -170,3 +171,69 @@ def test_two_processes_predict_what_one_does(
     for file in sorted((tmp_path / "one" / folder).iterdir()):
         if file.suffix != ".json" or "nbest" not in file.name:  # n-best probabilities: floats of two layouts
             assert file.read_bytes() == (tmp_path / "two" / folder / file.name).read_bytes(), file.name
+
+
+BAD_DATA = {  # config, file suffix, train file text, what the one-line error says
+    "label outside the declared set": (
+        "ocnli",
+        ".json",
+        '{"sentence1": "a", "sentence2": "b", "label": "maybe"}\n',
+        r"train\.json:1: label 'maybe'",
+    ),
+    "CoNLL line with the wrong column count": (
+        "conll2003",
+        ".txt",
+        "EU NNP B-NP B-ORG\nrejects VBZ B-VP\n",
+        r"train\.txt:2: 3 columns, expected 4",
+    ),
+    "QA answer whose text is nowhere in the context": (
+        "cmrc2018",
+        ".json",
+        '{"data": [{"paragraphs": [{"context": "北京是首都。", "qas": [{"id": "q1", "question": "哪里?", '
+        '"answers": [{"text": "上海", "answer_start": 0}]}]}]}]}',
+        r"train\.json.*q1",
+    ),
+    "empty split": ("chinese-stsb", ".data", "", r"train\.data: the train split is empty"),
+    "score that is not a number": ("chinese-stsb", ".data", "a\tb\tfive\n", r"train\.data:1: score 'five'"),
+    "different candidate counts": (
+        "fewclue-chid",
+        ".json",
+        '{"content": "#idiom#", "candidates": ["a", "b"], "answer": 0}\n'
+        '{"content": "#idiom#", "candidates": ["a", "b", "c"], "answer": 0}\n',
+        r"train\.json:2:.*3 candidates",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_DATA))
+def test_bad_data_is_one_line_naming_file_and_line_and_writes_nothing(
+    case: str, pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    name, suffix, text, expected = BAD_DATA[case]
+    train = tmp_path / f"train{suffix}"
+    train.write_text(text, encoding="utf-8")
+    sets = [f"init={pretrained}", f"data.train_file={train}", f"data.validation_file={train}", "data.test_file=null"]
+    out = tmp_path / "run"
+    code = main(
+        ["finetune", "--config", f"finetune/{name}", "--output-dir", str(out), *sum((["--set", s] for s in sets), [])]
+    )
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and re.search(expected, err), err
+    assert not out.exists()
+
+
+def test_a_suite_of_other_tasks_writes_one_table_and_a_submission_folder_per_task(
+    shared_data: Path, pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """configs/finetune/english-cpu.yaml (CoNLL-2003): what `roformer experiment` runs as its downstream stage."""
+    out = tmp_path / "suite"
+    sets = [f"init={pretrained}", "data.max_train_examples=48", "data.max_eval_examples=24", "train.max_steps=2"]
+    code = main(
+        ["glue", "--config", "finetune/english-cpu", "--output-dir", str(out), *sum((["--set", s] for s in sets), [])]
+    )
+    assert code == 0, capsys.readouterr().err
+    table = (out / "results.md").read_text()
+    assert "| conll2003 | dev | f1 |" in table and "| conll2003 | dev | precision |" in table
+    assert (out / "submission" / "conll2003" / "test.conll").is_file()  # a GLUE task's files stay flat
+    assert set(json.loads((out / "results.json").read_text())) == {"conll2003"}
