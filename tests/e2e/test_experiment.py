@@ -204,7 +204,17 @@ def test_glue_and_length_stages_resume_and_report(tmp_path: Path, monkeypatch: p
         "train": {"max_steps": 2, "batch_size": 8, "lr": 1e-3, "seeds": [0, 1], "progress": False},
     }
     write_yaml(tmp_path / "sst2.yaml", {"init": "unused", **task})
-    write_yaml(tmp_path / "suite.yaml", {"tasks": ["sst2.yaml"]})
+    for split, rows in (("train", sentences[:80]), ("dev", sentences[80:])):  # a tag per word: number words
+        lines = ["\n".join(f"{w} {'B-NUM' if w in NUMBERS else 'O'}" for w in s.split()) for s in rows]
+        (tmp_path / f"{split}.conll").write_text("\n\n".join(lines) + "\n")
+    ner = {
+        "type": "token_classification",
+        "task": "toy-ner",
+        "train_file": "train.conll",
+        "validation_file": "dev.conll",
+    }
+    write_yaml(tmp_path / "ner.yaml", {"init": "unused", "data": ner, "train": task["train"]})
+    write_yaml(tmp_path / "suite.yaml", {"tasks": ["sst2.yaml", "ner.yaml"]})  # GLUE and any other task type
     data = read_yaml(config)
     suite = f"../{tmp_path.name}/suite.yaml"  # a path through `..`, as configs/experiments/ names configs/glue/
     data.update(
@@ -225,6 +235,7 @@ def test_glue_and_length_stages_resume_and_report(tmp_path: Path, monkeypatch: p
     results = json.loads((out / GLUE_DIR / "roformer-seed1" / "sst2" / RESULTS_FILE).read_text())
     assert results["label"] == "roformer" and results["init"].endswith(f"roformer-seed1/{FINAL_DIR}")
     assert summary["glue"]["roformer"]["sst2"]["runs"] == 2 and "sst2" in summary["glue_differences"]["roformer"]
+    assert summary["glue"]["roformer"]["toy-ner"]["runs"] == 2 and "toy-ner" in summary["glue_differences"]["roformer"]
     assert set(summary["length_differences"]["roformer"]) == {32, 64}
     report = (out / REPORT_FILE).read_text()
     assert "### GLUE" in report and "Dev score differences from bert" in report and "GLUE suite" in report
