@@ -232,6 +232,22 @@ def _hf_steps(job: dict[str, Any], rows: int) -> int:
     return max(1, math.ceil(job["epochs"] * math.ceil(rows / job["batch_size"])))
 
 
+def train_and_save(trainer: Any, clock: dict[str, float]) -> Any:
+    """`trainer.train()`, then what run_ner and run_qa write after it (model, train metrics, state), both timed.
+
+    Returns:
+        The training's result (`train_runtime` among its metrics).
+    """
+    result = trainer.train()
+    clock["train"] = time.perf_counter()
+    trainer.save_model()
+    trainer.log_metrics("train", result.metrics)
+    trainer.save_metrics("train", result.metrics)
+    trainer.save_state()
+    clock["save"] = time.perf_counter()
+    return result
+
+
 def hf_ner(job: dict[str, Any], clock: dict[str, float]) -> dict[str, Any]:
     """run_ner: tokenize_and_align_labels, DataCollatorForTokenClassification, Trainer, seqeval."""
     import datasets
@@ -288,13 +304,7 @@ def hf_ner(job: dict[str, Any], clock: dict[str, float]) -> dict[str, Any]:
         processing_class=tokenizer, data_collator=transformers.DataCollatorForTokenClassification(tokenizer),
         compute_metrics=compute_metrics,
     )  # fmt: skip
-    result = trainer.train()
-    clock["train"] = time.perf_counter()
-    trainer.save_model()
-    trainer.log_metrics("train", result.metrics)
-    trainer.save_metrics("train", result.metrics)
-    trainer.save_state()
-    clock["save"] = time.perf_counter()
+    result = train_and_save(trainer, clock)
     metrics = trainer.evaluate()
     trainer.log_metrics("eval", metrics)
     trainer.save_metrics("eval", metrics)
@@ -476,13 +486,7 @@ def hf_qa(job: dict[str, Any], clock: dict[str, float]) -> dict[str, Any]:
         model=model, args=_hf_training_args(job, _hf_steps(job, len(train))), train_dataset=train,
         processing_class=tokenizer, data_collator=transformers.default_data_collator,
     )  # fmt: skip
-    result = trainer.train()
-    clock["train"] = time.perf_counter()
-    trainer.save_model()
-    trainer.log_metrics("train", result.metrics)
-    trainer.save_metrics("train", result.metrics)
-    trainer.save_state()
-    clock["save"] = time.perf_counter()
+    result = train_and_save(trainer, clock)
     # QuestionAnsweringTrainer.evaluate: the evaluation loop without metrics (example_id and offset_mapping are not
     # model inputs: the Trainer drops them from the batches), then post-processing and the metric
     output = trainer.predict(dev)

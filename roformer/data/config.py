@@ -7,7 +7,7 @@ loader and the resume policy read what their field metadata says (roformer.confi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from roformer.config import MAY_CHANGE_ON_RESUME, PATH, check_seed, check_types
 from roformer.data.glue_tasks import get_task
@@ -115,15 +115,6 @@ class DataConfig:
             raise ConfigError(f"max_eval_blocks must be >= 1 or null (all), got {self.max_eval_blocks}")
 
 
-TASK_TYPES = (
-    "glue",
-    "classification",
-    "regression",
-    "multi_label_classification",
-    "token_classification",
-    "question_answering",
-    "multiple_choice",
-)
 TaskType = Literal[
     "glue",
     "classification",
@@ -133,6 +124,7 @@ TaskType = Literal[
     "question_answering",
     "multiple_choice",
 ]
+TASK_TYPES = get_args(TaskType)
 
 
 @dataclass

@@ -56,7 +56,7 @@ import torch
 from roformer.data.config import FinetuneDataConfig, TaggingConfig
 from roformer.data.records import Record, example_id, field, read_hub_split, read_records, read_text
 from roformer.data.tagging_metrics import classification_report, split_tag, tag_scores
-from roformer.data.tasks import pad_rows, padded_length
+from roformer.data.tasks import TokenRows, pad_rows, padded_length
 from roformer.errors import UserError
 from roformer.files import atomic_copy, atomic_write_text
 from roformer.logs import MAIN_ONLY
@@ -317,7 +317,7 @@ def off_scheme(labels: list[str], scheme: str) -> list[str]:
 
 
 @dataclass
-class EncodedTags:
+class EncodedTags(TokenRows):
     """A split tokenized: one row per sentence, ragged (padding happens per batch).
 
     Attributes:
@@ -335,11 +335,6 @@ class EncodedTags:
     positions: list[list[int]]
     gold: list[list[str]] | None
     index: list[str]
-
-    @property
-    def lengths(self) -> list[int]:
-        """Tokens of every row."""
-        return [len(row) for row in self.ids]
 
     @property
     def labelled(self) -> bool:

@@ -26,19 +26,25 @@ if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
 
 
+class TokenRows:
+    """A split whose rows are lists of token ids (`ids`), one sequence each: their lengths are their sizes."""
+
+    ids: list[list[int]]
+
+    @property
+    def lengths(self) -> list[int]:
+        """Tokens of every row."""
+        return [len(row) for row in self.ids]
+
+
 @dataclass
-class Encoded:
+class Encoded(TokenRows):
     """Token ids and types of a split, ragged (padding happens per batch): one row per example."""
 
     ids: list[list[int]]
     types: list[list[int]]
     labels: list[int | float | None]
     index: list[str]
-
-    @property
-    def lengths(self) -> list[int]:
-        """Tokens of every row."""
-        return [len(row) for row in self.ids]
 
     @property
     def labelled(self) -> bool:
