@@ -354,6 +354,7 @@ class ChoicesTask:
         self.num_choices = check_same_count(splits)
         # informational: MultipleChoice scores each candidate with one output whatever num_labels says
         self.num_labels = self.num_choices
+        self.label_names = None  # a candidate's position, not a class
         self.dev_splits = ["dev"]
         self.test_splits = ["test"] if "test" in splits else []
 

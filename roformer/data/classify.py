@@ -95,6 +95,7 @@ class TextTask:
         kept = {name: self._kept(name, rows) for name, rows in records.items()}
         self.labels = self._label_set(kept["train"])
         self.num_labels = 1 if self.type == "regression" else len(self.labels)
+        self.label_names = None if self.type == "regression" else list(self.labels)
         self.examples = {name: self._examples(name, rows) for name, rows in kept.items()}
         self.dev_splits = ["dev"]
         self.test_splits = [name for name in ("test",) if name in kept]

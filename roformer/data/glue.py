@@ -99,6 +99,7 @@ class GlueTask:
         self.name = task.name
         self.tracker_project = f"roformer-glue-{task.name}"
         self.num_labels = task.num_labels
+        self.label_names = list(task.labels) if task.labels is not None else None
         self.metrics = task.metrics
         self.dev_splits = [s.name for s in task.dev if s.name in splits]
         self.server_splits: list[Split] = [s for s in task.test + task.extra_tests if s.name in splits]

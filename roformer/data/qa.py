@@ -518,6 +518,7 @@ class QATask:
 
     architecture = "question_answering"
     num_labels = 2  # start and end: the head's outputs, whatever the config says
+    label_names = None  # start and end logits: no classes
     metrics = ("exact_match", "f1")
 
     def __init__(

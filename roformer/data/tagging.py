@@ -474,6 +474,7 @@ class TaggingTask:
         self.tagging, self.multiple = tagging, pad_to_multiple_of
         self.tracker_project = f"roformer-{name}"
         self.num_labels = len(labels)
+        self.label_names = list(labels)
         self.label_ids = {tag: i for i, tag in enumerate(labels)}
         self.outside_id = self.label_ids.get(OUTSIDE, 0)
         self.dev_splits = ["dev"]

@@ -80,6 +80,8 @@ class FinetuneTask(Protocol):
             learning rates.
         dev_splits: The labelled dev splits present; the first one selects checkpoints and learning rates.
         test_splits: The other splits present, predicted by every run (scored too when labelled).
+        label_names: The names of the head's outputs in id order (classes, tags), written as `labels.json` beside
+            the fine-tuned model; None where outputs have no names (regression, QA, multiple choice).
     """
 
     name: str
@@ -89,6 +91,7 @@ class FinetuneTask(Protocol):
     metrics: tuple[str, ...]
     dev_splits: list[str]
     test_splits: list[str]
+    label_names: list[str] | None
 
     def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, EncodedSplit]:
         """Every split tokenized with `tokenizer`, rows of at most `max_length` tokens (ragged: batches pad)."""

@@ -79,6 +79,7 @@ logger = logging.getLogger(__name__)
 RECORD_FILE = "record.json"  # .progress/<run>/: the finished run's dev metrics and best step
 BEST_WEIGHTS_FILE = "best.safetensors"  # inside a fine-tuning checkpoint: the best dev weights so far
 CANDIDATE_SCORE_FILE = "score.json"  # .candidates/lr<lr>/: the dev score of the model kept there
+LABELS_FILE = "labels.json"  # best/: the names of the head's outputs in id order (classes, tags)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -426,6 +427,8 @@ class Finetuner:
         if marker.is_file() and ranked(json.loads(marker.read_text())["score"]) >= ranked(score):
             return
         write_model_dir(model, self.tokenizer, directory)
+        if self.task.label_names is not None:  # what each output means: best/ is usable without the run's config
+            atomic_write_text(directory / LABELS_FILE, json.dumps(self.task.label_names, ensure_ascii=False))
         atomic_write_text(marker, json.dumps({"score": score}))
 
     def select(self, runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -138,6 +138,8 @@ def test_a_shipped_config_trains_on_files_in_its_format(
     assert METRICS[kind] <= set(run["dev"]["dev"]) and "score" in run["dev"]["dev"]
     assert (out / "predictions" / "lr0.001-seed0" / PREDICTION_FILES[kind]).is_file()
     assert (out / "best" / "model.safetensors").is_file()
+    named = kind in ("classification", "token_classification")  # the outputs' names beside the model
+    assert (out / "best" / "labels.json").is_file() == named
     if config.data.test_file and kind != "question_answering":
         assert ("test" in results) == (not unlabelled)  # OCNLI's test file has no labels: predicted, not scored
 

@@ -20,6 +20,7 @@ class NumbersTask(GlueTask):
         super().__init__(*args, **kwargs)
         self.name, self.tracker_project = "numbers", "numbers-project"
         self.num_labels = 3  # one output more than the data's labels: the head's size comes from the task
+        self.label_names = ["no", "yes", "spare"]
 
     def write_predictions(self, folder: Path, encoded: dict[str, Encoded], predictions: dict) -> None:
         for split, values in predictions.items():
@@ -70,6 +71,7 @@ def test_a_job_runs_the_task_object_it_is_given(
         "test-predictions.txt",
     }
     assert roformer.load(run / "best").config.num_labels == 3
+    assert json.loads((run / "best" / "labels.json").read_text()) == ["no", "yes", "spare"]  # the task's names
     # a run holds the task, its encoded splits and its settings, not the job
     (one,) = runs
     assert not any(isinstance(v, finetune_module.Finetuner) for v in vars(one).values())
