@@ -249,6 +249,17 @@ class EncodedChoices:
         """Whether the split has labels."""
         return bool(self.labels) and self.labels[0] is not None
 
+    @property
+    def sequences(self) -> int:
+        """K: a row holds every candidate of its question."""
+        return self.num_choices
+
+    @property
+    def tokens(self) -> list[int]:
+        """Real tokens of every question: all its candidates'."""
+        K = self.num_choices
+        return [sum(len(row) for row in self.ids[i * K : (i + 1) * K]) for i in range(len(self.lengths))]
+
 
 def identity(text: str) -> str:
     """No pre-segmentation."""

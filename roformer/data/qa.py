@@ -47,7 +47,7 @@ from roformer.data import qa_metrics
 from roformer.data.config import FinetuneDataConfig, QAConfig
 from roformer.data.records import Record, read_hub_split, read_text
 from roformer.data.segment import TokenizedText, tokenize_texts
-from roformer.data.tasks import cut_to_limits, pad_rows, padded_length
+from roformer.data.tasks import TokenRows, cut_to_limits, pad_rows, padded_length
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_copy, atomic_write_text
 
@@ -264,7 +264,7 @@ def load_splits(data: FinetuneDataConfig) -> dict[str, list[Question]]:
 
 
 @dataclass
-class QAEncoded:
+class QAEncoded(TokenRows):
     """A split as model rows: one row per window of a question's context (`[CLS] question [SEP] window [SEP]`).
 
     Attributes:
@@ -286,11 +286,6 @@ class QAEncoded:
     starts: list[int] | None = None
     ends: list[int] | None = None
     labelled: bool = True
-
-    @property
-    def lengths(self) -> list[int]:
-        """Tokens of every row."""
-        return [len(row) for row in self.ids]
 
 
 def windows(tokens: int, room: int, overlap: int) -> list[tuple[int, int]]:

@@ -30,11 +30,17 @@ class TokenRows:
     """A split whose rows are lists of token ids (`ids`), one sequence each: their lengths are their sizes."""
 
     ids: list[list[int]]
+    sequences = 1  # a row is one sequence
 
     @property
     def lengths(self) -> list[int]:
         """Tokens of every row."""
         return [len(row) for row in self.ids]
+
+    @property
+    def tokens(self) -> list[int]:
+        """Real tokens of every row: its length."""
+        return self.lengths
 
 
 @dataclass
@@ -59,10 +65,14 @@ class EncodedSplit(Protocol):
         lengths: Tokens of every row (the longest choice of a multiple-choice row): batch order and padding.
         labelled: Whether the split has labels: a dev split always, a test split when its file has them (then
             the selected checkpoint of every run is scored on it too).
+        tokens: Real tokens of every row (all K candidates of a multiple-choice row): throughput and padding.
+        sequences: Sequences a row holds, each padded to the batch's length (multiple choice: K; else 1).
     """
 
     lengths: list[int]
     labelled: bool
+    tokens: list[int]
+    sequences: int
 
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # a batch's keys the model reads to predict

@@ -111,12 +111,21 @@ class EncodedTask:
         return self.task.padded_length(longest, self.max_length)
 
 
+@dataclass(frozen=True)
+class RowSizes:
+    """What a step's throughput and padding figures read of the training split's rows."""
+
+    lengths: list[int]
+    tokens: list[int]
+    sequences: int
+
+
 class _FinetuneStep:
     """One step's examples; each process pads and trains on its rows of every micro-batch.
 
     Args:
         indices: The global batch's training examples, in order.
-        lengths: Their lengths in tokens.
+        rows: The training split's rows (lengths, real tokens and sequences per row, read once per run).
         batch_of: The padded batch of a list of examples.
         padded_length: The padded length of a batch whose longest example has this many tokens.
         layout: This process's share of the step.
@@ -125,16 +134,17 @@ class _FinetuneStep:
     def __init__(
         self,
         indices: list[int],
-        lengths: list[int],
+        rows: RowSizes,
         batch_of: Callable[[list[int]], dict[str, torch.Tensor]],
         padded_length: Callable[[int], int],
         layout: ProcessLayout,
     ) -> None:
         self.indices, self.batch_of, self.layout = indices, batch_of, layout
-        self.tokens = sum(lengths)  # real tokens, padding excluded
+        self.tokens = sum(rows.tokens[i] for i in indices)  # real tokens, padding excluded
+        lengths = [rows.lengths[i] for i in indices]
         size = layout.batch_size  # every (micro-batch, process) chunk is padded on its own
         chunks = [lengths[start : start + size] for start in range(0, len(lengths), size)]
-        self.padded_tokens = sum(len(c) * padded_length(max(c)) for c in chunks)
+        self.padded_tokens = rows.sequences * sum(len(c) * padded_length(max(c)) for c in chunks)
 
     def micro(self, micro: int) -> dict[str, torch.Tensor]:
         layout = self.layout
@@ -160,7 +170,9 @@ class FinetuneRun:
 
     def __init__(self, engine: Engine, seed: int, data: EncodedTask, eval_size: int, group_by_length: bool) -> None:
         self.engine, self.data, self.eval_size = engine, data, eval_size
-        self.lengths = data.splits["train"].lengths
+        train = data.splits["train"]
+        self.rows = RowSizes(train.lengths, train.tokens, train.sequences)  # computed once: every step reads them
+        self.lengths = self.rows.lengths
         if group_by_length:
             self.sampler: EpochSampler = LengthGroupedSampler(self.lengths, engine.global_batch, seed)
         else:
@@ -169,9 +181,8 @@ class FinetuneRun:
 
     def plan(self, step: int) -> _FinetuneStep:
         indices = self.sampler.indices(step).tolist()
-        lengths = [self.lengths[i] for i in indices]
         batch_of = partial(self.data.batch, "train")
-        return _FinetuneStep(indices, lengths, batch_of, self.data.padded_length, self.engine.layout)
+        return _FinetuneStep(indices, self.rows, batch_of, self.data.padded_length, self.engine.layout)
 
     def evaluate(self, step: int) -> list[dict[str, Any]]:
         """Dev metrics of every dev split; the weights are kept when the first split's score improves."""

@@ -440,3 +440,11 @@ def test_fewclue_chid(shared_data: Path) -> None:
             middle = "".join(normalize(candidate).split())
             at = row.find(middle)  # holds the candidate where the blank was
             assert at >= 0 and left.endswith(row[:at]) and right.startswith(row[at + len(middle) :])
+
+
+def test_a_row_counts_the_tokens_of_all_its_candidates() -> None:
+    """Throughput and padding figures: a question is K sequences, each padded to the batch's length."""
+    ids = [[2, 5, 3], [2, 5, 6, 7, 3], [2, 3], [2, 8, 3]]  # two questions of K = 2
+    questions = [type("Q", (), {"label": 0, "id": str(i)})() for i in range(2)]
+    split = EncodedChoices.of(ids, [[0] * len(r) for r in ids], questions, num_choices=2)
+    assert (split.lengths, split.tokens, split.sequences) == ([5, 3], [8, 5], 2)
