@@ -32,8 +32,10 @@ from roformer.model.layers import (
     ACTIVATIONS,
     AttentionContext,
     Block,
+    Dropout,
     Embeddings,
     KVCache,
+    RealTokens,
     make_norm,
     self_attention_mask,
 )
@@ -157,6 +159,21 @@ class Model(nn.Module):
             if isinstance(module, Backbone):
                 module.gradient_checkpointing = enabled
 
+    def set_unpadding(self, enabled: bool = True) -> None:
+        """Compute a padded batch's blocks on its real tokens alone (`RealTokens`).
+
+        The same values at every real token, zeros at padding, and the padding's share of the work saved. Not for a
+        head that reads the padding's states (`reads_padding`): it stays as HF computes it.
+        """
+        for module in self.modules():
+            if isinstance(module, Backbone):
+                module.unpadding = enabled and not self.reads_padding
+
+    @property
+    def reads_padding(self) -> bool:
+        """Whether the head reads hidden states at padded positions (HF's multiple-choice summary does)."""
+        return False
+
     def num_parameters(self) -> int:
         """Number of distinct parameters (tied weights counted once)."""
         return sum(p.numel() for p in self.parameters())
@@ -188,6 +205,7 @@ class Backbone(Model):
         # Activation checkpointing (Chen et al. 2016): in training, keep only each block's input and recompute the
         # block in the backward pass; about a third more compute for activations that no longer grow with depth.
         self.gradient_checkpointing = False
+        self.unpadding = False  # `set_unpadding`: off by default, so every output position equals HF's
         if init:  # a head owning this backbone initialises everything once
             self.init_weights()
 
@@ -226,11 +244,12 @@ class Backbone(Model):
             input_ids.device,
             causal_shortcut=positions is None or not positions.adds_to_logits,
         )
-        x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, C)
+        tokens = self.real_tokens(attention_mask, cache)
+        x = self.embeddings(input_ids, token_type_ids, position_ids, tokens)  # (B, T, C), or (N, C)
         terms = PositionTerms(mask) if positions is None else positions.terms(mask, position_ids, cache, T, x.device)
-        ctx = AttentionContext(terms.mask, causal, terms.rotary, cache, terms.shaw)
+        ctx = AttentionContext(terms.mask, causal, terms.rotary, cache, terms.shaw, tokens=tokens)
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
-        hidden = [x] if output_hidden_states else None
+        hidden = [x if tokens is None else tokens.grid(x)] if output_hidden_states else None
         for i, block in enumerate(self.layers):
             if recompute:  # dropout masks are replayed: the same values and gradients as without
                 # non-reentrant: the context, a dataclass holding tensors, needs no unpacking into tensor arguments
@@ -238,8 +257,20 @@ class Backbone(Model):
             else:
                 x = block(x, ctx.layer(i))
             if hidden is not None:
-                hidden.append(x)
+                hidden.append(x if tokens is None else tokens.grid(x))
+        if tokens is not None:
+            x = tokens.grid(x)  # (B, T, C)
         return x, tuple(hidden) if hidden is not None else None
+
+    def real_tokens(self, attention_mask: Tensor | None, cache: KVCache | None) -> RealTokens | None:
+        """The batch's real tokens when the blocks are to compute on them alone, else None.
+
+        With `unpadding` on, for a padded batch without a cache (a cached decode's new tokens are few, and its mask
+        also covers the cached slots).
+        """
+        if not self.unpadding or attention_mask is None or cache is not None or bool(attention_mask.all()):
+            return None
+        return RealTokens.of(attention_mask)
 
     def pool(self, x: Tensor) -> Tensor:
         """The pooler on the first token: tanh(dense(x[:, 0])) (BERT), or dense(x[:, 0]) (pooler_activation: linear)."""
@@ -278,9 +309,9 @@ def token_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX)
 
 
-def head_dropout(config: ModelConfig) -> nn.Dropout:
+def head_dropout(config: ModelConfig) -> Dropout:
     """The dropout of a task head: classifier_dropout, else hidden_dropout."""
-    return nn.Dropout(config.hidden_dropout if config.classifier_dropout is None else config.classifier_dropout)
+    return Dropout(config.hidden_dropout if config.classifier_dropout is None else config.classifier_dropout)
 
 
 def with_pooler_for_head(config: ModelConfig) -> ModelConfig:
@@ -588,6 +619,11 @@ class MultipleChoice(Model):
         self.dropout = head_dropout(config)
         self.out = nn.Linear(config.hidden_size, 1)
         self.init_weights()
+
+    @property
+    def reads_padding(self) -> bool:
+        """The `mlp` summary is the last position's state (HF's SequenceSummary `last`), padding or not."""
+        return self.config.classifier_head == "mlp"
 
     def forward(
         self,
