@@ -158,7 +158,7 @@ def test_dropout_drops_p_of_the_elements_in_both_halves_of_each_draw(p: float) -
     torch.manual_seed(0)
     n = 2_000_000
     drop, scale = dropout_mask(torch.empty(n), p)
-    dropped = round(p * 2**31) / 2**31
+    dropped = round(p * 2**32) / 2**32
     assert scale == pytest.approx(1 / (1 - dropped), rel=1e-12)
     # 5 standard deviations of a binomial fraction over n / 2 elements
     tolerance = 5 * math.sqrt(p * (1 - p) / (n / 2))
@@ -173,7 +173,7 @@ def test_dropout_keeps_the_expectation_and_replays_with_the_seed() -> None:
     torch.manual_seed(3)
     y = dropout(x, 0.1)
     kept = y != 0
-    assert_close(y[kept], x[kept] * (2**31 / (2**31 - round(0.1 * 2**31))))
+    assert_close(y[kept], x[kept] * (2**32 / (2**32 - round(0.1 * 2**32))))
     torch.manual_seed(3)
     assert torch.equal(dropout(x, 0.1), y)
     assert dropout(x, 0.1, training=False) is x and dropout(x, 0.0) is x
@@ -187,7 +187,7 @@ def test_dropout_gradient_is_the_mask_times_the_scale() -> None:
     torch.manual_seed(1)
     y = dropout(x, 0.2)
     y.sum().backward()
-    assert_close(x.grad, (y != 0).float() * (2**31 / (2**31 - round(0.2 * 2**31))))
+    assert_close(x.grad, (y != 0).float() * (2**32 / (2**32 - round(0.2 * 2**32))))
 
 
 @pytest.mark.parametrize("mask_kind", ["bool", "float", "causal", "none"])
