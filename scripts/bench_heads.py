@@ -3,7 +3,8 @@ activation checkpointing saves.
 
     generate     greedy `generate()` with the KV cache, ours vs HF RoFormerForCausalLM.generate (same weights through
                  `to_hf`), new tokens per second; the outputs are checked to be the same tokens
-    train-step   forward + backward + AdamW of token classification and of the causal LM, ours vs HF's classes
+    train-step   forward + backward + AdamW of token classification (full rows, and rows of mixed lengths) and of the
+                 causal LM, ours vs HF's classes, with dropout (--dropout, 0.1 by default)
     checkpoint   activation checkpointing off vs on (MaskedLM training step): bytes of the activations kept for the
                  backward pass (counted exactly with torch.autograd.graph.saved_tensors_hooks; on CUDA also
                  max_memory_allocated) and the step time
@@ -90,26 +91,40 @@ def training_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Cal
 
 
 def bench_train_step(args: argparse.Namespace) -> list[str]:
-    rows = ["| head | batch x length | ours ms/step | HF ms/step | HF / ours |", "|---" * 5 + "|"]
+    """Training steps of full rows, and of token classification on rows of mixed lengths (right-padded, lengths
+    uniform in [4, T]), where ours computes on the real tokens alone as `roformer finetune` does (`set_unpadding`)."""
+    rows = ["| head | batch x length | padding | ours ms/step | HF ms/step | HF / ours |", "|---" * 6 + "|"]
     B, T = args.batch, args.length
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, SHAPE["vocab_size"], (B, T), generator=g)
-    mask = torch.ones_like(ids)
+    full = torch.ones_like(ids)
+    lengths = torch.randint(4, T + 1, (B,), generator=g)
+    mixed = (torch.arange(T)[None, :] < lengths[:, None]).long()
+    tags = torch.randint(0, 9, (B, T), generator=g)
     heads = {
-        "token classification": (
+        "token classification": (TokenClassifier, full, {"labels": tags}, {"num_labels": 9}),
+        "token classification, mixed lengths": (
             TokenClassifier,
-            {"labels": torch.randint(0, 9, (B, T), generator=g)},
+            mixed,
+            {"labels": tags.masked_fill(mixed == 0, -100)},
             {"num_labels": 9},
         ),
-        "causal LM": (CausalLM, {"labels": ids}, {}),
+        "causal LM": (CausalLM, full, {"labels": ids}, {}),
     }
-    for head, (cls, labels, extra) in heads.items():
+    dropout = {"hidden_dropout": args.dropout, "attention_dropout": args.dropout}
+    for head, (cls, mask, labels, extra) in heads.items():
         torch.manual_seed(0)
-        ours = cls(config(**extra)).to(args.device).train()
+        ours = cls(config(**extra, **dropout)).to(args.device).train()
         hf = roformer.to_hf(ours).to(args.device).train()
-        batch = {k: v.to(args.device) for k, v in {"input_ids": ids, "attention_mask": mask, **labels}.items()}
+        ours.set_unpadding(True)
+        batch = {"input_ids": ids * mask, "attention_mask": mask, **labels}
+        batch = {k: v.to(args.device) for k, v in batch.items()}
         t = interleaved({"ours": training_step(ours, batch), "hf": training_step(hf, batch)}, args.repeats, args.device)
-        rows.append(f"| {head} | {B} x {T} | {t['ours'] * 1e3:.0f} | {t['hf'] * 1e3:.0f} | {t['hf'] / t['ours']:.2f} |")
+        padding = 1 - mask.float().mean().item()
+        rows.append(
+            f"| {head} | {B} x {T} | {padding:.0%} | {t['ours'] * 1e3:.0f} | {t['hf'] * 1e3:.0f} | "
+            f"{t['hf'] / t['ours']:.2f} |"
+        )
     return rows
 
 
@@ -167,6 +182,7 @@ def main() -> None:
     parser.add_argument("--generate-batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout of train-step")
     parser.add_argument("--checkpoint-lengths", type=lambda s: [int(x) for x in s.split(",")], default=[128, 512])
     args = parser.parse_args()
     torch.set_num_threads(torch.get_num_threads())

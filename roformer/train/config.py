@@ -129,6 +129,10 @@ class TrainArgs:
             # a negative norm gives a negative clip coefficient: the update would climb the loss
             raise ConfigError(f"max_grad_norm must be > 0 or null (no clipping), got {self.max_grad_norm}")
 
+    def unpadding_on(self) -> bool:
+        """Whether the model computes on real tokens alone: `unpadding`, or when null, unless compiled."""
+        return not self.compile if self.unpadding is None else self.unpadding
+
     def warmup_for(self, steps: int) -> int:
         """Warmup length in optimizer steps for a run of `steps` steps."""
         if self.warmup_steps is not None:

@@ -145,7 +145,7 @@ class Engine:
             args.schedule,
         )
         model.set_gradient_checkpointing(args.gradient_checkpointing)
-        model.set_unpadding(not args.compile if args.unpadding is None else args.unpadding)
+        model.set_unpadding(args.unpadding_on())
         if args.compile:
             model = torch.compile(model)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)

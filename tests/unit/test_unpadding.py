@@ -14,6 +14,7 @@ from torch.testing import assert_close
 import roformer
 from roformer.model.layers import RealTokens, dropout, dropout_mask, softmax_attention
 from roformer.model.model import ARCHITECTURES, IGNORE_INDEX
+from roformer.train.config import TrainConfig
 
 ENCODINGS = ["rotary", "sinusoidal", "learned", "shaw", "t5_bias", "alibi", "none"]
 HEADS = ["backbone", "masked_lm", "sequence_classification", "token_classification", "question_answering"]
@@ -148,6 +149,13 @@ def test_a_cached_decode_is_not_unpadded() -> None:
         model.set_unpadding(on)
         outs.append(model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False))
     assert torch.equal(outs[0], outs[1])
+
+
+def test_training_unpads_unless_compiled_or_told_not_to() -> None:
+    assert TrainConfig().unpadding_on()
+    assert not TrainConfig(compile=True).unpadding_on()
+    assert TrainConfig(compile=True, unpadding=True).unpadding_on()
+    assert not TrainConfig(unpadding=False).unpadding_on()
 
 
 # --- dropout ----------------------------------------------------------------------------------------------------
