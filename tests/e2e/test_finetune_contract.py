@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import REPO, launch_two, write_wrapper
 
 from roformer.cli import main
@@ -239,3 +240,50 @@ def test_a_suite_of_other_tasks_writes_one_table_and_a_submission_folder_per_tas
     assert "| conll2003 | dev | f1 |" in table and "| conll2003 | dev | precision |" in table
     assert (out / "submission" / "conll2003" / "test.conll").is_file()  # a GLUE task's files stay flat
     assert set(json.loads((out / "results.json").read_text())) == {"conll2003"}
+
+
+@pytest.mark.parametrize("name", ["conll2003", "cmrc2018", "fewclue-chid", "fewclue-tnews", "chinese-stsb"])
+def test_every_task_type_resumes_exactly(
+    name: str, shared_data: Path, pretrained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after a checkpoint, `--resume` gives every loss, result, prediction file and best weight of the whole run.
+
+    With what a real job has on: dropout (whose masks must replay), length-grouped batches and unpadding.
+    """
+    from safetensors.torch import load_file
+
+    from roformer.train.engine import Engine
+
+    config, overrides = small_job(name, shared_data, pretrained, tmp_path)
+    overrides = [o for o in overrides if not o.startswith("train.max_steps=")]
+    overrides += ["train.max_steps=6", "train.save_every=2", "train.log_every=1", "train.eval_every=3"]
+    overrides += ["model.hidden_dropout=0.1", "model.attention_dropout=0.1", "data.group_by_length=true"]
+    sets = sum((["--set", o] for o in overrides), [])
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert main(["finetune", "--config", f"finetune/{name}", "--output-dir", str(whole), *sets]) == 0
+    original = Engine.train_step
+
+    def crash(self, task, step):
+        if step == 5:
+            raise KeyboardInterrupt
+        return original(self, task, step)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Engine, "train_step", crash)
+        assert main(["finetune", "--config", f"finetune/{name}", "--output-dir", str(cut), *sets]) == 130
+    assert (cut / ".progress" / "lr0.001-seed0" / "checkpoints" / "step-4").is_dir()
+    assert main(["finetune", "--resume", "--output-dir", str(cut)]) == 0
+    results = [json.loads((d / "results.json").read_text()) for d in (whole, cut)]
+    assert results[0]["runs"] == results[1]["runs"] and results[0]["selected"] == results[1]["selected"]
+
+    def events(run: Path) -> list[dict]:
+        drop = ("elapsed_sec", "tokens_per_sec", "data_fraction")
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in lines]
+
+    assert events(cut) == events(whole)  # every loss, once, in order
+    folder = Path("predictions") / "lr0.001-seed0"
+    for file in sorted((whole / folder).iterdir()):
+        assert file.read_bytes() == (cut / folder / file.name).read_bytes(), file.name
+    a, b = (load_file(d / "best" / "model.safetensors") for d in (whole, cut))
+    assert all(torch.equal(a[k], b[k]) for k in a)
