@@ -393,6 +393,44 @@ def _eval_mlm(args: argparse.Namespace) -> None:
     print(length_results_table(results) + f"written to {out}")
 
 
+def _embed_arguments(parser: argparse.ArgumentParser) -> None:
+    from roformer.model.model import POOLINGS
+
+    parser.add_argument("--model", required=True, metavar="DIR", help="a model directory (roformer or HF)")
+    parser.add_argument("--input", required=True, metavar="FILE", help="texts: .txt (a line each), csv/tsv/jsonl/...")
+    parser.add_argument(
+        "--out", required=True, metavar="FILE", help="the vectors: .npy or .safetensors, row order kept"
+    )
+    parser.add_argument("--column", help="the text column of a table or JSON-lines input (default: text)")
+    parser.add_argument("--pooling", choices=POOLINGS, help="default: pooler for RoFormer-Sim, else mean")
+    parser.add_argument("--normalize", action="store_true", help="unit-length vectors (cosine = dot product)")
+    parser.add_argument("--batch-size", type=_positive_int, default=32)
+    parser.add_argument("--max-length", type=_positive_int, help="tokens per text (default 512)")
+    parser.add_argument("--jieba", action="store_true", help="segment Chinese into words first (word-level models)")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: this process's accelerator, else cpu)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+
+
+def _embed(args: argparse.Namespace) -> None:
+    from roformer.train.embed import SentenceEncoder, check_vectors_path, read_texts, write_vectors
+    from roformer.train.launch import process_state, run_on_main
+
+    out = check_vectors_path(args.out, args.overwrite)
+    texts = read_texts(args.input, args.column)
+    state = process_state()
+    encoder = SentenceEncoder.load(
+        args.model, args.pooling, args.max_length, args.jieba, device=args.device or state.device
+    )
+    vectors = encoder.encode(texts, args.batch_size, args.normalize, args.precision, progress=sys.stderr.isatty())
+    run_on_main(lambda: write_vectors(out, vectors))
+    if state.is_main_process:
+        shape = " x ".join(map(str, vectors.shape))
+        print(
+            f"{shape} vectors ({encoder.pooling} pooling{', unit length' if args.normalize else ''}) written to {out}"
+        )
+
+
 def _compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (pretraining or GLUE)")
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
@@ -454,6 +492,7 @@ COMMANDS = (
         _experiment,
     ),
     Command("eval-mlm", "masked-token loss and accuracy at several sequence lengths", _eval_mlm_arguments, _eval_mlm),
+    Command("embed", "sentence vectors of a file of texts with a model's backbone", _embed_arguments, _embed),
     Command(
         "compare",
         "compare pretraining runs (curves, steps-to-target) and GLUE results",

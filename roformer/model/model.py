@@ -153,6 +153,22 @@ class Model(nn.Module):
         )
         return x, hidden, backbone.pooled(x) if cache is None else None
 
+    def embed(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        pooling: str = "mean",
+        normalize: bool = False,
+    ) -> Tensor:
+        """One vector per row (B, C): the backbone's last hidden states pooled (`pool_states`), unit length if asked.
+
+        What any model's backbone gives as a sentence embedding; the head, if any, is not used.
+        """
+        x, _, pooled = self.run_backbone(input_ids, attention_mask, token_type_ids)
+        vectors = pool_states(x, attention_mask, pooling, pooled)
+        return F.normalize(vectors.float(), dim=-1) if normalize else vectors
+
     def set_gradient_checkpointing(self, enabled: bool = True) -> None:
         """Recompute each block in the backward pass instead of keeping its activations (training only)."""
         for module in self.modules():
@@ -299,6 +315,38 @@ class Backbone(Model):
             input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids
         )
         return ModelOutput(logits=x, hidden_states=hidden, pooled=pooled)
+
+
+POOLINGS = ("cls", "mean", "pooler", "last")
+
+
+def pool_states(x: Tensor, attention_mask: Tensor | None, pooling: str, pooled: Tensor | None = None) -> Tensor:
+    """A sentence vector per row from the last hidden states x (B, T, C) -> (B, C).
+
+    `cls`: the first token's state (BERT's [CLS]); `mean`: the mean over the real tokens (Sentence-BERT's default,
+    text2vec's CoSENT models); `pooler`: the backbone's pooler on the first token (`pooled`: BERT's tanh layer,
+    RoFormer-Sim's linear one, whose output is the vector Sim was trained to compare by cosine); `last`: the last
+    real token's state (left or right padding), as sentence-transformers' `lasttoken`.
+
+    Raises:
+        ValueError: an unknown pooling, or `pooler` without a pooler.
+    """
+    if pooling == "cls":
+        return x[:, 0]
+    if pooling == "pooler":
+        if pooled is None:
+            raise ValueError("pooling 'pooler' needs a model with a pooler (add_pooler: true); use cls or mean")
+        return pooled
+    keep = torch.ones(x.shape[:2], device=x.device) if attention_mask is None else attention_mask.to(x.dtype)
+    if pooling == "mean":
+        summed = (x * keep[..., None]).sum(dim=1)  # (B, C)
+        return summed / keep.sum(dim=1, keepdim=True).clamp(min=1)
+    if pooling == "last":
+        T = x.shape[1]
+        # the highest position holding a real token: the last one, whichever side the padding is on
+        last = (keep * torch.arange(1, T + 1, device=x.device)).argmax(dim=1)  # (B,)
+        return x[torch.arange(x.shape[0], device=x.device), last]
+    raise ValueError(f"unknown pooling {pooling!r}: expected one of {', '.join(POOLINGS)}")
 
 
 IGNORE_INDEX = -100  # labels at this value are not scored (the cross-entropy's ignore_index, as in HF)

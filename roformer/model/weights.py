@@ -155,7 +155,10 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], saved_a
         _load_state(model, state, where, strict=True)
         return
     missing = _load_state(model.base_model, _backbone_state(state, saved_architecture), where)
-    fresh = [f"backbone.{k}" for k in missing] + [k for k in model.state_dict() if not k.startswith("backbone.")]
+    if model.base_model is model:  # a bare backbone: nothing but what the saved backbone lacked is new
+        fresh = missing
+    else:
+        fresh = [f"backbone.{k}" for k in missing] + [k for k in model.state_dict() if not k.startswith("backbone.")]
     if fresh:
         logger.info("%s: freshly initialised for %s: %s", where, architecture, ", ".join(fresh))
 

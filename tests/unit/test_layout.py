@@ -119,7 +119,7 @@ ROOMS = {
         {"config", "interval", "faults", "checkpoints", "evaluate"},
         {"launch", "optim", "run_dir"},
         {"engine"},
-        {"pretrain", "finetune"},
+        {"pretrain", "finetune", "embed"},
     ],
     "roformer.study": [
         {"outputs", "markdown", "runs", "length_eval"},
