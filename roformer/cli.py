@@ -110,22 +110,58 @@ def _export_tokenizer(source: str, target: Path, copy: Callable[[Path, Path], li
 
 def _export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="DIR", help="roformer model directory (e.g. RUN/final)")
-    parser.add_argument("--out", required=True, metavar="DIR", help="output directory (model.onnx, tokenizer)")
-    parser.add_argument("--format", choices=["onnx"], default="onnx", help="onnx (the only format so far)")
+    from roformer.model.model import POOLINGS
+
+    parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    parser.add_argument(
+        "--format",
+        choices=["onnx", "sentence-transformers"],
+        default="onnx",
+        help="onnx (model.onnx and the tokenizer, for onnxruntime) or sentence-transformers (a folder that "
+        "SentenceTransformer(DIR) loads)",
+    )
     parser.add_argument(
         "--max-length", type=_positive_int, help="longest sequence accepted (default max_position_embeddings)"
     )
-    parser.add_argument("--architecture", choices=list(ARCHITECTURE_NAMES), help="default: the directory's own")
+    parser.add_argument("--architecture", choices=list(ARCHITECTURE_NAMES), help="onnx: default the directory's own")
+    parser.add_argument("--pooling", choices=POOLINGS, help="sentence-transformers: default pooler for Sim, else mean")
+    parser.add_argument("--normalize", action="store_true", help="sentence-transformers: unit-length vectors")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
 
 
 def _export(args: argparse.Namespace) -> None:
+    from roformer.files import check_output_dir
+
+    check_output_dir(Path(args.out), args.overwrite)
+    if args.format == "sentence-transformers":
+        _export_sentence_transformers(args)
+    else:
+        _export_onnx(args)
+
+
+def _export_sentence_transformers(args: argparse.Namespace) -> None:
+    from roformer.train.embed import SentenceEncoder, export_sentence_transformers, sentence_transformers_modules
+
+    if args.architecture:
+        raise UserError("--architecture is for ONNX; a sentence-transformers export is the backbone and its pooling")
+    sentence_transformers_modules()  # installed? before the model is read
+    encoder = SentenceEncoder.load(args.model, args.pooling, args.max_length)
+    out = export_sentence_transformers(encoder, args.out, args.normalize, args.overwrite)
+    unit = ", unit length" if args.normalize else ""
+    print(
+        f"wrote {out}: SentenceTransformer({str(out)!r}) gives {encoder.model.config.hidden_size}-dimensional "
+        f"vectors ({encoder.pooling} pooling{unit}), texts up to {encoder.max_length} tokens"
+    )
+
+
+def _export_onnx(args: argparse.Namespace) -> None:
     from roformer.data.tokenizer import copy_tokenizer_files
-    from roformer.files import check_output_dir, staged_output_dir
+    from roformer.files import staged_output_dir
     from roformer.model.model import load
 
     out = Path(args.out)
-    check_output_dir(out, args.overwrite)
+    if args.pooling or args.normalize:
+        raise UserError("--pooling and --normalize are for --format sentence-transformers")
     try:
         import onnxscript  # noqa: F401 (torch.onnx's dynamo exporter needs it, and onnx)
     except ImportError as e:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -23,8 +24,9 @@ from roformer.data.tasks import pad_rows, padded_length
 from roformer.data.tokenizer import check_fits, jieba_presegmenter, load_tokenizer
 from roformer.errors import UserError
 from roformer.files import atomic_write
+from roformer.logs import quiet_loggers
 from roformer.model.config import ModelConfig
-from roformer.model.model import POOLINGS, Model
+from roformer.model.model import POOLINGS, Backbone, Model
 from roformer.model.pretrained import load_pretrained
 from roformer.train.evaluate import eval_chunks
 from roformer.train.launch import gather, process_state
@@ -235,3 +237,111 @@ def read_vectors(path: str | Path) -> np.ndarray:
     from safetensors.numpy import load_file
 
     return load_file(str(path))[SAFETENSORS_KEY]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Export to sentence-transformers
+
+ST_POOLING_MODES = {"cls": "cls", "mean": "mean", "last": "lasttoken", "pooler": "cls"}  # ours -> ST's Pooling
+
+
+def sentence_transformers_modules() -> Any:
+    """sentence-transformers' module classes (Transformer, Pooling, Dense, Normalize), from where this version has them.
+
+    Raises:
+        UserError: the package is not installed.
+    """
+    try:
+        import sentence_transformers  # noqa: F401
+    except ImportError:
+        raise UserError(
+            "the sentence-transformers export needs the sentence-transformers package: "
+            "pip install 'roformer-pytorch[sentence-transformers]'"
+        ) from None
+    try:  # 6.x; `sentence_transformers.models` before (still there in 6.x, deprecated)
+        from sentence_transformers.sentence_transformer import modules
+    except ImportError:
+        from sentence_transformers import models as modules
+    return modules
+
+
+def without_pooler(model: Model) -> Model:
+    """The backbone of `model` without its pooler, the same weights otherwise.
+
+    HF's RoFormerModel has no pooler, so a pooler is exported as a sentence-transformers Dense layer instead.
+    """
+    backbone = model.base_model
+    plain = Backbone(replace(backbone.config, add_pooler=False), init=False)
+    plain.load_state_dict({k: v for k, v in backbone.state_dict().items() if not k.startswith("pooler.")})
+    return plain.eval()
+
+
+def export_sentence_transformers(encoder: SentenceEncoder, out: str | Path, normalize: bool, overwrite: bool) -> Path:
+    """Write `encoder` as a folder that `SentenceTransformer(out)` loads without remote code.
+
+    The folder: the backbone as a transformers model (`roformer.to_hf`: RoFormerModel for rotary, BertModel
+    otherwise) with the tokenizer, a Pooling module (cls, mean or lasttoken), for `pooler` pooling a Dense module
+    holding the pooler's weights on the [CLS] state (tanh for BERT's pooler, the identity for RoFormer-Sim's linear
+    one), and a Normalize module if asked. Its vectors equal `encoder.encode`'s.
+
+    Raises:
+        UserError: sentence-transformers is not installed, or transformers cannot hold the model (RoFormerV2,
+            relative position encodings: `to_hf`'s one-line error).
+    """
+    import tempfile
+
+    import torch.nn as nn
+    from sentence_transformers import SentenceTransformer
+
+    from roformer.files import staged_output_dir
+    from roformer.model.hf import to_hf
+
+    modules = sentence_transformers_modules()
+    config = encoder.model.config
+    hf_model = to_hf(without_pooler(encoder.model))  # before anything is written: it refuses what HF cannot hold
+    out = Path(out)
+    with staged_output_dir(out, overwrite) as staging, tempfile.TemporaryDirectory() as tmp, hidden_progress_bars():
+        hf_model.save_pretrained(tmp)
+        encoder.tokenizer.save_pretrained(tmp)
+        transformer = modules.Transformer(tmp, max_seq_length=exported_length(encoder))
+        parts = [transformer, modules.Pooling(config.hidden_size, pooling_mode=ST_POOLING_MODES[encoder.pooling])]
+        if encoder.pooling == "pooler":
+            pooler = encoder.model.base_model.pooler
+            tanh = config.pooler_activation == "tanh"
+            dense = modules.Dense(
+                config.hidden_size, config.hidden_size, bias=pooler.bias is not None,
+                activation_function=nn.Tanh() if tanh else nn.Identity(),
+            )  # fmt: skip
+            dense.linear.load_state_dict(pooler.state_dict())
+            parts.append(dense)
+        if normalize:
+            parts.append(modules.Normalize())
+        with quiet_loggers("sentence_transformers"):  # it names the hidden staging folder
+            SentenceTransformer(modules=parts, device="cpu").save(str(staging))
+    return out
+
+
+def exported_length(encoder: SentenceEncoder) -> int:
+    """The encoder's max length, within the position table that transformers builds.
+
+    `max_position_embeddings` rows, for RoFormer's rotary angles and BERT's positions alike: ours computes rotary
+    angles for any length, HF's cannot.
+    """
+    limit = encoder.model.config.max_position_embeddings
+    if encoder.max_length > limit:
+        logger.warning("max length %d cut to %d: transformers' position table ends there", encoder.max_length, limit)
+    return min(encoder.max_length, limit)
+
+
+@contextlib.contextmanager
+def hidden_progress_bars() -> Iterator[None]:
+    """The progress bars of transformers (shards written and read) off for a block."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()

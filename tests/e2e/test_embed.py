@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
 
 import numpy as np
-from helpers import launch_two, write_wrapper
+import pytest
+import torch
+from helpers import launch_two, tiny_config, write_wrapper
+from torch.testing import assert_close
 
 from roformer.cli import main
 
@@ -22,3 +27,81 @@ def test_two_processes_embed_what_one_does(tmp_path: Path, pretrained: Path) -> 
     one, two = np.load(tmp_path / "one.npy"), np.load(tmp_path / "two.npy")
     assert one.shape == (23, 32)
     np.testing.assert_allclose(two, one, rtol=1e-5, atol=1e-6)
+
+
+# --- the sentence-transformers export ------------------------------------------------------------------------------
+
+TEXTS = ["the cat", "", "a much longer sentence about the cat and the dog that sat on the mat by the door", "dogs"]
+EXPORTABLE = [  # (model fields, pooling): every pooling, the encodings transformers holds, both poolers
+    ({"position_encoding": "rotary"}, "mean"),
+    ({"position_encoding": "rotary"}, "cls"),
+    ({"position_encoding": "rotary"}, "last"),
+    ({"position_encoding": "sinusoidal"}, "mean"),
+    ({"position_encoding": "learned"}, "cls"),
+    ({"position_encoding": "learned", "add_pooler": True}, "pooler"),  # BERT's tanh pooler
+    ({"position_encoding": "rotary", "add_pooler": True, "pooler_activation": "linear"}, "pooler"),  # RoFormer-Sim's
+    ({"position_encoding": "rotary", "embedding_size": 16}, "mean"),
+]
+
+
+def saved_model(path: Path, **fields) -> Path:
+    """A tiny random backbone with a tokenizer of the built-in corpus, saved as a roformer model directory."""
+    import roformer
+    from roformer.data.builtin import generate_documents
+    from roformer.data.tokenizer import train_tokenizer
+
+    tokenizer = train_tokenizer(list(generate_documents(200)) + TEXTS, vocab_size=300)
+    torch.manual_seed(0)
+    roformer.Backbone(tiny_config(vocab_size=len(tokenizer), **fields)).save(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("fields, pooling", EXPORTABLE, ids=lambda v: str(v))
+@pytest.mark.parametrize("normalize", [False, True])
+def test_sentence_transformers_loads_the_export_and_gives_our_vectors(
+    tmp_path: Path, fields: dict, pooling: str, normalize: bool, capsys: pytest.CaptureFixture
+) -> None:
+    """SentenceTransformer(path), no remote code: the same vectors as `roformer embed` (fp32 tolerances)."""
+    st = pytest.importorskip("sentence_transformers")
+    model = saved_model(tmp_path / "m", **fields)
+    unit = ["--normalize"] if normalize else []
+    args = ["export", "--model", str(model), "--format", "sentence-transformers", "--out", str(tmp_path / "st")]
+    assert main([*args, "--pooling", pooling, "--max-length", "64", *unit]) == 0
+    assert f"({pooling} pooling" in capsys.readouterr().out
+    from roformer.train.embed import SentenceEncoder
+
+    ours = SentenceEncoder.load(model, pooling=pooling, max_length=64).encode(TEXTS, normalize=normalize)
+    theirs = st.SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(TEXTS, convert_to_numpy=True)
+    assert_close(torch.from_numpy(theirs), torch.from_numpy(ours))
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"position_encoding": "shaw"}, "shaw"),
+        ({"position_encoding": "alibi"}, "alibi"),
+        ({"norm_type": "rms_norm", "use_bias": False, "mlm_head": "bare"}, "rms_norm|RoFormerV2|V2"),
+    ],
+)
+def test_what_transformers_cannot_hold_is_refused_in_one_line(
+    tmp_path: Path, fields: dict, message: str, capsys: pytest.CaptureFixture
+) -> None:
+    pytest.importorskip("sentence_transformers")
+    model = saved_model(tmp_path / "m", **fields)
+    out = tmp_path / "st"
+    code = main(["export", "--model", str(model), "--format", "sentence-transformers", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and re.search(message, err), err
+    assert not out.exists()
+
+
+def test_without_sentence_transformers_the_export_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "sentence_transformers", None)  # import fails
+    model = saved_model(tmp_path / "m")
+    code = main(["export", "--model", str(model), "--format", "sentence-transformers", "--out", str(tmp_path / "st")])
+    err = capsys.readouterr().err
+    assert code == 2 and "pip install 'roformer-pytorch[sentence-transformers]'" in err, err
+    assert not (tmp_path / "st").exists()
