@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from roformer.data.records import read_records, read_text, text_field
-from roformer.data.tasks import pad_rows, padded_length
+from roformer.data.tasks import padded_length
 from roformer.data.tokenizer import check_fits, jieba_presegmenter, load_tokenizer
 from roformer.errors import UserError
 from roformer.files import atomic_write
@@ -150,14 +150,20 @@ class SentenceEncoder:
         self, ids: list[list[int]], rows: list[int], device: torch.device, normalize: bool, precision: Precision
     ) -> np.ndarray:
         """One batch: the vectors of `rows` of `ids`, (len(rows), C) float32."""
-        length = padded_length(max(len(ids[r]) for r in rows), 8, self.max_length)
-        batch = pad_rows(ids, [[0] * len(row) for row in ids], rows, self.tokenizer.pad_token_id, length)
-        batch = {k: v.to(device) for k, v in batch.items()}
+        lengths = torch.tensor([len(ids[r]) for r in rows])
+        # rounded up to 8 on accelerators (tensor cores, fused kernels); on CPU rounding only adds positions
+        multiple = 1 if device.type == "cpu" else 8
+        length = padded_length(int(lengths.max()), multiple, self.max_length)
+        mask = torch.arange(length)[None, :] < lengths[:, None]  # (B, T)
+        input_ids = torch.full(mask.shape, self.tokenizer.pad_token_id, dtype=torch.long)
+        input_ids[mask] = torch.tensor([token for r in rows for token in ids[r]])  # row-major: each row's tokens
         autocast = (
             torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
         )
         with torch.inference_mode(), autocast:
-            vectors = self.model.embed(**batch, pooling=self.pooling, normalize=normalize)
+            vectors = self.model.embed(  # token types: None is type 0 everywhere
+                input_ids.to(device), mask.long().to(device), pooling=self.pooling, normalize=normalize
+            )
         return vectors.float().cpu().numpy()
 
 
