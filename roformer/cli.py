@@ -502,7 +502,12 @@ class Command(NamedTuple):
 # Every subcommand, in the order `roformer --help` lists them.
 COMMANDS = (
     Command("convert", "convert between HF transformers checkpoints and roformer models", _convert_arguments, _convert),
-    Command("export", "export a model directory for deployment (ONNX, for onnxruntime)", _export_arguments, _export),
+    Command(
+        "export",
+        "export a model directory for deployment (ONNX, for onnxruntime; sentence-transformers)",
+        _export_arguments,
+        _export,
+    ),
     Command("push", "upload a model directory to the Hugging Face hub, with a model card", _push_arguments, _push),
     Command("configs", "list the shipped configs (their names work as --config values)", _configs_arguments, _configs),
     Command(

@@ -314,10 +314,9 @@ def export_sentence_transformers(encoder: SentenceEncoder, out: str | Path, norm
         if encoder.pooling == "pooler":
             pooler = encoder.model.base_model.pooler
             tanh = config.pooler_activation == "tanh"
-            dense = modules.Dense(
-                config.hidden_size, config.hidden_size, bias=pooler.bias is not None,
-                activation_function=nn.Tanh() if tanh else nn.Identity(),
-            )  # fmt: skip
+            activation = nn.Tanh() if tanh else nn.Identity()
+            width = config.hidden_size
+            dense = modules.Dense(width, width, bias=pooler.bias is not None, activation_function=activation)
             dense.linear.load_state_dict(pooler.state_dict())
             parts.append(dense)
         if normalize:
