@@ -1,4 +1,4 @@
-"""`roformer embed` over several processes: the same vectors, in the same order, as one process."""
+"""`roformer embed` over several processes, and the sentence-transformers export loaded by sentence-transformers."""
 
 from __future__ import annotations
 
