@@ -33,7 +33,7 @@ import torch
 from roformer.data.config import ChoicesConfig, FinetuneDataConfig
 from roformer.data.glue_metrics import compute
 from roformer.data.records import Record, example_id, field, read_split_records, text_field
-from roformer.data.tasks import cut_to_limits, pad_rows, padded_length
+from roformer.data.tasks import HeadOutputs, cut_to_limits, pad_rows, padded_length
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import UserError
 from roformer.files import atomic_copy, atomic_write_text
@@ -337,7 +337,7 @@ def encode_filled(
 # The fine-tuning task
 
 
-class ChoicesTask:
+class ChoicesTask(HeadOutputs):
     """A multiple-choice task with its splits read: the fine-tuning task of `type: multiple_choice`.
 
     Args:

@@ -24,7 +24,7 @@ import torch
 from roformer.data.config import FinetuneDataConfig
 from roformer.data.glue_metrics import compute
 from roformer.data.records import Record, example_id, field, read_split_records, text_field
-from roformer.data.tasks import Encoded, cut_to_limits, pad_rows, padded_length, write_tsv
+from roformer.data.tasks import Encoded, HeadOutputs, cut_to_limits, pad_rows, padded_length, write_tsv
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import UserError
 from roformer.files import atomic_copy
@@ -38,6 +38,7 @@ DEFAULT_METRICS = {
     "classification": ("accuracy",),
     "regression": ("pearson", "spearman"),
     "multi_label_classification": ("micro_f1", "macro_f1"),
+    "similarity": ("spearman",),
 }
 PREDICTIONS_FILE = "{split}.tsv"
 
@@ -67,6 +68,18 @@ def label_list(value: Any, where: str) -> list[str]:
     return [label_text(v) for v in value]
 
 
+def score_of(raw: Any, where: str) -> float:
+    """A regression or similarity label: a number.
+
+    Raises:
+        UserError: it is not one, naming the file and line.
+    """
+    try:
+        return float(raw)
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: score {raw!r} is not a number") from None
+
+
 def sorted_labels(labels: set[str]) -> list[str]:
     """The label set in id order: numerically when every label is an integer (TNEWS's 100..116), else by text."""
     if all(label.lstrip("-").isdigit() for label in labels):
@@ -74,7 +87,7 @@ def sorted_labels(labels: set[str]) -> list[str]:
     return sorted(labels)
 
 
-class TextTask:
+class TextTask(HeadOutputs):
     """Classify one text or a pair (or score it, or tag it with a set of labels): rows from any file or hub dataset.
 
     Args:
@@ -166,10 +179,7 @@ class TextTask:
         """
         raw = self._raw(record)
         if self.type == "regression":
-            try:
-                return float(raw)
-            except (TypeError, ValueError):
-                raise UserError(f"{record.where}: score {raw!r} is not a number") from None
+            return score_of(raw, record.where)
         names = label_list(raw, record.where) if self.type == "multi_label_classification" else [label_text(raw)]
         unknown = [n for n in names if n not in self.labels]
         if unknown:

@@ -123,8 +123,10 @@ TaskType = Literal[
     "token_classification",
     "question_answering",
     "multiple_choice",
+    "similarity",
 ]
 TASK_TYPES = get_args(TaskType)
+Pooling = Literal["cls", "mean", "pooler", "last"]  # roformer.model.model.POOLINGS (tested equal)
 
 
 @dataclass
@@ -214,8 +216,37 @@ class ChoicesConfig:
             raise ConfigError("choices: blank and question_column do not go together (a filled context is read alone)")
 
 
+@dataclass
+class SimilarityConfig:
+    """`data.similarity:` of `type: similarity`: a bi-encoder whose cosine of two texts' vectors scores them.
+
+    Attributes:
+        loss: `cosent` (pairs with scores: Su 2022's CoSENT, as text2vec trains: every pair of pairs in a batch
+            whose gold scores are ordered should have their cosines ordered the same way, log(1 + sum exp(scale x
+            (cos_lower - cos_higher)))); `in_batch_negatives` (pairs without scores, each text's partner against the
+            other texts of the batch: InfoNCE with temperature 1 / scale, as SimCSE and sentence-transformers'
+            MultipleNegativesRankingLoss).
+        pooling: How a text's vector is read from the backbone (roformer.model.model.pool_states).
+        scale: The cosines' multiplier in the loss (CoSENT's lambda, 20; 1 / InfoNCE's temperature, 20 = 0.05).
+    """
+
+    loss: Literal["cosent", "in_batch_negatives"] = "cosent"
+    pooling: Pooling = "mean"
+    scale: float = 20.0
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if self.scale <= 0:  # check_types refuses NaN and infinities
+            raise ConfigError(f"similarity.scale must be > 0, got {self.scale}")
+
+
 MULTI_LABEL_METRICS = ("micro_f1", "macro_f1", "subset_accuracy")
-TYPE_SECTIONS = {"token_classification": "tagging", "question_answering": "qa", "multiple_choice": "choices"}
+TYPE_SECTIONS = {
+    "token_classification": "tagging",
+    "question_answering": "qa",
+    "multiple_choice": "choices",
+    "similarity": "similarity",
+}
 
 
 @dataclass
@@ -225,7 +256,8 @@ class FinetuneDataConfig:
     Attributes:
         type: The kind of task: `glue` (a GLUE task by name), `classification` or `regression` of one text or a
             pair, `multi_label_classification` (a list of labels per text; sigmoid outputs), `token_classification`
-            (a tag per word: NER, POS), `question_answering` (extractive, SQuAD format) or `multiple_choice`.
+            (a tag per word: NER, POS), `question_answering` (extractive, SQuAD format), `multiple_choice` or
+            `similarity` (a bi-encoder of text pairs: sentence embeddings).
         task: `glue`: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte or wnli. Other types: the task's name in
             results.json and the logs (default: the type).
         source: `glue_dir` (GLUE's official TSV layout), `hub` (datasets) or `files` (local files); null = glue_dir
@@ -259,6 +291,7 @@ class FinetuneDataConfig:
         tagging: `token_classification`'s own settings (TaggingConfig).
         qa: `question_answering`'s own settings (QAConfig).
         choices: `multiple_choice`'s own settings (ChoicesConfig).
+        similarity: `similarity`'s own settings (SimilarityConfig): sentence pairs, a bi-encoder, Spearman of cosines.
         jieba: Segment Chinese text into words with jieba before WordPiece, as the word-level (WoBERT-style)
             tokenizers were pretrained; character offsets stay exact.
         pad_to_multiple_of: Batches are padded to their longest example rounded up to this (8: what tensor cores and
@@ -296,6 +329,7 @@ class FinetuneDataConfig:
     tagging: TaggingConfig | None = None
     qa: QAConfig | None = None
     choices: ChoicesConfig | None = None
+    similarity: SimilarityConfig | None = None
     jieba: bool = False
     max_length: int = 512
     pad_to_multiple_of: int = 8
@@ -330,7 +364,7 @@ class FinetuneDataConfig:
     def _check_metrics(self) -> None:
         from roformer.data.glue_metrics import METRICS
 
-        known = {"classification": tuple(METRICS), "regression": tuple(METRICS)}
+        known = {"classification": tuple(METRICS), "regression": tuple(METRICS), "similarity": ("pearson", "spearman")}
         known["multi_label_classification"] = MULTI_LABEL_METRICS
         if self.type not in known:
             raise ConfigError(f"metrics: the metrics of type {self.type} are its own (remove metrics)")
@@ -380,5 +414,7 @@ class FinetuneDataConfig:
             self.tagging = TaggingConfig()
         if own == "qa" and self.qa is None:
             self.qa = QAConfig()
+        if own == "similarity" and self.similarity is None:
+            self.similarity = SimilarityConfig()
         if own == "choices" and self.choices is None:
             raise ConfigError("type: multiple_choice needs a choices: section (its columns)")

@@ -17,7 +17,7 @@ import torch
 from roformer.data.config import FinetuneDataConfig
 from roformer.data.glue_metrics import compute
 from roformer.data.glue_tasks import Example, Split, Task, get_task, read_files, read_glue_dir, read_hub
-from roformer.data.tasks import Encoded, cut_to_limits, pad_rows, padded_length, write_tsv
+from roformer.data.tasks import Encoded, HeadOutputs, cut_to_limits, pad_rows, padded_length, write_tsv
 from roformer.errors import UserError
 from roformer.files import atomic_copy
 
@@ -80,7 +80,7 @@ def collate(
 # The fine-tuning task
 
 
-class GlueTask:
+class GlueTask(HeadOutputs):
     """A GLUE task with its splits read: the fine-tuning task (roformer.data.tasks.FinetuneTask) of a GLUE config.
 
     Every GLUE task classifies one text or a pair (STS-B: one score); the dev files and the server's test files

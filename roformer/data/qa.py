@@ -47,7 +47,7 @@ from roformer.data import qa_metrics
 from roformer.data.config import FinetuneDataConfig, QAConfig
 from roformer.data.records import Record, read_hub_split, read_text
 from roformer.data.segment import TokenizedText, tokenize_texts
-from roformer.data.tasks import TokenRows, cut_to_limits, pad_rows, padded_length
+from roformer.data.tasks import HeadOutputs, TokenRows, cut_to_limits, pad_rows, padded_length
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_copy, atomic_write_text
 
@@ -500,7 +500,7 @@ def _decide(context: str, spans: dict[tuple[int, int], float], null: float, qa: 
 # The fine-tuning task
 
 
-class QATask:
+class QATask(HeadOutputs):
     """Extractive question answering on SQuAD-format data: the task of `type: question_answering`.
 
     Args:

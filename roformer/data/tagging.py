@@ -56,7 +56,7 @@ import torch
 from roformer.data.config import FinetuneDataConfig, TaggingConfig
 from roformer.data.records import Record, example_id, field, read_hub_split, read_records, read_text
 from roformer.data.tagging_metrics import classification_report, split_tag, tag_scores
-from roformer.data.tasks import TokenRows, pad_rows, padded_length
+from roformer.data.tasks import HeadOutputs, TokenRows, pad_rows, padded_length
 from roformer.errors import UserError
 from roformer.files import atomic_copy, atomic_write_text
 from roformer.logs import MAIN_ONLY
@@ -448,7 +448,7 @@ def conll_text(sentences: list[Sentence], predicted: list[list[str]]) -> str:
 # The fine-tuning task
 
 
-class TaggingTask:
+class TaggingTask(HeadOutputs):
     """A token classification task with its splits read: the fine-tuning task of `type: token_classification`.
 
     Args:

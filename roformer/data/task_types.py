@@ -16,6 +16,7 @@ TASK_CLASSES = {
     "token_classification": "roformer.data.tagging:TaggingTask",
     "question_answering": "roformer.data.qa:QATask",
     "multiple_choice": "roformer.data.choices:ChoicesTask",
+    "similarity": "roformer.data.similarity:SimilarityTask",
 }
 
 

@@ -78,6 +78,20 @@ class EncodedSplit(Protocol):
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # a batch's keys the model reads to predict
 
 
+class HeadOutputs:
+    """How most tasks use their model: its head computes the loss and the logits (a task may compute its own)."""
+
+    pooling: str | None = None  # a head's outputs are its logits, not sentence vectors
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The training loss of a batch (with its labels)."""
+        return model(**batch).loss
+
+    def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """What `predictions` reads of a batch: the head's logits."""
+        return model(**{k: batch[k] for k in MODEL_INPUTS if k in batch}).logits
+
+
 class FinetuneTask(Protocol):
     """One downstream task with its splits read: what the fine-tuning recipe asks of it.
 
@@ -92,6 +106,8 @@ class FinetuneTask(Protocol):
         test_splits: The other splits present, predicted by every run (scored too when labelled).
         label_names: The names of the head's outputs in id order (classes, tags), written as `labels.json` beside
             the fine-tuned model; None where outputs have no names (regression, QA, multiple choice).
+        pooling: A sentence-vector task's pooling (`similarity`), written as `sentence.json` beside the fine-tuned
+            backbone for `roformer embed`; None for a head's task.
     """
 
     name: str
@@ -102,12 +118,19 @@ class FinetuneTask(Protocol):
     dev_splits: list[str]
     test_splits: list[str]
     label_names: list[str] | None
+    pooling: str | None
 
     def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, EncodedSplit]:
         """Every split tokenized with `tokenizer`, rows of at most `max_length` tokens (ragged: batches pad)."""
 
     def padded_length(self, longest: int, cap: int) -> int:
         """The length of a batch whose longest row has `longest` tokens (at most `cap`, unless longer)."""
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The training loss of a batch (`HeadOutputs`: the model head's)."""
+
+    def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """What `predictions` reads of a batch (`HeadOutputs`: the head's logits)."""
 
     def collate(self, split: EncodedSplit, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
         """The model inputs of `rows` of `split`, padded to `padded_length`, with their labels when it has them."""

@@ -60,12 +60,14 @@ class ModelOutput:
         hidden_states: Embedding output and the output of every block, each (B, T, C), on request.
         pooled: The pooler's output (B, C) ((B, K, C) for multiple choice) when the backbone has a pooler
             (`add_pooler`), else None.
+        embeddings: A bare backbone's sentence vectors (B, C) when its forward is given a `pooling`, else None.
     """
 
     logits: Tensor
     loss: Tensor | None = None
     hidden_states: tuple[Tensor, ...] | None = None
     pooled: Tensor | None = None
+    embeddings: Tensor | None = None
 
 
 class Model(nn.Module):
@@ -307,14 +309,20 @@ class Backbone(Model):
         labels: None = None,
         output_hidden_states: bool = False,
         position_ids: Tensor | None = None,
+        pooling: str | None = None,
     ) -> ModelOutput:
-        """Encode; `logits` holds the last hidden states (B, T, C)."""
+        """Encode; `logits` holds the last hidden states (B, T, C), `embeddings` their `pooling` (`pool_states`).
+
+        The sentence vectors come out of the forward itself, so that a bi-encoder trained under DDP (whose wrapper
+        synchronises gradients through `forward` only) gets them as any head gets its logits.
+        """
         if labels is not None:
             raise ValueError("a bare Backbone has no loss; use MaskedLM or SequenceClassifier")
         x, hidden, pooled = self.run_backbone(
             input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids
         )
-        return ModelOutput(logits=x, hidden_states=hidden, pooled=pooled)
+        embeddings = None if pooling is None else pool_states(x, attention_mask, pooling, pooled)
+        return ModelOutput(logits=x, hidden_states=hidden, pooled=pooled, embeddings=embeddings)
 
 
 POOLINGS = ("cls", "mean", "pooler", "last")

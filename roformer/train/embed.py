@@ -23,13 +23,14 @@ from roformer.data.records import read_records, read_text, text_field
 from roformer.data.tasks import padded_length
 from roformer.data.tokenizer import check_fits, jieba_presegmenter, load_tokenizer
 from roformer.errors import UserError
-from roformer.files import atomic_write
+from roformer.files import atomic_write, read_json
 from roformer.logs import quiet_loggers
 from roformer.model.config import ModelConfig
 from roformer.model.model import POOLINGS, Backbone, Model
 from roformer.model.pretrained import load_pretrained
 from roformer.train.evaluate import eval_chunks
 from roformer.train.launch import gather, process_state
+from roformer.train.run_dir import SENTENCE_FILE
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
@@ -97,11 +98,17 @@ class SentenceEncoder:
     ) -> SentenceEncoder:
         """The encoder of a model directory: a roformer one (`final/`, `best/`) or an HF `save_pretrained` one.
 
+        `pooling` None: the one a similarity fine-tune recorded in the directory (`sentence.json`), else
+        `default_pooling`.
+
         Raises:
             UserError: no model or tokenizer at `source`, a tokenizer larger than the model's vocabulary, a pooling
                 the model cannot give.
         """
         tokenizer = load_tokenizer(Path(source))
+        trained = Path(source) / SENTENCE_FILE  # a similarity fine-tune's best/: the pooling it was trained with
+        if pooling is None and trained.is_file():
+            pooling = read_json(trained).get("pooling")
         model = load_pretrained(source, "backbone")
         check_fits(tokenizer, model.config.vocab_size, source)
         return cls(model.to(device), tokenizer, pooling, max_length, jieba)

@@ -45,7 +45,7 @@ from roformer.config import flat_config
 from roformer.data.glue_metrics import ranked, seed_summary
 from roformer.data.sampling import EpochSampler, LengthGroupedSampler, global_batch_size, share
 from roformer.data.task_types import make_task
-from roformer.data.tasks import MODEL_INPUTS, EncodedSplit, FinetuneTask
+from roformer.data.tasks import EncodedSplit, FinetuneTask
 from roformer.data.tokenizer import check_fits, load_tokenizer
 from roformer.errors import UserError
 from roformer.files import atomic_write_text
@@ -65,6 +65,7 @@ from roformer.train.run_dir import (
     PREDICTIONS_DIR,
     PROGRESS_DIR,
     RESULTS_FILE,
+    SENTENCE_FILE,
     SUBMISSION_DIR,
     RunDir,
     pretraining_length,
@@ -129,6 +130,7 @@ class _FinetuneStep:
         batch_of: The padded batch of a list of examples.
         padded_length: The padded length of a batch whose longest example has this many tokens.
         layout: This process's share of the step.
+        task_loss: The task's loss of a model and a batch (`FinetuneTask.loss`).
     """
 
     def __init__(
@@ -138,8 +140,9 @@ class _FinetuneStep:
         batch_of: Callable[[list[int]], dict[str, torch.Tensor]],
         padded_length: Callable[[int], int],
         layout: ProcessLayout,
+        task_loss: Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor],
     ) -> None:
-        self.indices, self.batch_of, self.layout = indices, batch_of, layout
+        self.indices, self.batch_of, self.layout, self.task_loss = indices, batch_of, layout, task_loss
         self.tokens = sum(rows.tokens[i] for i in indices)  # real tokens, padding excluded
         lengths = [rows.lengths[i] for i in indices]
         size = layout.batch_size  # every (micro-batch, process) chunk is padded on its own
@@ -152,9 +155,9 @@ class _FinetuneStep:
         return {k: to_device(v, layout.device) for k, v in self.batch_of(rows).items()}
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        out = model(**batch)
+        loss = self.task_loss(model, batch)
         # every micro-batch has batch_size examples: the mean of the means is the global batch's mean
-        return out.loss, out.loss.detach().float() / self.layout.grad_accum / self.layout.num_processes
+        return loss, loss.detach().float() / self.layout.grad_accum / self.layout.num_processes
 
 
 class FinetuneRun:
@@ -182,7 +185,8 @@ class FinetuneRun:
     def plan(self, step: int) -> _FinetuneStep:
         indices = self.sampler.indices(step).tolist()
         batch_of = partial(self.data.batch, "train")
-        return _FinetuneStep(indices, self.rows, batch_of, self.data.padded_length, self.engine.layout)
+        layout = self.engine.layout
+        return _FinetuneStep(indices, self.rows, batch_of, self.data.padded_length, layout, self.data.task.loss)
 
     def evaluate(self, step: int) -> list[dict[str, Any]]:
         """Dev metrics of every dev split; the weights are kept when the first split's score improves."""
@@ -231,7 +235,7 @@ def predict(engine: Engine, data: EncodedTask, split: str, eval_size: int) -> li
     for chunk in eval_chunks(len(lengths), eval_size, acc.process_index, acc.num_processes):
         rows = [0] if chunk is None else [order[i] for i in chunk.tolist()]  # None: keeps FSDP in step
         batch = data.batch(split, rows)
-        logits = model(**{k: to_device(batch[k], acc.device) for k in MODEL_INPUTS if k in batch}).logits.float()
+        logits = data.task.outputs(model, {k: to_device(v, acc.device) for k, v in batch.items()}).float()
         if chunk is not None:
             predictions += data.task.predictions(logits, encoded, rows)
     gathered = gather_object([predictions]) if acc.num_processes > 1 else [predictions]
@@ -440,6 +444,8 @@ class Finetuner:
         write_model_dir(model, self.tokenizer, directory)
         if self.task.label_names is not None:  # what each output means: best/ is usable without the run's config
             atomic_write_text(directory / LABELS_FILE, json.dumps(self.task.label_names, ensure_ascii=False))
+        if self.task.pooling is not None:  # the vectors it was trained on: `roformer embed` pools the same way
+            atomic_write_text(directory / SENTENCE_FILE, json.dumps({"pooling": self.task.pooling}))
         atomic_write_text(marker, json.dumps({"score": score}))
 
     def select(self, runs: list[dict[str, Any]]) -> dict[str, Any]:

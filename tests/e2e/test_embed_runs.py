@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -105,3 +106,38 @@ def test_without_sentence_transformers_the_export_says_what_to_install(
     err = capsys.readouterr().err
     assert code == 2 and "pip install 'roformer-pytorch[sentence-transformers]'" in err, err
     assert not (tmp_path / "st").exists()
+
+
+# --- a similarity fine-tune's model, read back as sentence vectors -----------------------------------------------
+
+
+def test_a_similarity_finetune_publishes_a_backbone_whose_cosines_are_its_predictions(
+    tmp_path: Path, pretrained: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """best/ records its pooling; SentenceEncoder.load(best/) reads it, and its cosines are the dev predictions."""
+    from roformer.train.embed import SentenceEncoder
+
+    pairs = [(f"word {i} and more", f"word {i % 5} or less", float(i % 6)) for i in range(40)]
+    (tmp_path / "pairs.tsv").write_text("".join(f"{a}\t{b}\t{s}\n" for a, b, s in pairs), encoding="utf-8")
+    sets = [
+        f"init={pretrained}",
+        f"data.train_file={tmp_path / 'pairs.tsv'}",
+        f"data.validation_file={tmp_path / 'pairs.tsv'}",
+        "data.test_file=null",
+        "data.similarity.pooling=cls",
+        "train.max_steps=4",
+        "train.batch_size=8",
+        "train.lrs=[1.0e-3]",
+        "train.seeds=[0]",
+        "train.progress=false",
+    ]
+    out = tmp_path / "run"
+    args = ["finetune", "--config", "finetune/chinese-stsb-cosent", "--output-dir", str(out)]
+    assert main([*args, *sum((["--set", s] for s in sets), [])]) == 0, capsys.readouterr().err
+    assert json.loads((out / "best" / "sentence.json").read_text()) == {"pooling": "cls"}
+    encoder = SentenceEncoder.load(out / "best")
+    assert encoder.pooling == "cls"
+    first, second = (encoder.encode([p[i] for p in pairs], normalize=True) for i in (0, 1))
+    lines = (out / "predictions" / "lr0.001-seed0" / "dev.tsv").read_text().splitlines()[1:]
+    predicted = [float(line.split("\t")[1]) for line in lines]
+    np.testing.assert_allclose((first * second).sum(1), predicted, rtol=1e-5, atol=1e-5)

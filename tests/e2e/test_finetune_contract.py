@@ -32,6 +32,7 @@ METRICS = {  # the dev metrics each type's results.json names
     "token_classification": {"f1", "precision", "recall"},
     "question_answering": {"exact_match", "f1"},
     "multiple_choice": {"accuracy"},
+    "similarity": {"spearman"},
 }
 PREDICTION_FILES = {  # the dev predictions each type writes
     "classification": "dev.tsv",
@@ -39,6 +40,7 @@ PREDICTION_FILES = {  # the dev predictions each type writes
     "token_classification": "dev.conll",
     "question_answering": "dev_predictions.json",
     "multiple_choice": "dev.jsonl",
+    "similarity": "dev.tsv",
 }
 CMRC_TRIAL = "qa/cmrc2018/cmrc2018_trial.json"
 
@@ -63,7 +65,7 @@ def head(source: Path, target: Path, count: int, every: int = 1) -> Path:
         target.write_text("\n\n".join(sentences[skip : skip + count : every]) + "\n", encoding="utf-8")
     else:  # JSON lines, tsv, csv (after its header): lines, keeping their line endings
         lines = text.splitlines(keepends=True)
-        header = lines[:1] if source.suffix == ".csv" else []
+        header = lines[:1] if source.suffix in (".csv", ".tsv") else []  # .tsv: GLUE's, with a header
         rows = lines[len(header) :]
         spread = rows[skip :: max(1, len(rows) // count)][:count:every]  # some files are sorted by label (CSLDCP)
         target.write_text("".join(header + [r if r.endswith("\n") else r + "\n" for r in spread]), encoding="utf-8")
@@ -145,7 +147,7 @@ def test_a_shipped_config_trains_on_files_in_its_format(
         assert ("test" in results) == (not unlabelled)  # OCNLI's test file has no labels: predicted, not scored
 
 
-@pytest.mark.parametrize("name", ["conll2003", "cmrc2018", "fewclue-chid", "fewclue-tnews"])
+@pytest.mark.parametrize("name", ["conll2003", "cmrc2018", "fewclue-chid", "fewclue-tnews", "stsb-cosent"])
 def test_two_processes_predict_what_one_does(
     name: str, shared_data: Path, pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -242,7 +244,9 @@ def test_a_suite_of_other_tasks_writes_one_table_and_a_submission_folder_per_tas
     assert set(json.loads((out / "results.json").read_text())) == {"conll2003"}
 
 
-@pytest.mark.parametrize("name", ["conll2003", "cmrc2018", "fewclue-chid", "fewclue-tnews", "chinese-stsb"])
+@pytest.mark.parametrize(
+    "name", ["conll2003", "cmrc2018", "fewclue-chid", "fewclue-tnews", "chinese-stsb", "chinese-stsb-cosent"]
+)
 def test_every_task_type_resumes_exactly(
     name: str, shared_data: Path, pretrained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -113,6 +113,7 @@ ROOMS = {
         {"tokenizer", "packing"},
         {"corpus", "cache", "segment"},
         {"store", "streaming", "glue", "classify", "tagging", "qa", "choices"},
+        {"similarity"},
         {"mlm", "task_types"},
     ],
     "roformer.train": [

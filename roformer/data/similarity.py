@@ -1,0 +1,160 @@
+"""Sentence similarity with a bi-encoder (`type: similarity`): the cosine of two texts' vectors scores the pair.
+
+Each text of a pair is encoded alone and pooled into a vector (`data.similarity.pooling`).
+
+Training: CoSENT on pairs with scores (Su 2022, "CoSENT: a more efficient sentence vector scheme than
+Sentence-BERT"; text2vec trains its Chinese models so), or in-batch negatives on pairs without scores (each text's
+partner against every other partner in the batch: InfoNCE, as SimCSE and sentence-transformers'
+MultipleNegativesRankingLoss). Evaluation: the Spearman correlation (and Pearson, if asked) of the cosines with the
+gold scores, as the STS benchmarks are reported. The model is a bare backbone: its `best/` directory is what
+`roformer embed` and `SentenceEncoder` read, with the pooling it was trained with in `best/sentence.json`.
+
+Rows come from any file or hub dataset as for classification (roformer.data.classify: two `text_columns`, the score in
+`label_column`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from roformer.data.classify import TextTask, score_of
+from roformer.data.config import FinetuneDataConfig
+from roformer.data.records import Record, read_split_records
+from roformer.data.tasks import cut_to_limits, pad_rows
+from roformer.data.tokenizer import jieba_presegmenter
+from roformer.errors import UserError
+
+if TYPE_CHECKING:
+    from roformer.data.tokenizer import Tokenizer
+
+
+@dataclass
+class PairRows:
+    """A split of text pairs, each text's token ids on its own: row i is (first[i], second[i])."""
+
+    first: list[list[int]]
+    second: list[list[int]]
+    labels: list[float | None]
+    index: list[str]
+    sequences = 2  # a row is two sequences, each padded to the batch's length
+
+    @property
+    def lengths(self) -> list[int]:
+        """The longer text's tokens of every row: what its batch is padded to."""
+        return [max(len(a), len(b)) for a, b in zip(self.first, self.second)]
+
+    @property
+    def tokens(self) -> list[int]:
+        """Real tokens of every row: both texts."""
+        return [len(a) + len(b) for a, b in zip(self.first, self.second)]
+
+    @property
+    def labelled(self) -> bool:
+        return bool(self.labels) and self.labels[0] is not None
+
+
+def cosent_loss(cosines: torch.Tensor, scores: torch.Tensor, scale: float) -> torch.Tensor:
+    """CoSENT: log(1 + sum over pairs of pairs (i, j) with score_i > score_j of exp(scale (cos_j - cos_i))).
+
+    Only the order of the gold scores matters: the loss asks each more similar pair's cosine to exceed each less
+    similar pair's, which is what Spearman's correlation then measures.
+    """
+    differences = scale * (cosines[None, :] - cosines[:, None])  # [i, j] = scale (cos_j - cos_i)
+    ordered = scores[:, None] > scores[None, :]  # pair i is more similar than pair j
+    terms = differences[ordered]
+    return torch.logsumexp(torch.cat([terms.new_zeros(1), terms]), dim=0)
+
+
+def in_batch_negatives_loss(first: torch.Tensor, second: torch.Tensor, scale: float) -> torch.Tensor:
+    """InfoNCE over a batch of positive pairs (B, C) x (B, C): text i's partner is second[i], the rest negatives."""
+    logits = scale * F.normalize(first, dim=-1) @ F.normalize(second, dim=-1).T  # (B, B) scaled cosines
+    return F.cross_entropy(logits, torch.arange(len(first), device=logits.device))
+
+
+class SimilarityTask(TextTask):
+    """Score text pairs by the cosine of their vectors (a bi-encoder), trained with CoSENT or in-batch negatives.
+
+    Args:
+        data: The data: section (type similarity, two text columns).
+        records: The rows of every split (`read_split_records`).
+    """
+
+    architecture = "backbone"
+
+    def __init__(self, data: FinetuneDataConfig, records: dict[str, list[Record]]) -> None:
+        assert data.similarity is not None  # FinetuneDataConfig fills the section of its type
+        self.settings = data.similarity
+        super().__init__(data, records)
+        if len(self.columns) != 2:
+            raise UserError(f"text_columns: type similarity scores a pair of texts, got {self.columns}")
+        self.num_labels, self.label_names = 1, None
+        self.pooling = self.settings.pooling
+
+    @classmethod
+    def from_config(cls, data: FinetuneDataConfig) -> SimilarityTask:
+        """The task of a data: section, its splits read and checked."""
+        return cls(data, cut_to_limits(read_split_records(data), data.max_train_examples, data.max_eval_examples))
+
+    def _label_set(self, train: list[Record]) -> list[str]:
+        return []  # scores, not classes
+
+    def _labelled(self, split: str, rows: list[Record]) -> bool:
+        """Scores are read everywhere but in the positive pairs of in-batch negatives' training split."""
+        if split == "train" and self.settings.loss == "in_batch_negatives":
+            return False
+        return super()._labelled(split, rows)
+
+    def _label(self, record: Record) -> float:
+        return score_of(self._raw(record), record.where)
+
+    def label_name(self, value: Any) -> str:
+        return f"{float(value):.6g}"
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The protocol
+
+    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, PairRows]:
+        """Every split's texts tokenized one by one (a bi-encoder reads each text alone)."""
+        segment = jieba_presegmenter() if self.data.jieba else None
+        out = {}
+        for name, examples in self.examples.items():
+            texts = [[segment(t) if segment else t for t in texts] for texts, _, _ in examples]
+            first, second = (
+                tokenizer([t[i] for t in texts], truncation=True, max_length=max_length)["input_ids"] for i in (0, 1)
+            )
+            out[name] = PairRows(first, second, [e[1] for e in examples], [e[2] for e in examples])
+        return out
+
+    def collate(self, split: PairRows, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
+        """The first texts of `rows`, then their second texts, as one (2B, T) batch; the scores when labelled."""
+        texts = [split.first[r] for r in rows] + [split.second[r] for r in rows]
+        length = self.padded_length(max(len(t) for t in texts), cap)
+        batch = pad_rows(texts, [[0] * len(t) for t in texts], list(range(len(texts))), pad_id, length)
+        if split.labelled:
+            batch["labels"] = torch.tensor([split.labels[r] for r in rows], dtype=torch.float)
+        return batch
+
+    def vectors(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (B, C) vectors of a batch's first and second texts, float32."""
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], pooling=self.pooling)
+        first, second = out.embeddings.float().chunk(2)
+        return first, second
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """CoSENT over the batch's scored pairs, or InfoNCE with the batch's other partners as negatives."""
+        first, second = self.vectors(model, batch)
+        if self.settings.loss == "in_batch_negatives":
+            return in_batch_negatives_loss(first, second, self.settings.scale)
+        return cosent_loss(F.cosine_similarity(first, second, dim=-1), batch["labels"], self.settings.scale)
+
+    def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The cosine of each pair's vectors (B,)."""
+        return F.cosine_similarity(*self.vectors(model, batch), dim=-1)
+
+    def predictions(self, logits: torch.Tensor, split: PairRows, rows: list[int]) -> list[Any]:
+        """Each pair's cosine."""
+        return logits.cpu().tolist()
