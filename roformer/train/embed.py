@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -357,3 +358,82 @@ def hidden_progress_bars() -> Iterator[None]:
     finally:
         if shown:
             hf_logging.enable_progress_bar()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# RoFormer-Sim: paraphrases generated, then ranked by the vectors' cosine
+
+_CJK_GAP = re.compile(r"(?<=[\u3000-\u30ff\u3400-\u9fff\uff00-\uffef]) (?=[\u3000-\u30ff\u3400-\u9fff\uff00-\uffef])")
+
+
+def joined_text(pieces: str) -> str:
+    """A decoded WordPiece text with the spaces between CJK characters removed (decoding puts one between any two)."""
+    return _CJK_GAP.sub("", pieces).strip()
+
+
+def similar_sentences(
+    model: Model,
+    tokenizer: Tokenizer,
+    texts: Sequence[str],
+    n: int = 8,
+    max_new_tokens: int = 32,
+    top_p: float = 0.95,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> list[list[tuple[str, float]]]:
+    """RoFormer-Sim's use: `n` paraphrases of every text sampled in one batch, ranked by similarity to the text.
+
+    Generation is Sim's UniLM decoding (`CausalLM.generate`: the text is segment A and sees itself in both
+    directions, the new tokens are segment B and see the text and what came before them), sampled with nucleus
+    sampling until [SEP]. Each text's distinct candidates (the text itself and empty ones left out) are then scored by
+    the cosine of their pooled vectors with the text's (the pooler for a model that has one, as Sim's similarity
+    is trained; else the mean), the same model encoding both.
+
+    Args:
+        model: A `CausalLM` with `attention_pattern: unilm` (RoFormer-Sim), or any causal model.
+        tokenizer: Its tokenizer.
+        texts: The texts to paraphrase.
+        n: Samples drawn per text (fewer candidates remain where samples repeat).
+        max_new_tokens: The longest paraphrase, in tokens.
+        top_p: Nucleus sampling's probability mass.
+        temperature: Sampling temperature.
+        generator: Random numbers for the draws (reproducible paraphrases).
+
+    Returns:
+        For every text, its candidates and their cosines, most similar first.
+    """
+    if n < 1:
+        raise UserError(f"n must be >= 1, got {n}")
+    model = model.eval()
+    device = next(model.parameters()).device
+    prompts = [ids for ids in tokenizer(list(texts))["input_ids"] for _ in range(n)]
+    width = max(len(ids) for ids in prompts)
+    input_ids = torch.full((len(prompts), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for row, ids in enumerate(prompts):  # left-padded: every prompt ends where generation starts
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        mask[row, width - len(ids) :] = 1
+    sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "generator": generator}
+    with torch.inference_mode():  # every new token is segment B (type 1) under UniLM attention: generate's rule
+        types = torch.zeros_like(input_ids).to(device)
+        out = model.generate(
+            input_ids.to(device),
+            mask.to(device),
+            types,
+            max_new_tokens,
+            eos_token_id=tokenizer.sep_token_id,
+            **sampling,
+        )
+    decoded = [joined_text(t) for t in tokenizer.batch_decode(out[:, width:].tolist(), skip_special_tokens=True)]
+    pooling = "pooler" if model.config.add_pooler else "mean"
+    encoder = SentenceEncoder(model, tokenizer, pooling=pooling)
+    ranked = []
+    for i, text in enumerate(texts):
+        candidates = [c for c in dict.fromkeys(decoded[i * n : (i + 1) * n]) if c and c != joined_text(text)]
+        if not candidates:
+            ranked.append([])
+            continue
+        vectors = encoder.encode([text, *candidates], normalize=True)
+        scores = vectors[1:] @ vectors[0]
+        ranked.append(sorted(zip(candidates, scores.tolist()), key=lambda pair: -pair[1]))
+    return ranked

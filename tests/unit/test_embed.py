@@ -212,3 +212,39 @@ def test_embed_command_bad_input_is_one_line(
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1 and re.search(message, err), err
     assert not (tmp_path / "v.npy").exists()
+
+
+# --- RoFormer-Sim's paraphrases ---------------------------------------------------------------------------------
+
+
+def test_decoded_chinese_loses_the_spaces_between_characters_only() -> None:
+    from roformer.train.embed import joined_text
+
+    assert joined_text("今 天 天 气 很 好 ！") == "今天天气很好！"
+    assert joined_text("我 love 你") == "我 love 你"
+    assert joined_text(" the cat sat ") == "the cat sat"
+
+
+def test_similar_sentences_are_distinct_samples_ranked_by_the_pooled_cosine(tokenizer) -> None:
+    from roformer.train.embed import similar_sentences
+
+    config = tiny_config(
+        vocab_size=len(tokenizer), attention_pattern="unilm", add_pooler=True, pooler_activation="linear"
+    )
+    torch.manual_seed(0)
+    sim = roformer.CausalLM(config)
+    texts = ["the cat sat on the mat", "dogs"]
+    ranked = similar_sentences(sim, tokenizer, texts, n=6, max_new_tokens=6, generator=torch.Generator().manual_seed(1))
+    again = similar_sentences(sim, tokenizer, texts, n=6, max_new_tokens=6, generator=torch.Generator().manual_seed(1))
+    assert ranked == again  # the generator decides the draws
+    encoder = SentenceEncoder(sim, tokenizer, pooling="pooler")
+    for text, candidates in zip(texts, ranked):
+        assert 1 <= len(candidates) <= 6
+        names = [c for c, _ in candidates]
+        assert len(set(names)) == len(names) and text not in names and "" not in names
+        scores = [s for _, s in candidates]
+        assert scores == sorted(scores, reverse=True)
+        vectors = encoder.encode([text, *names], normalize=True)
+        np.testing.assert_allclose(scores, vectors[1:] @ vectors[0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(UserError, match="n must be >= 1"):
+        similar_sentences(sim, tokenizer, texts, n=0)
