@@ -214,7 +214,21 @@ def test_glue_and_length_stages_resume_and_report(tmp_path: Path, monkeypatch: p
         "validation_file": "dev.conll",
     }
     write_yaml(tmp_path / "ner.yaml", {"init": "unused", "data": ner, "train": task["train"]})
-    write_yaml(tmp_path / "suite.yaml", {"tasks": ["sst2.yaml", "ner.yaml"]})  # GLUE and any other task type
+    for split, rows in (("train", sentences[:80]), ("dev", sentences[80:])):  # pairs scored by their shared words
+        pairs = [(a, b, len(set(a.split()) & set(b.split()))) for a, b in zip(rows, rows[1:])]
+        (tmp_path / f"{split}-pairs.tsv").write_text("".join(f"{a}\t{b}\t{n}\n" for a, b, n in pairs))
+    sts = {
+        "type": "similarity",
+        "task": "toy-sts",
+        "train_file": "train-pairs.tsv",
+        "validation_file": "dev-pairs.tsv",
+        "column_names": ["a", "b", "score"],
+        "text_columns": ["a", "b"],
+        "label_column": "score",
+    }
+    write_yaml(tmp_path / "sts.yaml", {"init": "unused", "data": sts, "train": task["train"]})
+    # GLUE and any other task type: token classification, a bi-encoder of sentence vectors
+    write_yaml(tmp_path / "suite.yaml", {"tasks": ["sst2.yaml", "ner.yaml", "sts.yaml"]})
     data = read_yaml(config)
     suite = f"../{tmp_path.name}/suite.yaml"  # a path through `..`, as configs/experiments/ names configs/glue/
     data.update(
@@ -236,6 +250,7 @@ def test_glue_and_length_stages_resume_and_report(tmp_path: Path, monkeypatch: p
     assert results["label"] == "roformer" and results["init"].endswith(f"roformer-seed1/{FINAL_DIR}")
     assert summary["glue"]["roformer"]["sst2"]["runs"] == 2 and "sst2" in summary["glue_differences"]["roformer"]
     assert summary["glue"]["roformer"]["toy-ner"]["runs"] == 2 and "toy-ner" in summary["glue_differences"]["roformer"]
+    assert summary["glue"]["roformer"]["toy-sts"]["runs"] == 2 and "toy-sts" in summary["glue_differences"]["roformer"]
     assert set(summary["length_differences"]["roformer"]) == {32, 64}
     report = (out / REPORT_FILE).read_text()
     assert "### GLUE" in report and "Dev score differences from bert" in report and "GLUE suite" in report
