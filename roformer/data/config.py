@@ -228,16 +228,22 @@ class SimilarityConfig:
             MultipleNegativesRankingLoss).
         pooling: How a text's vector is read from the backbone (roformer.model.model.pool_states).
         scale: The cosines' multiplier in the loss (CoSENT's lambda, 20; 1 / InfoNCE's temperature, 20 = 0.05).
+        negative_column: `in_batch_negatives`: a field of the training rows holding a hard negative of each pair (a
+            triplet: anchor, positive, negative), scored against each anchor beside the batch's positives; null =
+            pairs only.
     """
 
     loss: Literal["cosent", "in_batch_negatives"] = "cosent"
     pooling: Pooling = "mean"
     scale: float = 20.0
+    negative_column: str | None = None
 
     def __post_init__(self) -> None:
         check_types(self)
         if self.scale <= 0:  # check_types refuses NaN and infinities
             raise ConfigError(f"similarity.scale must be > 0, got {self.scale}")
+        if self.negative_column and self.loss != "in_batch_negatives":
+            raise ConfigError("similarity.negative_column is for loss: in_batch_negatives (CoSENT reads scored pairs)")
 
 
 MULTI_LABEL_METRICS = ("micro_f1", "macro_f1", "subset_accuracy")

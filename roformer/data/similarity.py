@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from roformer.data.classify import TextTask, score_of
 from roformer.data.config import FinetuneDataConfig
-from roformer.data.records import Record, read_split_records
+from roformer.data.records import Record, read_split_records, text_field
 from roformer.data.tasks import cut_to_limits, pad_rows
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import UserError
@@ -34,23 +34,36 @@ if TYPE_CHECKING:
 
 @dataclass
 class PairRows:
-    """A split of text pairs, each text's token ids on its own: row i is (first[i], second[i])."""
+    """A split of text pairs, each text's token ids on its own: row i is (first[i], second[i]).
+
+    With triplets (a training split with hard negatives) row i also has third[i].
+    """
 
     first: list[list[int]]
     second: list[list[int]]
     labels: list[float | None]
     index: list[str]
-    sequences = 2  # a row is two sequences, each padded to the batch's length
+    third: list[list[int]] | None = None
+
+    @property
+    def texts(self) -> list[list[list[int]]]:
+        """The split's columns of texts: the pair's two, and the negatives when it has them."""
+        return [self.first, self.second] + ([self.third] if self.third is not None else [])
+
+    @property
+    def sequences(self) -> int:
+        """Texts per row, each padded to the batch's length: 2, or 3 with negatives."""
+        return len(self.texts)
 
     @property
     def lengths(self) -> list[int]:
-        """The longer text's tokens of every row: what its batch is padded to."""
-        return [max(len(a), len(b)) for a, b in zip(self.first, self.second)]
+        """The longest text's tokens of every row: what its batch is padded to."""
+        return [max(map(len, row)) for row in zip(*self.texts)]
 
     @property
     def tokens(self) -> list[int]:
-        """Real tokens of every row: both texts."""
-        return [len(a) + len(b) for a, b in zip(self.first, self.second)]
+        """Real tokens of every row: all its texts."""
+        return [sum(map(len, row)) for row in zip(*self.texts)]
 
     @property
     def labelled(self) -> bool:
@@ -69,9 +82,15 @@ def cosent_loss(cosines: torch.Tensor, scores: torch.Tensor, scale: float) -> to
     return torch.logsumexp(torch.cat([terms.new_zeros(1), terms]), dim=0)
 
 
-def in_batch_negatives_loss(first: torch.Tensor, second: torch.Tensor, scale: float) -> torch.Tensor:
-    """InfoNCE over a batch of positive pairs (B, C) x (B, C): text i's partner is second[i], the rest negatives."""
-    logits = scale * F.normalize(first, dim=-1) @ F.normalize(second, dim=-1).T  # (B, B) scaled cosines
+def in_batch_negatives_loss(
+    first: torch.Tensor, second: torch.Tensor, scale: float, negatives: torch.Tensor | None = None
+) -> torch.Tensor:
+    """InfoNCE over a batch of positive pairs (B, C) x (B, C): text i's partner is second[i], the rest negatives.
+
+    With `negatives` (B, C), every anchor is also scored against all of them (its own hard negative and the others').
+    """
+    candidates = second if negatives is None else torch.cat([second, negatives])  # (B or 2B, C)
+    logits = scale * F.normalize(first, dim=-1) @ F.normalize(candidates, dim=-1).T  # scaled cosines
     return F.cross_entropy(logits, torch.arange(len(first), device=logits.device))
 
 
@@ -93,6 +112,8 @@ class SimilarityTask(TextTask):
             raise UserError(f"text_columns: type similarity scores a pair of texts, got {self.columns}")
         self.num_labels, self.label_names = 1, None
         self.pooling = self.settings.pooling
+        negatives = self.settings.negative_column
+        self.negatives = None if negatives is None else [text_field(r, negatives) for r in self._train_rows]
 
     @classmethod
     def from_config(cls, data: FinetuneDataConfig) -> SimilarityTask:
@@ -100,6 +121,7 @@ class SimilarityTask(TextTask):
         return cls(data, cut_to_limits(read_split_records(data), data.max_train_examples, data.max_eval_examples))
 
     def _label_set(self, train: list[Record]) -> list[str]:
+        self._train_rows = train  # the rows the negatives are read from (after skip_labels, as the examples)
         return []  # scores, not classes
 
     def _labelled(self, split: str, rows: list[Record]) -> bool:
@@ -122,38 +144,48 @@ class SimilarityTask(TextTask):
         segment = jieba_presegmenter() if self.data.jieba else None
         out = {}
         for name, examples in self.examples.items():
-            texts = [[segment(t) if segment else t for t in texts] for texts, _, _ in examples]
-            first, second = (
-                tokenizer([t[i] for t in texts], truncation=True, max_length=max_length)["input_ids"] for i in (0, 1)
+            columns = [[texts[i] for texts, _, _ in examples] for i in (0, 1)]
+            if name == "train" and self.negatives is not None:
+                columns.append(self.negatives)
+            first, second, *third = (
+                tokenizer([segment(t) if segment else t for t in column], truncation=True, max_length=max_length)[
+                    "input_ids"
+                ]
+                for column in columns
             )
-            out[name] = PairRows(first, second, [e[1] for e in examples], [e[2] for e in examples])
+            labels, index = [e[1] for e in examples], [e[2] for e in examples]
+            out[name] = PairRows(first, second, labels, index, third[0] if third else None)
         return out
 
     def collate(self, split: PairRows, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
-        """The first texts of `rows`, then their second texts, as one (2B, T) batch; the scores when labelled."""
-        texts = [split.first[r] for r in rows] + [split.second[r] for r in rows]
+        """The first texts of `rows`, then their second texts (then their negatives), as one (2B or 3B, T) batch.
+
+        The scores too when labelled, and `texts_per_row` (2 or 3) for the loss to split the vectors.
+        """
+        texts = [column[r] for column in split.texts for r in rows]
         length = self.padded_length(max(len(t) for t in texts), cap)
         batch = pad_rows(texts, [[0] * len(t) for t in texts], list(range(len(texts))), pad_id, length)
+        batch["texts_per_row"] = torch.tensor(split.sequences)  # 2, or 3: the batch's last third are negatives
         if split.labelled:
             batch["labels"] = torch.tensor([split.labels[r] for r in rows], dtype=torch.float)
         return batch
 
-    def vectors(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The (B, C) vectors of a batch's first and second texts, float32."""
+    def vectors(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """The (B, C) vectors of a batch's first and second texts (and negatives), float32."""
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], pooling=self.pooling)
-        first, second = out.embeddings.float().chunk(2)
-        return first, second
+        return list(out.embeddings.float().chunk(int(batch["texts_per_row"])))
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """CoSENT over the batch's scored pairs, or InfoNCE with the batch's other partners as negatives."""
-        first, second = self.vectors(model, batch)
+        first, second, *negatives = self.vectors(model, batch)
         if self.settings.loss == "in_batch_negatives":
-            return in_batch_negatives_loss(first, second, self.settings.scale)
+            return in_batch_negatives_loss(first, second, self.settings.scale, *negatives)
         return cosent_loss(F.cosine_similarity(first, second, dim=-1), batch["labels"], self.settings.scale)
 
     def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The cosine of each pair's vectors (B,)."""
-        return F.cosine_similarity(*self.vectors(model, batch), dim=-1)
+        first, second = self.vectors(model, batch)
+        return F.cosine_similarity(first, second, dim=-1)
 
     def predictions(self, logits: torch.Tensor, split: PairRows, rows: list[int]) -> list[Any]:
         """Each pair's cosine."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -141,3 +142,40 @@ def test_a_similarity_finetune_publishes_a_backbone_whose_cosines_are_its_predic
     lines = (out / "predictions" / "lr0.001-seed0" / "dev.tsv").read_text().splitlines()[1:]
     predicted = [float(line.split("\t")[1]) for line in lines]
     np.testing.assert_allclose((first * second).sum(1), predicted, rtol=1e-5, atol=1e-5)
+
+
+def test_triplets_with_hard_negatives_fine_tune_through_the_engine(
+    tmp_path: Path, pretrained: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """In-batch negatives on (anchor, positive, negative) training rows, scored pairs on dev: trains and scores."""
+    (tmp_path / "train.csv").write_text(
+        "anchor,positive,negative\n" + "".join(f"word {i},word {i} more,other {i + 1}\n" for i in range(24))
+    )
+    (tmp_path / "dev.csv").write_text(
+        "anchor,positive,score\n" + "".join(f"word {i},word {i % 3},{i % 4}\n" for i in range(12))
+    )
+    sets = [
+        f"init={pretrained}",
+        f"data.train_file={tmp_path / 'train.csv'}",
+        f"data.validation_file={tmp_path / 'dev.csv'}",
+        "data.test_file=null",
+        "data.format=auto",
+        "data.column_names=null",
+        "data.text_columns=[anchor, positive]",
+        "data.similarity.loss=in_batch_negatives",
+        "data.similarity.negative_column=negative",
+        "train.max_steps=3",
+        "train.batch_size=8",
+        "train.lrs=[1.0e-3]",
+        "train.seeds=[0]",
+        "train.progress=false",
+        "train.log_every=1",
+    ]
+    out = tmp_path / "run"
+    args = ["finetune", "--config", "finetune/chinese-stsb-cosent", "--output-dir", str(out)]
+    assert main([*args, *sum((["--set", s] for s in sets), [])]) == 0, capsys.readouterr().err
+    results = json.loads((out / "results.json").read_text())
+    assert "spearman" in results["runs"][0]["dev"]["dev"]
+    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    losses = [e["loss"] for e in events if e["event"] == "train"]
+    assert len(losses) == 3 and all(math.isfinite(v) and v > 0 for v in losses)

@@ -121,3 +121,40 @@ def test_bad_scores_and_settings_are_named(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="scores a pair of texts"):
         SimilarityTask.from_config(config)
     assert json.dumps(config.similarity.pooling) == '"mean"'
+
+
+def test_hard_negatives_join_the_candidates_of_every_anchor() -> None:
+    torch.manual_seed(0)
+    a, b, c = torch.randn(3, 8), torch.randn(3, 8), torch.randn(3, 8)
+    candidates = F.normalize(torch.cat([b, c]), dim=-1)  # (6, 8): the positives, then the hard negatives
+    logits = 20 * F.normalize(a, dim=-1) @ candidates.T
+    expected = -sum(torch.log_softmax(logits[i], dim=0)[i] for i in range(3)) / 3
+    assert_close(in_batch_negatives_loss(a, b, 20.0, c), expected)
+
+
+def test_triplets_are_read_and_batched_as_a_third_text(tmp_path: Path) -> None:
+    (tmp_path / "train.csv").write_text("a,b,c\na cat,a cat sat,the red car\nthe dog,a dog ran,one two\n")
+    (tmp_path / "dev.csv").write_text("a,b,score\na cat,a cat sat,4\nthe dog,one two,0\n")
+    section = {"loss": "in_batch_negatives", "negative_column": "c"}
+    config = from_dict(
+        FinetuneDataConfig,
+        {
+            "type": "similarity",
+            "train_file": str(tmp_path / "train.csv"),
+            "validation_file": str(tmp_path / "dev.csv"),
+            "text_columns": ["a", "b"],
+            "label_column": "score",
+            "similarity": section,
+        },
+    )
+    task = SimilarityTask.from_config(config)
+    words = "a cat sat the dog ran red car one two"
+    tokenizer = train_tokenizer(list(generate_documents(100)) + [words], vocab_size=200)
+    encoded = task.encode(tokenizer, 16)
+    train, dev = encoded["train"], encoded["dev"]
+    assert train.sequences == 3 and train.third[1] == tokenizer("one two")["input_ids"]
+    assert dev.sequences == 2 and dev.third is None and dev.labels == [4.0, 0.0]
+    batch = task.collate(train, [0, 1], tokenizer.pad_token_id, 16)
+    assert batch["input_ids"].shape[0] == 6 and int(batch["texts_per_row"]) == 3 and "labels" not in batch
+    with pytest.raises(ConfigError, match="negative_column is for loss: in_batch_negatives"):
+        data(tmp_path, ROWS, negative_column="c")
