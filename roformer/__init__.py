@@ -1,8 +1,8 @@
 """roformer: RoFormer (rotary position embedding) and a BERT baseline in one PyTorch encoder, with recipes.
 
 Public API: `ModelConfig`, the models (`Backbone`, `MaskedLM`, `SequenceClassifier`, `TokenClassifier`,
-`QuestionAnswering`, `MultipleChoice`, `CausalLM`), `load` (a saved model directory), `Model.save`, and HF interop
-`from_hf` / `to_hf`.
+`QuestionAnswering`, `MultipleChoice`, `CausalLM`), `load` (a saved model directory), `Model.save`, HF interop
+`from_hf` / `to_hf`, and `SentenceEncoder` (texts to sentence vectors with a model directory and its tokenizer).
 
 Package layout (data flows one way: cli -> study -> train -> data / model -> config / files / errors):
 
@@ -38,6 +38,7 @@ _PUBLIC = {
     "convert_rotary_layout": "roformer.model.model",
     "from_hf": "roformer.model.hf",
     "to_hf": "roformer.model.hf",
+    "SentenceEncoder": "roformer.train.embed",
     "CheckpointError": "roformer.errors",
     "ConfigError": "roformer.errors",
     "UserError": "roformer.errors",

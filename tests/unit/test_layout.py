@@ -204,6 +204,7 @@ def test_public_api() -> None:
         "ModelOutput",
         "MultipleChoice",
         "QuestionAnswering",
+        "SentenceEncoder",
         "SequenceClassifier",
         "TokenClassifier",
         "UserError",
