@@ -23,8 +23,8 @@ import torch.nn.functional as F
 
 from roformer.data.classify import TextTask, score_of
 from roformer.data.config import FinetuneDataConfig
-from roformer.data.records import Record, read_split_records, text_field
-from roformer.data.tasks import cut_to_limits, pad_rows
+from roformer.data.records import Record, text_field
+from roformer.data.tasks import pad_rows
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import UserError
 
@@ -114,11 +114,6 @@ class SimilarityTask(TextTask):
         self.pooling = self.settings.pooling
         negatives = self.settings.negative_column
         self.negatives = None if negatives is None else [text_field(r, negatives) for r in self._train_rows]
-
-    @classmethod
-    def from_config(cls, data: FinetuneDataConfig) -> SimilarityTask:
-        """The task of a data: section, its splits read and checked."""
-        return cls(data, cut_to_limits(read_split_records(data), data.max_train_examples, data.max_eval_examples))
 
     def _label_set(self, train: list[Record]) -> list[str]:
         self._train_rows = train  # the rows the negatives are read from (after skip_labels, as the examples)

@@ -112,6 +112,13 @@ def test_without_sentence_transformers_the_export_says_what_to_install(
 # --- a similarity fine-tune's model, read back as sentence vectors -----------------------------------------------
 
 
+def finetune_similarity(out: Path, sets: list[str], capsys: pytest.CaptureFixture) -> Path:
+    """`roformer finetune --config finetune/chinese-stsb-cosent --set ...` into `out` (which it returns), succeeded."""
+    args = ["finetune", "--config", "finetune/chinese-stsb-cosent", "--output-dir", str(out)]
+    assert main([*args, *sum((["--set", s] for s in sets), [])]) == 0, capsys.readouterr().err
+    return out
+
+
 def test_a_similarity_finetune_publishes_a_backbone_whose_cosines_are_its_predictions(
     tmp_path: Path, pretrained: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -132,9 +139,7 @@ def test_a_similarity_finetune_publishes_a_backbone_whose_cosines_are_its_predic
         "train.seeds=[0]",
         "train.progress=false",
     ]
-    out = tmp_path / "run"
-    args = ["finetune", "--config", "finetune/chinese-stsb-cosent", "--output-dir", str(out)]
-    assert main([*args, *sum((["--set", s] for s in sets), [])]) == 0, capsys.readouterr().err
+    out = finetune_similarity(tmp_path / "run", sets, capsys)
     assert json.loads((out / "best" / "sentence.json").read_text()) == {"pooling": "cls"}
     encoder = SentenceEncoder.load(out / "best")
     assert encoder.pooling == "cls"
@@ -171,9 +176,7 @@ def test_triplets_with_hard_negatives_fine_tune_through_the_engine(
         "train.progress=false",
         "train.log_every=1",
     ]
-    out = tmp_path / "run"
-    args = ["finetune", "--config", "finetune/chinese-stsb-cosent", "--output-dir", str(out)]
-    assert main([*args, *sum((["--set", s] for s in sets), [])]) == 0, capsys.readouterr().err
+    out = finetune_similarity(tmp_path / "run", sets, capsys)
     results = json.loads((out / "results.json").read_text())
     assert "spearman" in results["runs"][0]["dev"]["dev"]
     events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
