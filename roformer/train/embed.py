@@ -10,6 +10,7 @@ each process encodes a contiguous share and the main process gathers them.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import re
 from collections.abc import Iterator, Sequence
@@ -87,6 +88,18 @@ class SentenceEncoder:
         self.model.set_unpadding(True)
         self.tokenizer = tokenizer
         self.segment = jieba_presegmenter() if jieba else None
+        self.backend = self.truncating_backend(tokenizer, self.max_length)
+
+    @staticmethod
+    def truncating_backend(tokenizer: Tokenizer, max_length: int) -> Any:
+        """A copy of a fast tokenizer's Rust tokenizer that truncates at `max_length` and never pads; None if slow."""
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            return None
+        backend = copy.deepcopy(backend)  # the wrapper sets truncation and padding on its own per call
+        backend.no_padding()
+        backend.enable_truncation(max_length)
+        return backend
 
     @classmethod
     def load(
@@ -115,11 +128,16 @@ class SentenceEncoder:
         return cls(model.to(device), tokenizer, pooling, max_length, jieba)
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        """Each text's token ids, [CLS] and [SEP] included, cut to `max_length`."""
+        """Each text's token ids, [CLS] and [SEP] included, cut to `max_length`.
+
+        Through the Rust tokenizer itself (a private copy, truncating at `max_length`): the ids transformers gives,
+        without its per-text conversion to Python objects, which was 8% of encoding STS-B with a 4 x 256 model.
+        """
         if self.segment is not None:
             texts = [self.segment(text) for text in texts]
-        encoded = self.tokenizer(list(texts), truncation=True, max_length=self.max_length)
-        return encoded["input_ids"]
+        if self.backend is None:  # a slow (Python) tokenizer
+            return self.tokenizer(list(texts), truncation=True, max_length=self.max_length)["input_ids"]
+        return [encoding.ids for encoding in self.backend.encode_batch(list(texts))]
 
     def encode(
         self,

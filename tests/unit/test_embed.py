@@ -115,6 +115,9 @@ def test_normalized_bf16_vectors_are_unit_length_and_near_fp32(tokenizer) -> Non
 def test_texts_longer_than_max_length_are_cut(tokenizer) -> None:
     encoder = SentenceEncoder(roformer.Backbone(tiny_config(vocab_size=len(tokenizer))), tokenizer, max_length=5)
     assert max(len(ids) for ids in encoder.tokenize(TEXTS)) == 5
+    assert encoder.tokenize(TEXTS) == tokenizer(TEXTS, truncation=True, max_length=5)["input_ids"]  # transformers' ids
+    assert tokenizer(TEXTS[1])["input_ids"][-1] == tokenizer.sep_token_id  # the shared tokenizer is left as it was
+    assert len(tokenizer(TEXTS[1])["input_ids"]) > 5
     assert encoder.encode(TEXTS).shape == (5, 32)
 
 
