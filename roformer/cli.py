@@ -16,7 +16,7 @@ from typing import NamedTuple, NoReturn
 
 from roformer.errors import RunStopped, UserError
 from roformer.logs import configure_console
-from roformer.model.config import ARCHITECTURE_NAMES
+from roformer.model.config import ARCHITECTURE_NAMES, POOLINGS
 from roformer.version import version_report
 
 EXIT_USAGE = 2
@@ -110,8 +110,6 @@ def _export_tokenizer(source: str, target: Path, copy: Callable[[Path, Path], li
 
 def _export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="DIR", help="roformer model directory (e.g. RUN/final)")
-    from roformer.model.model import POOLINGS
-
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
     parser.add_argument(
         "--format",
@@ -430,8 +428,6 @@ def _eval_mlm(args: argparse.Namespace) -> None:
 
 
 def _embed_arguments(parser: argparse.ArgumentParser) -> None:
-    from roformer.model.model import POOLINGS
-
     parser.add_argument("--model", required=True, metavar="DIR", help="a model directory (roformer or HF)")
     parser.add_argument("--input", required=True, metavar="FILE", help="texts: .txt (a line each), csv/tsv/jsonl/...")
     parser.add_argument(

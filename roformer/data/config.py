@@ -126,7 +126,7 @@ TaskType = Literal[
     "similarity",
 ]
 TASK_TYPES = get_args(TaskType)
-Pooling = Literal["cls", "mean", "pooler", "last"]  # roformer.model.model.POOLINGS (tested equal)
+Pooling = Literal["cls", "mean", "pooler", "last"]  # roformer.model.config.POOLINGS (tested equal)
 
 
 @dataclass

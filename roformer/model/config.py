@@ -104,6 +104,8 @@ ARCHITECTURE_NAMES = (
     "multiple_choice",
     "causal_lm",
 )
+# How a sentence vector is read from the last hidden states (roformer.model.model.pool_states)
+POOLINGS = ("cls", "mean", "pooler", "last")
 
 
 @dataclass

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from roformer.model.config import ARCHITECTURE_NAMES, ModelConfig
+from roformer.model.config import ARCHITECTURE_NAMES, POOLINGS, ModelConfig
 from roformer.model.generation import Sampling, generate
 from roformer.model.layers import (
     ACTIVATIONS,
@@ -323,9 +323,6 @@ class Backbone(Model):
         )
         embeddings = None if pooling is None else pool_states(x, attention_mask, pooling, pooled)
         return ModelOutput(logits=x, hidden_states=hidden, pooled=pooled, embeddings=embeddings)
-
-
-POOLINGS = ("cls", "mean", "pooler", "last")
 
 
 def pool_states(x: Tensor, attention_mask: Tensor | None, pooling: str, pooled: Tensor | None = None) -> Tensor:

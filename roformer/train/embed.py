@@ -27,8 +27,8 @@ from roformer.data.tokenizer import check_fits, jieba_presegmenter, load_tokeniz
 from roformer.errors import UserError
 from roformer.files import atomic_write, read_json
 from roformer.logs import quiet_loggers
-from roformer.model.config import ModelConfig
-from roformer.model.model import POOLINGS, Backbone, Model
+from roformer.model.config import POOLINGS, ModelConfig
+from roformer.model.model import Backbone, Model
 from roformer.model.pretrained import load_pretrained
 from roformer.train.evaluate import eval_chunks
 from roformer.train.launch import gather, process_state

@@ -190,6 +190,14 @@ def test_reporting_imports_no_torch() -> None:
     assert done.stdout.strip() == "False"
 
 
+def test_the_command_line_parser_imports_no_torch() -> None:
+    """Every command's options are built at start-up: torch (a second or more) loads only for the command that runs."""
+    code = "import sys, roformer.cli; roformer.cli.build_parser(); print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
 def test_public_api() -> None:
     import roformer
 

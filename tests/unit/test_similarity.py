@@ -19,7 +19,7 @@ from roformer.data.config import FinetuneDataConfig, Pooling
 from roformer.data.similarity import SimilarityTask, cosent_loss, in_batch_negatives_loss
 from roformer.data.tokenizer import train_tokenizer
 from roformer.errors import ConfigError, UserError
-from roformer.model.model import POOLINGS
+from roformer.model.config import POOLINGS
 
 
 def test_cosent_is_its_formula() -> None:
