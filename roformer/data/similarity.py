@@ -112,12 +112,17 @@ class SimilarityTask(TextTask):
             raise UserError(f"text_columns: type similarity scores a pair of texts, got {self.columns}")
         self.num_labels, self.label_names = 1, None
         self.pooling = self.settings.pooling
-        negatives = self.settings.negative_column
-        self.negatives = None if negatives is None else [text_field(r, negatives) for r in self._train_rows]
 
     def _label_set(self, train: list[Record]) -> list[str]:
-        self._train_rows = train  # the rows the negatives are read from (after skip_labels, as the examples)
         return []  # scores, not classes
+
+    def _examples(self, split: str, rows: list[Record]) -> list[tuple[tuple[str, ...], Any, str]]:
+        """TextTask's examples; with hard negatives, a training example's texts are a triplet."""
+        examples = super()._examples(split, rows)
+        negative = self.settings.negative_column
+        if split != "train" or negative is None:
+            return examples
+        return [((*texts, text_field(r, negative)), label, i) for (texts, label, i), r in zip(examples, rows)]
 
     def _labelled(self, split: str, rows: list[Record]) -> bool:
         """Scores are read everywhere but in the positive pairs of in-batch negatives' training split."""
@@ -139,9 +144,7 @@ class SimilarityTask(TextTask):
         segment = jieba_presegmenter() if self.data.jieba else None
         out = {}
         for name, examples in self.examples.items():
-            columns = [[texts[i] for texts, _, _ in examples] for i in (0, 1)]
-            if name == "train" and self.negatives is not None:
-                columns.append(self.negatives)
+            columns = zip(*(texts for texts, _, _ in examples))  # the first texts, the second (and the negatives)
             first, second, *third = (
                 tokenizer([segment(t) if segment else t for t in column], truncation=True, max_length=max_length)[
                     "input_ids"

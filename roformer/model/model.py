@@ -167,8 +167,7 @@ class Model(nn.Module):
 
         What any model's backbone gives as a sentence embedding; the head, if any, is not used.
         """
-        x, _, pooled = self.run_backbone(input_ids, attention_mask, token_type_ids)
-        vectors = pool_states(x, attention_mask, pooling, pooled)
+        vectors = self.base_model(input_ids, attention_mask, token_type_ids, pooling=pooling).embeddings
         return F.normalize(vectors.float(), dim=-1) if normalize else vectors
 
     def set_gradient_checkpointing(self, enabled: bool = True) -> None:
