@@ -122,16 +122,30 @@ def setup(name: str, args: argparse.Namespace, length: int) -> tuple[torch.nn.Mo
     return (torch.compile(model) if args.compile else model), optimizer
 
 
-def throughput(args: argparse.Namespace, batch: int, length: int) -> tuple[dict[str, float], dict[str, float]]:
-    """Median tokens/s of every model, and its model TFLOPs per step-token (for MFU)."""
+def throughput(
+    args: argparse.Namespace, batch: int, length: int
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """Median tokens/s of every model, its model TFLOPs per step-token (for MFU), and on CUDA its peak memory.
+
+    On CUDA the peak is read during each model's first two warm-up steps (from a fresh optimizer and no gradients,
+    the same growth `peak_memory_mb` measures), so a compiled model is compiled once, not again for memory.
+    """
     dtype = getattr(torch, args.dtype)
     runs = {name: setup(name, args, length) for name in args.models}
     batches = [make_batch(args, batch, length, seed) for seed in range(args.steps)]
     if args.device.startswith("cuda"):
         batches = [{k: v.pin_memory() for k, v in b.items()} for b in batches]
-    for model, opt in runs.values():  # warm-up: allocator, kernels, AdamW state, compilation
-        for b in batches[: 3 if args.compile else 2]:
+    cuda = args.device.startswith("cuda")
+    peaks: dict[str, float] = {}
+    for name, (model, opt) in runs.items():  # warm-up: allocator, kernels, AdamW state, compilation
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        for step, b in enumerate(batches[: 3 if args.compile else 2]):
             train_step(model, opt, b, args.device, dtype, args.decoder == "masked")
+            if cuda and step == 1:
+                peaks[name] = (torch.cuda.max_memory_allocated() - base) / 2**20
     samples: dict[str, list[float]] = {name: [] for name in args.models}
     for _ in range(args.repeats):
         for name, (model, opt) in runs.items():
@@ -148,23 +162,11 @@ def throughput(args: argparse.Namespace, batch: int, length: int) -> tuple[dict[
         )
         for name in args.models
     }
-    return {name: statistics.median(v) for name, v in samples.items()}, flops
+    return {name: statistics.median(v) for name, v in samples.items()}, flops, peaks
 
 
 def peak_memory_mb(args: argparse.Namespace, name: str, batch: int, length: int) -> float:
-    """Peak memory growth of two training steps, in MiB (measured in a subprocess on CPU)."""
-    dtype = getattr(torch, args.dtype)
-    if args.device.startswith("cuda"):
-        model, opt = setup(name, args, length)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        for seed in range(2):
-            train_step(model, opt, make_batch(args, batch, length, seed), args.device, dtype, args.decoder == "masked")
-        peak = torch.cuda.max_memory_allocated() - base
-        del model, opt
-        torch.cuda.empty_cache()
-        return peak / 2**20
+    """Peak resident-memory growth of two training steps on CPU, in MiB (a fresh subprocess per model)."""
     cmd = [sys.executable, __file__, "--_memory-child", name, "--_batch", str(batch), "--_length", str(length)]
     cmd += [f"--{k.replace('_', '-')}={v}" for k, v in _shape_args(args).items() if k != "compile"]
     cmd += ["--compile"] if args.compile else []
@@ -302,8 +304,8 @@ def main() -> None:
     )
     results = []
     for length, batch in zip(lens, batches):
-        tps, flops = throughput(args, batch, length)
-        mem = {name: peak_memory_mb(args, name, batch, length) for name in args.models}
+        tps, flops, mem = throughput(args, batch, length)
+        mem = mem or {name: peak_memory_mb(args, name, batch, length) for name in args.models}
         mfu = {name: tps[name] * flops[name] / 1e12 / peak for name in args.models}
         results.append(
             {
@@ -320,9 +322,9 @@ def main() -> None:
         spec_mfu = {name: tps[name] * flops[name] / 1e12 / spec for name in tps} if spec else None
         print_table(args, length, batch, tps, mem, mfu, spec_mfu)
         sys.stdout.flush()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        if args.json:  # after every shape: a run stopped at a time limit keeps the shapes it finished
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=2)
 
 
 if __name__ == "__main__":

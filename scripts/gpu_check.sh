@@ -9,6 +9,10 @@
 #   pretrain  both arms of configs/experiments/rope-vs-bert-base.yaml on gutenberg, bf16, compiled, ~1000 steps,
 #             held-out eval curves
 #   report    one table of all of the above (gpu-report.md)
+#   lease     all of it inside one device call of GPU_CHECK_SECONDS (default 560): the stages in order of what the
+#             GPU issue needs most (eager bench; compiled bench at T=512; base pretraining with the GPU tests beside
+#             it; every encoding, eager; compiled bench at T=128 if time is left), each cut at the deadline, results
+#             packed every 20 s into $OUT/results.tgz (the device tool returns at most 8 files)
 # Results go to $OUT (the device tool's folder) or runs/gpu-check; run data to /tmp/gpu-check. Prepare .gpu/ first
 # with scripts/gpu_prepare.sh (wheels and data for a machine without network). GPU_CHECK_SMOKE=1 runs every stage at
 # toy sizes (also on a CPU, in fp32 there) to check the plumbing; GPU_CHECK_MODES="eager" skips the compiled bench.
@@ -36,12 +40,16 @@ if [ "${GPU_CHECK_SMOKE:-0}" = 1 ]; then
     steps=6 batch=4 length=64 eval_every=3 model=(--set model.num_layers=2 --set model.hidden_size=64
         --set model.num_heads=2 --set model.intermediate_size=128 --set data.vocab_size=2000)
     device_args=()
+    lease_compiled=(--shape small --seq-lens 64 --batch-sizes 4 --repeats 1 --steps 1)
+    lease_compiled_short=("${lease_compiled[@]}")
 else
     bench_args=(--shape base --seq-lens 128,512 --batch-sizes 128,32 --repeats 3 --steps 5)
     relative_args=(--shape base --seq-lens 512 --batch-sizes 32 --repeats 3 --steps 5 --compile)
     terms_args=(--device cuda --seq-lens 512,2048 --batch-sizes 32,8 --heads 12 --head-size 64)
     steps=1000 batch=32 length=512 eval_every=100 model=() dtype=bf16
     device_args=(--device cuda)
+    lease_compiled=(--shape base --seq-lens 512 --batch-sizes 32 --repeats 3 --steps 5)
+    lease_compiled_short=(--shape base --seq-lens 128 --batch-sizes 128 --repeats 3 --steps 5)
 fi
 
 run_tests() {
@@ -76,13 +84,50 @@ run_pretrain() {
     cp "$work/base/compare/curves.png" "$out/base-curves.png" 2>/dev/null || true
 }
 
+run_lease() {
+    local deadline=$((SECONDS + ${GPU_CHECK_SECONDS:-560})) pack=$out results=$work/results
+    mkdir -p "$results"
+    cp "$pack/device.txt" "$results/"
+    # the device tool returns at most 8 files: everything travels as one archive, refreshed as results land
+    (while sleep 20; do tar czf "$pack/.results.tgz" -C "$results" . && mv "$pack/.results.tgz" "$pack/results.tgz"; done) &
+    local packer=$!
+    within() {  # within CAP CMD...: run CMD for at most CAP seconds and never past the deadline (less 25 s)
+        local cap=$1 left=$((deadline - SECONDS - 25))
+        shift
+        ((left < cap)) && cap=$left
+        ((cap > 10)) || { echo "== skipped (no time left): $*"; return 0; }
+        echo "== $(date +%T) up to ${cap}s: $*"
+        timeout --kill-after=5 "$cap" "$@" || echo "== stopped or failed ($?): $*"
+    }
+    local bench=(python scripts/bench_model.py "${device_args[@]}" --dtype "$dtype")
+    within 100 env GPU_CHECK_MODES=eager OUT="$results" bash "$0" bench
+    within 200 "${bench[@]}" "${lease_compiled[@]}" --compile --json "$results/bench-compiled.json"
+    # the GPU tests beside the pretraining: neither is a timing (the pretraining's tokens/s are shared with them)
+    (within 240 python -m pytest -q -m gpu tests/e2e/test_gpu.py -p no:cacheprovider \
+        --junitxml "$results/gpu-tests.xml" > "$results/gpu-tests.log" 2>&1) &
+    local tests=$!
+    within 300 env OUT="$results" bash "$0" pretrain > "$results/pretrain.log" 2>&1
+    wait "$tests"
+    local eager_relative=()
+    for arg in "${relative_args[@]}"; do [ "$arg" = --compile ] || eager_relative+=("$arg"); done
+    within 80 "${bench[@]}" "${eager_relative[@]}" --baseline ours-rotary --json "$results/bench-relative.json" \
+        --models ours-rotary,ours-sinusoidal,ours-none,ours-shaw,ours-shaw-values,ours-t5_bias,ours-alibi
+    within 40 bash -c "python scripts/bench_relative_terms.py ${terms_args[*]} > $results/relative-terms.md"
+    within 200 "${bench[@]}" "${lease_compiled_short[@]}" --compile --json "$results/bench-compiled-short.json"
+    python scripts/gpu_report.py "$results" --runs "$work/base" > "$results/gpu-report.md" || true
+    kill "$packer" 2>/dev/null || true
+    tar czf "$pack/results.tgz" -C "$results" .
+    cat "$results/gpu-report.md"
+}
+
 case "$stage" in
     tests) run_tests ;;
     bench) run_bench ;;
     relative) run_relative ;;
     pretrain) run_pretrain ;;
     report) ;;
+    lease) run_lease; exit 0 ;;
     all) run_tests; run_bench; run_relative; run_pretrain ;;
-    *) echo "gpu_check.sh: unknown stage '$stage' (all, tests, bench, relative, pretrain, report)" >&2; exit 2 ;;
+    *) echo "gpu_check.sh: unknown stage '$stage' (all, tests, bench, relative, pretrain, report, lease)" >&2; exit 2 ;;
 esac
 python scripts/gpu_report.py "$out" --runs "$work/base" | tee "$out/gpu-report.md"

@@ -42,8 +42,7 @@ def bench_section(out: Path) -> list[str]:
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     found = False
-    for mode in ("eager", "compiled"):
-        path = out / f"bench-{mode}.json"
+    for mode, path in [("eager", out / "bench-eager.json"), *(("compiled", p) for p in _compiled(out))]:
         if not path.is_file():
             continue
         found = True
@@ -57,6 +56,11 @@ def bench_section(out: Path) -> list[str]:
                     f"| {100 * row['mfu'][name]:.1f}% | {spec_mfu} | {row['peak_mb'][name]:,.0f} |"
                 )
     return lines + ["", *targets(out)] if found else ["", "Benchmark: not run"]
+
+
+def _compiled(out: Path) -> list[Path]:
+    """The compiled benchmark's files: one of every shape, or one per shape (`gpu_check.sh lease`)."""
+    return [out / "bench-compiled.json", out / "bench-compiled-short.json"]
 
 
 def targets(out: Path) -> list[str]:
@@ -99,9 +103,12 @@ def relative_section(out: Path) -> list[str]:
 
 def pretrain_section(out: Path, runs: Path | None) -> list[str]:
     summary = out / "base-summary.json"
-    if not summary.is_file():
-        return ["", "Base pretraining: not run"]
-    arms = {arm["label"]: arm for arm in json.loads(summary.read_text())["arms"]}
+    if summary.is_file():
+        arms = {arm["label"]: arm for arm in json.loads(summary.read_text())["arms"]}
+    else:  # the experiment was stopped before its comparison: each arm's last evaluation, from its metrics
+        arms = _arms_from_metrics(runs) if runs else {}
+        if not arms:
+            return ["", "Base pretraining: not run"]
     lines = [
         "",
         "| arm | steps | final eval loss | eval accuracy | median tokens/s | non-finite losses |",
@@ -117,6 +124,21 @@ def pretrain_section(out: Path, runs: Path | None) -> list[str]:
             f"| {bad if events else '-'} |"
         )
     return lines
+
+
+def _arms_from_metrics(runs: Path) -> dict[str, dict]:
+    """Each arm's last evaluation (seed 0) as the comparison would report it, for an experiment cut short."""
+    arms = {}
+    for path in sorted(runs.glob("*-seed0/metrics.jsonl")):
+        evals = [e for e in map(json.loads, path.read_text().splitlines()) if e.get("event") == "eval"]
+        if evals:
+            last = evals[-1]
+            arms[path.parent.name.removesuffix("-seed0")] = {
+                "final_step": last["step"],
+                "final_eval_loss": last["eval_loss"],
+                "final_eval_accuracy": last.get("eval_accuracy"),
+            }
+    return arms
 
 
 def _train_events(runs: Path, label: str) -> list[dict]:

@@ -126,10 +126,19 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or p >= 1.0:
+    if not cheaper_mask_applies(x) or p >= 1.0:
         return F.dropout(x, p, training=True)
     drop, scale = dropout_mask(x, p)
     return torch.where(drop, 0.0, x * scale)
+
+
+def cheaper_mask_applies(x: Tensor) -> bool:
+    """Whether `dropout` draws its own mask for `x`: on CPU in eager mode.
+
+    A compiled graph keeps torch's dropout, which inductor generates as a fused, parallel draw (the in-place draw
+    here would split the graph in two).
+    """
+    return x.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def dropout_mask(x: Tensor, p: float) -> tuple[Tensor, float]:
@@ -524,7 +533,7 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, drop
     """
     if mask is not None and mask.is_floating_point() and mask.dtype != q.dtype:
         mask = mask.to(q.dtype)  # SDPA takes a float mask in the query's dtype (autocast)
-    if dropout_p == 0.0 or q.device.type != "cpu":
+    if dropout_p == 0.0 or not cheaper_mask_applies(q):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
     logits = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-1, -2)  # (B, H, T, S)
     if causal:  # SDPA's is_causal: query i sees keys 0..i (no cache here, so T == S)

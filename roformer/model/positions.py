@@ -147,12 +147,35 @@ def _yarn_ramp_bounds(dim: int, base: float, scaling: RopeScaling) -> tuple[floa
     return low, high if high > low else low + 0.001  # one pair: a step, not a division by zero
 
 
+class TablesFollowTheModule(nn.Module):
+    """Position tables that follow the module's device moves (`.to(device)`, `.cuda()`) but not its dtype casts.
+
+    The tables (the attributes named in `tables`) are plain tensors, not buffers, so `model.to(bfloat16)` leaves
+    them float32. A compiled forward guards on the tables: one still on the CPU after the model went to the GPU would be rebuilt
+    inside the first compiled call, and the model compiled a second time.
+    """
+
+    tables: ClassVar[tuple[str, ...]] = ()
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> TablesFollowTheModule:
+        super()._apply(fn, recurse)
+        for name in self.tables:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            tensors = value if isinstance(value, tuple) else (value,)
+            device = fn(torch.empty(0, device=tensors[0].device)).device  # where the parameters went; no dtype cast
+            moved = tuple(t.to(device) for t in tensors)
+            setattr(self, name, moved if isinstance(value, tuple) else moved[0])
+        return self
+
+
 def _capacity(length: int) -> int:
     """Cache size for a request of `length` positions: the next power of two, so growth happens rarely."""
     return max(64, 1 << (length - 1).bit_length())
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(TablesFollowTheModule):
     """Rotary position embedding (RoPE, paper sec. 3.2-3.4): rotates pairs of a head vector by position.
 
     Pair i of the vector at position m is rotated by angle m * theta_i. In the `interleaved` layout (paper, HF
@@ -164,6 +187,7 @@ class RotaryEmbedding(nn.Module):
 
     attribute: ClassVar[str] = "rotary"
     adds_to_logits: ClassVar[bool] = False
+    tables: ClassVar[tuple[str, ...]] = ("_cache", "_real_cache")
 
     def __init__(
         self, dim: int, base: float = 10000.0, layout: str = "interleaved", scaling: RopeScaling | None = None
@@ -273,13 +297,15 @@ def _broadcastable(table: Tensor, x: Tensor) -> tuple[int, ...]:
 # Absolute sinusoidal positions, added to the token embeddings
 
 
-class SinusoidalPositions(nn.Module):
+class SinusoidalPositions(TablesFollowTheModule):
     """Absolute sinusoidal positions (Vaswani et al. sec. 3.5): PE[m, 2i] = sin(m theta_i), PE[m, 2i+1] = cos(...).
 
     The table is multiplied by `scale` before it is added to the token embeddings; see
     `ModelConfig.resolved_sinusoidal_scale` for why a raw table is an unfair baseline. With `learned=True` the scale
     is a trained scalar (as in Cramming, Geiping & Goldstein 2022).
     """
+
+    tables: ClassVar[tuple[str, ...]] = ("_cache",)
 
     def __init__(self, dim: int, scale: float, learned: bool = False, base: float = 10000.0) -> None:
         super().__init__()
@@ -290,6 +316,7 @@ class SinusoidalPositions(nn.Module):
         else:
             self.scale = float(scale)
         self._cache: Tensor | None = None
+        self.table(512, torch.device("cpu"))  # filled from the start, as rotary's (a compiled model guards on it)
 
     def table(self, length: int, device: torch.device) -> Tensor:
         """Unscaled float32 table of shape (length, dim) on `device`."""
