@@ -151,8 +151,8 @@ class TablesFollowTheModule(nn.Module):
     """Position tables that follow the module's device moves (`.to(device)`, `.cuda()`) but not its dtype casts.
 
     The tables (the attributes named in `tables`) are plain tensors, not buffers, so `model.to(bfloat16)` leaves
-    them float32. A compiled forward guards on the tables: one still on the CPU after the model went to the GPU would be rebuilt
-    inside the first compiled call, and the model compiled a second time.
+    them float32. A compiled forward guards on the tables: one still on the CPU after the model went to the GPU
+    would be rebuilt inside the first compiled call, and the model compiled a second time.
     """
 
     tables: ClassVar[tuple[str, ...]] = ()
