@@ -47,6 +47,23 @@ from roformer.train.run_dir import TRAINER_STATE_FILE, MetricsWriter, keep_metri
 logger = logging.getLogger(__name__)
 
 
+def load_full_state(model: torch.nn.Module, state: dict[str, torch.Tensor], sharded: bool) -> None:
+    """Load a full state dict (plain tensors, names without wrapper prefixes) into `model`, FSDP-sharded or not.
+
+    A sharded model takes it through torch's distributed state-dict API (broadcast from the main process, then
+    sharded), which replaces the values of the dict it is given with the shards it makes: it gets a copy, so
+    `state` stays full tensors for whoever reads it next (fine-tuning saves the best weights from it afterwards;
+    found on an H200 under `configs/accelerate/fsdp.yaml`).
+    """
+    if not sharded:
+        model.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, dict(state), options=options)
+
+
 @dataclass(frozen=True)
 class ProcessLayout:
     """Where this process stands in a step: what a step plan needs to take its share of the global batch."""
@@ -189,13 +206,8 @@ class Engine:
         """
         from accelerate.utils import DistributedType
 
-        if self.accelerator.distributed_type == DistributedType.FSDP:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-            set_model_state_dict(self.model, state, options=options)  # names without wrapper prefixes
-        else:
-            self.bare_model().load_state_dict(state)
+        sharded = self.accelerator.distributed_type == DistributedType.FSDP
+        load_full_state(self.model if sharded else self.bare_model(), state, sharded)
 
     # -- the loop ----------------------------------------------------------------------------------------------
 

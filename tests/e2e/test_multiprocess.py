@@ -206,3 +206,34 @@ def test_the_rendezvous_timeout_setting_is_checked(monkeypatch: pytest.MonkeyPat
         monkeypatch.setenv("ROFORMER_RENDEZVOUS_TIMEOUT", bad)
         with pytest.raises(UserError, match="ROFORMER_RENDEZVOUS_TIMEOUT"):
             rendezvous_timeout()
+
+
+FSDP_LOAD = """
+import os, sys, torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+import roformer
+from roformer.model.layers import Block
+from roformer.train.engine import load_full_state
+
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[1]}", rank=0, world_size=1)
+config = roformer.ModelConfig(vocab_size=100, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+model = roformer.SequenceClassifier(config)
+for block in [m for m in model.modules() if isinstance(m, Block)]:
+    fully_shard(block)
+fully_shard(model)  # FSDP2, as configs/accelerate/fsdp.yaml: parameters become DTensors
+state = {k: torch.randn_like(v.full_tensor()) for k, v in model.state_dict().items()}
+load_full_state(model, state, sharded=True)
+assert all(type(v) is torch.Tensor for v in state.values()), "the caller's dict now holds shards"
+roformer.SequenceClassifier(config).load_state_dict(state)  # what fine-tuning does next: the best model's copy
+for name, value in model.state_dict().items():
+    torch.testing.assert_close(value.full_tensor(), state[name])
+dist.destroy_process_group()
+"""
+
+
+def test_full_weights_loaded_into_an_fsdp_model_stay_full_for_the_caller() -> None:
+    """Found on an H200: fine-tuning under FSDP loaded the best weights back into the sharded model, and torch's
+    distributed loader swapped the dict's tensors for DTensor shards, so saving the best model from them failed."""
+    done = subprocess.run([sys.executable, "-c", FSDP_LOAD, str(free_port())], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
