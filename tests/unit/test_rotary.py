@@ -9,6 +9,7 @@ import torch
 from helpers import paper_rotation_matrix
 from torch.testing import assert_close
 
+import roformer
 from roformer.model.model import rotary_permutation
 from roformer.model.positions import RotaryEmbedding, SinusoidalPositions, apply_rotary
 
@@ -129,3 +130,16 @@ def test_compiled_rotary_matches_eager(monkeypatch: pytest.MonkeyPatch) -> None:
         with monkeypatch.context() as m:
             m.setattr(torch.compiler, "is_compiling", lambda: True)
             torch.testing.assert_close(rotary(x), eager)
+
+
+def test_position_tables_follow_the_model_to_another_device_and_stay_float32() -> None:
+    """The tables are plain attributes (a bf16 cast must not reach them) that move with the model: a compiled model
+    whose tables stayed behind rebuilt them in its first call, and compiled again."""
+    for encoding, tables in (("rotary", "_real_cache"), ("sinusoidal", "_cache")):
+        config = roformer.ModelConfig(vocab_size=50, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                                      position_encoding=encoding)  # fmt: skip
+        model = roformer.MaskedLM(config).to(torch.bfloat16).to("meta")
+        holder = next(m for m in model.modules() if hasattr(m, "tables") and m.tables)
+        table = getattr(holder, tables)
+        for tensor in table if isinstance(table, tuple) else (table,):
+            assert tensor.device.type == "meta" and tensor.dtype == torch.float32, (encoding, tensor)
