@@ -96,14 +96,17 @@ class TextTask(HeadOutputs):
     """
 
     architecture = "sequence_classification"
+    text_count = (1, 2)  # the fewest and most text_columns
 
     def __init__(self, data: FinetuneDataConfig, records: dict[str, list[Record]]) -> None:
         self.data, self.type = data, data.type
         self.name = data.task
         self.tracker_project = f"roformer-{data.task}"
         self.columns = data.text_columns or self._default_columns(records["train"][0])
-        if not 1 <= len(self.columns) <= 2:
-            raise UserError(f"text_columns: one text or a pair, got {self.columns}")
+        fewest, most = self.text_count
+        if not fewest <= len(self.columns) <= most:
+            wanted = "one text or a pair" if self.text_count == (1, 2) else f"{most} texts"
+            raise UserError(f"text_columns: type {self.type} reads {wanted}, got {self.columns}")
         self.metrics = tuple(data.metrics or DEFAULT_METRICS[self.type])
         kept = {name: self._kept(name, rows) for name, rows in records.items()}
         self.labels = self._label_set(kept["train"])

@@ -124,6 +124,7 @@ TaskType = Literal[
     "question_answering",
     "multiple_choice",
     "similarity",
+    "triplet",
 ]
 TASK_TYPES = get_args(TaskType)
 Pooling = Literal["cls", "mean", "pooler", "last"]  # roformer.model.config.POOLINGS (tested equal)
@@ -246,12 +247,44 @@ class SimilarityConfig:
             raise ConfigError("similarity.negative_column is for loss: in_batch_negatives (CoSENT reads scored pairs)")
 
 
+@dataclass
+class TripletConfig:
+    """`data.triplet:` of `type: triplet`: which of two candidates is closer to an anchor text (CAIL2019-SCM).
+
+    Each row holds an anchor (the first of `text_columns`) and two candidates (the other two); the label names the
+    closer candidate's column. The model scores each (anchor, candidate) pair as a text pair (one logit, trained with
+    binary cross-entropy: the closer pair 1, the other 0); a row is right when its closer pair scores higher. This is
+    the RoFormer authors' CAIL2019-SCM recipe (`finetune_scm.py`).
+
+    Attributes:
+        unlabelled_closer: The candidate column that is closer in a row without a label (CAIL2019-SCM's released
+            training files carry none: its rules guarantee sim(A, B) > sim(A, C)); null = such a row is unlabelled
+            (a test row, predicted only).
+        mirror: Also train on every pair with its two texts swapped (candidate first, anchor second), as CAIL2019
+            competitors augmented; the evaluation reads the pairs as given.
+        folds: k-fold cross-validation of `train_file` instead of a `validation_file`: rows are grouped by anchor
+            text (a document in several rows stays in one fold), the groups dealt into `folds` folds in a fixed
+            shuffled order, and the run of seed s holds out fold s mod folds as its dev split: `train.seeds: [0, 1,
+            2, 3, 4]` with `folds: 5` is 5-fold cross-validation, its mean and interval over the folds.
+    """
+
+    unlabelled_closer: str | None = None
+    mirror: bool = False
+    folds: int | None = None
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if self.folds is not None and self.folds < 2:
+            raise ConfigError(f"triplet.folds must be >= 2 or null (a validation_file), got {self.folds}")
+
+
 MULTI_LABEL_METRICS = ("micro_f1", "macro_f1", "subset_accuracy")
 TYPE_SECTIONS = {
     "token_classification": "tagging",
     "question_answering": "qa",
     "multiple_choice": "choices",
     "similarity": "similarity",
+    "triplet": "triplet",
 }
 
 
@@ -262,8 +295,9 @@ class FinetuneDataConfig:
     Attributes:
         type: The kind of task: `glue` (a GLUE task by name), `classification` or `regression` of one text or a
             pair, `multi_label_classification` (a list of labels per text; sigmoid outputs), `token_classification`
-            (a tag per word: NER, POS), `question_answering` (extractive, SQuAD format), `multiple_choice` or
-            `similarity` (a bi-encoder of text pairs: sentence embeddings).
+            (a tag per word: NER, POS), `question_answering` (extractive, SQuAD format), `multiple_choice`,
+            `similarity` (a bi-encoder of text pairs: sentence embeddings) or `triplet` (which of two candidates is
+            closer to an anchor: CAIL2019-SCM).
         task: `glue`: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte or wnli. Other types: the task's name in
             results.json and the logs (default: the type).
         source: `glue_dir` (GLUE's official TSV layout), `hub` (datasets) or `files` (local files); null = glue_dir
@@ -298,6 +332,7 @@ class FinetuneDataConfig:
         qa: `question_answering`'s own settings (QAConfig).
         choices: `multiple_choice`'s own settings (ChoicesConfig).
         similarity: `similarity`'s own settings (SimilarityConfig): sentence pairs, a bi-encoder, Spearman of cosines.
+        triplet: `triplet`'s own settings (TripletConfig): unlabelled rows, mirrored pairs, cross-validation folds.
         jieba: Segment Chinese text into words with jieba before WordPiece, as the word-level (WoBERT-style)
             tokenizers were pretrained; character offsets stay exact.
         pad_to_multiple_of: Batches are padded to their longest example rounded up to this (8: what tensor cores and
@@ -336,6 +371,7 @@ class FinetuneDataConfig:
     qa: QAConfig | None = None
     choices: ChoicesConfig | None = None
     similarity: SimilarityConfig | None = None
+    triplet: TripletConfig | None = None
     jieba: bool = False
     max_length: int = 512
     pad_to_multiple_of: int = 8
@@ -401,7 +437,12 @@ class FinetuneDataConfig:
     def _check_files_or_hub(self) -> None:
         if self.source == "glue_dir":
             raise ConfigError(f"source: glue_dir is for type: glue (type {self.type} reads files or the hub)")
-        if self.source == "files" and not (self.train_file and self.validation_file):
+        folds = self.triplet.folds if self.type == "triplet" and self.triplet is not None else None
+        if folds and self.validation_file:
+            raise ConfigError("triplet.folds holds out folds of train_file: validation_file would go unused")
+        if folds and self.source == "files" and not self.train_file:
+            raise ConfigError("triplet.folds needs train_file (its rows are dealt into folds)")
+        if not folds and self.source == "files" and not (self.train_file and self.validation_file):
             raise ConfigError(f"type {self.type} with source: files needs train_file and validation_file")
         if self.source == "hub" and not self.hub_name:
             raise ConfigError("source: hub needs hub_name")
@@ -422,5 +463,7 @@ class FinetuneDataConfig:
             self.qa = QAConfig()
         if own == "similarity" and self.similarity is None:
             self.similarity = SimilarityConfig()
+        if own == "triplet" and self.triplet is None:
+            self.triplet = TripletConfig()
         if own == "choices" and self.choices is None:
             raise ConfigError("type: multiple_choice needs a choices: section (its columns)")

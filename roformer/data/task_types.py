@@ -17,6 +17,7 @@ TASK_CLASSES = {
     "question_answering": "roformer.data.qa:QATask",
     "multiple_choice": "roformer.data.choices:ChoicesTask",
     "similarity": "roformer.data.similarity:SimilarityTask",
+    "triplet": "roformer.data.triplet:TripletTask",
 }
 
 

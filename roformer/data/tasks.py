@@ -91,6 +91,10 @@ class HeadOutputs:
         """What `predictions` reads of a batch: the head's logits."""
         return model(**{k: batch[k] for k in MODEL_INPUTS if k in batch}).logits
 
+    def splits_for_run(self, encoded: dict[str, Any], seed: int) -> dict[str, Any]:
+        """The encoded splits the run of `seed` trains and evaluates on: the same for every run."""
+        return encoded
+
 
 class FinetuneTask(Protocol):
     """One downstream task with its splits read: what the fine-tuning recipe asks of it.
@@ -131,6 +135,9 @@ class FinetuneTask(Protocol):
 
     def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """What `predictions` reads of a batch (`HeadOutputs`: the head's logits)."""
+
+    def splits_for_run(self, encoded: dict[str, EncodedSplit], seed: int) -> dict[str, EncodedSplit]:
+        """The splits the run of `seed` uses (`HeadOutputs`: the same for all; cross-validation: its folds)."""
 
     def collate(self, split: EncodedSplit, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
         """The model inputs of `rows` of `split`, padded to `padded_length`, with their labels when it has them."""

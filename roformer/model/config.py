@@ -157,10 +157,11 @@ class ModelConfig:
         sinusoidal_scale_learned: Make that multiplier a learned scalar (Cramming-style), initialised at the value.
         tie_word_embeddings: The MLM decoder reuses the word embedding matrix.
         num_labels: Outputs of the sequence classification head; 1 means regression (MSE).
-        classifier_head: `mlp` (HF RoFormer: dropout, dense, hidden_act, dropout, linear on x[:,0]) or `pooler`
-            (BERT: tanh pooler on x[:,0], dropout, linear). One default for every position encoding, so that a
-            comparison fine-tunes the same head on both arms (MLM pretraining trains neither); HF conversion sets
-            `pooler` for BERT checkpoints, whose pooler was pretrained.
+        classifier_head: `mlp` (HF RoFormer: dropout, dense, hidden_act, dropout, linear on x[:,0]), `pooler`
+            (BERT: tanh pooler on x[:,0], dropout, linear) or `mean` (the RoFormer authors' CAIL2019-SCM head: the
+            mean of the last hidden states over the real tokens, dropout, linear; HF has none). One default for every
+            position encoding, so that a comparison fine-tunes the same head on both arms (MLM pretraining trains
+            neither); HF conversion sets `pooler` for BERT checkpoints, whose pooler was pretrained.
         classifier_dropout: Dropout in the classification head; None means hidden_dropout.
         add_pooler: The backbone carries a pooler (needed by the `pooler` head; kept for HF BertModel); its output
             is returned as `ModelOutput.pooled` by every model.
@@ -209,7 +210,7 @@ class ModelConfig:
     sinusoidal_scale_learned: bool = field(default=False, metadata=POSITION)
     tie_word_embeddings: bool = True
     num_labels: int = 2
-    classifier_head: Literal["pooler", "mlp"] = "mlp"
+    classifier_head: Literal["pooler", "mlp", "mean"] = "mlp"
     classifier_dropout: float | None = None
     add_pooler: bool = False
     pooler_activation: Literal["tanh", "linear"] = "tanh"

@@ -539,7 +539,9 @@ def _config_to_hf(config: ModelConfig, family: str, arch: str) -> Any:
     summarises = arch in ("sequence_classification", "multiple_choice")  # heads that summarise a sequence
     if family == "roformer":
         if summarises and config.classifier_head != "mlp":
-            raise CheckpointError("HF RoFormer has no pooler head: set classifier_head: mlp to export")
+            raise CheckpointError(
+                f"HF RoFormer has no {config.classifier_head} classifier head: set classifier_head: mlp to export"
+            )
         if config.add_pooler:
             raise CheckpointError("HF RoFormer has no pooler: its weights would be lost (export without add_pooler)")
         if config.rotary_base != 10000.0:
@@ -552,7 +554,10 @@ def _config_to_hf(config: ModelConfig, family: str, arch: str) -> Any:
     if config.add_pooler and config.pooler_activation != "tanh":
         raise CheckpointError("HF BERT's pooler is tanh: a linear pooler cannot be exported")
     if summarises and config.classifier_head != "pooler":
-        raise CheckpointError("HF BERT classifies from its pooler: set classifier_head: pooler to export")
+        raise CheckpointError(
+            f"HF BERT classifies from its pooler, not a {config.classifier_head} head: set classifier_head: pooler "
+            "to export"
+        )
     return transformers.BertConfig(classifier_dropout=config.classifier_dropout, **common)
 
 

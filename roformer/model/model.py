@@ -534,7 +534,9 @@ class SequenceClassifier(Model):
     """Backbone + classification/regression head on x[:, 0].
 
     `classifier_head: pooler` is BERT's: tanh pooler, dropout, linear. `mlp` is HF RoFormer's: dropout, dense,
-    hidden_act, dropout, linear. num_labels = 1 means regression with MSE loss.
+    hidden_act, dropout, linear. `mean` is the RoFormer authors' head for CAIL2019-SCM (`finetune_scm.py`: average
+    pooling over the real tokens, then one dense unit): the mean state, dropout, linear. num_labels = 1 means
+    regression with MSE loss (a task may score the one logit its own way, as `type: triplet` does with BCE).
     """
 
     architecture = "sequence_classification"
@@ -564,7 +566,9 @@ class SequenceClassifier(Model):
         x, hidden, pooled = self.run_backbone(
             input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids
         )
-        if self.dense is None:
+        if self.config.classifier_head == "mean":
+            h = self.dropout(pool_states(x, attention_mask, "mean"))
+        elif self.dense is None:
             h = self.dropout(pooled)
         else:
             h = self.dropout(self.act(self.dense(self.dropout(x[:, 0]))))
@@ -658,7 +662,8 @@ class MultipleChoice(Model):
     """Backbone + one score per choice: inputs (B, K, T), logits (B, K), cross-entropy over the K choices.
 
     The summary of a choice follows `classifier_head`: `pooler` is BERT's (tanh pooler on x[:, 0], dropout); `mlp` is
-    HF RoFormer's sequence summary with its defaults (the hidden state of the last position, nothing else).
+    HF RoFormer's sequence summary with its defaults (the hidden state of the last position, nothing else); `mean` the
+    mean over the choice's real tokens, dropout.
     """
 
     architecture = "multiple_choice"
@@ -697,6 +702,8 @@ class MultipleChoice(Model):
         )  # (B*K, T, C), (B*K, C)
         if self.config.classifier_head == "pooler":
             summary = self.dropout(pooled)  # (B*K, C)
+        elif self.config.classifier_head == "mean":
+            summary = self.dropout(pool_states(x, mask, "mean"))  # (B*K, C)
         else:
             summary = x[:, -1]  # (B*K, C)
         logits = self.out(summary).view(B, K)

@@ -33,7 +33,7 @@ import logging
 import math
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -383,18 +383,24 @@ class Finetuner:
         """Where a run keeps its checkpoints while it trains, and its record once it has finished."""
         return self.out / PROGRESS_DIR / run_tag(lr, seed)
 
+    def run_data(self, seed: int) -> EncodedTask:
+        """The encoded splits of the run of `seed`: the job's, or its own folds (`type: triplet` with folds)."""
+        splits = self.task.splits_for_run(self.data.splits, seed)
+        return self.data if splits is self.data.splits else replace(self.data, splits=splits)
+
     def _run_one(self, lr: float, seed: int) -> dict[str, Any]:
         """One fine-tune (resumed from its last checkpoint if it has one); returns and writes its record."""
         train, tag = self.config.train, run_tag(lr, seed)
         tags = {"task": self.task.name, "peak_lr": lr, "seed": seed}
         progress = self.progress_dir(lr, seed)
         engine = Engine(train, self.out, seed, progress / CHECKPOINTS_DIR, self.out / METRICS_FILE, tags)
+        data = self.run_data(seed)
         torch.manual_seed(seed)  # the head's initialisation
         model = self.load_model()
-        n = len(self.data.splits["train"].lengths)
+        n = len(data.splits["train"].lengths)
         steps = train.max_steps if train.max_steps is not None else math.ceil(train.epochs * n / engine.global_batch)
         engine.setup(model, lr, steps)
-        run = FinetuneRun(engine, seed, self.data, train.eval_size, self.config.data.group_by_length)
+        run = FinetuneRun(engine, seed, data, train.eval_size, self.config.data.group_by_length)
         state = RunState()
         if self.run_dir.resume:
             state = engine.resume(run)
@@ -407,7 +413,7 @@ class Finetuner:
         engine.load_full_state_dict(run.best["state"])
         kept = run.best.get("predictions") or {}  # the best evaluation's (a resumed run's checkpoint has none)
         splits = self.task.dev_splits + self.task.test_splits
-        predictions = {s: kept[s] if s in kept else predict(engine, self.data, s, train.eval_size) for s in splits}
+        predictions = {s: kept[s] if s in kept else predict(engine, data, s, train.eval_size) for s in splits}
         record = {
             "peak_lr": lr,
             "seed": seed,
@@ -416,14 +422,14 @@ class Finetuner:
             "dev": run.best["dev"],
             "global_batch": engine.global_batch,
         }
-        scored = [s for s in self.task.test_splits if self.data.splits[s].labelled]
+        scored = [s for s in self.task.test_splits if data.splits[s].labelled]
         if scored:  # labelled test sets (FewCLUE's public test, CoNLL-2003's test): the best checkpoint's metrics
-            record["test"] = {s: self.task.evaluate(self.data.splits[s], predictions[s]) for s in scored}
+            record["test"] = {s: self.task.evaluate(data.splits[s], predictions[s]) for s in scored}
 
         def write() -> None:  # the main process: predictions, the candidate model, the run's record
             folder = self.out / PREDICTIONS_DIR / tag
             folder.mkdir(parents=True, exist_ok=True)
-            self.task.write_predictions(folder, self.data.splits, predictions)
+            self.task.write_predictions(folder, data.splits, predictions)
             best = type(engine.bare_model())(engine.bare_model().config)
             best.load_state_dict(run.best["state"])
             self._keep_candidate(best, lr, run.best["score"])

@@ -113,7 +113,7 @@ ROOMS = {
         {"tokenizer", "packing"},
         {"corpus", "cache", "segment"},
         {"store", "streaming", "glue", "classify", "tagging", "qa", "choices"},
-        {"similarity"},
+        {"similarity", "triplet"},
         {"mlm", "task_types"},
     ],
     "roformer.train": [

@@ -1,0 +1,251 @@
+"""Which of two candidates is closer to an anchor text (`type: triplet`): CAIL2019-SCM, similar case matching.
+
+A row is a triplet (A, B, C) and its label names the closer candidate. As in the RoFormer authors' recipe
+(ZhuiyiTechnology/roformer, `finetune_scm.py`; the paper's Table 5), each triplet becomes two text pairs, (A, B) and
+(A, C), each read as one sequence `[CLS] A [SEP] X [SEP]` cut longest-first to `max_length` (the longer text loses
+its tail, so at 512 each document keeps about 254 tokens, at 1024 about 510). The model scores a pair with one logit
+over the mean of its last hidden states (`classifier_head: mean`, a sequence classifier with one output), trained
+with binary cross-entropy: the closer pair 1, the other 0. A triplet is right when its closer pair scores strictly
+higher (a tie is wrong, as in the authors' accuracy). Each pair is scored alone, so the order of the candidates
+in a row cannot be learned: data whose closer candidate is always B (CAIL2019-SCM's released training files) is no
+easier than data in any order.
+
+`data.triplet.mirror` adds each pair with its texts swapped to the training rows; `data.triplet.folds` cross-validates
+one file (rows grouped by anchor, so a document never sits on both sides).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from roformer.data.classify import TextTask
+from roformer.data.config import FinetuneDataConfig
+from roformer.data.records import Record
+from roformer.data.tasks import MODEL_INPUTS, pad_rows, write_tsv
+from roformer.data.tokenizer import jieba_presegmenter
+from roformer.errors import UserError
+
+if TYPE_CHECKING:
+    from roformer.data.tokenizer import Tokenizer
+
+PREDICTIONS_FILE = "{split}.tsv"
+EVALUATED_PAIRS = 2  # (anchor, first candidate), (anchor, second candidate): what prediction scores
+
+
+@dataclass
+class TripletRows:
+    """A split of triplets as text pairs, each row's pairs side by side.
+
+    Row i's pairs are ids[i][0] (anchor, first candidate), ids[i][1] (anchor, second candidate), and in a mirrored
+    training split ids[i][2], ids[i][3] (the same pairs, texts swapped). Labels are the closer candidate's position
+    (0: the first, 1: the second), None when unlabelled.
+    """
+
+    ids: list[list[list[int]]]
+    types: list[list[list[int]]]
+    labels: list[int | None]
+    index: list[str]
+
+    @property
+    def sequences(self) -> int:
+        """Pairs per row, each a sequence of the batch: 2, or 4 mirrored."""
+        return len(self.ids[0]) if self.ids else EVALUATED_PAIRS
+
+    @property
+    def lengths(self) -> list[int]:
+        """The longest pair of every row: what its batch is padded to."""
+        return [max(map(len, pairs)) for pairs in self.ids]
+
+    @property
+    def tokens(self) -> list[int]:
+        """Real tokens of every row: all its pairs."""
+        return [sum(map(len, pairs)) for pairs in self.ids]
+
+    @property
+    def labelled(self) -> bool:
+        return bool(self.labels) and self.labels[0] is not None
+
+    def subset(self, rows: list[int], pairs: int | None = None) -> TripletRows:
+        """Rows `rows` of this split, with their first `pairs` pairs (all by default)."""
+        return TripletRows(
+            [self.ids[r][:pairs] for r in rows],
+            [self.types[r][:pairs] for r in rows],
+            [self.labels[r] for r in rows],
+            [self.index[r] for r in rows],
+        )
+
+
+def fold_of_rows(anchors: list[str], folds: int) -> list[int]:
+    """Each row's fold: rows grouped by anchor text, the groups in a fixed shuffled order dealt round-robin.
+
+    A document that anchors several rows (CAIL2019-SCM's sample: 210 distinct anchors in 500 rows) stays in one fold,
+    so no held-out anchor was seen in training. The order is seeded (0), the same in every run and process.
+    """
+    groups = list(dict.fromkeys(anchors))  # first-appearance order, then shuffled with a fixed seed
+    random.Random(0).shuffle(groups)
+    fold = {anchor: i % folds for i, anchor in enumerate(groups)}
+    return [fold[a] for a in anchors]
+
+
+class TripletTask(TextTask):
+    """Triplets (anchor, two candidates) scored as two text pairs by a one-logit head; accuracy over triplets.
+
+    Args:
+        data: The data: section (type triplet; `text_columns` anchor and candidates, default A, B, C).
+        records: The rows of every split (`read_split_records`).
+    """
+
+    architecture = "sequence_classification"
+    text_count = (3, 3)
+
+    def __init__(self, data: FinetuneDataConfig, records: dict[str, list[Record]]) -> None:
+        assert data.triplet is not None  # FinetuneDataConfig fills the section of its type
+        self.settings = data.triplet
+        super().__init__(data, records)
+        self.candidates = list(self.columns[1:])
+        closer = self.settings.unlabelled_closer
+        if closer is not None and closer not in self.candidates:
+            raise UserError(f"triplet.unlabelled_closer: {closer!r} is not a candidate column {self.candidates}")
+        self.num_labels, self.label_names = 1, None
+        self.metrics = ("accuracy",)
+        if self.settings.folds:
+            anchors = [texts[0] for texts, _, _ in self.examples["train"]]
+            self.folds = fold_of_rows(anchors, self.settings.folds)
+            if len(set(self.folds)) < self.settings.folds:
+                raise UserError(
+                    f"triplet.folds: {self.settings.folds} folds, but the training rows have "
+                    f"{len(set(anchors))} distinct anchors"
+                )
+
+    @staticmethod
+    def _default_columns(first: Record) -> list[str]:
+        return ["A", "B", "C"]
+
+    def _label_set(self, train: list[Record]) -> list[str]:
+        return []  # the label names a candidate column (checked per row)
+
+    def _labelled(self, split: str, rows: list[Record]) -> bool:
+        """Train and dev rows need a label (or `unlabelled_closer`); a test split is scored when all rows have one."""
+        if split != "test" or self.settings.unlabelled_closer is not None:
+            return True
+        return all(r.fields.get(self.data.label_column) is not None for r in rows)
+
+    def _label(self, record: Record) -> int:
+        """The closer candidate's position (0 or 1) from the label naming its column.
+
+        Raises:
+            UserError: a missing label (without `unlabelled_closer`) or one naming no candidate, with file and line.
+        """
+        raw = record.fields.get(self.data.label_column)
+        if raw is None:
+            raw = self.settings.unlabelled_closer
+        candidates = self.columns[1:]
+        if raw is None:
+            raise UserError(
+                f"{record.where}: no {self.data.label_column!r} (set data.triplet.unlabelled_closer to the candidate "
+                "that is closer in unlabelled rows, e.g. B for CAIL2019-SCM's training files)"
+            )
+        if str(raw) not in candidates:
+            raise UserError(f"{record.where}: label {raw!r} names no candidate column {list(candidates)}")
+        return candidates.index(str(raw))
+
+    def label_name(self, value: Any) -> str:
+        return self.candidates[int(value)]
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The protocol
+
+    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, TripletRows]:
+        """Every split's triplets as pairs `[CLS] A [SEP] X [SEP]`, cut longest-first (and mirrored in training)."""
+        segment = jieba_presegmenter() if self.data.jieba else None
+        out = {}
+        for name, examples in self.examples.items():
+            columns = zip(*(texts for texts, _, _ in examples))
+            anchor, first, second = ([segment(t) if segment else t for t in column] for column in columns)
+            pairs = [(anchor, first), (anchor, second)]
+            if self.settings.mirror and name == "train":
+                pairs += [(first, anchor), (second, anchor)]
+            encoded = [
+                tokenizer(a, b, truncation=True, max_length=max_length, return_token_type_ids=True) for a, b in pairs
+            ]
+            ids = [list(row) for row in zip(*(e["input_ids"] for e in encoded))]
+            types = [list(row) for row in zip(*(e["token_type_ids"] for e in encoded))]
+            out[name] = TripletRows(ids, types, [e[1] for e in examples], [e[2] for e in examples])
+        return out
+
+    def splits_for_run(self, encoded: dict[str, TripletRows], seed: int) -> dict[str, TripletRows]:
+        """The splits of the run of `seed`: with `folds`, its own training folds and held-out fold.
+
+        The run trains on every fold but seed mod folds, held out as `dev` (its pairs as given, not mirrored).
+        Without folds: the splits as they are.
+        """
+        if not self.settings.folds:
+            return encoded
+        held_out = seed % self.settings.folds
+        train = encoded["train"]
+        kept = [r for r, fold in enumerate(self.folds) if fold != held_out]
+        dev = [r for r, fold in enumerate(self.folds) if fold == held_out]
+        return {**encoded, "train": train.subset(kept), "dev": train.subset(dev, EVALUATED_PAIRS)}
+
+    def collate(self, split: TripletRows, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
+        """Every pair of `rows` as one (B * pairs, T) batch, row by row.
+
+        With labels, each pair's target too: 1 for the anchor with its closer candidate (in either order), else 0.
+        """
+        pairs = split.sequences
+        ids = [p for r in rows for p in split.ids[r]]
+        types = [t for r in rows for t in split.types[r]]
+        length = self.padded_length(max(len(p) for p in ids), cap)
+        batch = pad_rows(ids, types, list(range(len(ids))), pad_id, length)
+        batch["pairs_per_row"] = torch.tensor(pairs)
+        if split.labelled:
+            # pair j holds candidate j % 2 (mirrored pairs repeat the order)
+            targets = [float(j % 2 == split.labels[r]) for r in rows for j in range(pairs)]
+            batch["pair_targets"] = torch.tensor(targets)
+        return batch
+
+    def pair_logits(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The one logit of every pair of the batch, (B * pairs,), float32."""
+        return model(**{k: batch[k] for k in MODEL_INPUTS if k in batch}).logits[:, 0].float()
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Binary cross-entropy of every pair's logit against its target (the authors' sigmoid unit)."""
+        return F.binary_cross_entropy_with_logits(self.pair_logits(model, batch), batch["pair_targets"])
+
+    def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Each row's two scores (B, 2): the anchor with its first and with its second candidate."""
+        return self.pair_logits(model, batch).view(-1, int(batch["pairs_per_row"]))[:, :EVALUATED_PAIRS]
+
+    def predictions(self, logits: torch.Tensor, split: TripletRows, rows: list[int]) -> list[Any]:
+        """Each row's two scores."""
+        return [tuple(row) for row in logits.cpu().tolist()]
+
+    def evaluate(self, split: TripletRows, predictions: list[Any]) -> dict[str, float]:
+        """Accuracy: the fraction of triplets whose closer candidate scores strictly higher (a tie is wrong)."""
+        right = [scores[y] > scores[1 - y] for scores, y in zip(predictions, split.labels, strict=True)]
+        accuracy = sum(right) / len(right)
+        return {"accuracy": accuracy, "score": accuracy}
+
+    def choice(self, scores: tuple[float, float]) -> str:
+        """The candidate a row's scores pick, `tie` when they are equal."""
+        if scores[0] == scores[1]:
+            return "tie"
+        return self.candidates[0] if scores[0] > scores[1] else self.candidates[1]
+
+    def write_predictions(
+        self, folder: Path, encoded: dict[str, TripletRows], predictions: dict[str, list[Any]]
+    ) -> None:
+        """`<split>.tsv`: index, the chosen candidate, both scores (and the label where the split has labels)."""
+        for split, values in predictions.items():
+            header = ["index", "prediction", *(f"score_{c}" for c in self.candidates)]
+            rows = [[i, self.choice(s), f"{s[0]:.6g}", f"{s[1]:.6g}"] for i, s in zip(encoded[split].index, values)]
+            if encoded[split].labelled:
+                header.append("label")
+                rows = [[*row, self.label_name(y)] for row, y in zip(rows, encoded[split].labels)]
+            write_tsv(folder / PREDICTIONS_FILE.format(split=split), header, rows)
