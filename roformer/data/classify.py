@@ -39,6 +39,7 @@ DEFAULT_METRICS = {
     "regression": ("pearson", "spearman"),
     "multi_label_classification": ("micro_f1", "macro_f1"),
     "similarity": ("spearman",),
+    "triplet": ("accuracy",),
 }
 PREDICTIONS_FILE = "{split}.tsv"
 

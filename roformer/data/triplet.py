@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from roformer.data.classify import TextTask
+from roformer.data.classify import PREDICTIONS_FILE, TextTask
 from roformer.data.config import FinetuneDataConfig
 from roformer.data.records import Record
 from roformer.data.tasks import MODEL_INPUTS, pad_rows, write_tsv
@@ -34,7 +34,6 @@ from roformer.errors import UserError
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
 
-PREDICTIONS_FILE = "{split}.tsv"
 EVALUATED_PAIRS = 2  # (anchor, first candidate), (anchor, second candidate): what prediction scores
 
 
@@ -107,13 +106,12 @@ class TripletTask(TextTask):
     def __init__(self, data: FinetuneDataConfig, records: dict[str, list[Record]]) -> None:
         assert data.triplet is not None  # FinetuneDataConfig fills the section of its type
         self.settings = data.triplet
-        super().__init__(data, records)
-        self.candidates = list(self.columns[1:])
+        self.candidates = list((data.text_columns or self._default_columns(records["train"][0]))[1:])
         closer = self.settings.unlabelled_closer
         if closer is not None and closer not in self.candidates:
             raise UserError(f"triplet.unlabelled_closer: {closer!r} is not a candidate column {self.candidates}")
+        super().__init__(data, records)
         self.num_labels, self.label_names = 1, None
-        self.metrics = ("accuracy",)
         if self.settings.folds:
             anchors = [texts[0] for texts, _, _ in self.examples["train"]]
             self.folds = fold_of_rows(anchors, self.settings.folds)
