@@ -33,6 +33,7 @@ METRICS = {  # the dev metrics each type's results.json names
     "question_answering": {"exact_match", "f1"},
     "multiple_choice": {"accuracy"},
     "similarity": {"spearman"},
+    "triplet": {"accuracy"},
 }
 PREDICTION_FILES = {  # the dev predictions each type writes
     "classification": "dev.tsv",
@@ -41,8 +42,10 @@ PREDICTION_FILES = {  # the dev predictions each type writes
     "question_answering": "dev_predictions.json",
     "multiple_choice": "dev.jsonl",
     "similarity": "dev.tsv",
+    "triplet": "dev.tsv",
 }
 CMRC_TRIAL = "qa/cmrc2018/cmrc2018_trial.json"
+SCM_SAMPLE = "cail2019-scm/sample.json"  # CAIL2019-SCM's public sample (the full set is a download)
 
 
 def head(source: Path, target: Path, count: int, every: int = 1) -> Path:
@@ -87,14 +90,15 @@ def small_job(name: str, shared_data: Path, pretrained: Path, tmp_path: Path) ->
     config = load(FinetuneConfig, REPO / "configs" / "finetune" / f"{name}.yaml")
     kind = config.data.type
     train = Path(config.data.train_file or shared_data / CMRC_TRIAL)  # squad: the hub by default
-    if not train.is_file():  # the template for one's own files: a csv of `text` and `label` (FewCLUE's EPRSTMT)
+    if kind == "triplet" and not train.is_file():
+        train = shared_data / SCM_SAMPLE
+    elif not train.is_file():  # the template for one's own files: a csv of `text` and `label` (FewCLUE's EPRSTMT)
         train = csv_of_reviews(shared_data, tmp_path / "reviews.csv")
     suffix = train.suffix
-    files = {
-        "data.train_file": head(train, tmp_path / f"train{suffix}", 24),
-        # dev: some of the training rows, so that a 67-class task's dev labels are among its training labels
-        "data.validation_file": head(train, tmp_path / f"dev{suffix}", 12, every=2),
-    }
+    files = {"data.train_file": head(train, tmp_path / f"train{suffix}", 24)}
+    folds = kind == "triplet" and config.data.triplet.folds
+    if not folds:  # dev: some training rows, so that a 67-class task's dev labels are among its training labels
+        files["data.validation_file"] = head(train, tmp_path / f"dev{suffix}", 12, every=2)
     if config.data.test_file:
         test = Path(config.data.test_file)  # labelled test files: training rows again (their labels are known)
         unlabelled = name == "ocnli"
@@ -112,6 +116,8 @@ def small_job(name: str, shared_data: Path, pretrained: Path, tmp_path: Path) ->
     ]
     if kind == "question_answering":
         overrides += ["data.qa.doc_stride=32", "data.qa.max_query_length=32"]
+    if kind == "triplet":  # the sample has no label field: B is the closer document (its README)
+        overrides += ["data.triplet.unlabelled_closer=B"]
     return config, overrides
 
 
@@ -147,7 +153,9 @@ def test_a_shipped_config_trains_on_files_in_its_format(
         assert ("test" in results) == (not unlabelled)  # OCNLI's test file has no labels: predicted, not scored
 
 
-@pytest.mark.parametrize("name", ["conll2003", "cmrc2018", "fewclue-chid", "fewclue-tnews", "stsb-cosent"])
+@pytest.mark.parametrize(
+    "name", ["conll2003", "cmrc2018", "fewclue-chid", "fewclue-tnews", "stsb-cosent", "cail2019-scm-sample"]
+)
 def test_two_processes_predict_what_one_does(
     name: str, shared_data: Path, pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -245,7 +253,8 @@ def test_a_suite_of_other_tasks_writes_one_table_and_a_submission_folder_per_tas
 
 
 @pytest.mark.parametrize(
-    "name", ["conll2003", "cmrc2018", "fewclue-chid", "fewclue-tnews", "chinese-stsb", "chinese-stsb-cosent"]
+    "name",
+    ["conll2003", "cmrc2018", "fewclue-chid", "fewclue-tnews", "chinese-stsb", "chinese-stsb-cosent", "cail2019-scm"],
 )
 def test_every_task_type_resumes_exactly(
     name: str, shared_data: Path, pretrained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
