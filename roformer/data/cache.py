@@ -32,7 +32,7 @@ _NOT_IN_KEY = (
     "cache",
     "cache_dir",
 )
-_CACHE_VERSION = 1  # bump when tokenization or packing changes what they produce
+_CACHE_VERSION = 2  # bump when tokenization or packing changes what they produce (2: words spelled out)
 
 
 def cache_root(config: DataConfig) -> Path:

@@ -383,14 +383,15 @@ class ChoicesTask(HeadOutputs):
     def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, EncodedChoices]:
         """Every split tokenized: K sequences per question, at most `max_length` tokens each."""
         K, blank = self.num_choices, self.settings.blank
+        # jieba: the tokenizer's vocabulary decides which words stay whole (the others are spelled out)
+        segment = identity if self.segment is identity else jieba_presegmenter(tokenizer)
         if blank:
             return {
-                name: encode_filled(questions, blank, tokenizer, max_length, K, self.segment)
+                name: encode_filled(questions, blank, tokenizer, max_length, K, segment)
                 for name, questions in self.splits.items()
             }
         return {
-            name: encode_pairs(questions, tokenizer, max_length, K, self.segment)
-            for name, questions in self.splits.items()
+            name: encode_pairs(questions, tokenizer, max_length, K, segment) for name, questions in self.splits.items()
         }
 
     def padded_length(self, longest: int, cap: int) -> int:

@@ -197,7 +197,7 @@ class TextTask(HeadOutputs):
 
     def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, Encoded]:
         """Every split tokenized: one text or a pair (`[CLS] A [SEP] B [SEP]`), truncated longest-first."""
-        segment = jieba_presegmenter() if self.data.jieba else None
+        segment = jieba_presegmenter(tokenizer) if self.data.jieba else None
         out = {}
         for name, examples in self.examples.items():
             texts = [[segment(t) if segment else t for t in texts] for texts, _, _ in examples]

@@ -191,7 +191,7 @@ def train_batches(
     """
     global_batch = global_batch_size(batch_size, num_processes, grad_accum)
     if isinstance(data, StreamingMLMData):
-        transform = jieba_presegmenter() if config.jieba else None
+        transform = jieba_presegmenter(data.tokenizer) if config.jieba else None
         packer = StreamPacker(data.documents, seed, data.tokenizer, config.max_seq_len, transform)
         source: Any = StreamedBlocks(packer, global_batch)
     else:

@@ -10,12 +10,10 @@ normaliser keeps them pointing at the original text). Either way the result has 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 from typing import TYPE_CHECKING
 
-from roformer.errors import UserError
+from roformer.data.tokenizer import jieba_words, spelled_out, word_vocabulary
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
@@ -36,22 +34,6 @@ class TokenizedText:
     offsets: list[tuple[int, int]]
 
 
-@cache
-def _jieba_tokenize() -> Callable[[str], list[tuple[str, int, int]]]:
-    try:
-        import jieba
-    except ImportError:
-        raise UserError("data.jieba: true needs the jieba package (pip install jieba)") from None
-    jieba.setLogLevel(60)  # its dictionary-loading messages
-    # HMM off: the words of roformer.data.tokenizer.jieba_presegmenter, which word-level pretraining used
-    return lambda text: list(jieba.tokenize(text, HMM=False))
-
-
-def jieba_words(text: str) -> list[tuple[str, int, int]]:
-    """The words jieba cuts `text` into, with their character spans `(word, start, end)`: together, the text."""
-    return _jieba_tokenize()(text)
-
-
 def tokenize_texts(tokenizer: Tokenizer, texts: list[str], jieba: bool = False) -> list[TokenizedText]:
     """Every text's token ids and the character span of each token in the text (no special tokens).
 
@@ -68,7 +50,8 @@ def tokenize_texts(tokenizer: Tokenizer, texts: list[str], jieba: bool = False) 
             TokenizedText(ids, [tuple(o) for o in offsets])
             for ids, offsets in zip(out["input_ids"], out["offset_mapping"])
         ]
-    words = [jieba_words(text) for text in texts]
+    vocab = word_vocabulary(tokenizer)  # a word-level tokenizer: its words stay whole, the others are spelled out
+    words = [spelled_out(jieba_words(text), vocab) if vocab else jieba_words(text) for text in texts]
     result = [TokenizedText([], []) for _ in texts]
     cut = [i for i, w in enumerate(words) if w]  # an empty text has no words (the tokenizer refuses an empty list)
     if not cut:

@@ -141,7 +141,7 @@ class SimilarityTask(TextTask):
 
     def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, PairRows]:
         """Every split's texts tokenized one by one (a bi-encoder reads each text alone)."""
-        segment = jieba_presegmenter() if self.data.jieba else None
+        segment = jieba_presegmenter(tokenizer) if self.data.jieba else None
         out = {}
         for name, examples in self.examples.items():
             columns = zip(*(texts for texts, _, _ in examples))  # the first texts, the second (and the negatives)

@@ -140,6 +140,7 @@ def build_token_store(
         sample = _sample(train_docs(), train_count, config.tokenizer_documents, config.split_seed)
         tokenizer = make_tokenizer(config, base, sample, transform)
     digest = vocab_hash(tokenizer)
+    transform = jieba_presegmenter(tokenizer) if config.jieba else None  # now the vocabulary's words stay whole
     keep = None if replace else (lambda existing: store_usable(existing, tokenizer))
     with staged_output_dir(directory, overwrite=True, keep_existing=keep) as staging:
         save_tokenizer(tokenizer, staging / TOKENIZER_SUBDIR)

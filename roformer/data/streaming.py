@@ -212,7 +212,8 @@ def build_streaming_mlm_data(
         start = len(validation_docs)
         head = itertools.islice(open_stream(), start, start + config.tokenizer_documents)
         tokenizer = make_tokenizer(config, base, head, transform, given)
-        validation = pack_validation(validation_docs, tokenizer, config.max_seq_len, transform)
+        segment = jieba_presegmenter(tokenizer) if config.jieba else None  # the vocabulary's words whole
+        validation = pack_validation(validation_docs, tokenizer, config.max_seq_len, segment)
         if config.cache and given is None:
             _write_cache(directory, tokenizer, validation)
     validation = eval_subset(validation, config)

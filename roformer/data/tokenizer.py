@@ -8,9 +8,12 @@ WordPiece with `##` continuations, and the `[CLS] A [SEP] B [SEP]` template with
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import sys
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -129,7 +132,10 @@ def load_tokenizer(path: str | Path, lowercase: bool = True, split_cjk: bool = T
         if path.is_dir():
             if not any((path / name).is_file() for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
                 raise UserError(f"{path}: the directory has no tokenizer files (tokenizer.json or vocab.txt)")
-            if (path / "tokenizer_config.json").is_file() or (path / "tokenizer.json").is_file():
+            word_level = word_level_tokenizer(path)
+            if word_level is not None:
+                tokenizer = word_level
+            elif (path / "tokenizer_config.json").is_file() or (path / "tokenizer.json").is_file():
                 tokenizer = AutoTokenizer.from_pretrained(str(path))
             else:
                 tokenizer = _from_vocab(path / "vocab.txt", lowercase)
@@ -157,6 +163,76 @@ def load_tokenizer(path: str | Path, lowercase: bool = True, split_cjk: bool = T
     if not split_cjk:
         keep_cjk_words(tokenizer)
     return tokenizer
+
+
+# Tokenizer classes of word-level Chinese checkpoints (JunnYu's ports of WoBERT and RoFormer): jieba, then WordPiece
+WORD_LEVEL_CLASSES = ("WoBertTokenizer", "RoFormerTokenizer", "RoFormerTokenizerFast")
+
+
+def word_level_checkpoint(directory: Path, name: str = "") -> bool:
+    """Whether an HF checkpoint's tokenizer is word-level Chinese: jieba words first (WoBERT, RoFormer-Chinese).
+
+    Read from the `tokenizer_class` of its tokenizer_config.json or config.json, or from a WoBERT name (JunnYu's
+    WoBERT repositories name no tokenizer class: they load as plain BERT, which would cut every word into characters).
+    """
+    if "wobert" in (name or directory.name).lower().replace("\\", "/").rsplit("/", 1)[-1]:
+        return True
+    for file in ("tokenizer_config.json", "config.json"):
+        if (directory / file).is_file():
+            try:
+                settings = json.loads((directory / file).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(settings, dict) and settings.get("tokenizer_class") in WORD_LEVEL_CLASSES:
+                return True
+    return False
+
+
+def word_level_tokenizer(source: str | Path) -> Tokenizer | None:
+    """Our word-level tokenizer of a word-level Chinese HF checkpoint (a directory or a hub name), else None.
+
+    The checkpoint's vocab.txt as WordPiece with CJK words kept whole (the caller pre-segments with jieba: WoBERT's and
+    RoFormer's tokenization). A hub name's tokenizer files are downloaded; when they cannot be, None.
+    """
+    directory, name = Path(source), str(source)
+    if not directory.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            patterns = ["vocab.txt", "tokenizer_config.json", "config.json"]
+            directory = Path(snapshot_download(name, allow_patterns=patterns))
+        except Exception:  # offline, no such repository: the caller's generic path reports it
+            return None
+    if not (word_level_checkpoint(directory, name) and (directory / "vocab.txt").is_file()):
+        return None
+    tokenizer = _from_vocab(directory / "vocab.txt", _lowercases(directory, True))
+    keep_cjk_words(tokenizer)
+    return tokenizer
+
+
+def _lowercases(directory: Path, default: bool) -> bool:
+    """The `do_lower_case` of a checkpoint's tokenizer_config.json (`default` without one)."""
+    try:
+        settings = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+        return bool(settings.get("do_lower_case", default))
+    except (OSError, ValueError, AttributeError):
+        return default
+
+
+def check_segmentation(tokenizer: Tokenizer, jieba: bool, where: str | Path) -> None:
+    """Refuse a word-level tokenizer without jieba.
+
+    A word-level tokenizer reads jieba's words: without them, a Chinese sentence would reach its WordPiece as one word
+    (and come out [UNK]).
+
+    Raises:
+        UserError: a word-level tokenizer without jieba, naming `where`.
+    """
+    if not jieba and word_vocabulary(tokenizer) is not None:
+        raise UserError(
+            f"{where}: the tokenizer is word-level Chinese (WoBERT-style: jieba's words, then WordPiece): set "
+            "data.jieba: true (roformer embed: --jieba)"
+        )
 
 
 def keep_cjk_words(tokenizer: Tokenizer) -> None:
@@ -216,18 +292,102 @@ def tokenizer_from_json(text: str, lowercase: bool = True) -> Tokenizer:
     return _wrap(Tokenizer.from_str(text), lowercase)
 
 
-def jieba_presegmenter() -> Callable[[str], str]:
+def jieba_presegmenter(tokenizer: Tokenizer | None = None) -> Callable[[str], str]:
     """WoBERT-style word-level pre-segmentation of Chinese text with jieba (words joined by spaces).
+
+    With the `tokenizer` that will read the text, a word outside its vocabulary is spelled out in characters, as
+    WoBERT's and RoFormer's tokenizers do (bert4keras's `Tokenizer` with jieba `pre_tokenize`: a jieba word in the
+    vocabulary is one token, any other is tokenized the plain BERT way, a CJK character at a time), instead of being
+    cut by WordPiece into a prefix word and `##` pieces. Without one (training a vocabulary), words stay whole.
 
     Raises:
         UserError: jieba is not installed.
     """
+    vocab = word_vocabulary(tokenizer)
+    if vocab is None:
+        return lambda text: " ".join(word for word, _, _ in jieba_words(text))
+    return lambda text: " ".join(piece for piece, _, _ in spelled_out(jieba_words(text), vocab))
+
+
+def word_vocabulary(tokenizer: Tokenizer | None) -> WordVocabulary | None:
+    """The words a word-level tokenizer keeps whole, or None for any other tokenizer.
+
+    A character-level Chinese tokenizer isolates every CJK character itself, so no word outside its vocabulary
+    reaches WordPiece whole.
+    """
+    from tokenizers import normalizers
+
+    if tokenizer is None:
+        return None
+    normalizer = tokenizer.backend_tokenizer.normalizer
+    if not isinstance(normalizer, normalizers.BertNormalizer) or normalizer.handle_chinese_chars:
+        return None
+    return WordVocabulary(frozenset(tokenizer.get_vocab()), bool(normalizer.lowercase))
+
+
+@dataclass(frozen=True)
+class WordVocabulary:
+    """A word-level tokenizer's vocabulary, as jieba's words are looked up in it."""
+
+    tokens: frozenset[str]
+    lowercase: bool
+
+    def __contains__(self, word: str) -> bool:
+        return (word.lower() if self.lowercase else word) in self.tokens
+
+
+@cache
+def _jieba_tokenize() -> Callable[[str], list[tuple[str, int, int]]]:
     try:
         import jieba
     except ImportError:
         raise UserError("data.jieba: true needs the jieba package (pip install jieba)") from None
-    jieba.setLogLevel(60)
-    return lambda text: " ".join(jieba.cut(text, HMM=False))
+    jieba.setLogLevel(60)  # its dictionary-loading messages
+    # HMM off: the words of roformer.data.tokenizer.jieba_presegmenter, which word-level pretraining used
+    return lambda text: list(jieba.tokenize(text, HMM=False))
+
+
+def jieba_words(text: str) -> list[tuple[str, int, int]]:
+    """The words jieba cuts `text` into, with their character spans `(word, start, end)`: together, the text."""
+    return _jieba_tokenize()(text)
+
+
+def spelled_out(words: list[tuple[str, int, int]], vocab: WordVocabulary) -> list[tuple[str, int, int]]:
+    """The `(word, start, end)` of jieba with every word outside `vocab` spelled out, spans kept exact.
+
+    Such a word becomes each of its CJK characters alone and each run of its other characters together (BERT's basic
+    tokenization reads those).
+    """
+    out = []
+    for word, start, end in words:
+        if word in vocab or len(word) == 1:
+            out.append((word, start, end))
+            continue
+        run = 0  # start of the current run of non-CJK characters within the word
+        for i, char in enumerate(word):
+            if is_cjk(char):
+                if run < i:
+                    out.append((word[run:i], start + run, start + i))
+                out.append((char, start + i, start + i + 1))
+                run = i + 1
+        if run < len(word):
+            out.append((word[run:], start + run, end))
+    return out
+
+
+def is_cjk(char: str) -> bool:
+    """A CJK ideograph, as BERT's basic tokenizer isolates them (the CJK Unified Ideographs blocks and extensions)."""
+    code = ord(char)
+    return (
+        0x4E00 <= code <= 0x9FFF
+        or 0x3400 <= code <= 0x4DBF
+        or 0x20000 <= code <= 0x2A6DF
+        or 0x2A700 <= code <= 0x2B73F
+        or 0x2B740 <= code <= 0x2B81F
+        or 0x2B820 <= code <= 0x2CEAF
+        or 0xF900 <= code <= 0xFAFF
+        or 0x2F800 <= code <= 0x2FA1F
+    )
 
 
 # Files that make up an HF tokenizer; copied along with a model so that the directory stays self-contained.

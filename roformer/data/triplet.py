@@ -161,7 +161,7 @@ class TripletTask(TextTask):
 
     def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, TripletRows]:
         """Every split's triplets as pairs `[CLS] A [SEP] X [SEP]`, cut longest-first (and mirrored in training)."""
-        segment = jieba_presegmenter() if self.data.jieba else None
+        segment = jieba_presegmenter(tokenizer) if self.data.jieba else None
         out = {}
         for name, examples in self.examples.items():
             columns = zip(*(texts for texts, _, _ in examples))

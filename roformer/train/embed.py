@@ -23,7 +23,7 @@ import torch
 
 from roformer.data.records import read_records, read_text, text_field
 from roformer.data.tasks import padded_length
-from roformer.data.tokenizer import check_fits, jieba_presegmenter, load_tokenizer
+from roformer.data.tokenizer import check_fits, check_segmentation, jieba_presegmenter, load_tokenizer
 from roformer.errors import UserError
 from roformer.files import atomic_write, read_json
 from roformer.logs import quiet_loggers
@@ -87,7 +87,8 @@ class SentenceEncoder:
         self.model = model.eval()
         self.model.set_unpadding(True)
         self.tokenizer = tokenizer
-        self.segment = jieba_presegmenter() if jieba else None
+        check_segmentation(tokenizer, jieba, "the sentence encoder")
+        self.segment = jieba_presegmenter(tokenizer) if jieba else None
         self.backend = self.truncating_backend(tokenizer, self.max_length)
 
     @staticmethod

@@ -46,7 +46,7 @@ from roformer.data.glue_metrics import ranked, seed_summary
 from roformer.data.sampling import EpochSampler, LengthGroupedSampler, global_batch_size, share
 from roformer.data.task_types import make_task
 from roformer.data.tasks import EncodedSplit, FinetuneTask
-from roformer.data.tokenizer import check_fits, load_tokenizer
+from roformer.data.tokenizer import check_fits, check_segmentation, load_tokenizer
 from roformer.errors import UserError
 from roformer.files import atomic_write_text
 from roformer.logs import quiet_loggers
@@ -257,6 +257,7 @@ def task_inputs(config: FinetuneConfig) -> tuple[FinetuneTask, Tokenizer, ModelC
         UserError: a missing tokenizer or init, unreadable data, a tokenizer larger than the model's vocabulary.
     """
     tokenizer = load_tokenizer(Path(config.init))
+    check_segmentation(tokenizer, config.data.jieba, config.init)
     task = make_task(config.data)
     model_config = pretrained_config(config.init, task.architecture, task.num_labels, **config.model)
     check_fits(tokenizer, model_config.vocab_size, config.init)

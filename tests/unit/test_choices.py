@@ -223,7 +223,7 @@ def test_jieba_segments_the_sides_of_the_blank_and_the_candidates(
 ) -> None:
     seen = []
 
-    def segmenter():
+    def segmenter(tokenizer=None):
         def segment(text: str) -> str:
             seen.append(text)
             return text.replace("w1", "w1 w2")  # visible in the tokens

@@ -146,7 +146,7 @@ def test_unsupported_hf_models_give_clear_errors(tmp_path) -> None:
     with pytest.raises(roformer.CheckpointError, match="cannot read an HF config"):
         roformer.from_hf(tmp_path)
     rotary_with_pooler = roformer.SequenceClassifier(tiny_config(classifier_head="pooler"))
-    with pytest.raises(roformer.CheckpointError, match="no pooler head"):
+    with pytest.raises(roformer.CheckpointError, match="no pooler classifier head"):
         roformer.to_hf(rotary_with_pooler)
 
 

@@ -1,0 +1,95 @@
+"""Word-level Chinese tokenizers (WoBERT, RoFormer-Chinese): loaded from their checkpoints, jieba words read as the
+authors' tokenizer reads them, exact character offsets, and a word-level tokenizer refused without jieba."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from roformer.data.segment import tokenize_texts
+from roformer.data.tokenizer import (
+    check_segmentation,
+    jieba_presegmenter,
+    load_tokenizer,
+    word_level_checkpoint,
+    word_vocabulary,
+)
+from roformer.errors import UserError
+
+jieba = pytest.importorskip("jieba")
+transformers = pytest.importorskip("transformers")
+
+TEXT = "今天天气很好，我想去公园玩。iPhone手机的价格是5000元"
+WORDS = ["今天", "天气", "很", "好", "我", "想", "去", "公园", "手机", "的", "价格", "是", "iphone", "##000", "元"]
+CHARS = sorted(set("今天气很好我想去公园玩手机的价格是元，。玩5"))
+
+
+def checkpoint(folder: Path, tokenizer_class: str | None = None) -> Path:
+    """A WoBERT/RoFormer-style checkpoint's tokenizer files: vocab.txt (words, characters, ## pieces), configs."""
+    folder.mkdir(parents=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *CHARS, *(f"##{c}" for c in CHARS), *WORDS]
+    (folder / "vocab.txt").write_text("".join(f"{t}\n" for t in dict.fromkeys(vocab)), encoding="utf-8")
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": len(vocab)}))
+    if tokenizer_class:
+        settings = {"tokenizer_class": tokenizer_class, "do_lower_case": True}
+        (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    return folder
+
+
+def authors_tokens(vocab_file: Path, text: str) -> list[str]:
+    """bert4keras's Tokenizer with jieba pre_tokenize (the RoFormer and WoBERT scripts'), written out: the text
+    lower-cased, each jieba word (HMM off) one token if in the vocabulary, else tokenized the plain BERT way (here by
+    transformers' BertTokenizer on the same vocab.txt: CJK characters apart, punctuation apart, WordPiece)."""
+    bert = transformers.BertTokenizer(str(vocab_file), do_lower_case=True)
+    vocab = set(bert.vocab)
+    tokens: list[str] = []
+    for word in jieba.cut(text.lower(), HMM=False):
+        tokens += [word] if word in vocab else bert.tokenize(word)
+    return tokens
+
+
+@pytest.mark.parametrize(
+    ("name", "tokenizer_class"),
+    [("wobert_chinese_plus_base", None), ("roformer_chinese_base", "RoFormerTokenizer"), ("wo", "WoBertTokenizer")],
+)
+def test_a_word_level_checkpoint_tokenizes_as_the_authors_tokenizer(
+    tmp_path: Path, name: str, tokenizer_class: str | None
+) -> None:
+    folder = checkpoint(tmp_path / name, tokenizer_class)
+    assert word_level_checkpoint(folder)
+    tokenizer = load_tokenizer(folder)
+    assert word_vocabulary(tokenizer) is not None
+    ids = tokenizer(jieba_presegmenter(tokenizer)(TEXT), add_special_tokens=False)["input_ids"]
+    expected = authors_tokens(folder / "vocab.txt", TEXT)
+    assert tokenizer.convert_ids_to_tokens(ids) == expected
+    assert "玩" in expected and "公园" in expected  # an unknown word spelled out, a known one whole
+
+
+def test_a_plain_bert_checkpoint_stays_character_level(tmp_path: Path) -> None:
+    folder = checkpoint(tmp_path / "bert-base-chinese")
+    assert not word_level_checkpoint(folder)
+    tokenizer = load_tokenizer(folder)
+    assert word_vocabulary(tokenizer) is None
+    tokens = tokenizer.tokenize(jieba_presegmenter(tokenizer)(TEXT))
+    assert tokens == tokenizer.tokenize(TEXT) and "公园" not in tokens  # jieba changes nothing at character level
+
+
+def test_word_level_offsets_point_at_the_original_characters(tmp_path: Path) -> None:
+    """transformers' RoFormerTokenizerFast gives wrong offset_mapping for jieba words (transformers#12244): ours
+    are each token's characters in the text as given, also for spelled-out words and WordPiece pieces."""
+    tokenizer = load_tokenizer(checkpoint(tmp_path / "wobert", None))
+    (tokenized,) = tokenize_texts(tokenizer, [TEXT], jieba=True)
+    tokens = tokenizer.convert_ids_to_tokens(tokenized.ids)
+    assert tokens == authors_tokens(tmp_path / "wobert" / "vocab.txt", TEXT)
+    for token, (start, end) in zip(tokens, tokenized.offsets, strict=True):
+        assert TEXT[start:end].lower() == token.removeprefix("##"), (token, TEXT[start:end])
+
+
+def test_a_word_level_tokenizer_without_jieba_is_refused(tmp_path: Path) -> None:
+    tokenizer = load_tokenizer(checkpoint(tmp_path / "wobert", None))
+    with pytest.raises(UserError, match=r"init-dir: the tokenizer is word-level Chinese .* set data.jieba: true"):
+        check_segmentation(tokenizer, False, "init-dir")
+    check_segmentation(tokenizer, True, "init-dir")
+    check_segmentation(load_tokenizer(checkpoint(tmp_path / "bert", None)), False, "init-dir")
