@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,21 +19,42 @@ from roformer.train.run_dir import RESULTS_FILE, SUBMISSION_DIR, RunDir
 
 
 @dataclass
+class SuiteTask:
+    """A task of a suite with overrides of its own: the `{config: ..., set: [...]}` form of an entry of `tasks:`.
+
+    Its `set` comes after the suite's `overrides` (a task may keep what the suite sets for all: a cross-validated
+    task its folds' seeds), and command-line overrides after both.
+    """
+
+    config: str = ""
+    set: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.config:
+            raise ConfigError("a task mapping needs config: (a fine-tuning YAML)")
+
+
+@dataclass
 class SuiteConfig:
     """`roformer glue`: task configs run one after another, with shared overrides, into one table.
 
     Attributes:
-        tasks: Task config files (relative to the suite file), e.g. [cola.yaml, sst2.yaml].
+        tasks: Task config files (relative to the suite file), e.g. [cola.yaml, sst2.yaml], or `{config: YAML, set:
+            [overrides of this task]}`.
         overrides: `--set` style overrides applied to every task (e.g. `init=runs/roformer-base/final`).
     """
 
-    tasks: list[str] = field(default_factory=list)
+    tasks: list[str | SuiteTask] = field(default_factory=list)
     overrides: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_types(self)
         if not self.tasks:
             raise ConfigError("tasks: list at least one task config")
+
+    def task_specs(self) -> list[SuiteTask]:
+        """Every task as a SuiteTask (a plain entry has no overrides of its own)."""
+        return [task if isinstance(task, SuiteTask) else SuiteTask(config=task) for task in self.tasks]
 
 
 def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[SuiteConfig, list[FinetuneConfig]]:
@@ -44,8 +65,11 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
     """
     path = Path(path)
     suite = load(SuiteConfig, path)
-    extra = suite.overrides + list(overrides or [])
-    return suite, [load(FinetuneConfig, config_path(path.parent, task), extra) for task in suite.tasks]
+    given = list(overrides or [])
+    return suite, [
+        load(FinetuneConfig, config_path(path.parent, task.config), suite.overrides + task.set + given)
+        for task in suite.task_specs()
+    ]
 
 
 def load_suite_config(path: str | Path) -> SuiteConfig:
@@ -85,7 +109,7 @@ def run_suite(
         for config in configs:
             check_before_writing(config)  # the task's data too: nothing has read it yet
     # the suite's own record; a resume is checked task by task (each task directory holds its resolved config)
-    record = {"suite": str(path.resolve()), "tasks": suite.tasks, "overrides": extra}
+    record = {"suite": str(path.resolve()), "tasks": [asdict(t) for t in suite.task_specs()], "overrides": extra}
     run_on_main(lambda: run_dir.prepare(record))
     results, flat = {}, {}
     for config in configs:

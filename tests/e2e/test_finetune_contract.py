@@ -18,7 +18,7 @@ import torch
 from helpers import REPO, launch_two, write_wrapper
 
 from roformer.cli import main
-from roformer.config import load
+from roformer.config import load, read_yaml
 from roformer.train.config import FinetuneConfig
 
 CONFIGS = sorted(
@@ -300,3 +300,30 @@ def test_every_task_type_resumes_exactly(
         assert file.read_bytes() == (cut / folder / file.name).read_bytes(), file.name
     a, b = (load_file(d / "best" / "model.safetensors") for d in (whole, cut))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_the_chinese_suite_runs_every_task_with_its_own_overrides(
+    shared_data: Path, pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """configs/finetune/chinese-cpu.yaml: one seed for the suite, the five folds for SCM (its tasks' own `set`),
+    the 1024-token SCM task beside the 512 one. About a minute (every SCM fold predicted at 512 and 1024)."""
+    out = tmp_path / "suite"
+    sets = [f"init={pretrained}", "data.max_eval_examples=12", "train.max_steps=1"]
+    code = main(
+        ["glue", "--config", "finetune/chinese-cpu", "--output-dir", str(out), *sum((["--set", s] for s in sets), [])]
+    )
+    assert code == 0, capsys.readouterr().err
+    results = json.loads((out / "results.json").read_text())
+    assert list(results) == [
+        "chinese-stsb",
+        "fewclue-tnews",
+        "ocnli",
+        "cail2019-scm-sample",
+        "cail2019-scm-sample-1024",
+    ]
+    for task, seeds in [("ocnli", [0]), ("cail2019-scm-sample", [0, 1, 2, 3, 4])]:
+        runs = json.loads((out / task / "results.json").read_text())["runs"]
+        assert [run["seed"] for run in runs] == seeds, task
+    lengths = [read_yaml(out / task / "config.yaml")["data"]["max_length"] for task in list(results)[-2:]]
+    assert lengths == [512, 1024]

@@ -12,6 +12,7 @@ from helpers import REPO
 import roformer
 from roformer.config import load
 from roformer.data.config import FinetuneDataConfig
+from roformer.errors import ConfigError
 from roformer.model.config import ModelConfig
 from roformer.train.config import FinetuneConfig, PretrainConfig
 
@@ -517,3 +518,33 @@ def test_include_is_an_unknown_key_where_a_config_class_does_not_take_it(tmp_pat
     path = write(tmp_path, "include: other.yaml\ntasks: [rte.yaml]\n")
     with pytest.raises(roformer.ConfigError, match="unknown key 'include'"):
         load(SuiteConfig, path)
+
+
+def test_a_suite_task_may_carry_overrides_of_its_own(tmp_path: Path) -> None:
+    """`{config, set}` entries: the task's set comes after the suite's overrides, the command line's after both."""
+    from roformer.config import write_yaml
+    from roformer.study.suite import load_suite
+
+    task = {"data": {"type": "classification", "train_file": "a", "validation_file": "b"}, "init": "m"}
+    write_yaml(tmp_path / "t.yaml", task)
+    tasks = ["t.yaml", {"config": "t.yaml", "set": ["data.task=other", "train.seeds=[0,1]", "train.lr=0.5"]}]
+    write_yaml(tmp_path / "s.yaml", {"tasks": tasks, "overrides": ["train.seeds=[7]", "train.lr=0.1"]})
+    _, (plain, own) = load_suite(tmp_path / "s.yaml", ["train.lr=0.2"])
+    assert (plain.data.task, plain.train.seeds, plain.train.lr) == ("classification", [7], 0.2)
+    assert (own.data.task, own.train.seeds, own.train.lr) == ("other", [0, 1], 0.2)
+    write_yaml(tmp_path / "bad.yaml", {"tasks": [{"set": ["train.lr=1"]}]})
+    with pytest.raises(ConfigError, match=r"bad.yaml: key 'tasks\[0\]' must be str or SuiteTask"):
+        load_suite(tmp_path / "bad.yaml")
+
+
+def test_chinese_pretrain_configs_differ_only_in_the_position_encoding_or_the_tokenization() -> None:
+    for size in ("tiny", "small"):
+        configs = {
+            name: load(PretrainConfig, REPO / "configs" / "pretrain" / f"{name}-{size}.yaml").to_dict()
+            for name in ("roformer-zh", "bert-zh", "bert-zh-char")
+        }
+        rope, bert, char = configs["roformer-zh"], configs["bert-zh"], configs["bert-zh-char"]
+        assert rope["data"] == bert["data"] and rope["train"] == bert["train"] and rope["data"]["jieba"], size
+        assert rope["model"]["position_encoding"] == "rotary" and bert["model"]["position_encoding"] == "sinusoidal"
+        assert {k for k in bert["data"] if bert["data"][k] != char["data"][k]} == {"jieba"}, size
+        assert bert["model"] == char["model"] and bert["train"] == char["train"], size
