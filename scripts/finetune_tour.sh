@@ -6,8 +6,9 @@
 #     bash scripts/finetune_tour.sh EN_INIT ZH_INIT OUT_DIR [--set KEY=VALUE ...]
 #
 # EN_INIT fine-tunes the English tasks (conll2003), ZH_INIT the Chinese ones (cmrc2018, ocnli, chinese-stsb, the
-# nine FewCLUE tasks). finetune/squad (the hub) and finetune/text-classification (a template for your own files) are
-# left out. Extra arguments are passed to every `roformer finetune` (e.g. --set "train.lrs=[1.0e-3]").
+# nine FewCLUE tasks, CAIL2019-SCM's sample: its fold 0 only, as train.seeds is [0]). finetune/squad (the hub),
+# finetune/text-classification (a template for your own files) and the configs of downloads (the full CAIL2019-SCM)
+# are left out. Extra arguments are passed to every `roformer finetune` (e.g. --set "train.lrs=[1.0e-3]").
 # The table: OUT_DIR/tour.md. docs/fine-tuning.md ("Every shipped config") shows one, with the command that made it.
 set -euo pipefail
 en_init=${1:?usage: bash scripts/finetune_tour.sh EN_INIT ZH_INIT OUT_DIR [--set KEY=VALUE ...]}
@@ -17,7 +18,7 @@ shift 3
 mkdir -p "$out"
 english=(conll2003)
 chinese=(cmrc2018 ocnli chinese-stsb fewclue-bustm fewclue-chid fewclue-cluewsc fewclue-csl fewclue-csldcp
-         fewclue-eprstmt fewclue-iflytek fewclue-ocnli fewclue-tnews)
+         fewclue-eprstmt fewclue-iflytek fewclue-ocnli fewclue-tnews cail2019-scm-sample)
 : > "$out/times.tsv"
 run() {
     local name=$1 init=$2
