@@ -95,7 +95,7 @@ def _convert(args: argparse.Namespace) -> None:
 def _export_tokenizer(source: str, target: Path, copy: Callable[[Path, Path], list[str]]) -> list[str]:
     """Tokenizer of an HF source: the files of a local directory, or a hub tokenizer saved with save_pretrained.
 
-    A word-level Chinese checkpoint (WoBERT, RoFormer-Chinese: roformer.data.tokenizer.word_level_checkpoint) gets our
+    A word-level Chinese checkpoint (WoBERT, RoFormer-Chinese: roformer.data.tokenizer.word_level_vocab) gets our
     word-level tokenizer of its vocab.txt instead (transformers has no WoBERT class, and its RoFormer tokenizer needs
     rjieba and gives wrong offsets, transformers#12244): jieba words are then read as its pretraining read them.
     """

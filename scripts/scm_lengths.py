@@ -21,8 +21,10 @@ from roformer.study.stats import difference
 
 
 def fold_accuracies(suite: Path, task: str) -> dict[int, float]:
-    """{held-out fold: dev accuracy} of one task of a suite directory."""
-    runs = json.loads((suite / task / "results.json").read_text())["runs"]
+    """{held-out fold: dev accuracy} of one task of a suite directory, at its selected learning rate."""
+    results = json.loads((suite / task / "results.json").read_text())
+    lr = results.get("selected", {}).get("peak_lr")
+    runs = [run for run in results["runs"] if lr is None or run.get("peak_lr") == lr]
     return {run["seed"]: run["dev"]["dev"]["accuracy"] for run in runs}
 
 

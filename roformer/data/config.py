@@ -263,9 +263,10 @@ class TripletConfig:
         mirror: Also train on every pair with its two texts swapped (candidate first, anchor second), as CAIL2019
             competitors augmented; the evaluation reads the pairs as given.
         folds: k-fold cross-validation of `train_file` instead of a `validation_file`: rows are grouped by anchor
-            text (a document in several rows stays in one fold), the groups dealt into `folds` folds in a fixed
-            shuffled order, and the run of seed s holds out fold s mod folds as its dev split: `train.seeds: [0, 1,
-            2, 3, 4]` with `folds: 5` is 5-fold cross-validation, its mean and interval over the folds.
+            text (an anchor's rows stay in one fold; a candidate document may recur in others), the groups dealt into
+            `folds` folds in a fixed shuffled order, and the run of seed s holds out fold s mod folds as its dev
+            split: `train.seeds: [0, 1, 2, 3, 4]` with `folds: 5` is 5-fold cross-validation, its mean and interval
+            over the folds.
     """
 
     unlabelled_closer: str | None = None

@@ -95,6 +95,9 @@ class HeadOutputs:
         """The encoded splits the run of `seed` trains and evaluates on: the same for every run."""
         return encoded
 
+    def check_seeds(self, seeds: list[int]) -> None:
+        """Say what a job's seeds mean for the task, before training (nothing: a seed is a seed)."""
+
 
 class FinetuneTask(Protocol):
     """One downstream task with its splits read: what the fine-tuning recipe asks of it.
@@ -138,6 +141,9 @@ class FinetuneTask(Protocol):
 
     def splits_for_run(self, encoded: dict[str, EncodedSplit], seed: int) -> dict[str, EncodedSplit]:
         """The splits the run of `seed` uses (`HeadOutputs`: the same for all; cross-validation: its folds)."""
+
+    def check_seeds(self, seeds: list[int]) -> None:
+        """Warn when the job's seeds do not mean what the task needs (cross-validation: one seed per fold)."""
 
     def collate(self, split: EncodedSplit, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
         """The model inputs of `rows` of `split`, padded to `padded_length`, with their labels when it has them."""

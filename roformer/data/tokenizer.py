@@ -135,10 +135,10 @@ def load_tokenizer(path: str | Path, lowercase: bool = True, split_cjk: bool = T
             word_level = word_level_tokenizer(path)
             if word_level is not None:
                 tokenizer = word_level
-            elif (path / "tokenizer_config.json").is_file() or (path / "tokenizer.json").is_file():
+            elif (path / "tokenizer.json").is_file() or _loads_without_rjieba(path):
                 tokenizer = AutoTokenizer.from_pretrained(str(path))
-            else:
-                tokenizer = _from_vocab(path / "vocab.txt", lowercase)
+            else:  # a bare vocab.txt, or HF's RoFormer tokenizer (it needs rjieba): BERT's WordPiece of the vocab.txt
+                tokenizer = _from_vocab(path / "vocab.txt", _lowercases(path, lowercase))
         elif path.name.endswith(".json") and path.is_file():
             from tokenizers import Tokenizer
 
@@ -165,49 +165,63 @@ def load_tokenizer(path: str | Path, lowercase: bool = True, split_cjk: bool = T
     return tokenizer
 
 
-# Tokenizer classes of word-level Chinese checkpoints (JunnYu's ports of WoBERT and RoFormer): jieba, then WordPiece
-WORD_LEVEL_CLASSES = ("WoBertTokenizer", "RoFormerTokenizer", "RoFormerTokenizerFast")
+# A vocabulary is word-level Chinese when at least this share of it is words of several CJK characters: about two
+# thirds of WoBERT's and RoFormer-Chinese's 50k, hardly any of a character-level one's (bert-base-chinese)
+WORD_SHARE = 0.05
 
 
-def word_level_checkpoint(directory: Path, name: str = "") -> bool:
-    """Whether an HF checkpoint's tokenizer is word-level Chinese: jieba words first (WoBERT, RoFormer-Chinese).
+def word_level_vocab(vocab_file: Path) -> bool:
+    """Whether a vocab.txt is a word-level Chinese one (WoBERT, RoFormer-Chinese: read after jieba).
 
-    Read from the `tokenizer_class` of its tokenizer_config.json or config.json, or from a WoBERT name (JunnYu's
-    WoBERT repositories name no tokenizer class: they load as plain BERT, which would cut every word into characters).
+    Decided from the vocabulary itself. The checkpoints' `tokenizer_class` cannot tell: JunnYu's character-level
+    RoFormer checkpoints (RoFormer-Sim-char, V2) name `RoFormerTokenizer` as the word-level ones do, and his WoBERT
+    ones name no class at all (transformers then loads them as plain BERT, cutting every word into characters).
     """
-    if "wobert" in (name or directory.name).lower().replace("\\", "/").rsplit("/", 1)[-1]:
-        return True
-    for file in ("tokenizer_config.json", "config.json"):
-        if (directory / file).is_file():
-            try:
-                settings = json.loads((directory / file).read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            if isinstance(settings, dict) and settings.get("tokenizer_class") in WORD_LEVEL_CLASSES:
-                return True
-    return False
+    tokens = [t.rstrip("\r") for t in vocab_file.read_text(encoding="utf-8").split("\n") if t.strip()]
+    words = sum(len(t) > 1 and all(is_cjk(c) for c in t) for t in tokens)
+    return bool(tokens) and words >= WORD_SHARE * len(tokens)
 
 
 def word_level_tokenizer(source: str | Path) -> Tokenizer | None:
-    """Our word-level tokenizer of a word-level Chinese HF checkpoint (a directory or a hub name), else None.
+    """Our word-level tokenizer of a word-level Chinese checkpoint (a directory or a hub name), else None.
 
     The checkpoint's vocab.txt as WordPiece with CJK words kept whole (the caller pre-segments with jieba: WoBERT's and
-    RoFormer's tokenization). A hub name's tokenizer files are downloaded; when they cannot be, None.
+    RoFormer's tokenization). None for a character-level vocabulary, for a directory whose tokenizer.json keeps CJK
+    words whole already (ours: it is loaded as saved), and for a hub name whose files cannot be downloaded.
     """
-    directory, name = Path(source), str(source)
+    directory = Path(source)
     if not directory.is_dir():
         try:
             from huggingface_hub import snapshot_download
 
-            patterns = ["vocab.txt", "tokenizer_config.json", "config.json"]
-            directory = Path(snapshot_download(name, allow_patterns=patterns))
+            patterns = ["vocab.txt", "tokenizer_config.json"]
+            directory = Path(snapshot_download(str(source), allow_patterns=patterns))
         except Exception:  # offline, no such repository: the caller's generic path reports it
             return None
-    if not (word_level_checkpoint(directory, name) and (directory / "vocab.txt").is_file()):
+    vocab_file = directory / "vocab.txt"
+    if not vocab_file.is_file() or _keeps_cjk_words(directory / "tokenizer.json") or not word_level_vocab(vocab_file):
         return None
-    tokenizer = _from_vocab(directory / "vocab.txt", _lowercases(directory, True))
+    tokenizer = _from_vocab(vocab_file, _lowercases(directory, True))
     keep_cjk_words(tokenizer)
     return tokenizer
+
+
+def _keeps_cjk_words(tokenizer_json: Path) -> bool:
+    """Whether a tokenizer.json's BERT normaliser leaves CJK characters together (a word-level tokenizer as saved)."""
+    try:
+        normalizer = json.loads(tokenizer_json.read_text(encoding="utf-8")).get("normalizer") or {}
+    except (OSError, ValueError, AttributeError):
+        return False
+    return normalizer.get("type") == "BertNormalizer" and normalizer.get("handle_chinese_chars") is False
+
+
+def _loads_without_rjieba(directory: Path) -> bool:
+    """A tokenizer_config.json that transformers loads here: any class but its RoFormer tokenizer (needs rjieba)."""
+    try:
+        settings = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return not (isinstance(settings, dict) and str(settings.get("tokenizer_class", "")).startswith("RoFormerTokenizer"))
 
 
 def _lowercases(directory: Path, default: bool) -> bool:
@@ -303,6 +317,7 @@ def jieba_presegmenter(tokenizer: Tokenizer | None = None) -> Callable[[str], st
     Raises:
         UserError: jieba is not installed.
     """
+    _jieba_tokenize()  # jieba imported now: a missing package is an error before any data work
     vocab = word_vocabulary(tokenizer)
     if vocab is None:
         return lambda text: " ".join(word for word, _, _ in jieba_words(text))

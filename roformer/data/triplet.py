@@ -11,11 +11,13 @@ in a row cannot be learned: data whose closer candidate is always B (CAIL2019-SC
 easier than data in any order.
 
 `data.triplet.mirror` adds each pair with its texts swapped to the training rows; `data.triplet.folds` cross-validates
-one file (rows grouped by anchor, so a document never sits on both sides).
+one file (rows grouped by anchor: an anchor text is held out with all its rows; a document may still recur as a
+candidate on both sides, as in CAIL2019-SCM's sample, whose documents form one connected web of triplets).
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +36,7 @@ from roformer.errors import UserError
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
 
+logger = logging.getLogger(__name__)
 EVALUATED_PAIRS = 2  # (anchor, first candidate), (anchor, second candidate): what prediction scores
 
 
@@ -83,8 +86,10 @@ class TripletRows:
 def fold_of_rows(anchors: list[str], folds: int) -> list[int]:
     """Each row's fold: rows grouped by anchor text, the groups in a fixed shuffled order dealt round-robin.
 
-    A document that anchors several rows (CAIL2019-SCM's sample: 210 distinct anchors in 500 rows) stays in one fold,
-    so no held-out anchor was seen in training. The order is seeded (0), the same in every run and process.
+    A document that anchors several rows (CAIL2019-SCM's sample: 210 distinct anchors in 500 rows) has them all in one
+    fold, so no held-out row's anchor anchors a training row. Candidates are not grouped: in that sample most
+    documents are also another row's candidate, and the triplets link all but a few documents into one web, so no
+    split keeps every document on one side. The order is seeded (0), the same in every run and process.
     """
     groups = list(dict.fromkeys(anchors))  # first-appearance order, then shuffled with a fixed seed
     random.Random(0).shuffle(groups)
@@ -113,6 +118,8 @@ class TripletTask(TextTask):
         super().__init__(data, records)
         self.num_labels, self.label_names = 1, None
         if self.settings.folds:
+            if data.source != "files":
+                raise UserError("triplet.folds cross-validates train_file (source: files), not a hub dataset's splits")
             anchors = [texts[0] for texts, _, _ in self.examples["train"]]
             self.folds = fold_of_rows(anchors, self.settings.folds)
             if len(set(self.folds)) < self.settings.folds:
@@ -176,6 +183,14 @@ class TripletTask(TextTask):
             types = [list(row) for row in zip(*(e["token_type_ids"] for e in encoded))]
             out[name] = TripletRows(ids, types, [e[1] for e in examples], [e[2] for e in examples])
         return out
+
+    def check_seeds(self, seeds: list[int]) -> None:
+        """Warn when a cross-validated job's seeds do not hold out every fold once (train.seeds [0] under a suite)."""
+        folds = self.settings.folds
+        held = sorted(seed % folds for seed in seeds) if folds else []
+        if folds and held != list(range(folds)):
+            message = "%s: %d folds, but train.seeds %s hold out folds %s: not a %d-fold cross-validation (seeds 0..%d)"
+            logger.warning(message, self.name, folds, seeds, held, folds, folds - 1)
 
     def splits_for_run(self, encoded: dict[str, TripletRows], seed: int) -> dict[str, TripletRows]:
         """The splits of the run of `seed`: with `folds`, its own training folds and held-out fold.

@@ -165,6 +165,9 @@ class TablesFollowTheModule(nn.Module):
                 continue
             tensors = value if isinstance(value, tuple) else (value,)
             device = fn(torch.empty(0, device=tensors[0].device)).device  # where the parameters went; no dtype cast
+            if tensors[0].is_meta and device.type != "meta":  # `to_empty`: no values to move, built again when read
+                setattr(self, name, None)
+                continue
             moved = tuple(t.to(device) for t in tensors)
             setattr(self, name, moved if isinstance(value, tuple) else moved[0])
         return self

@@ -167,7 +167,7 @@ def evaluate_lengths(
     data = data_config_of(data_source)
     tokenizer = load_tokenizer(model_dir, split_cjk=not data.jieba)
     check_fits(tokenizer, model.config.vocab_size, model_dir)
-    transform = jieba_presegmenter() if data.jieba else None
+    transform = jieba_presegmenter(tokenizer) if data.jieba else None  # the vocabulary's words whole
     token_lists = tokenize_documents(validation_documents(data), tokenizer, data.num_proc, transform)
     packed: dict[int, Any] = {}  # length -> its blocks, or the reason it cannot be scored
     config = model.config

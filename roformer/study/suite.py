@@ -66,10 +66,15 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
     path = Path(path)
     suite = load(SuiteConfig, path)
     given = list(overrides or [])
-    return suite, [
+    configs = [
         load(FinetuneConfig, config_path(path.parent, task.config), suite.overrides + task.set + given)
         for task in suite.task_specs()
     ]
+    names = [config.data.task for config in configs]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:  # each task writes <out>/<task>/
+        raise ConfigError(f"{path}: tasks share the name {repeated[0]!r} (give one its own with set: [data.task=...])")
+    return suite, configs
 
 
 def load_suite_config(path: str | Path) -> SuiteConfig:

@@ -308,6 +308,7 @@ class Finetuner:
                 "included (as HF does): predictions depend on how batches are padded; model.classifier_head: pooler "
                 "reads [CLS]"
             )
+        self.task.check_seeds(config.train.seeds or [config.train.seed])  # a cross-validated task's folds
         self.max_length = self._max_length(model_config)
         encoded = self.task.encode(self.tokenizer, self.max_length)
         self.data = EncodedTask(self.task, encoded, self.tokenizer.pad_token_id, self.max_length)

@@ -532,6 +532,9 @@ def test_a_suite_task_may_carry_overrides_of_its_own(tmp_path: Path) -> None:
     _, (plain, own) = load_suite(tmp_path / "s.yaml", ["train.lr=0.2"])
     assert (plain.data.task, plain.train.seeds, plain.train.lr) == ("classification", [7], 0.2)
     assert (own.data.task, own.train.seeds, own.train.lr) == ("other", [0, 1], 0.2)
+    write_yaml(tmp_path / "twice.yaml", {"tasks": ["t.yaml", {"config": "t.yaml", "set": ["train.lr=0.5"]}]})
+    with pytest.raises(ConfigError, match="twice.yaml: tasks share the name 'classification'"):
+        load_suite(tmp_path / "twice.yaml")
     write_yaml(tmp_path / "bad.yaml", {"tasks": [{"set": ["train.lr=1"]}]})
     with pytest.raises(ConfigError, match=r"bad.yaml: key 'tasks\[0\]' must be str or SuiteTask"):
         load_suite(tmp_path / "bad.yaml")

@@ -143,3 +143,13 @@ def test_position_tables_follow_the_model_to_another_device_and_stay_float32() -
         table = getattr(holder, tables)
         for tensor in table if isinstance(table, tuple) else (table,):
             assert tensor.device.type == "meta" and tensor.dtype == torch.float32, (encoding, tensor)
+
+
+def test_a_model_moved_to_the_meta_device_builds_its_tables_again_when_materialised() -> None:
+    """`to_empty` has no values to move from meta: the tables are dropped and built again on first use."""
+    config = roformer.ModelConfig(vocab_size=50, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    model = roformer.MaskedLM(config).to("meta").to_empty(device="cpu")
+    rotary = next(m for m in model.modules() if isinstance(m, RotaryEmbedding))
+    assert rotary._real_cache is None
+    cos, _ = rotary.cos_sin(8, torch.device("cpu"))
+    assert cos.device.type == "cpu" and torch.isfinite(cos).all()

@@ -14,6 +14,7 @@ import roformer
 from roformer.config import from_dict
 from roformer.data.builtin import generate_documents
 from roformer.data.config import FinetuneDataConfig
+from roformer.data.records import read_split_records
 from roformer.data.tokenizer import train_tokenizer
 from roformer.data.triplet import TripletTask, fold_of_rows
 from roformer.errors import CheckpointError, ConfigError, UserError
@@ -136,3 +137,16 @@ def test_the_mean_head_is_the_masked_mean_then_a_linear_unit() -> None:
     assert_close(pool_states(last, mask, "mean"), torch.stack([last[0].mean(0), last[1, :4].mean(0)]))
     with pytest.raises(CheckpointError, match="HF RoFormer has no mean classifier head"):
         to_hf(model)
+
+
+def test_seeds_that_miss_folds_are_named_and_folds_need_files(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    rows = [{"A": f"{a} one", "B": "one two", "C": "red car"} for a in ("a cat", "the dog", "red", "two", "sat")]
+    task = TripletTask.from_config(data(tmp_path, rows, unlabelled_closer="B", folds=2))
+    task.check_seeds([0, 1])
+    assert not caplog.records
+    task.check_seeds([0, 2])
+    assert "train.seeds [0, 2] hold out folds [0, 0]: not a 2-fold cross-validation" in caplog.text
+    triplet = {"folds": 2, "unlabelled_closer": "B"}
+    hub = from_dict(FinetuneDataConfig, {"type": "triplet", "hub_name": "x/y", "triplet": triplet})
+    with pytest.raises(UserError, match="triplet.folds cross-validates train_file"):
+        TripletTask(hub, read_split_records(data(tmp_path, rows, unlabelled_closer="B")))

@@ -13,7 +13,7 @@ from roformer.data.tokenizer import (
     check_segmentation,
     jieba_presegmenter,
     load_tokenizer,
-    word_level_checkpoint,
+    word_level_vocab,
     word_vocabulary,
 )
 from roformer.errors import UserError
@@ -26,10 +26,11 @@ WORDS = ["今天", "天气", "很", "好", "我", "想", "去", "公园", "手�
 CHARS = sorted(set("今天气很好我想去公园玩手机的价格是元，。玩5"))
 
 
-def checkpoint(folder: Path, tokenizer_class: str | None = None) -> Path:
+def checkpoint(folder: Path, tokenizer_class: str | None = None, words: bool = True) -> Path:
     """A WoBERT/RoFormer-style checkpoint's tokenizer files: vocab.txt (words, characters, ## pieces), configs."""
     folder.mkdir(parents=True)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *CHARS, *(f"##{c}" for c in CHARS), *WORDS]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *CHARS, *(f"##{c}" for c in CHARS)]
+    vocab += WORDS if words else [w for w in WORDS if len(w) == 1 or w.isascii() or w.startswith("##")]
     (folder / "vocab.txt").write_text("".join(f"{t}\n" for t in dict.fromkeys(vocab)), encoding="utf-8")
     (folder / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": len(vocab)}))
     if tokenizer_class:
@@ -50,15 +51,11 @@ def authors_tokens(vocab_file: Path, text: str) -> list[str]:
     return tokens
 
 
-@pytest.mark.parametrize(
-    ("name", "tokenizer_class"),
-    [("wobert_chinese_plus_base", None), ("roformer_chinese_base", "RoFormerTokenizer"), ("wo", "WoBertTokenizer")],
-)
-def test_a_word_level_checkpoint_tokenizes_as_the_authors_tokenizer(
-    tmp_path: Path, name: str, tokenizer_class: str | None
-) -> None:
-    folder = checkpoint(tmp_path / name, tokenizer_class)
-    assert word_level_checkpoint(folder)
+@pytest.mark.parametrize("tokenizer_class", [None, "RoFormerTokenizer", "BertTokenizer"])
+def test_a_word_level_checkpoint_tokenizes_as_the_authors_tokenizer(tmp_path: Path, tokenizer_class: str) -> None:
+    """Told by its vocabulary (words of several characters), whatever class it names: WoBERT's name none."""
+    folder = checkpoint(tmp_path / "checkpoint", tokenizer_class)
+    assert word_level_vocab(folder / "vocab.txt")
     tokenizer = load_tokenizer(folder)
     assert word_vocabulary(tokenizer) is not None
     ids = tokenizer(jieba_presegmenter(tokenizer)(TEXT), add_special_tokens=False)["input_ids"]
@@ -67,9 +64,11 @@ def test_a_word_level_checkpoint_tokenizes_as_the_authors_tokenizer(
     assert "玩" in expected and "公园" in expected  # an unknown word spelled out, a known one whole
 
 
-def test_a_plain_bert_checkpoint_stays_character_level(tmp_path: Path) -> None:
-    folder = checkpoint(tmp_path / "bert-base-chinese")
-    assert not word_level_checkpoint(folder)
+@pytest.mark.parametrize("tokenizer_class", [None, "RoFormerTokenizer"])
+def test_a_character_level_checkpoint_stays_character_level(tmp_path: Path, tokenizer_class: str | None) -> None:
+    """bert-base-chinese, and JunnYu's character-level RoFormers (Sim, V2), which name RoFormerTokenizer too."""
+    folder = checkpoint(tmp_path / "wobert_named_but_char", tokenizer_class, words=False)
+    assert not word_level_vocab(folder / "vocab.txt")
     tokenizer = load_tokenizer(folder)
     assert word_vocabulary(tokenizer) is None
     tokens = tokenizer.tokenize(jieba_presegmenter(tokenizer)(TEXT))
@@ -79,7 +78,7 @@ def test_a_plain_bert_checkpoint_stays_character_level(tmp_path: Path) -> None:
 def test_word_level_offsets_point_at_the_original_characters(tmp_path: Path) -> None:
     """transformers' RoFormerTokenizerFast gives wrong offset_mapping for jieba words (transformers#12244): ours
     are each token's characters in the text as given, also for spelled-out words and WordPiece pieces."""
-    tokenizer = load_tokenizer(checkpoint(tmp_path / "wobert", None))
+    tokenizer = load_tokenizer(checkpoint(tmp_path / "wobert"))
     (tokenized,) = tokenize_texts(tokenizer, [TEXT], jieba=True)
     tokens = tokenizer.convert_ids_to_tokens(tokenized.ids)
     assert tokens == authors_tokens(tmp_path / "wobert" / "vocab.txt", TEXT)
@@ -88,8 +87,18 @@ def test_word_level_offsets_point_at_the_original_characters(tmp_path: Path) -> 
 
 
 def test_a_word_level_tokenizer_without_jieba_is_refused(tmp_path: Path) -> None:
-    tokenizer = load_tokenizer(checkpoint(tmp_path / "wobert", None))
+    tokenizer = load_tokenizer(checkpoint(tmp_path / "wobert"))
     with pytest.raises(UserError, match=r"init-dir: the tokenizer is word-level Chinese .* set data.jieba: true"):
         check_segmentation(tokenizer, False, "init-dir")
     check_segmentation(tokenizer, True, "init-dir")
-    check_segmentation(load_tokenizer(checkpoint(tmp_path / "bert", None)), False, "init-dir")
+    check_segmentation(load_tokenizer(checkpoint(tmp_path / "bert", words=False)), False, "init-dir")
+
+
+def test_a_saved_word_level_tokenizer_loads_as_saved(tmp_path: Path) -> None:
+    """Our own (tokenizer.json keeps CJK words whole) is not rebuilt from its vocab.txt."""
+    from roformer.data.tokenizer import save_tokenizer
+
+    tokenizer = load_tokenizer(checkpoint(tmp_path / "wobert"))
+    save_tokenizer(tokenizer, tmp_path / "run")
+    again = load_tokenizer(tmp_path / "run")
+    assert word_vocabulary(again) is not None and again.tokenize("公园") == ["公园"]
