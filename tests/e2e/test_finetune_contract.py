@@ -318,6 +318,8 @@ def test_the_chinese_suite_runs_every_task_with_its_own_overrides(
     assert list(results) == [
         "chinese-stsb",
         "fewclue-tnews",
+        "fewclue-bustm",
+        "fewclue-csl",
         "ocnli",
         "cail2019-scm-sample",
         "cail2019-scm-sample-1024",
