@@ -76,14 +76,34 @@ def load_runs(paths: list[str | Path]) -> tuple[list[PretrainRun], list[GlueRun]
     for raw in paths:
         path = Path(raw)
         if (path / RESULTS_FILE).is_file():
-            results = json.loads((path / RESULTS_FILE).read_text())
-            label = results.get("label") or _label_from_init(results.get("init", ""))
-            glue.append(GlueRun(path, label, results["task"], results, _seed_of_init(results.get("init", ""))))
+            glue.extend(_load_glue_runs(path))
         elif (path / METRICS_FILE).is_file():
             pretrain.append(_load_pretrain_run(path))
         else:
             raise UserError(f"{path}: not a run directory (no {METRICS_FILE} or {RESULTS_FILE})")
     return pretrain, glue
+
+
+def _load_glue_runs(path: Path) -> list[GlueRun]:
+    """A fine-tuning run, or every task run of a `roformer glue` suite directory (its results.json has no task)."""
+    results = _read_results(path)
+    if "task" in results:
+        label = results.get("label") or _label_from_init(results.get("init", ""))
+        return [GlueRun(path, label, results["task"], results, _seed_of_init(results.get("init", "")))]
+    tasks = sorted(p for p in path.iterdir() if (p / RESULTS_FILE).is_file() and "task" in _read_results(p))
+    if not tasks:
+        raise UserError(f"{path / RESULTS_FILE}: neither a fine-tuning run's results (no task) nor a suite's")
+    return [run for task in tasks for run in _load_glue_runs(task)]
+
+
+def _read_results(path: Path) -> dict[str, Any]:
+    try:
+        results = json.loads((path / RESULTS_FILE).read_text())
+    except json.JSONDecodeError as error:
+        raise UserError(f"{path / RESULTS_FILE}: not valid JSON ({error})") from None
+    if not isinstance(results, dict):
+        raise UserError(f"{path / RESULTS_FILE}: expected a JSON object")
+    return results
 
 
 def _load_pretrain_run(path: Path) -> PretrainRun:
@@ -168,7 +188,11 @@ def glue_seed_scores(run: GlueRun) -> dict[str, dict[int, float]]:
 
 
 def _label_from_init(init: str) -> str:
-    return Path(init).parent.name or init
+    """The label of the pretraining run whose final/ was fine-tuned (its config.yaml), else that run's folder name."""
+    run = Path(init).parent
+    config = read_yaml(run / RUN_CONFIG_FILE) if (run / RUN_CONFIG_FILE).is_file() else None
+    label = config.get("label") if isinstance(config, dict) else None
+    return str(label) if label else (run.name or init)
 
 
 def group_arms(runs: list[PretrainRun]) -> list[Arm]:

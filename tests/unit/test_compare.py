@@ -309,3 +309,36 @@ def test_length_table_counts_one_row_per_run_and_length(tmp_path: Path) -> None:
     runs.append(make_run(tmp_path / "bert", "bert", "sinusoidal", {100: 4.5}, 1.0, seed=0))
     row = compare(runs, tmp_path / "out")["length_extrapolation"]["roformer"][0]
     assert row["seeds"] == 2 and row["eval_loss"] == pytest.approx(8.0)  # was 3 + 1 rows: 4 "seeds", mean 7.5
+
+
+def test_a_suite_directory_is_read_as_its_task_runs_labelled_by_the_pretraining_run(tmp_path: Path) -> None:
+    """`roformer glue`'s output folder (results.json keyed by task) stands for its task runs; a run without a label
+    takes the one of the pretraining run it started from (config.yaml), so standalone suites group like an experiment's.
+    """
+    pre = tmp_path / "pre" / "bert-char-seed0"
+    (pre / FINAL_DIR).mkdir(parents=True)
+    write_yaml(pre / RUN_CONFIG_FILE, {"label": "bert-char", "train": {"seed": 0}})
+    suite = tmp_path / "suite"
+    for task, score in (("rte", 0.6), ("mrpc", 0.7)):
+        run = seeded_glue_run(suite / task, None, {0: score}, init=str(pre / FINAL_DIR))
+        results = json.loads((run / RESULTS_FILE).read_text())
+        (run / RESULTS_FILE).write_text(json.dumps({**results, "task": task}))
+    (suite / RESULTS_FILE).write_text(json.dumps({"rte": {}, "mrpc": {}}))
+    other = seeded_glue_run(tmp_path / "other", "roformer", {0: 0.65})
+    summary = compare([suite, other], tmp_path / "out", baseline="bert-char")
+    assert summary["glue"]["bert-char"]["mrpc"]["score"]["mean"] == pytest.approx(0.7)
+    assert summary["glue"]["bert-char"]["rte"]["score"]["mean"] == pytest.approx(0.6)
+
+
+def test_a_results_file_that_is_neither_a_run_nor_a_suite_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / RESULTS_FILE).write_text("{}")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / RESULTS_FILE).write_text("{not json")
+    for name, says in (("empty", "neither a fine-tuning run's results"), ("broken", "not valid JSON")):
+        assert main(["compare", str(tmp_path / name), "--out", str(tmp_path / f"out-{name}")]) == 2
+        err = capsys.readouterr().err
+        assert says in err and str(tmp_path / name / RESULTS_FILE) in err and "Traceback" not in err
+        assert not (tmp_path / f"out-{name}").exists()
