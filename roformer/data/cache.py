@@ -32,7 +32,8 @@ _NOT_IN_KEY = (
     "cache",
     "cache_dir",
 )
-_CACHE_VERSION = 2  # bump when tokenization or packing changes what they produce (2: words spelled out)
+# Bump when tokenization or packing changes what they produce (2: words spelled out; 3: stores count characters).
+_CACHE_VERSION = 3
 
 
 def cache_root(config: DataConfig) -> Path:

@@ -230,4 +230,9 @@ def store_summary(directory: Path, max_seq_len: int) -> str:
         f"  train {train.num_tokens:,} tokens ({train.info['documents']:,} documents, "
         f"{train.num_blocks(max_seq_len):,} blocks of {max_seq_len}), validation {validation.num_tokens:,} "
         f"tokens; {size / tokens:.2f} bytes per token ({train.dtype.name}); vocabulary {train.info['vocab_size']:,}"
+        + _per_character(train.text_statistics())
     )
+
+
+def _per_character(statistics: dict[str, Any] | None) -> str:
+    return "" if statistics is None else f"; {statistics['tokens_per_character']:.3f} tokens per character"

@@ -124,15 +124,15 @@ def write_token_store(
     with staged_output_dir(directory, overwrite=overwrite) as staging:
         shards = _ShardWriter(staging, dtype, shard_tokens)
         offsets = (staging / DOCUMENTS_FILE).open("wb")
-        position = documents_kept = 0
-        for texts in _batches(documents, batch_size):
-            if transform is not None:
-                texts = [transform(t) for t in texts]
+        position = documents_kept = characters = 0
+        for raw in _batches(documents, batch_size):
+            texts = raw if transform is None else [transform(t) for t in raw]
             encoded = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
             starts = []
-            for ids in encoded:
+            for text, ids in zip(raw, encoded):
                 if not ids:
                     continue
+                characters += len(text)  # of the text as given: tokens per character compares tokenizers
                 if documents_kept:  # [SEP] between documents, none after the last
                     shards.add(np.array([sep], dtype=dtype))
                     position += 1
@@ -150,6 +150,7 @@ def write_token_store(
             "dtype": dtype.name,
             "tokens": position,
             "documents": documents_kept,
+            "characters": characters,
             "shards": shards.shards,
             "vocab_size": len(tokenizer),
             "vocab_hash": vocab_hash,
@@ -192,6 +193,24 @@ class TokenStore:
     def num_tokens(self) -> int:
         """Tokens in the stream (documents and the [SEP]s between them)."""
         return int(self.info["tokens"])
+
+    def text_statistics(self) -> dict[str, Any] | None:
+        """Documents, characters (of the text as given) and their tokens (no [SEP]s); None for stores without counts.
+
+        Tokens per character tells tokenizers apart: word-level Chinese (jieba words) against one token a character.
+        """
+        characters = self.info.get("characters")
+        if not characters:  # written before stores counted characters
+            return None
+        documents = int(self.info["documents"])
+        tokens = self.num_tokens - (documents - 1)
+        return {
+            "documents": documents,
+            "characters": int(characters),
+            "tokens": tokens,
+            "tokens_per_character": tokens / characters,
+            "vocab_size": int(self.info["vocab_size"]),
+        }
 
     @property
     def nbytes(self) -> int:

@@ -29,7 +29,7 @@ from roformer.study.runs import (
     Arm,
     GlueRun,
     PretrainRun,
-    check_same_vocabulary,
+    check_one_vocabulary_per_arm,
     first_reaching,
     glue_columns,
     group_arms,
@@ -132,8 +132,16 @@ def summarise(
     if runs:
         arms = group_arms(runs)
         _check_one_run_per_seed(arms)
+        tokenization = tokenization_summary(arms)
+        arms, others = split_by_vocabulary(arms, choose_baseline(arms, baseline)[0])
+        runs = [run for arm in arms for run in arm.runs]
         base, rope = choose_baseline(arms, baseline)
         summary["notes"] = comparability_notes(runs)
+        if tokenization:
+            summary["tokenization"] = tokenization
+        if others:
+            summary["notes"].append(_other_tokenizer_note(others))
+            summary["other_tokenizer_arms"] = [arm_summary(arm, [], None) for arm in others]
         base_final = statistics.fmean(max(r.eval, key=lambda e: e["step"])["eval_loss"] for r in base.runs)
         levels = targets if targets else [base_final + offset for offset in TARGET_OFFSETS]
         common = common_eval_step(arms)
@@ -159,6 +167,36 @@ def summarise(
             summary["glue_baseline"] = base_label
             summary["glue_differences"] = glue_differences(glue, base_label)
     return summary
+
+
+def split_by_vocabulary(arms: list[Arm], base: Arm) -> tuple[list[Arm], list[Arm]]:
+    """(arms trained with the baseline's tokenizer, arms with another one).
+
+    An MLM loss is per token of one vocabulary: arms with another tokenizer (character- against word-level Chinese)
+    predict other things, so their curves, targets and differences are left out; their fine-tuning is compared.
+    """
+    vocabulary = base.runs[0].vocab_hash
+    same = [a for a in arms if vocabulary is None or a.runs[0].vocab_hash in (None, vocabulary)]
+    return same, [a for a in arms if a not in same]
+
+
+def _other_tokenizer_note(others: list[Arm]) -> str:
+    labels = ", ".join(a.label for a in others)
+    return (
+        f"{labels} read another tokenizer than the baseline: MLM losses over other tokens are not comparable, so "
+        "the curves, targets and differences leave them out (their final losses are listed apart; compare them "
+        "downstream)"
+    )
+
+
+def tokenization_summary(arms: list[Arm]) -> list[dict[str, Any]]:
+    """Each arm's vocabulary and tokens per character of its training text (runs with tokenization.json)."""
+    out = []
+    for arm in arms:
+        known = [r.tokenization for r in arm.runs if r.tokenization]
+        if known:
+            out.append({"label": arm.label, **known[0]})  # an arm's seeds share data and tokenizer
+    return out
 
 
 def _check_one_run_per_seed(arms: list[Arm]) -> None:
@@ -287,7 +325,7 @@ def compare(
     """
     check_output_dir(Path(out), overwrite)  # before reading the runs
     runs, glue = load_runs(paths)
-    check_same_vocabulary(runs)
+    check_one_vocabulary_per_arm(runs)
     labels = {g.label for g in glue}
     if len(labels) > 1 and not set.intersection(*({g.task for g in glue if g.label == lb} for lb in labels)):
         raise UserError("the GLUE runs share no task: nothing to compare")
@@ -295,7 +333,8 @@ def compare(
     summary["runs"] = [str(Path(p)) for p in paths]
     with staged_output_dir(out, overwrite) as staging:
         if runs:
-            plot_curves(group_arms(runs), staging / CURVES_PLOT_FILE)
+            comparable = {a["label"] for a in summary["arms"]}  # the baseline's tokenizer
+            plot_curves([a for a in group_arms(runs) if a.label in comparable], staging / CURVES_PLOT_FILE)
         if "length_extrapolation" in summary:
             plot_lengths(summary["length_extrapolation"], staging / LENGTH_PLOT_FILE)
         (staging / SUMMARY_JSON_FILE).write_text(json.dumps(summary, indent=2))

@@ -4,7 +4,8 @@ Every arm is a pretraining config; the experiment runs each (arm, seed) into `<o
 `roformer compare` into `<out>/compare/`. What makes it a controlled comparison:
 
 - the arms' `data` and `train` sections must be identical (checked), so both see the same corpus, tokenizer (one
-  cache entry), batch order and masks for a given seed;
+  cache entry), batch order and masks for a given seed; `vary: [data.jieba]` (or another tokenization field) lets
+  arms read the corpus with other tokenizers, and their MLM losses are then set apart (roformer.study.compare);
 - their models may differ only in position-encoding fields (checked; `vary` names other model fields under
   comparison, e.g. `attention`), and with the same seed they start from the same initial weights wherever the
   parameters coincide (every parameter, for rotary vs fixed sinusoidal);
@@ -37,7 +38,7 @@ from roformer.study.compare import compare
 from roformer.study.length_eval import default_device, evaluate_lengths, write_results
 from roformer.study.outputs import COMPARE_DIR, GLUE_DIR
 from roformer.study.report import write_report
-from roformer.study.runs import check_same_vocabulary, load_runs
+from roformer.study.runs import check_one_vocabulary_per_arm, check_same_vocabulary, load_runs
 from roformer.study.suite import load_suite_config, run_suite
 from roformer.train.config import PretrainConfig
 from roformer.train.launch import process_state, run_on_main
@@ -114,8 +115,11 @@ class ExperimentConfig:
         overrides: `--set` style overrides applied to every arm (e.g. `train.max_steps=300`).
         baseline: The baseline arm for steps-to-target ratios (default: the first non-rotary arm).
         targets: Target eval losses (default: the baseline's final eval loss and a few levels above).
-        vary: Model fields besides the position-encoding ones that the arms may set differently: the fields under
-            comparison (e.g. [attention] for softmax vs linear). Anything else that differs is refused.
+        vary: Fields besides the position-encoding ones that the arms may set differently: the fields under
+            comparison. Model fields by name (e.g. [attention] for softmax vs linear), and the tokenization fields
+            of the data section as `data.<field>` (TOKENIZATION_FIELDS, e.g. [data.jieba] for word- against
+            character-level Chinese: such arms read other tokens, so `roformer compare` sets their MLM losses apart
+            and compares them downstream). Anything else that differs is refused.
         glue: Optional GLUE stage (GlueStage).
         length: Optional length-evaluation stage (LengthStage).
     """
@@ -131,9 +135,13 @@ class ExperimentConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        unknown = [name for name in self.vary if name not in ModelConfig.__dataclass_fields__]
+        known = set(ModelConfig.__dataclass_fields__) | {f"data.{name}" for name in TOKENIZATION_FIELDS}
+        unknown = [name for name in self.vary if name not in known]
         if unknown:
-            raise ConfigError(f"vary: {unknown[0]!r} is not a model field")
+            raise ConfigError(
+                f"vary: {unknown[0]!r} is neither a model field nor a tokenization field "
+                f"({', '.join('data.' + name for name in TOKENIZATION_FIELDS)})"
+            )
         if len(self.arms) < 2:
             raise ConfigError("arms: an experiment compares at least two arms")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
@@ -142,6 +150,10 @@ class ExperimentConfig:
             check_seed("seeds", seed)
         if self.baseline is not None and self.baseline not in self.arms:
             raise ConfigError(f"baseline {self.baseline!r} is not one of the arms {list(self.arms)}")
+
+
+# The data fields that make a tokenizer: arms may differ in these alone when `vary` names them.
+TOKENIZATION_FIELDS = ("jieba", "vocab_size", "tokenizer", "lowercase")
 
 
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tuple[ExperimentConfig, dict[str, Any]]:
@@ -175,6 +187,8 @@ def check_controlled(arms: dict[str, PretrainConfig], source: str, vary: set[str
         other = config.to_dict()
         for section in ("data", "train"):
             for key in reference[section]:
+                if f"{section}.{key}" in (vary or set()):
+                    continue
                 if reference[section][key] != other[section][key]:
                     raise ConfigError(
                         f"{source}: arms {first_label!r} and {label!r} differ in {section}.{key} "
@@ -220,6 +234,8 @@ def run_experiment(path: str | Path, out: str | Path, overrides: list[str] | Non
 def pretrain_arms(experiment: ExperimentConfig, arms: dict[str, PretrainConfig], out: Path) -> list[Path]:
     """Every (arm, seed) pretraining run, done, resumed or started; returns their directories."""
     runs = []
+    tokenization_varies = any(name.startswith("data.") for name in experiment.vary)
+    check_vocabulary = check_one_vocabulary_per_arm if tokenization_varies else check_same_vocabulary
     for index, seed in enumerate(experiment.seeds):
         # Alternate the arm order between seeds: the first run in a process pays one-time warm-up costs (thread
         # pools, kernel selection), which would otherwise always land on the same arm's wall-clock.
@@ -234,8 +250,9 @@ def pretrain_arms(experiment: ExperimentConfig, arms: dict[str, PretrainConfig],
             resume = RunDir.started(directory)
             logger.info("%s: %s", directory, "resuming" if resume else "starting")
             pretrain(config, directory, resume=resume, overwrite=not resume)
-            # one data section, one tokenizer: every process stops at the first run that disagrees
-            run_on_main(lambda: check_same_vocabulary(load_runs(runs)[0]))
+            # one data section, one tokenizer (one per arm where tokenization varies): every process stops at the
+            # first run that disagrees
+            run_on_main(lambda: check_vocabulary(load_runs(runs)[0]))
     return runs
 
 

@@ -154,14 +154,14 @@ def _pretraining_lines(summary: dict[str, Any]) -> list[str]:
     header = "| arm | position encoding | seeds | final step | final eval loss | eval loss at common step | accuracy |"
     lines = ["## MLM pretraining", ""]
     lines += [f"Note: {note}." for note in summary.get("notes", [])] + ([""] if summary.get("notes") else [])
+    lines += _tokenization_lines(summary)
     lines += [header, "|---|---|---:|---:|---:|---:|---:|"]
-    for a in summary["arms"]:
-        loss = _number(a["final_eval_loss"]) + (f" ± {a['final_eval_loss_std']:.3f}" if a["seeds"] > 1 else "")
-        acc = a["final_eval_accuracy"]
-        lines.append(
-            f"| {a['label']} | {a['position_encoding']} | {a['seeds']} | {a['final_step']:.0f} | {loss} | "
-            f"{_number(a.get('eval_loss_at_common_step'))} | {'—' if acc is None else f'{100 * acc:.1f}%'} |"
-        )
+    lines += [_arm_row(a) for a in summary["arms"]]
+    if summary.get("other_tokenizer_arms"):
+        intro = "Arms with another tokenizer (eval loss over their own tokens: not comparable with the above):"
+        lines += ["", intro, ""]
+        lines += [header, "|---|---|---:|---:|---:|---:|---:|"]
+        lines += [_arm_row(a) for a in summary["other_tokenizer_arms"]]
     ratio_columns = " ratio steps | ratio seconds |" if "ratios" in summary else ""
     lines += [
         "",
@@ -187,6 +187,43 @@ def _pretraining_lines(summary: dict[str, Any]) -> list[str]:
             f"{_number(ratios['final_eval_loss'])}",
         ]
     return lines
+
+
+def _arm_row(a: dict[str, Any]) -> str:
+    """One arm of the pretraining table: final eval loss (± std over seeds), loss at the common step, accuracy."""
+    loss = _number(a["final_eval_loss"]) + (f" ± {a['final_eval_loss_std']:.3f}" if a["seeds"] > 1 else "")
+    acc = a["final_eval_accuracy"]
+    return (
+        f"| {a['label']} | {a['position_encoding']} | {a['seeds']} | {a['final_step']:.0f} | {loss} | "
+        f"{_number(a.get('eval_loss_at_common_step'))} | {'—' if acc is None else f'{100 * acc:.1f}%'} |"
+    )
+
+
+def _tokenization_lines(summary: dict[str, Any]) -> list[str]:
+    """Each arm's vocabulary and tokens per character: one sentence when they agree, a table when they differ."""
+    rows = summary.get("tokenization", [])
+    if not rows:
+        return []
+    kinds = {(r["vocab_size"], round(r["tokens_per_character"], 4)) for r in rows}
+    if len(kinds) == 1 and not summary.get("other_tokenizer_arms"):
+        r = rows[0]
+        return [
+            f"Every arm read one tokenizer: vocabulary {r['vocab_size']:,}, {r['tokens_per_character']:.3f} tokens "
+            f"per character of the training text ({r['characters']:,} characters).",
+            "",
+        ]
+    lines = [
+        "Tokenization differs between the arms (the training text as each arm's tokenizer reads it):",
+        "",
+        "| arm | vocabulary | tokens per character | training tokens | training characters |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['label']} | {r['vocab_size']:,} | {r['tokens_per_character']:.3f} | {r['tokens']:,} | "
+            f"{r['characters']:,} |"
+        )
+    return lines + [""]
 
 
 def _steps_to_target_cell(reached: dict[str, Any]) -> str:

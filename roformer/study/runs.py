@@ -13,7 +13,14 @@ from typing import Any
 
 from roformer.config import read_yaml
 from roformer.errors import UserError
-from roformer.train.run_dir import LENGTH_FILE, METRICS_FILE, RESULTS_FILE, RUN_CONFIG_FILE, read_metrics
+from roformer.train.run_dir import (
+    LENGTH_FILE,
+    METRICS_FILE,
+    RESULTS_FILE,
+    RUN_CONFIG_FILE,
+    TOKENIZATION_FILE,
+    read_metrics,
+)
 
 # The data fields that decide which tokens an eval loss is measured on and how they are masked: runs that differ in
 # any of them are scored on different tests (roformer compare says so).
@@ -44,6 +51,7 @@ class PretrainRun:
     vocab_hash: str | None = None  # data.vocab_hash of config.yaml (None: a run from before the hash was recorded)
     seed: int | None = None  # train.seed of config.yaml
     eval_setup: dict[str, Any] = field(default_factory=dict)  # what defines the eval set and its mask (EVAL_SETUP)
+    tokenization: dict[str, Any] | None = None  # tokenization.json: tokens per character of its training text
 
 
 @dataclass
@@ -129,7 +137,11 @@ def _load_pretrain_run(path: Path) -> PretrainRun:
             first.setdefault(row["seq_len"], row)
         lengths = list(first.values())
     setup = {key: data.get(key) for key in EVAL_SETUP} if isinstance(data, dict) else {}
-    return PretrainRun(path, str(label), str(encoding), train, evals, lengths, digest, _train_seed(config), setup)
+    tokenization = None
+    if (path / TOKENIZATION_FILE).is_file():
+        tokenization = json.loads((path / TOKENIZATION_FILE).read_text())
+    seed = _train_seed(config)
+    return PretrainRun(path, str(label), str(encoding), train, evals, lengths, digest, seed, setup, tokenization)
 
 
 def first_reaching(evals: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
@@ -153,6 +165,16 @@ def check_same_vocabulary(runs: list[PretrainRun]) -> None:
                 f"{hashed[0].path} and {run.path} were trained with different tokenizers (vocabulary hash "
                 f"{hashed[0].vocab_hash} vs {run.vocab_hash}): their MLM losses are not comparable"
             )
+
+
+def check_one_vocabulary_per_arm(runs: list[PretrainRun]) -> None:
+    """Refuse an arm whose runs (its seeds) were trained with different tokenizers; arms may differ from each other.
+
+    Raises:
+        UserError: naming two runs of one arm whose vocabulary hashes differ.
+    """
+    for arm in group_arms(runs):
+        check_same_vocabulary(arm.runs)
 
 
 def _seed_of_init(init: str) -> int | None:

@@ -12,6 +12,7 @@ batch 2B, two with B, or one with B and grad_accum 2 compute the same gradient.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -33,7 +34,15 @@ from roformer.train.config import PretrainConfig
 from roformer.train.engine import Engine, ProcessLayout, RunState, to_device
 from roformer.train.evaluate import evaluate_mlm
 from roformer.train.launch import agree_on_errors, broadcast_from_main, process_state, run_on_main
-from roformer.train.run_dir import CHECKPOINTS_DIR, FINAL_DIR, METRICS_FILE, TOKENIZER_DIR, RunDir, write_model_dir
+from roformer.train.run_dir import (
+    CHECKPOINTS_DIR,
+    FINAL_DIR,
+    METRICS_FILE,
+    TOKENIZATION_FILE,
+    TOKENIZER_DIR,
+    RunDir,
+    write_model_dir,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +179,10 @@ class Pretrainer:
 
         def write_tokenizer(run: Path) -> None:
             save_tokenizer(self.data.tokenizer, run / TOKENIZER_DIR)
+            store = getattr(self.data.train, "store", None)  # a streamed corpus has no counts
+            statistics = store.text_statistics() if store is not None else None
+            if statistics is not None:  # what `roformer compare` shows beside arms with other tokenizers
+                (run / TOKENIZATION_FILE).write_text(json.dumps({"split": "train", **statistics}, indent=2))
 
         run_on_main(lambda: self.run_dir.prepare(self.config.to_dict(), write_more=write_tokenizer))
 

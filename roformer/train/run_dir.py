@@ -45,6 +45,7 @@ SENTENCE_FILE = "sentence.json"  # best/ of a sentence-vector task (similarity):
 CANDIDATES_DIR = ".candidates"  # fine-tuning: the best model so far of each learning rate
 PROGRESS_DIR = ".progress"  # fine-tuning: finished runs' records and the running one's checkpoints (for --resume)
 PRETRAINING_FILE = "pretraining.json"  # in a pretrained model directory: the block length and vocabulary it saw
+TOKENIZATION_FILE = "tokenization.json"  # a pretraining run's training text as its tokenizer reads it (TokenStore)
 LENGTH_FILE = "length_extrapolation.json"  # written by roformer eval-mlm next to a run's final/
 
 

@@ -172,7 +172,7 @@ def test_arm_overrides_and_the_fields_under_comparison(tmp_path: Path) -> None:
     assert loaded["shaw"].model.shaw_values and loaded["t5"].model.relative_num_buckets == 16
     assert loaded["alibi"].model.position_encoding == "alibi"
     write_yaml(tmp_path / "exp.yaml", {"arms": arms, "vary": ["atention"]})
-    with pytest.raises(ConfigError, match="'atention' is not a model field"):
+    with pytest.raises(ConfigError, match="'atention' is neither a model field nor a tokenization field"):
         load_experiment(tmp_path / "exp.yaml")
     write_yaml(tmp_path / "exp.yaml", {"arms": arms, "seeds": [0, 4294967296]})  # numpy would fail mid-experiment
     with pytest.raises(ConfigError, match=r"seeds must be in \[0, 2\^32 - 1\], got 4294967296"):
@@ -282,3 +282,34 @@ def test_running_the_arms_leaves_their_configs_as_loaded(tmp_path: Path, monkeyp
     experiment_module.pretrain_arms(experiment, arms, tmp_path / "out")
     assert started == [("roformer", 0), ("bert", 0), ("bert", 1), ("roformer", 1)]
     assert {label: config.to_dict() for label, config in arms.items()} == before
+
+
+def test_arms_with_other_tokenizers_are_compared_apart(tmp_path: Path) -> None:
+    """`vary: [data.vocab_size]`: each run records its tokenization; the report tabulates vocabulary and tokens per
+    character, and keeps the other tokenizer's MLM loss out of the baseline's curves, targets and differences."""
+    experiment_files(tmp_path)
+    arms = {
+        "roformer": "rope.yaml",
+        "bert": "bert.yaml",
+        "bert-big-vocab": {"config": "bert.yaml", "set": ["data.vocab_size=400"]},
+    }
+    write_yaml(tmp_path / "exp.yaml", {"arms": arms, "seeds": [0], "baseline": "bert"})
+    with pytest.raises(ConfigError, match="differ in data.vocab_size"):
+        load_experiment(tmp_path / "exp.yaml")
+    write_yaml(tmp_path / "exp.yaml", {"arms": arms, "seeds": [0], "baseline": "bert", "vary": ["data.max_seq_len"]})
+    with pytest.raises(ConfigError, match="'data.max_seq_len' is neither a model field nor a tokenization field"):
+        load_experiment(tmp_path / "exp.yaml")
+    write_yaml(tmp_path / "exp.yaml", {"arms": arms, "seeds": [0], "baseline": "bert", "vary": ["data.vocab_size"]})
+    summary = run_experiment(tmp_path / "exp.yaml", tmp_path / "out")
+    rows = {r["label"]: r for r in summary["tokenization"]}
+    assert rows["bert"]["vocab_size"] == 300 and rows["bert-big-vocab"]["vocab_size"] == 400
+    assert rows["bert"] == {**rows["roformer"], "label": "bert"}  # one tokenizer, one reading of the text
+    assert rows["bert-big-vocab"]["tokens_per_character"] < rows["bert"]["tokens_per_character"]  # longer pieces
+    recorded = json.loads((tmp_path / "out" / "bert-seed0" / "tokenization.json").read_text())
+    assert recorded["tokens"] / recorded["characters"] == pytest.approx(rows["bert"]["tokens_per_character"])
+    assert [a["label"] for a in summary["arms"]] == ["roformer", "bert"]
+    assert [a["label"] for a in summary["other_tokenizer_arms"]] == ["bert-big-vocab"]
+    assert set(summary["differences"]) == {"roformer"}
+    text = (tmp_path / "out" / "compare" / "summary.md").read_text()
+    assert "Tokenization differs between the arms" in text and "| bert-big-vocab | 400 |" in text
+    assert "Arms with another tokenizer" in text and "bert-big-vocab read another tokenizer" in text
