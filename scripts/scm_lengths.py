@@ -6,7 +6,7 @@ fold), so the two lengths are compared on the same held-out triplets: the differ
 (pretraining run, fold), with a 95% t interval (roformer.study.stats.difference), per model. Suite directories
 named `<label>-seed<k>` are grouped by label.
 
-    python scripts/scm_lengths.py runs/chinese-tiny/glue/* runs/chinese-char/bert-char-seed0
+    python scripts/scm_lengths.py runs/chinese-tiny/glue/*
 """
 
 from __future__ import annotations

@@ -8,6 +8,11 @@ of each. Seeds are averaged first: an arm's eval curve is the mean over its seed
 and a target counts as reached at the first of those steps whose mean loss is at or below it (no interpolation,
 so the numbers are exact and reproducible from metrics.jsonl); tokens and seconds are the seeds' means there.
 
+Arms trained with another tokenizer than the baseline's (`vary: [data.jieba]` in an experiment: character- against
+word-level Chinese) predict other tokens, so their MLM losses are set apart: listed, not compared. Every arm's
+vocabulary and tokens per character (its run's tokenization.json) are tabulated, and fine-tuning results compare
+all arms alike. A `roformer glue` suite folder stands for its task runs.
+
 This module computes the comparison (`summarise`: a JSON-ready dict); roformer.study.markdown renders summary.md.
 """
 
@@ -133,9 +138,10 @@ def summarise(
         arms = group_arms(runs)
         _check_one_run_per_seed(arms)
         tokenization = tokenization_summary(arms)
-        arms, others = split_by_vocabulary(arms, choose_baseline(arms, baseline)[0])
+        base, _ = choose_baseline(arms, baseline)
+        arms, others = split_by_vocabulary(arms, base)
         runs = [run for arm in arms for run in arm.runs]
-        base, rope = choose_baseline(arms, baseline)
+        rope = next((a for a in arms if a.position_encoding == "rotary" and a is not base), None)
         summary["notes"] = comparability_notes(runs)
         if tokenization:
             summary["tokenization"] = tokenization
@@ -173,19 +179,35 @@ def split_by_vocabulary(arms: list[Arm], base: Arm) -> tuple[list[Arm], list[Arm
     """(arms trained with the baseline's tokenizer, arms with another one).
 
     An MLM loss is per token of one vocabulary: arms with another tokenizer (character- against word-level Chinese)
-    predict other things, so their curves, targets and differences are left out; their fine-tuning is compared.
+    predict other things, so their curves, targets, differences and length tables are left out; their fine-tuning is
+    compared. An arm whose runs record no vocabulary hash (runs from before hashes) counts as the baseline's.
+
+    Raises:
+        UserError: the baseline records no hash while the other arms record several: which share its tokenizer?
     """
-    vocabulary = base.runs[0].vocab_hash
-    same = [a for a in arms if vocabulary is None or a.runs[0].vocab_hash in (None, vocabulary)]
+    hashes = {arm.label: _vocabulary_of(arm) for arm in arms}
+    vocabulary = hashes[base.label]
+    if vocabulary is None and len({h for h in hashes.values() if h is not None}) > 1:
+        raise UserError(
+            f"the baseline {base.label!r} records no vocabulary hash (runs from before hashes) and the other arms "
+            "were trained with different tokenizers: which share the baseline's cannot be told"
+        )
+    same = [a for a in arms if vocabulary is None or hashes[a.label] in (None, vocabulary)]
     return same, [a for a in arms if a not in same]
 
 
+def _vocabulary_of(arm: Arm) -> str | None:
+    """The vocabulary hash of an arm's runs (check_one_vocabulary_per_arm: they agree), None when none records one."""
+    return next((run.vocab_hash for run in arm.runs if run.vocab_hash is not None), None)
+
+
 def _other_tokenizer_note(others: list[Arm]) -> str:
+    """The note saying which arms' MLM losses are set apart, and why."""
     labels = ", ".join(a.label for a in others)
     return (
         f"{labels} read another tokenizer than the baseline: MLM losses over other tokens are not comparable, so "
-        "the curves, targets and differences leave them out (their final losses are listed apart; compare them "
-        "downstream)"
+        "the curves, targets, differences and length tables leave them out (their final losses are listed apart; "
+        "compare them downstream)"
     )
 
 
@@ -321,7 +343,8 @@ def compare(
     """Read the runs, write curves.png (and length.png), summary.md and summary.json into `out`; returns the summary.
 
     Raises:
-        UserError: a directory that is not a run, runs without evaluations, GLUE runs sharing no task.
+        UserError: a directory that is not a run, runs without evaluations, GLUE runs sharing no task, an arm whose
+            seeds used different tokenizers, a damaged results file.
     """
     check_output_dir(Path(out), overwrite)  # before reading the runs
     runs, glue = load_runs(paths)

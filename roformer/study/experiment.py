@@ -38,7 +38,7 @@ from roformer.study.compare import compare
 from roformer.study.length_eval import default_device, evaluate_lengths, write_results
 from roformer.study.outputs import COMPARE_DIR, GLUE_DIR
 from roformer.study.report import write_report
-from roformer.study.runs import check_one_vocabulary_per_arm, check_same_vocabulary, load_runs
+from roformer.study.runs import PretrainRun, check_same_vocabulary, load_runs
 from roformer.study.suite import load_suite_config, run_suite
 from roformer.train.config import PretrainConfig
 from roformer.train.launch import process_state, run_on_main
@@ -105,6 +105,10 @@ class LengthStage:
             raise ConfigError(f"length.seq_lens: list lengths >= 8, got {self.seq_lens}")
 
 
+# The data fields that make a tokenizer: arms may differ in these alone when `vary` names them.
+TOKENIZATION_FIELDS = ("jieba", "vocab_size", "tokenizer", "lowercase", "tokenizer_documents")
+
+
 @dataclass
 class ExperimentConfig:
     """Arms (label -> pretraining config file, relative to this file), seeds, shared overrides, the baseline.
@@ -152,15 +156,12 @@ class ExperimentConfig:
             raise ConfigError(f"baseline {self.baseline!r} is not one of the arms {list(self.arms)}")
 
 
-# The data fields that make a tokenizer: arms may differ in these alone when `vary` names them.
-TOKENIZATION_FIELDS = ("jieba", "vocab_size", "tokenizer", "lowercase")
-
-
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tuple[ExperimentConfig, dict[str, Any]]:
     """The experiment config and each arm's resolved pretraining config (label set to the arm's name).
 
     Raises:
-        ConfigError: a bad experiment or arm config, or arms that differ in more than the position encoding.
+        ConfigError: a bad experiment or arm config, or arms that differ in more than the position encoding and the
+            fields named in `vary`.
     """
     path = Path(path)
     experiment = load(ExperimentConfig, path)
@@ -176,7 +177,9 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tup
 
 
 def check_controlled(arms: dict[str, PretrainConfig], source: str, vary: set[str] | None = None) -> None:
-    """Arms must share data and train sections and differ in the model only in position-encoding fields (or `vary`).
+    """Arms must share data and train sections and differ in the model only in position-encoding fields.
+
+    `vary` names the other fields that may differ: model fields by name, tokenization fields as `data.<field>`.
 
     Raises:
         ConfigError: naming the first arm and field that differ.
@@ -192,7 +195,8 @@ def check_controlled(arms: dict[str, PretrainConfig], source: str, vary: set[str
                 if reference[section][key] != other[section][key]:
                     raise ConfigError(
                         f"{source}: arms {first_label!r} and {label!r} differ in {section}.{key} "
-                        f"({reference[section][key]!r} vs {other[section][key]!r}); only the position encoding may"
+                        f"({reference[section][key]!r} vs {other[section][key]!r}); only the position encoding may "
+                        "(and the fields named in vary)"
                     )
         if reference.get("init") != other.get("init"):
             raise ConfigError(f"{source}: arms {first_label!r} and {label!r} start from different init models")
@@ -234,8 +238,6 @@ def run_experiment(path: str | Path, out: str | Path, overrides: list[str] | Non
 def pretrain_arms(experiment: ExperimentConfig, arms: dict[str, PretrainConfig], out: Path) -> list[Path]:
     """Every (arm, seed) pretraining run, done, resumed or started; returns their directories."""
     runs = []
-    tokenization_varies = any(name.startswith("data.") for name in experiment.vary)
-    check_vocabulary = check_one_vocabulary_per_arm if tokenization_varies else check_same_vocabulary
     for index, seed in enumerate(experiment.seeds):
         # Alternate the arm order between seeds: the first run in a process pays one-time warm-up costs (thread
         # pools, kernel selection), which would otherwise always land on the same arm's wall-clock.
@@ -250,10 +252,20 @@ def pretrain_arms(experiment: ExperimentConfig, arms: dict[str, PretrainConfig],
             resume = RunDir.started(directory)
             logger.info("%s: %s", directory, "resuming" if resume else "starting")
             pretrain(config, directory, resume=resume, overwrite=not resume)
-            # one data section, one tokenizer (one per arm where tokenization varies): every process stops at the
-            # first run that disagrees
-            run_on_main(lambda: check_vocabulary(load_runs(runs)[0]))
+            # one tokenization, one tokenizer: every process stops at the first run that disagrees
+            run_on_main(lambda: check_tokenizers(load_runs(runs)[0], arms))
     return runs
+
+
+def check_tokenizers(runs: list[PretrainRun], arms: dict[str, PretrainConfig]) -> None:
+    """Runs of arms with the same tokenization fields must have made the same tokenizer (vocabulary hash).
+
+    Raises:
+        UserError: naming two such runs whose vocabularies differ (a changed cache, an unpinned tokenizer file).
+    """
+    key = {label: tuple(getattr(arm.data, name) for name in TOKENIZATION_FIELDS) for label, arm in arms.items()}
+    for tokenization in set(key.values()):
+        check_same_vocabulary([run for run in runs if key.get(run.label) == tokenization])
 
 
 def finetune_runs(experiment: ExperimentConfig, path: Path, runs: list[Path], out: Path) -> list[Path]:

@@ -205,7 +205,9 @@ def _tokenization_lines(summary: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     kinds = {(r["vocab_size"], round(r["tokens_per_character"], 4)) for r in rows}
-    if len(kinds) == 1 and not summary.get("other_tokenizer_arms"):
+    labels = [a["label"] for a in summary["arms"] + summary.get("other_tokenizer_arms", [])]
+    unknown = [label for label in labels if label not in {r["label"] for r in rows}]
+    if len(kinds) == 1 and not summary.get("other_tokenizer_arms") and not unknown:
         r = rows[0]
         return [
             f"Every arm read one tokenizer: vocabulary {r['vocab_size']:,}, {r['tokens_per_character']:.3f} tokens "
@@ -213,7 +215,7 @@ def _tokenization_lines(summary: dict[str, Any]) -> list[str]:
             "",
         ]
     lines = [
-        "Tokenization differs between the arms (the training text as each arm's tokenizer reads it):",
+        "Tokenization of each arm (the training text as its tokenizer reads it):",
         "",
         "| arm | vocabulary | tokens per character | training tokens | training characters |",
         "|---|---:|---:|---:|---:|",
@@ -223,6 +225,7 @@ def _tokenization_lines(summary: dict[str, Any]) -> list[str]:
             f"| {r['label']} | {r['vocab_size']:,} | {r['tokens_per_character']:.3f} | {r['tokens']:,} | "
             f"{r['characters']:,} |"
         )
+    lines += [f"| {label} | unknown (no tokenization.json) | | | |" for label in unknown]
     return lines + [""]
 
 

@@ -1,19 +1,20 @@
 """Reading finished run directories, without torch.
 
-Pretraining runs (metrics.jsonl, config.yaml, eval-mlm results) and GLUE runs (results.json); runs sharing a label
-form an arm (its seeds).
+Pretraining runs (metrics.jsonl, config.yaml, tokenization.json, eval-mlm results) and GLUE runs (results.json; a
+`roformer glue` suite folder stands for its task runs); runs sharing a label form an arm (its seeds).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from roformer.config import read_yaml
 from roformer.errors import UserError
+from roformer.files import read_json
 from roformer.train.run_dir import (
+    FINAL_DIR,
     LENGTH_FILE,
     METRICS_FILE,
     RESULTS_FILE,
@@ -77,8 +78,10 @@ class Arm:
 def load_runs(paths: list[str | Path]) -> tuple[list[PretrainRun], list[GlueRun]]:
     """Read run directories: pretraining runs (metrics.jsonl with eval events) and GLUE runs (results.json).
 
+    A `roformer glue` suite folder stands for its task runs.
+
     Raises:
-        UserError: a directory that is neither, or a pretraining run without evaluations.
+        UserError: a directory that is neither, a pretraining run without evaluations, a damaged results file.
     """
     pretrain, glue = [], []
     for raw in paths:
@@ -93,24 +96,43 @@ def load_runs(paths: list[str | Path]) -> tuple[list[PretrainRun], list[GlueRun]
 
 
 def _load_glue_runs(path: Path) -> list[GlueRun]:
-    """A fine-tuning run, or every task run of a `roformer glue` suite directory (its results.json has no task)."""
-    results = _read_results(path)
+    """A fine-tuning run, or the task runs of a `roformer glue` suite folder.
+
+    A suite's results.json is keyed by task name, and each task's run is in the folder of that name.
+
+    Raises:
+        UserError: a results.json that is neither, a task without its folder, a damaged file; each named.
+    """
+    results = _read_results(path / RESULTS_FILE)
     if "task" in results:
-        label = results.get("label") or _label_from_init(results.get("init", ""))
-        return [GlueRun(path, label, results["task"], results, _seed_of_init(results.get("init", "")))]
-    tasks = sorted(p for p in path.iterdir() if (p / RESULTS_FILE).is_file() and "task" in _read_results(p))
-    if not tasks:
+        return [_glue_run(path, results)]
+    if not results:
         raise UserError(f"{path / RESULTS_FILE}: neither a fine-tuning run's results (no task) nor a suite's")
-    return [run for task in tasks for run in _load_glue_runs(task)]
+    runs = []
+    for task in results:
+        run = _read_results(path / task / RESULTS_FILE)
+        if "task" not in run:
+            raise UserError(
+                f"{path / task / RESULTS_FILE}: not a fine-tuning run's results (no task), though the "
+                f"suite's {path / RESULTS_FILE} lists {task!r}"
+            )
+        runs.append(_glue_run(path / task, run))
+    return runs
 
 
-def _read_results(path: Path) -> dict[str, Any]:
-    try:
-        results = json.loads((path / RESULTS_FILE).read_text())
-    except json.JSONDecodeError as error:
-        raise UserError(f"{path / RESULTS_FILE}: not valid JSON ({error})") from None
+def _glue_run(path: Path, results: dict[str, Any]) -> GlueRun:
+    init = results.get("init") or ""
+    label = results.get("label") or _label_from_init(init)
+    return GlueRun(path, label, results["task"], results, _seed_of_init(init))
+
+
+def _read_results(file: Path) -> dict[str, Any]:
+    """A results.json as a dict (one-line errors for a missing, damaged or non-object file)."""
+    if not file.is_file():
+        raise UserError(f"{file}: missing")
+    results = read_json(file)
     if not isinstance(results, dict):
-        raise UserError(f"{path / RESULTS_FILE}: expected a JSON object")
+        raise UserError(f"{file}: expected a JSON object, got {type(results).__name__}")
     return results
 
 
@@ -128,7 +150,7 @@ def _load_pretrain_run(path: Path) -> PretrainRun:
     digest = data.get("vocab_hash") if isinstance(data, dict) else None
     lengths = []
     if (path / LENGTH_FILE).is_file():
-        results = json.loads((path / LENGTH_FILE).read_text()).get("results", [])
+        results = read_json(path / LENGTH_FILE).get("results", [])
         # the model as trained: rows of `eval-mlm --rope-scaling` with other tables are a study of their own (files
         # written before rows said `as_trained`: the rows without a scaling method)
         as_trained = [r for r in results if r.get("as_trained", r.get("rope_scaling", "none") == "none")]
@@ -137,9 +159,7 @@ def _load_pretrain_run(path: Path) -> PretrainRun:
             first.setdefault(row["seq_len"], row)
         lengths = list(first.values())
     setup = {key: data.get(key) for key in EVAL_SETUP} if isinstance(data, dict) else {}
-    tokenization = None
-    if (path / TOKENIZATION_FILE).is_file():
-        tokenization = json.loads((path / TOKENIZATION_FILE).read_text())
+    tokenization = read_json(path / TOKENIZATION_FILE) if (path / TOKENIZATION_FILE).is_file() else None
     seed = _train_seed(config)
     return PretrainRun(path, str(label), str(encoding), train, evals, lengths, digest, seed, setup, tokenization)
 
@@ -177,9 +197,19 @@ def check_one_vocabulary_per_arm(runs: list[PretrainRun]) -> None:
         check_same_vocabulary(arm.runs)
 
 
+def _init_run_config(init: str) -> dict[str, Any] | None:
+    """The config.yaml of the pretraining run whose final/ is `init`; None for a hub id or another model folder."""
+    model = Path(init)
+    config = model.parent / RUN_CONFIG_FILE
+    if not init or model.name != FINAL_DIR or not config.is_file():
+        return None
+    loaded = read_yaml(config)
+    return loaded if isinstance(loaded, dict) else None
+
+
 def _seed_of_init(init: str) -> int | None:
-    config = Path(init).parent / RUN_CONFIG_FILE  # init is a pretraining run's final/
-    return _train_seed(read_yaml(config)) if init and config.is_file() else None
+    config = _init_run_config(init)
+    return _train_seed(config) if config else None
 
 
 def _train_seed(config: Any) -> int | None:
@@ -210,11 +240,15 @@ def glue_seed_scores(run: GlueRun) -> dict[str, dict[int, float]]:
 
 
 def _label_from_init(init: str) -> str:
-    """The label of the pretraining run whose final/ was fine-tuned (its config.yaml), else that run's folder name."""
-    run = Path(init).parent
-    config = read_yaml(run / RUN_CONFIG_FILE) if (run / RUN_CONFIG_FILE).is_file() else None
-    label = config.get("label") if isinstance(config, dict) else None
-    return str(label) if label else (run.name or init)
+    """The label of the pretraining run whose final/ was fine-tuned (its config.yaml), else its folder's name.
+
+    A hub id or another model folder: the model's name.
+    """
+    label = (_init_run_config(init) or {}).get("label")
+    if label:
+        return str(label)
+    model = Path(init)
+    return (model.parent.name if model.name == FINAL_DIR else model.name) or init
 
 
 def group_arms(runs: list[PretrainRun]) -> list[Arm]:

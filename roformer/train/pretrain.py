@@ -26,8 +26,10 @@ from roformer.data.mlm import eval_batch, train_batches
 from roformer.data.sampling import share
 from roformer.data.store import build_mlm_data
 from roformer.data.streaming import build_streaming_mlm_data
+from roformer.data.token_store import BlockView
 from roformer.data.tokenizer import Tokenizer, save_tokenizer, tokenizer_from_json, tokenizer_to_json, vocab_hash
 from roformer.errors import UserError, WriteFailed
+from roformer.files import atomic_write_text
 from roformer.model.model import MaskedLM
 from roformer.model.pretrained import load_weights_from
 from roformer.train.config import PretrainConfig
@@ -174,17 +176,24 @@ class Pretrainer:
     def prepare_run_dir(self) -> None:
         """Write config.yaml and the tokenizer of a fresh run (--overwrite first clears the directory).
 
-        A resumed run's directory is left as it is.
+        A resumed run's directory is left as it is, but for tokenization.json when it lacks one.
         """
 
         def write_tokenizer(run: Path) -> None:
             save_tokenizer(self.data.tokenizer, run / TOKENIZER_DIR)
-            store = getattr(self.data.train, "store", None)  # a streamed corpus has no counts
-            statistics = store.text_statistics() if store is not None else None
-            if statistics is not None:  # what `roformer compare` shows beside arms with other tokenizers
-                (run / TOKENIZATION_FILE).write_text(json.dumps({"split": "train", **statistics}, indent=2))
 
         run_on_main(lambda: self.run_dir.prepare(self.config.to_dict(), write_more=write_tokenizer))
+        run_on_main(self.write_tokenization)
+
+    def write_tokenization(self) -> None:
+        """Write tokenization.json when missing: the training text's characters and tokens.
+
+        `roformer compare` shows it beside arms with other tokenizers. Not for a streamed corpus (never counted
+        whole) or a token store built before stores counted characters.
+        """
+        statistics = self.data.train.store.text_statistics() if isinstance(self.data.train, BlockView) else None
+        if statistics is not None and not (self.out / TOKENIZATION_FILE).is_file():
+            atomic_write_text(self.out / TOKENIZATION_FILE, json.dumps({"split": "train", **statistics}, indent=2))
 
     def build_model(self) -> None:
         """The initial model (seeded: the same seed gives every arm the same weights where shapes agree), prepared."""

@@ -214,7 +214,7 @@ def test_differences_have_paired_intervals_over_seeds(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "out" / SUMMARY_JSON_FILE).read_text())["differences"]["roformer"]["final_eval_loss"]
 
 
-def seeded_glue_run(path: Path, label: str, scores: dict[int, float], init: str = "") -> Path:
+def seeded_glue_run(path: Path, label: str | None, scores: dict[int, float], init: str = "") -> Path:
     """A complete results.json: per fine-tuning seed dev scores at the selected lr (and a worse lr)."""
     path.mkdir(parents=True)
     runs = [{"peak_lr": 2e-5, "seed": s, "dev": {"dev": {"score": v}}} for s, v in scores.items()]
@@ -337,8 +337,70 @@ def test_a_results_file_that_is_neither_a_run_nor_a_suite_is_a_one_line_error(
     (tmp_path / "empty" / RESULTS_FILE).write_text("{}")
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / RESULTS_FILE).write_text("{not json")
-    for name, says in (("empty", "neither a fine-tuning run's results"), ("broken", "not valid JSON")):
+    for name, says in (("empty", "neither a fine-tuning run's results"), ("broken", "damaged or unreadable")):
         assert main(["compare", str(tmp_path / name), "--out", str(tmp_path / f"out-{name}")]) == 2
         err = capsys.readouterr().err
         assert says in err and str(tmp_path / name / RESULTS_FILE) in err and "Traceback" not in err
         assert not (tmp_path / f"out-{name}").exists()
+
+
+def write_tokenization(run: Path, vocab_size: int, tokens: int, characters: int = 1000) -> None:
+    stats = {"split": "train", "documents": 10, "characters": characters, "tokens": tokens, "vocab_size": vocab_size}
+    (run / "tokenization.json").write_text(json.dumps({**stats, "tokens_per_character": tokens / characters}))
+
+
+def test_an_arm_with_another_tokenizer_is_listed_apart_and_its_tokenization_tabulated(
+    runs: list[Path], tmp_path: Path
+) -> None:
+    for run in runs:
+        write_tokenization(run, 300, 900)
+    compare(runs, tmp_path / "o1")
+    text = (tmp_path / "o1" / SUMMARY_MARKDOWN_FILE).read_text()
+    assert "Every arm read one tokenizer: vocabulary 300, 0.900 tokens per character" in text
+    char = make_run(tmp_path / "char-0", "bert-char", "sinusoidal", {100: 3.0, 400: 2.0}, 1.0, vocab_hash="def")
+    write_tokenization(char, 200, 1000)
+    nameless = make_run(tmp_path / "old-0", "old", "sinusoidal", {100: 5.0, 400: 4.5}, 1.0)  # no tokenization.json
+    summary = compare([*runs, char, nameless], tmp_path / "o2", baseline="bert")
+    assert [a["label"] for a in summary["arms"]] == ["roformer", "bert", "old"]
+    assert [a["label"] for a in summary["other_tokenizer_arms"]] == ["bert-char"]
+    assert summary["other_tokenizer_arms"][0]["final_eval_loss"] == 2.0 and "bert-char" not in summary["differences"]
+    assert summary["targets"] == pytest.approx([4.5, 4.25, 4.1, 4.0])  # the baseline's: bert-char's 2.0 plays no part
+    text = (tmp_path / "o2" / SUMMARY_MARKDOWN_FILE).read_text()
+    assert "| bert-char | 200 | 1.000 | 1,000 | 1,000 |" in text and "| roformer | 300 | 0.900 | 900 | 1,000 |" in text
+    assert "| old | unknown (no tokenization.json) |" in text and "bert-char read another tokenizer" in text
+
+
+def test_a_baseline_without_a_vocabulary_hash_is_compared_only_when_that_is_unambiguous(
+    runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    old = [make_run(tmp_path / f"old-{s}", "old", "sinusoidal", {100: 5.0, 400: 4.5}, 1.0, seed=s) for s in (0, 1)]
+    for run in old:  # runs from before config.yaml recorded data.vocab_hash
+        config = read_yaml(run / RUN_CONFIG_FILE)
+        config["data"] = {}
+        write_yaml(run / RUN_CONFIG_FILE, config)
+    summary = compare([*runs, *old], tmp_path / "o1", baseline="old")
+    assert {a["label"] for a in summary["arms"]} == {"roformer", "bert", "old"}
+    assert "other_tokenizer_arms" not in summary
+    char = make_run(tmp_path / "char-0", "bert-char", "sinusoidal", {100: 3.0, 400: 2.0}, 1.0, vocab_hash="def")
+    assert main(["compare", *map(str, [*runs, *old, char]), "--baseline", "old", "--out", str(tmp_path / "o2")]) == 2
+    assert "'old' records no vocabulary hash" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists()
+
+
+def test_a_suite_folder_reads_the_tasks_its_results_name(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    suite = tmp_path / "suite"
+    seeded_glue_run(suite / "rte", "bert", {0: 0.6})
+    (suite / "submission").mkdir()  # what a suite writes beside its tasks
+    seeded_glue_run(suite / "stale", "bert", {0: 0.1})  # a task of an older suite, not in its results.json
+    (suite / RESULTS_FILE).write_text(json.dumps({"rte": {}}))
+    other = seeded_glue_run(tmp_path / "other", "roformer", {0: 0.65})
+    summary = compare([suite, other], tmp_path / "o1", baseline="bert")
+    assert set(summary["glue"]["bert"]) == {"rte"}
+    (suite / RESULTS_FILE).write_text(json.dumps({"rte": {}, "mrpc": {}}))
+    assert main(["compare", str(suite), str(other), "--out", str(tmp_path / "o2")]) == 2
+    assert f"{suite / 'mrpc' / RESULTS_FILE}: missing" in capsys.readouterr().err
+    (suite / RESULTS_FILE).write_text(json.dumps({"rte": {}}))
+    (suite / "rte" / RESULTS_FILE).write_text("[1, 2]")
+    assert main(["compare", str(suite), str(other), "--out", str(tmp_path / "o3")]) == 2
+    err = capsys.readouterr().err
+    assert f"{suite / 'rte' / RESULTS_FILE}: expected a JSON object, got list" in err and "Traceback" not in err

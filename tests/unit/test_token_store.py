@@ -113,3 +113,21 @@ def test_hub_sources_feed_the_same_store_builder(tmp_path: Path, monkeypatch) ->
         DataConfig(builtin_documents=200, builtin_seed=8, vocab_size=300, max_seq_len=32, cache_dir=str(tmp_path))
     )
     assert torch.equal(data.train[:], in_memory.train[:])  # the same documents give the same blocks
+
+
+def test_text_statistics_count_the_text_as_given_and_its_tokens(corpus, tmp_path: Path) -> None:
+    """Characters of the raw documents (a transform such as jieba's spaces adds none), tokens without the [SEP]s."""
+    import json
+
+    documents, tokenizer = corpus
+    spaced = write_token_store(tmp_path / "a", documents, tokenizer, vocab_hash(tokenizer), transform=" ".join)
+    kept = [d for d in documents if d]
+    tokens = sum(len(tokenizer(" ".join(d), add_special_tokens=False)["input_ids"]) for d in kept)
+    stats = spaced.text_statistics()
+    assert stats["characters"] == sum(map(len, kept)) and stats["documents"] == len(kept)
+    assert stats["tokens"] == tokens and stats["tokens_per_character"] == tokens / stats["characters"]
+    assert stats["vocab_size"] == len(tokenizer)
+    info = json.loads((tmp_path / "a" / "store.json").read_text())
+    del info["characters"]  # a store written before stores counted characters
+    (tmp_path / "a" / "store.json").write_text(json.dumps(info))
+    assert TokenStore(tmp_path / "a").text_statistics() is None
