@@ -475,7 +475,12 @@ def _embed(args: argparse.Namespace) -> None:
 
 
 def _compare_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories: pretraining, fine-tuning, or a roformer glue suite folder")
+    parser.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run directories: pretraining, fine-tuning, or a roformer glue suite folder",
+    )
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
     parser.add_argument("--baseline", metavar="LABEL", help="the baseline arm (default: the first non-rotary one)")
     parser.add_argument("--targets", metavar="L1,L2", help="target eval losses (default: baseline's final + offsets)")
