@@ -2,7 +2,8 @@
 
 The config has three sections, `model:` (a ModelConfig, inline or the path of a configs/model file), `data:` (a
 DataConfig) and `train:` (a TrainConfig). The run directory (roformer.train.run_dir) holds config.yaml,
-metrics.jsonl, tokenizer/, checkpoints/step-N and final/ (model + tokenizer).
+metrics.jsonl, tokenizer/, tokenization.json (a token store's corpus only), checkpoints/step-N and final/ (model +
+tokenizer).
 
 This module is the pretraining recipe of the engine (roformer.train.engine): the masked global batch of a step
 (roformer.data.mlm), its loss, and the evaluation under the fixed mask. The loss of a step is the sum of

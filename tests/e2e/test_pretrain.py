@@ -30,7 +30,7 @@ from roformer.data.sampling import share
 from roformer.train.checkpoints import CheckpointManager
 from roformer.train.config import PretrainConfig
 from roformer.train.pretrain import Pretrainer, pretrain
-from roformer.train.run_dir import read_metrics
+from roformer.train.run_dir import TOKENIZATION_FILE, read_metrics
 
 
 def test_tiny_run_end_to_end(tmp_path: Path) -> None:
@@ -38,7 +38,8 @@ def test_tiny_run_end_to_end(tmp_path: Path) -> None:
         PretrainConfig, tiny_run_config(tmp_path / "c.yaml", max_steps=30, eval_every=10, save_every=10, lr=3e-3)
     )
     run = pretrain(config, tmp_path / "run")
-    assert {p.name for p in run.iterdir()} == {"config.yaml", "metrics.jsonl", "checkpoints", "final", "tokenizer"}
+    layout = {"config.yaml", "metrics.jsonl", "checkpoints", "final", "tokenizer", TOKENIZATION_FILE}
+    assert {p.name for p in run.iterdir()} == layout
     events = read_metrics(run / "metrics.jsonl")
     train = [e for e in events if e["event"] == "train"]
     evals = [e for e in events if e["event"] == "eval"]
