@@ -192,7 +192,8 @@ class Pretrainer:
         `roformer compare` shows it beside arms with other tokenizers. Not for a streamed corpus (never counted
         whole) or a token store built before stores counted characters.
         """
-        statistics = self.data.train.store.text_statistics() if isinstance(self.data.train, BlockView) else None
+        train = getattr(self.data, "train", None)  # StreamingMLMData has documents, not blocks
+        statistics = train.store.text_statistics() if isinstance(train, BlockView) else None
         if statistics is not None and not (self.out / TOKENIZATION_FILE).is_file():
             atomic_write_text(self.out / TOKENIZATION_FILE, json.dumps({"split": "train", **statistics}, indent=2))
 
