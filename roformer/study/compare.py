@@ -138,10 +138,9 @@ def summarise(
         arms = group_arms(runs)
         _check_one_run_per_seed(arms)
         tokenization = tokenization_summary(arms)
-        base, _ = choose_baseline(arms, baseline)
-        arms, others = split_by_vocabulary(arms, base)
+        arms, others = split_by_vocabulary(arms, choose_baseline(arms, baseline)[0])
+        base, rope = choose_baseline(arms, baseline)  # RoFormer among the arms that share the baseline's tokenizer
         runs = [run for arm in arms for run in arm.runs]
-        rope = next((a for a in arms if a.position_encoding == "rotary" and a is not base), None)
         summary["notes"] = comparability_notes(runs)
         if tokenization:
             summary["tokenization"] = tokenization
