@@ -123,7 +123,12 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     round(p * 2^32) / 2^32, and the scale the inverse of its complement, so the expectation is kept exactly. Other
     devices use torch's dropout (its Philox generator is already parallel). Both draw from the global generator, so
     seeding, checkpointed recomputation and resumed runs replay the same masks.
+
+    Raises:
+        ValueError: `p` is not in [0, 1] (NaN included), with F.dropout's message, whether training or not.
     """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0.0:
         return x
     if not cheaper_mask_applies(x) or p >= 1.0:

@@ -190,6 +190,18 @@ def test_dropout_keeps_the_expectation_and_replays_with_the_seed() -> None:
     assert abs(many.mean().item() - 1.0) < 0.01
 
 
+@pytest.mark.parametrize("p", [-0.1, 1.5, float("nan")])
+@pytest.mark.parametrize("training", [True, False])
+def test_dropout_refuses_a_probability_outside_0_1_as_torch_does(p: float, training: bool) -> None:
+    """In training and out of it, with F.dropout's ValueError and message (p = -0.1 used to zero 90% of `x`)."""
+    x = torch.ones(100)
+    with pytest.raises(ValueError, match=rf"^dropout probability has to be between 0 and 1, but got {p}$"):
+        dropout(x, p, training)
+    if not math.isnan(p):  # torch's own check lets NaN through
+        with pytest.raises(ValueError, match=rf"^dropout probability has to be between 0 and 1, but got {p}$"):
+            F.dropout(x, p, training)
+
+
 def test_dropout_gradient_is_the_mask_times_the_scale() -> None:
     x = torch.randn(500, 8, requires_grad=True)
     torch.manual_seed(1)
