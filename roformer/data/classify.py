@@ -4,7 +4,10 @@
 `multi_label_classification`. Rows come from csv/tsv/json/jsonl/parquet files or a hub dataset (roformer.data.records),
 with the text and label fields named in the config (`text_columns`, `label_column`; nested JSON fields and templates
 allowed). The label set is `data.labels` or, when not given, every label of the training split (sorted: numerically
-when all labels are integers); a dev or test label outside it is an error naming the file and line.
+when all labels are integers), taken before `max_train_examples` cuts the split, so label ids do not depend on the
+cut; a dev or test label outside it is an error naming the file and line. A missing label (no field, an empty cell,
+JSON null, NaN) is an error naming the file and line, as is a score that is not a finite number; a test file is scored
+when every row has a label, predicted only when none has, and refused when only some have.
 
 Multi-label: the label field is a list (or a JSON list, or names separated by commas in a csv cell); the head has one
 sigmoid output per label (binary cross-entropy), a label is predicted when its probability reaches `data.threshold`,
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,15 +74,30 @@ def label_list(value: Any, where: str) -> list[str]:
 
 
 def score_of(raw: Any, where: str) -> float:
-    """A regression or similarity label: a number.
+    """A regression or similarity label: a finite number.
+
+    NaN and infinities are refused here: a loss over them is not finite, and the engine would skip every batch that
+    holds one without saying which row is to blame.
 
     Raises:
         UserError: it is not one, naming the file and line.
     """
     try:
-        return float(raw)
+        score = float(raw)
     except (TypeError, ValueError):
         raise UserError(f"{where}: score {raw!r} is not a number") from None
+    if not math.isfinite(score):
+        raise UserError(f"{where}: score {raw!r} is not a finite number")
+    return score
+
+
+def is_missing(raw: Any) -> bool:
+    """Whether a label field holds no label: absent or JSON null, an empty (or blank) cell, or a float NaN."""
+    if raw is None:
+        return True
+    if isinstance(raw, str):
+        return not raw.strip()
+    return isinstance(raw, float) and math.isnan(raw)
 
 
 def sorted_labels(labels: set[str]) -> list[str]:
@@ -101,6 +120,7 @@ class TextTask(HeadOutputs):
 
     def __init__(self, data: FinetuneDataConfig, records: dict[str, list[Record]]) -> None:
         self.data, self.type = data, data.type
+        self.missing_label = f"no label in {data.label_column!r} (an absent field, an empty cell, null or NaN)"
         self.name = data.task
         self.tracker_project = f"roformer-{data.task}"
         self.columns = data.text_columns or self._default_columns(records["train"][0])
@@ -110,7 +130,8 @@ class TextTask(HeadOutputs):
             raise UserError(f"text_columns: type {self.type} reads {wanted}, got {self.columns}")
         self.metrics = tuple(data.metrics or DEFAULT_METRICS[self.type])
         kept = {name: self._kept(name, rows) for name, rows in records.items()}
-        self.labels = self._label_set(kept["train"])
+        self.labels = self._label_set(kept["train"])  # of the whole file: ids do not change with max_train_examples
+        kept = cut_to_limits(kept, data.max_train_examples, data.max_eval_examples)
         self.num_labels = 1 if self.type == "regression" else len(self.labels)
         self.label_names = None if self.type == "regression" else list(self.labels)
         self.examples = {name: self._examples(name, rows) for name, rows in kept.items()}
@@ -119,8 +140,8 @@ class TextTask(HeadOutputs):
 
     @classmethod
     def from_config(cls, data: FinetuneDataConfig) -> TextTask:
-        """The task of a data: section, its splits read and checked."""
-        return cls(data, cut_to_limits(read_split_records(data), data.max_train_examples, data.max_eval_examples))
+        """The task of a data: section, its splits read and checked (cut to data.max_*_examples)."""
+        return cls(data, read_split_records(data))
 
     @staticmethod
     def _default_columns(first: Record) -> list[str]:
@@ -131,7 +152,7 @@ class TextTask(HeadOutputs):
         if not self.data.skip_labels:
             return rows
         skip = set(self.data.skip_labels)
-        kept = [r for r in rows if self.data.label_column not in r.fields or label_text(self._raw(r)) not in skip]
+        kept = [r for r in rows if self._missing(self._raw_or_none(r)) or label_text(self._raw(r)) not in skip]
         if len(kept) < len(rows):
             logger.info("%s: left out %d rows labelled %s", split, len(rows) - len(kept), sorted(skip))
         if not kept and split != "test":
@@ -141,6 +162,13 @@ class TextTask(HeadOutputs):
     def _raw(self, record: Record) -> Any:
         return field(record, self.data.label_column)
 
+    def _raw_or_none(self, record: Record) -> Any:
+        """The label field's value, None where the row has no such field (an unlabelled test row)."""
+        try:
+            return field(record, self.data.label_column)
+        except UserError:
+            return None
+
     def _label_set(self, train: list[Record]) -> list[str]:
         if self.type == "regression":
             return []
@@ -149,6 +177,8 @@ class TextTask(HeadOutputs):
         seen: set[str] = set()
         for record in train:
             raw = self._raw(record)
+            if self._missing(raw):
+                raise UserError(f"{record.where}: {self.missing_label}")
             seen.update(
                 label_list(raw, record.where) if self.type == "multi_label_classification" else [label_text(raw)]
             )
@@ -158,11 +188,27 @@ class TextTask(HeadOutputs):
             )
         return sorted_labels(seen)
 
+    def _missing(self, raw: Any) -> bool:
+        """Whether a row's label field holds no label (multi-label: an empty cell is the empty set, a label)."""
+        if self.type == "multi_label_classification" and isinstance(raw, str):
+            return False
+        return is_missing(raw)
+
     def _labelled(self, split: str, rows: list[Record]) -> bool:
-        """Train and dev rows must have labels; a test file may have them (then it is scored) or not."""
+        """Train and dev rows must have labels; a test file may have them on every row (scored) or on none.
+
+        Raises:
+            UserError: a test file labelled on some rows only (the others would go unscored without a word).
+        """
         if split != "test":
             return True
-        return all(self.data.label_column in r.fields and r.fields[self.data.label_column] is not None for r in rows)
+        unlabelled = [r for r in rows if self._missing(self._raw_or_none(r))]
+        if unlabelled and len(unlabelled) < len(rows):
+            raise UserError(
+                f"{unlabelled[0].where}: {self.missing_label}, but {len(rows) - len(unlabelled)} of the test split's "
+                f"{len(rows)} rows have one: label every row (scored) or none (predicted only)"
+            )
+        return not unlabelled
 
     def _examples(self, split: str, rows: list[Record]) -> list[tuple[tuple[str, ...], Any, str]]:
         labelled = self._labelled(split, rows)
@@ -182,6 +228,8 @@ class TextTask(HeadOutputs):
             UserError: a label outside the label set, a score that is not a number, naming the file and line.
         """
         raw = self._raw(record)
+        if self._missing(raw):
+            raise UserError(f"{record.where}: {self.missing_label}")
         if self.type == "regression":
             return score_of(raw, record.where)
         names = label_list(raw, record.where) if self.type == "multi_label_classification" else [label_text(raw)]

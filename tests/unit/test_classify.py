@@ -140,6 +140,61 @@ def test_regression_scores_must_be_numbers(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"dev.csv:2: score 'x' is not a number"):
         TextTask.from_config(data_config(tmp_path, "text,label\na,1\n", "text,label\nc,x\n", type="regression"))
 
+    for bad in ("nan", "inf", "-Infinity"):  # float() reads them; every batch holding one would be skipped
+        config = data_config(tmp_path, f"text,label\na,1\nb,{bad}\n", "text,label\nc,0\n", type="regression")
+        with pytest.raises(UserError, match=rf"train.csv:3: score '{bad}' is not a finite number"):
+            TextTask.from_config(config)
+    config = data_config(
+        tmp_path,
+        '{"text": "a", "label": 1}\n{"text": "b", "label": NaN}',
+        '{"text": "c", "label": 0}',
+        ".jsonl",
+        type="regression",
+    )
+    with pytest.raises(UserError, match=r"train.jsonl:2: .*(not a finite number|no label)"):
+        TextTask.from_config(config)
+
+
+@pytest.mark.parametrize(
+    ("suffix", "train", "line"),
+    [
+        (".csv", "text,label\na,pos\nb,\nc,neg\n", 3),  # an empty cell
+        (".csv", "text,label\na,pos\nb, \nc,neg\n", 3),  # a blank one
+        (".jsonl", '{"text": "a", "label": "pos"}\n{"text": "c", "label": "neg"}\n{"text": "b", "label": null}', 3),
+        (".jsonl", '{"text": "a", "label": "pos"}\n{"text": "b", "label": NaN}\n{"text": "c", "label": "neg"}', 2),
+        (".jsonl", '{"text": "a", "label": "pos"}\n{"text": "c", "label": "neg"}\n{"text": "b"}', 3),
+    ],
+)
+def test_a_missing_classification_label_is_refused_not_a_class(
+    tmp_path: Path, suffix: str, train: str, line: int
+) -> None:
+    dev = "text,label\nd,neg\n" if suffix == ".csv" else '{"text": "d", "label": "neg"}'
+    config = data_config(tmp_path, train, dev, suffix)
+    with pytest.raises(UserError, match=rf"train{suffix}:{line}: no label in 'label'|train{suffix}:{line}: no field"):
+        TextTask.from_config(config)
+    config = data_config(tmp_path, "text,label\na,pos\nb,neg\n", "text,label\nd,neg\ne,\n")
+    with pytest.raises(UserError, match=r"dev.csv:3: no label in 'label'"):
+        TextTask.from_config(config)  # a dev row too: it would be scored against a class of its own
+
+
+def test_a_test_file_labelled_on_some_rows_only_is_refused(tmp_path: Path) -> None:
+    config = data_config(tmp_path, "text,label\na,x\nb,y\n", "text,label\nc,x\n")
+    config.test_file = str(write(tmp_path / "test.csv", "text,label\nd,y\ne,\nf,x\n"))
+    with pytest.raises(UserError, match=r"test.csv:3: no label in 'label'.*2 of the test split's 3 rows have one"):
+        TextTask.from_config(config)
+    config.test_file = str(write(tmp_path / "test.csv", "text,label\nd,\ne,\n"))  # a column of empty cells
+    assert TextTask.from_config(config).test_splits == ["test"]
+    tokenizer = train_tokenizer(["a b c d e"] * 5, vocab_size=60)
+    assert not TextTask.from_config(config).encode(tokenizer, 16)["test"].labelled
+
+
+def test_the_label_set_is_the_whole_training_files_whatever_max_train_examples_keeps(tmp_path: Path) -> None:
+    train, dev = "text,label\na,b\nb,a\nc,c\n", "text,label\nd,c\n"
+    full = TextTask.from_config(data_config(tmp_path, train, dev))
+    cut = TextTask.from_config(data_config(tmp_path, train, dev, max_train_examples=2))
+    assert cut.labels == full.labels == ["a", "b", "c"]  # was ["a", "b"], and the dev label c refused
+    assert len(cut.examples["train"]) == 2 and cut.examples["dev"][0][1] == 2
+
 
 def test_multi_label_fields(tmp_path: Path) -> None:
     assert label_list("a, b", "w") == ["a", "b"] and label_list('["a", 1]', "w") == ["a", "1"]
