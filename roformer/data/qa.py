@@ -11,7 +11,9 @@ answer whose text is not at its start is moved to the occurrence of the text nea
 is nowhere in the context is kept for the metric (which reads texts only) but not trained on; each split's counts
 are one warning line. A training question none of whose answers is in its context is an error naming the file and
 the question: nothing could be learnt from it, and the file is likely not what it claims to be. Duplicate question
-ids in a split, and (SQuAD v1.1) a question without answers, are errors too.
+ids in a split, and (SQuAD v1.1) a question without answers, are errors too. With `data.qa.metric: cmrc2018` the ids
+are stripped of outer whitespace, as CMRC 2018's official script reads them (it looks the stripped ids up in the
+predictions file); the SQuAD scripts take them as they are, and so do we.
 
 Windows. As HF's run_qa (`prepare_train_features`): the question first (cut to `max_query_length` tokens), the context
 second, cut into windows of the room left in `max_length`, consecutive windows sharing `doc_stride` tokens. Where
@@ -134,8 +136,17 @@ def make_question(
     return Question(qid, question, context, texts, spans if not impossible else [], impossible)
 
 
-def check_questions(questions: list[Question], where: str, split: str, version_2: bool) -> None:
+def check_questions(
+    questions: list[Question], where: str, split: str, version_2: bool, stripped_ids: bool = False
+) -> None:
     """Unique ids; answers in labelled splits (unless v2.0 unanswerable); a located answer to train on.
+
+    Args:
+        questions: A split's questions.
+        where: The split's source (a file, or a hub dataset and split), for the messages.
+        split: `train`, `dev` or `test` (a test split needs no answers).
+        version_2: SQuAD v2.0: a question may be unanswerable.
+        stripped_ids: The ids were stripped of outer whitespace (`strip_ids`): the message of a duplicate says so.
 
     Raises:
         UserError: naming `where` (the file) and the question.
@@ -143,7 +154,8 @@ def check_questions(questions: list[Question], where: str, split: str, version_2
     seen: set[str] = set()
     for q in questions:
         if q.id in seen:
-            raise UserError(f"{where}: question id {q.id!r} appears twice")
+            how = " (once stripped of outer spaces, as cmrc2018's script reads ids)" if stripped_ids else ""
+            raise UserError(f"{where}: question id {q.id!r} appears twice{how}")
         seen.add(q.id)
         if split == "test":
             continue
@@ -152,6 +164,15 @@ def check_questions(questions: list[Question], where: str, split: str, version_2
             raise UserError(f"{where}: question {q.id!r} has no answer{hint}")
         if split == "train" and q.answers and not q.spans:
             raise UserError(f"{where}: question {q.id!r}: no answer text occurs in its context ({q.answers[0]!r})")
+
+
+def strip_ids(questions: list[Question]) -> None:
+    """Strip every question's id of outer whitespace, in place, as CMRC 2018's official script reads the gold ids.
+
+    That script looks the stripped ids up in the predictions file, so the file written from these ids is found.
+    """
+    for q in questions:
+        q.id = q.id.strip()
 
 
 def read_squad(path: str | Path) -> tuple[list[Question], AnswerCounts]:
@@ -230,10 +251,13 @@ def _hub_question(record: Record, counts: AnswerCounts) -> Question:
 def load_splits(data: FinetuneDataConfig) -> dict[str, list[Question]]:
     """The questions of every split present (train, dev, and test when given), checked, counts logged.
 
+    For the cmrc2018 metric the ids are stripped of outer whitespace first (`strip_ids`).
+
     Raises:
         UserError: unreadable or malformed files, bad questions (see `check_questions`), an empty training split.
     """
     version_2 = data.qa.version_2 if data.qa else False
+    stripped = data.qa is not None and data.qa.metric == "cmrc2018"  # SQuAD's scripts take the ids as they are
     if data.source == "hub":
         sources = {split: f"{data.hub_name}:{hub}" for split, hub in HUB_SPLITS.items()}
         read = {split: read_hub_questions(data.hub_name, data.hub_config, hub) for split, hub in HUB_SPLITS.items()}
@@ -243,7 +267,9 @@ def load_splits(data: FinetuneDataConfig) -> dict[str, list[Question]]:
         read = {split: read_squad(path) for split, path in files.items() if path}
     splits = {}
     for split, (questions, counts) in read.items():
-        check_questions(questions, sources[split], split, version_2)
+        if stripped:
+            strip_ids(questions)
+        check_questions(questions, sources[split], split, version_2, stripped)
         if counts.relocated or counts.absent:
             logger.warning(
                 "%s: %d answers re-located (answer_start did not point at the text: its nearest occurrence is used), "

@@ -14,6 +14,8 @@ stays in the denominator, as SQuAD v1.1's and CMRC 2018's scripts do (SQuAD v2.0
   lower-cased and stripped, then split into CJK characters (U+4E00-U+9FA5) one by one and runs of everything else,
   which NLTK tokenizes; the listed punctuation is removed first. F1 is over the longest common *contiguous* run of
   tokens. EM compares the lower-cased, stripped texts with that punctuation removed. `average` = (EM + F1) / 2.
+  The gold question ids are stripped of outer whitespace before the predictions are looked up (their keys are
+  not); the SQuAD scripts take ids as they are.
 
 CMRC 2018's tokenizer. The official script calls `nltk.word_tokenize`, which is Punkt sentence splitting (a trained
 model, `punkt_tab`, downloaded separately: it cannot be fetched here) followed by `NLTKWordTokenizer` on each sentence.
@@ -99,15 +101,26 @@ def _per_question(
     answers: Mapping[str, Sequence[str]],
     exact: Callable[[str, str], float],
     f1: Callable[[str, str], float],
+    strip_ids: bool = False,
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """Every gold question's best exact and F1 score over its answers; 0 for a question without a prediction."""
+    """Every gold question's best exact and F1 score over its answers; 0 for a question without a prediction.
+
+    Args:
+        predictions: `{question id: answer text}`.
+        answers: `{question id: [gold texts]}`; the scores are keyed by these ids.
+        exact: The exact-match score of a prediction against one gold text.
+        f1: The F1 score of a prediction against one gold text.
+        strip_ids: Look each gold id up in `predictions` stripped of outer whitespace, the predictions' keys as
+            they are (CMRC 2018's script does; SQuAD's look the ids up as they are).
+    """
     exact_scores, f1_scores = {}, {}
     for qid, golds in answers.items():
-        if qid not in predictions or not golds:
+        key = qid.strip() if strip_ids else qid
+        if key not in predictions or not golds:
             exact_scores[qid] = f1_scores[qid] = 0
             continue
-        exact_scores[qid] = max(exact(predictions[qid], g) for g in golds)
-        f1_scores[qid] = max(f1(predictions[qid], g) for g in golds)
+        exact_scores[qid] = max(exact(predictions[key], g) for g in golds)
+        f1_scores[qid] = max(f1(predictions[key], g) for g in golds)
     return exact_scores, f1_scores
 
 
@@ -201,9 +214,11 @@ def cmrc_exact(prediction: str, gold: str) -> int:
 def cmrc2018(predictions: Mapping[str, str], answers: Mapping[str, Sequence[str]]) -> dict[str, float]:
     """CMRC 2018's official `exact_match`, `f1` and `average` (their mean), in percent.
 
-    A question without gold answers scores 0 (the official script stops with a ValueError there).
+    As the official script, a gold id is looked up in `predictions` stripped of outer whitespace (" q1 " finds the
+    prediction of "q1", not that of " q1 "). A question without gold answers scores 0 (the official script stops
+    with a ValueError there).
     """
-    exact, f1 = _per_question(predictions, answers, cmrc_exact, cmrc_f1)
+    exact, f1 = _per_question(predictions, answers, cmrc_exact, cmrc_f1, strip_ids=True)
     metrics = {"exact_match": _percent(exact.values()), "f1": _percent(f1.values())}
     metrics["average"] = (metrics["exact_match"] + metrics["f1"]) * 0.5
     return metrics

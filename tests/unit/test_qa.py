@@ -140,6 +140,81 @@ def test_cmrc2018_equals_the_official_script(golden: dict, shared_data: Path) ->
     assert sum(em for _, em, _ in scores) > 40 and sum(0 < f1 < 1 for _, _, f1 in scores) > 40  # a real mix
 
 
+def official_cmrc2018(shared_data: Path) -> dict:
+    """cmrc2018_evaluate.py's functions (scripts/cmrc2018_golden.py's Python 3 conversion, syntax only).
+
+    Its `nltk.word_tokenize` needs the Punkt model, which is not here: NLTKWordTokenizer stands in, which splits
+    the CJK answers used with it the same way (see roformer.data.qa_metrics).
+    """
+    import importlib.util
+    from types import SimpleNamespace
+
+    from nltk.tokenize.destructive import NLTKWordTokenizer
+
+    spec = importlib.util.spec_from_file_location("cmrc2018_golden", REPO / "scripts" / "cmrc2018_golden.py")
+    assert spec is not None and spec.loader is not None
+    golden_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(golden_script)
+    official = golden_script.load_official(shared_data / CMRC / "cmrc2018_evaluate.py")
+    official["nltk"] = SimpleNamespace(word_tokenize=NLTKWordTokenizer().tokenize)
+    return official
+
+
+def test_cmrc2018_strips_question_ids_where_the_official_script_does(shared_data: Path, tmp_path: Path) -> None:
+    """The official script strips the gold ids (`qas['id'].strip()`) and looks them up in the predictions as they are
+    (their keys are not stripped): ours scores every predictions file as it does, and the reader strips the ids of a
+    cmrc2018 task, so that the predictions file it writes is one the official script finds its answers in."""
+    context = "北京是中国的首都，上海是最大的城市。"
+    raw_ids = [" q1 ", "q2\t", "q3", "\u3000q4"]  # \u3000: the ideographic space, which str.strip removes too
+    golds = [["北京"], ["上海"], ["中国"], ["首都"]]
+    qas = [
+        {"id": qid, "question": "问题", "answers": [{"text": g[0], "answer_start": context.find(g[0])}]}
+        for qid, g in zip(raw_ids, golds)
+    ]
+    dev = write_squad(tmp_path / "dev.json", qas, context=context)
+    ground_truth = json.loads(dev.read_text())
+    official = official_cmrc2018(shared_data)
+    answers = dict(zip(raw_ids, golds))
+    stripped = [qid.strip() for qid in raw_ids]
+    cases = {
+        "stripped keys": dict(zip(stripped, ["北京", "上海市", "中国", "首都"])),
+        "raw keys": dict(zip(raw_ids, ["北京", "上海", "中国", "首都"])),  # only q3's is found
+        "mixed": {"q1": "北京", "q2\t": "上海", " q3": "中国", "q4": "首"},
+    }
+    for name, predictions in cases.items():
+        f1, em, total, skip = official["evaluate"](ground_truth, predictions)
+        ours = qa_metrics.cmrc2018(predictions, answers)
+        assert ours == {"exact_match": em, "f1": f1, "average": (em + f1) * 0.5}, name
+    assert official["evaluate"](ground_truth, cases["raw keys"])[3] == 3  # three unanswered for the official script
+
+    # the reader: a cmrc2018 task's ids are stripped, a SQuAD task's kept as the SQuAD scripts read them
+    train = write_squad(tmp_path / "train.json", qas, context=context)
+    cmrc = FinetuneDataConfig(
+        type="question_answering",
+        task="toy",
+        train_file=str(train),
+        validation_file=str(dev),
+        qa=QAConfig(metric="cmrc2018"),
+    )
+    questions = load_splits(cmrc)["dev"]
+    assert [q.id for q in questions] == stripped
+    texts = {q.id: q.answers[0] for q in questions}  # what the task writes to dev_predictions.json, all right
+    f1, em, total, skip = official["evaluate"](ground_truth, texts)
+    assert (em, f1, skip) == (100.0, 100.0, 0)
+    assert qa_metrics.cmrc2018(texts, {q.id: q.answers for q in questions})["exact_match"] == 100.0
+    squad = FinetuneDataConfig(type="question_answering", task="toy", train_file=str(train), validation_file=str(dev))
+    assert [q.id for q in load_splits(squad)["dev"]] == raw_ids
+    assert qa_metrics.squad_v1(dict(zip(stripped, ["北京"] * 4)), answers)["exact_match"] == 0.0  # not stripped
+
+
+def test_cmrc2018_ids_equal_once_stripped_are_duplicates(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"dev\.json: question id 'd1' appears twice \(once stripped of outer spaces"):
+        load_splits(
+            files_config(tmp_path, [qa_entry("q1")], [qa_entry("d1"), qa_entry(" d1")], qa=QAConfig(metric="cmrc2018"))
+        )
+    assert len(load_splits(files_config(tmp_path, [qa_entry("q1")], [qa_entry("d1"), qa_entry(" d1")]))["dev"]) == 2
+
+
 def test_cmrc2018_tokenizer_against_nltk_word_tokenize(golden: dict) -> None:
     """NLTKWordTokenizer alone equals word_tokenize (Punkt + NLTKWordTokenizer) except where Punkt ends a sentence
     inside a run: 6 of the 4,675 runs of the trial and dev files, each a period split off a word before a space."""
