@@ -141,8 +141,10 @@ class TaggingConfig:
         tag_column: `conll`: the column holding the tag (0-based; -1 = the last).
         tokens_column: `jsonl` and hub datasets: the field holding the tokens.
         tags_column: `jsonl` and hub datasets: the field holding the tags (names, or ids into `labels`).
-        scheme: How the tags mark entities, for the entity-level metric: `IOB1`, `IOB2` or `IOBES` (conlleval and
-            seqeval's definitions).
+        scheme: How the tags mark entities: `IOB1`, `IOB2` or `IOBES` (conlleval and seqeval's definitions; the
+            entity-level F1 selects), `none` (plain tags, one per word with no entities: POS tags, or IO tags such as
+            `PER`; token accuracy selects and is reported per tag), or `auto`: an entity scheme when a tag other than
+            `O` has a `B-`, `I-`, `E-` or `S-` prefix, else `none`.
         label_all_tokens: Train on every WordPiece piece of a word (its word's tag; `B-` becomes `I-` after the
             first piece) instead of the first piece only. Predictions always read the first piece.
     """
@@ -151,7 +153,7 @@ class TaggingConfig:
     tag_column: int = -1
     tokens_column: str = "tokens"
     tags_column: str = "tags"
-    scheme: Literal["IOB1", "IOB2", "IOBES"] = "IOB2"
+    scheme: Literal["auto", "IOB1", "IOB2", "IOBES", "none"] = "auto"
     label_all_tokens: bool = False
 
     def __post_init__(self) -> None:
@@ -280,6 +282,17 @@ class TripletConfig:
 
 
 MULTI_LABEL_METRICS = ("micro_f1", "macro_f1", "subset_accuracy")
+# What data.metrics may name per type (the metrics its evaluation gives): their mean, `score`, selects checkpoints,
+# learning rates and seeds. GLUE's are the task's own (roformer.data.glue_tasks), classification's and regression's
+# roformer.data.glue_metrics.METRICS.
+TYPE_METRICS = {
+    "multi_label_classification": MULTI_LABEL_METRICS,
+    "similarity": ("pearson", "spearman"),
+    "token_classification": ("f1", "precision", "recall", "accuracy"),  # entity-level, and token accuracy
+    "question_answering": ("exact_match", "f1"),
+    "multiple_choice": ("accuracy",),
+    "triplet": ("accuracy",),
+}
 TYPE_SECTIONS = {
     "token_classification": "tagging",
     "question_answering": "qa",
@@ -325,9 +338,13 @@ class FinetuneDataConfig:
         labels: The label set, in id order (null = read from the training data, sorted). A label outside it is an
             error naming the file and line.
         skip_labels: Rows with one of these labels are left out (OCNLI's `-`: no majority label).
-        metrics: Dev metrics of classification and regression, from roformer.data.glue_metrics.METRICS (null =
-            accuracy; pearson and spearman), of multi-label classification from micro_f1, macro_f1 and
-            subset_accuracy (null = micro_f1 and macro_f1); their mean selects.
+        metrics: The dev metrics whose mean (`score`) selects checkpoints, learning rates and seeds, for every
+            type: classification and regression from roformer.data.glue_metrics.METRICS (null = accuracy; pearson
+            and spearman); glue, a subset of the task's own (null = all of them); multi-label, micro_f1, macro_f1 and
+            subset_accuracy (null = micro_f1 and macro_f1); similarity, pearson and spearman (null = spearman);
+            token classification, f1, precision, recall (entity-level) and accuracy (token) (null = f1 with an
+            entity scheme, accuracy with `tagging.scheme: none`); question answering, exact_match and f1 (null =
+            both); multiple choice and triplet, accuracy.
         threshold: `multi_label_classification`: a label is predicted when its probability is at least this.
         tagging: `token_classification`'s own settings (TaggingConfig).
         qa: `question_answering`'s own settings (QAConfig).
@@ -405,15 +422,19 @@ class FinetuneDataConfig:
             self._check_metrics()
 
     def _check_metrics(self) -> None:
+        """data.metrics names metrics the type's evaluation gives, each once, at least one."""
         from roformer.data.glue_metrics import METRICS
 
-        known = {"classification": tuple(METRICS), "regression": tuple(METRICS), "similarity": ("pearson", "spearman")}
-        known["multi_label_classification"] = MULTI_LABEL_METRICS
-        if self.type not in known:
-            raise ConfigError(f"metrics: the metrics of type {self.type} are its own (remove metrics)")
-        unknown = [m for m in self.metrics if m not in known[self.type]]
+        if self.type == "glue":
+            known = get_task(self.task).metrics
+        else:
+            known = TYPE_METRICS.get(self.type, tuple(METRICS))
+        unknown = [m for m in self.metrics if m not in known]
         if unknown or not self.metrics:
-            raise ConfigError(f"metrics: unknown {unknown or 'empty list'} (known: {', '.join(known[self.type])})")
+            where = f"task {self.task}" if self.type == "glue" else f"type {self.type}"
+            raise ConfigError(f"metrics: unknown {unknown or 'empty list'} for {where} (known: {', '.join(known)})")
+        if len(set(self.metrics)) < len(self.metrics):
+            raise ConfigError(f"metrics: a metric named twice {self.metrics}")
 
     def _default_source(self) -> str:
         """glue_dir for GLUE; other types: the files when a training file is named, else the hub when a dataset is."""

@@ -90,17 +90,24 @@ class GlueTask(HeadOutputs):
         task: The task's metadata.
         splits: Its examples per split (`load_splits`): only the splits present are evaluated and predicted.
         pad_to_multiple_of: Batches are padded to their longest example rounded up to this.
+        metrics: The task's metrics whose mean selects (data.metrics; None = all of them).
     """
 
     architecture = "sequence_classification"
 
-    def __init__(self, task: Task, splits: dict[str, list[Example]], pad_to_multiple_of: int) -> None:
+    def __init__(
+        self,
+        task: Task,
+        splits: dict[str, list[Example]],
+        pad_to_multiple_of: int,
+        metrics: list[str] | tuple[str, ...] | None = None,
+    ) -> None:
         self.meta, self.splits, self.multiple = task, splits, pad_to_multiple_of
         self.name = task.name
         self.tracker_project = f"roformer-glue-{task.name}"
         self.num_labels = task.num_labels
         self.label_names = list(task.labels) if task.labels is not None else None
-        self.metrics = task.metrics
+        self.metrics = tuple(metrics or task.metrics)
         self.dev_splits = [s.name for s in task.dev if s.name in splits]
         self.server_splits: list[Split] = [s for s in task.test + task.extra_tests if s.name in splits]
         self.test_splits = [s.name for s in self.server_splits]
@@ -109,7 +116,7 @@ class GlueTask(HeadOutputs):
     def from_config(cls, data: FinetuneDataConfig) -> GlueTask:
         """The task of a data: section, its splits read (the one look-up of the task's metadata)."""
         task = get_task(data.task)
-        return cls(task, load_splits(data, task), data.pad_to_multiple_of)
+        return cls(task, load_splits(data, task), data.pad_to_multiple_of, data.metrics)
 
     def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, Encoded]:
         """Every split tokenized, single sentences or pairs, truncated longest-first to `max_length` tokens."""

@@ -535,6 +535,7 @@ class QATask(HeadOutputs):
         qa: The data.qa section.
         jieba: Cut texts into words with jieba before WordPiece (data.jieba).
         pad_to_multiple_of: Batches are padded to their longest row rounded up to this.
+        metrics: exact_match and/or f1, whose mean selects (data.metrics; None = both).
     """
 
     architecture = "question_answering"
@@ -543,9 +544,16 @@ class QATask(HeadOutputs):
     metrics = ("exact_match", "f1")
 
     def __init__(
-        self, name: str, splits: dict[str, list[Question]], qa: QAConfig, jieba: bool, pad_to_multiple_of: int
+        self,
+        name: str,
+        splits: dict[str, list[Question]],
+        qa: QAConfig,
+        jieba: bool,
+        pad_to_multiple_of: int,
+        metrics: list[str] | tuple[str, ...] | None = None,
     ) -> None:
         self.name, self.splits, self.qa, self.jieba, self.multiple = name, splits, qa, jieba, pad_to_multiple_of
+        self.metrics = tuple(metrics or QATask.metrics)
         self.tracker_project = f"roformer-{name}"
         self.dev_splits = ["dev"]
         self.test_splits = [s for s in ("test",) if s in splits]
@@ -560,7 +568,7 @@ class QATask(HeadOutputs):
         qa = data.qa or QAConfig()
         if qa.metric == "cmrc2018" and qa.version_2:
             raise ConfigError("data.qa.metric cmrc2018 has no unanswerable questions: use version_2: false")
-        return cls(data.task, load_splits(data), qa, data.jieba, data.pad_to_multiple_of)
+        return cls(data.task, load_splits(data), qa, data.jieba, data.pad_to_multiple_of, data.metrics)
 
     def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, QAEncoded]:
         """Every split as windows of at most `max_length` tokens; training rows with their answer's tokens."""
@@ -595,7 +603,10 @@ class QATask(HeadOutputs):
         return decode(split, predictions, self.qa)
 
     def evaluate(self, split: QAEncoded, predictions: list[RowPrediction]) -> dict[str, float]:
-        """data.qa.metric's official metrics (SQuAD v1.1, v2.0 or CMRC 2018) as fractions; `score`: EM and F1's mean."""
+        """data.qa.metric's official metrics (SQuAD v1.1, v2.0 or CMRC 2018) as fractions, and `score`.
+
+        `score` is the mean of those data.metrics names (exact_match and f1 by default).
+        """
         texts = {qid: decoded.text for qid, decoded in self.answers(split, predictions).items()}
         gold = {q.id: q.answers for q in split.questions}
         if self.qa.metric == "cmrc2018":
@@ -604,7 +615,7 @@ class QATask(HeadOutputs):
             metrics = (qa_metrics.squad_v2 if self.qa.version_2 else qa_metrics.squad_v1)(texts, gold)
         # the official scripts print percent; results.json holds fractions, as every other task's metrics
         fractions = {name: value / 100 for name, value in metrics.items()}
-        fractions["score"] = (fractions["exact_match"] + fractions["f1"]) / 2
+        fractions["score"] = sum(fractions[name] for name in self.metrics) / len(self.metrics)
         return fractions
 
     def write_predictions(

@@ -28,9 +28,21 @@ IGNORE_INDEX. With `tagging.label_all_tokens` the other pieces are trained too, 
 word's entity": `I-X` for a word tagged `B-X`, `I-X`, `E-X` or `S-X`, in every scheme, and the word's own tag for `O`
 and tags without a B/I/E/S prefix (POS tags). In IOBES a piece-level `E-`/`S-` would have to move from the first
 piece, which must carry the word's tag since it is the one read; `I-X` is true of every non-first piece. Where that
-tag is not in the label set the piece is not trained. `tagging.scheme` is not needed to read entities (the metric
-reads IOB1, IOB2 and IOBES alike: roformer.data.tagging_metrics); a tag whose prefix does not belong to it is
-reported once, as a likely mistake in the config.
+tag is not in the label set the piece is not trained.
+
+Entities or plain tags (`tagging.scheme`): with an entity scheme (IOB1, IOB2, IOBES; `auto` when a tag other than `O`
+has a `B-`/`I-`/`E-`/`S-` prefix) the entity-level F1 selects (the metric reads the three schemes alike:
+roformer.data.tagging_metrics) and a tag whose prefix the named scheme does not have is reported once, as a likely
+mistake in the config; an entity scheme named for tags without such prefixes is an error. Plain tags (`none`, or
+`auto` without such prefixes: POS, IO tags such as `PER`) have no entities, so their entity F1 would be 0 whatever
+the predictions: token accuracy selects, `label_all_tokens` trains every piece on its word's own tag, and the report
+scores each tag over words. `data.metrics` chooses the selecting metrics in both cases (f1, precision, recall,
+accuracy; the entity ones need entities).
+
+Word-level Chinese tokenizers (WoBERT, RoFormer-Chinese: roformer.data.tokenizer.word_vocabulary) keep a word whole
+when it is in their vocabulary and spell any other out in characters (bert4keras' rule, as every other task reads
+jieba's words), never as a first piece and `##` pieces the model was not pretrained on; the characters are the
+word's pieces.
 
 Words cut off by max_length (and words the tokenizer maps to no piece, e.g. only control characters) have no piece
 to read: they are predicted `O` (id 0 when the set has no `O`), scored against their gold tags, and counted in a
@@ -55,8 +67,17 @@ import torch
 
 from roformer.data.config import FinetuneDataConfig, TaggingConfig
 from roformer.data.records import Record, example_id, field, read_hub_split, read_records, read_text
-from roformer.data.tagging_metrics import classification_report, split_tag, tag_scores
+from roformer.data.tagging_metrics import (
+    ENTITY_PREFIXES,
+    classification_report,
+    has_entities,
+    split_tag,
+    tag_report,
+    tag_scores,
+    token_accuracy,
+)
 from roformer.data.tasks import HeadOutputs, TokenRows, pad_rows, padded_length
+from roformer.data.tokenizer import WordVocabulary, spelled_out, word_vocabulary
 from roformer.errors import UserError
 from roformer.files import atomic_copy, atomic_write_text
 from roformer.logs import MAIN_ONLY
@@ -71,7 +92,8 @@ IGNORE_INDEX = -100
 
 OUTSIDE = "O"  # the tag of words in no entity; also the prediction of words the model cannot see
 DOCSTART = "-DOCSTART-"  # CoNLL-2003's document separator line: not a sentence
-SCHEME_PREFIXES = {"IOB1": ("B", "I"), "IOB2": ("B", "I"), "IOBES": ("B", "I", "E", "S")}
+SCHEME_PREFIXES = {"IOB1": ("B", "I"), "IOB2": ("B", "I"), "IOBES": ENTITY_PREFIXES, "auto": ENTITY_PREFIXES}
+ENTITY_METRICS = ("f1", "precision", "recall")  # entity-level: plain tags have none
 _COLUMN_SEPARATOR = re.compile(r"[ \t]+")
 
 
@@ -308,8 +330,45 @@ def label_set(train: list[Sentence]) -> list[str]:
 
 def off_scheme(labels: list[str], scheme: str) -> list[str]:
     """The labels whose prefix the scheme does not have (`E-X` in IOB2; `O` and tags without `-` always fit)."""
+    if scheme == "none":
+        return []
     prefixes = SCHEME_PREFIXES[scheme]
     return [t for t in labels if "-" in t and t != OUTSIDE and split_tag(t)[0] not in prefixes]
+
+
+def marks_entities(labels: list[str], scheme: str, where: str) -> bool:
+    """Whether the tags mark entities (scored by entity F1) or are plain tags (token accuracy): see the module.
+
+    Raises:
+        UserError: an entity scheme named for tags without entity prefixes, naming `where` (the training file).
+    """
+    if scheme == "none":
+        return False
+    found = has_entities(labels)
+    if not found and scheme != "auto":
+        shown = ", ".join(labels[:6]) + (", ..." if len(labels) > 6 else "")
+        raise UserError(
+            f"{where}: data.tagging.scheme is {scheme}, but no tag has a B-/I-/E-/S- prefix ({shown}): for plain "
+            "tags (POS, IO tags) set data.tagging.scheme: none (or auto)"
+        )
+    return found
+
+
+def selecting_metrics(metrics: list[str] | None, entities: bool) -> tuple[str, ...]:
+    """data.metrics, or the default (entity F1, or token accuracy for plain tags).
+
+    Raises:
+        UserError: an entity-level metric asked of plain tags.
+    """
+    if metrics is None:
+        return ("f1",) if entities else ("accuracy",)
+    entity_level = [m for m in metrics if m in ENTITY_METRICS]
+    if entity_level and not entities:
+        raise UserError(
+            f"data.metrics: {', '.join(entity_level)} are entity-level, and these tags mark no entities "
+            "(data.tagging.scheme none): select by accuracy"
+        )
+    return tuple(metrics)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -342,10 +401,13 @@ class EncodedTags(TokenRows):
         return self.gold is not None
 
 
-def continuation_tag(tag: str) -> str:
-    """The tag of a word's pieces after the first with `label_all_tokens`: `I-X` inside an entity, else the tag."""
+def continuation_tag(tag: str, entities: bool = True) -> str:
+    """The tag of a word's pieces after the first with `label_all_tokens`: `I-X` inside an entity, else the tag.
+
+    Plain tags (`entities` false) continue as themselves: `B-X` there is a tag of its own, not an entity's start.
+    """
     prefix, kind = split_tag(tag)
-    return f"I-{kind}" if prefix in SCHEME_PREFIXES["IOBES"] and kind else tag
+    return f"I-{kind}" if entities and prefix in ENTITY_PREFIXES and kind else tag
 
 
 def first_pieces(word_ids: list[int | None], words: int) -> list[int]:
@@ -358,7 +420,11 @@ def first_pieces(word_ids: list[int | None], words: int) -> list[int]:
 
 
 def piece_labels(
-    word_ids: list[int | None], tags: list[str], label_ids: dict[str, int], label_all_tokens: bool
+    word_ids: list[int | None],
+    tags: list[str],
+    label_ids: dict[str, int],
+    label_all_tokens: bool,
+    entities: bool = True,
 ) -> list[int]:
     """The label of every piece of a sentence.
 
@@ -372,37 +438,61 @@ def piece_labels(
         elif word != previous:
             labels.append(label_ids.get(tags[word], IGNORE_INDEX))
         elif label_all_tokens:
-            labels.append(label_ids.get(continuation_tag(tags[word]), IGNORE_INDEX))
+            labels.append(label_ids.get(continuation_tag(tags[word], entities), IGNORE_INDEX))
         else:
             labels.append(IGNORE_INDEX)
         previous = word
     return labels
 
 
+def spelled_words(words: list[str], vocab: WordVocabulary | None) -> tuple[list[str], list[int]]:
+    """The words a tokenizer reads and, for each, the sentence word it belongs to.
+
+    A word-level tokenizer's (`vocab`) out-of-vocabulary words are spelled out in characters (roformer.data.tokenizer
+    `spelled_out`), all of them pieces of their word; any other tokenizer reads the words as given.
+    """
+    if vocab is None:
+        return words, list(range(len(words)))
+    pieces, owners = [], []
+    for i, word in enumerate(words):
+        for piece, _, _ in spelled_out([(word, 0, len(word))], vocab):
+            pieces.append(piece)
+            owners.append(i)
+    return pieces, owners
+
+
 def encode(
-    sentences: list[Sentence], tokenizer: Tokenizer, max_length: int, label_ids: dict[str, int], label_all_tokens: bool
+    sentences: list[Sentence],
+    tokenizer: Tokenizer,
+    max_length: int,
+    label_ids: dict[str, int],
+    label_all_tokens: bool,
+    entities: bool = True,
 ) -> EncodedTags:
     """Tokenize the words of every sentence and label the pieces (`piece_labels`).
 
-    Rows hold at most `max_length` tokens with the specials; the words past that have no piece.
+    Rows hold at most `max_length` tokens with the specials; the words past that have no piece. A word-level Chinese
+    tokenizer reads an out-of-vocabulary word in characters (`spelled_words`).
     """
     if not sentences:
         return EncodedTags([], [], [], [], None, [])
+    vocab = word_vocabulary(tokenizer)
+    spelled = [spelled_words(s.tokens, vocab) for s in sentences]
     out = tokenizer(
-        [s.tokens for s in sentences],
+        [pieces for pieces, _ in spelled],
         is_split_into_words=True,
         truncation=True,
         max_length=max_length,
         return_token_type_ids=True,
     )
     labels, positions = [], []
-    for i, sentence in enumerate(sentences):
-        word_ids = out.word_ids(i)
+    for i, (sentence, (_, owners)) in enumerate(zip(sentences, spelled)):
+        word_ids = [None if w is None else owners[w] for w in out.word_ids(i)]
         positions.append(first_pieces(word_ids, len(sentence.tokens)))
         if sentence.tags is None:
             labels.append([IGNORE_INDEX] * len(word_ids))
         else:
-            labels.append(piece_labels(word_ids, sentence.tags, label_ids, label_all_tokens))
+            labels.append(piece_labels(word_ids, sentence.tags, label_ids, label_all_tokens, entities))
     labelled = sentences[0].tags is not None
     gold = [list(s.tags or []) for s in sentences] if labelled else None
     return EncodedTags(out["input_ids"], out["token_type_ids"], labels, positions, gold, [s.index for s in sentences])
@@ -460,7 +550,6 @@ class TaggingTask(HeadOutputs):
     """
 
     architecture = "token_classification"
-    metrics = ("f1",)  # entity F1 selects; evaluate also gives precision, recall and token accuracy
 
     def __init__(
         self,
@@ -469,9 +558,12 @@ class TaggingTask(HeadOutputs):
         labels: list[str],
         tagging: TaggingConfig,
         pad_to_multiple_of: int,
+        entities: bool = True,
+        metrics: list[str] | tuple[str, ...] | None = None,
     ) -> None:
         self.name, self.splits, self.labels = name, splits, labels
-        self.tagging, self.multiple = tagging, pad_to_multiple_of
+        self.tagging, self.multiple, self.entities = tagging, pad_to_multiple_of, entities
+        self.metrics = selecting_metrics(list(metrics) if metrics else None, entities)
         self.tracker_project = f"roformer-{name}"
         self.num_labels = len(labels)
         self.label_names = list(labels)
@@ -501,18 +593,21 @@ class TaggingTask(HeadOutputs):
             if splits[split][0].tags is None:
                 raise UserError(f"{splits[split][0].where}: the {split} split has no tags")
         labels = names if names is not None else label_set(splits["train"])
+        entities = marks_entities(list(labels), tagging.scheme, splits["train"][0].where.rpartition(":")[0])
         _warn_about_labels(splits, labels, tagging.scheme)
         if data.max_train_examples is not None:
             splits["train"] = splits["train"][: data.max_train_examples]
         if data.max_eval_examples is not None:
             splits = {k: v if k == "train" else v[: data.max_eval_examples] for k, v in splits.items()}
-        return cls(data.task, splits, list(labels), tagging, data.pad_to_multiple_of)
+        return cls(data.task, splits, list(labels), tagging, data.pad_to_multiple_of, entities, data.metrics)
 
     def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, EncodedTags]:
         """Every split tokenized word by word, cut to `max_length` tokens (cut-off words counted in a warning)."""
         encoded = {}
         for name, sentences in self.splits.items():
-            encoded[name] = encode(sentences, tokenizer, max_length, self.label_ids, self.tagging.label_all_tokens)
+            encoded[name] = encode(
+                sentences, tokenizer, max_length, self.label_ids, self.tagging.label_all_tokens, self.entities
+            )
             cut, lost = unseen_words(encoded[name])
             if cut or lost:
                 logger.warning(
@@ -548,15 +643,21 @@ class TaggingTask(HeadOutputs):
         return [[best[i][p] if p >= 0 else self.outside_id for p in split.positions[r]] for i, r in enumerate(rows)]
 
     def evaluate(self, split: EncodedTags, predictions: list[list[int]]) -> dict[str, float]:
-        """Entity-level precision, recall and f1 (the score), and token accuracy, over every word of the split.
+        """Entity-level precision, recall and f1 and token accuracy (plain tags: accuracy), and `score`.
+
+        Every word of the split counts; `score` is the mean of the selecting metrics (`self.metrics`).
 
         Raises:
             ValueError: the split has no gold tags.
         """
         if split.gold is None:
             raise ValueError("an unlabelled split cannot be evaluated")
-        scores = tag_scores(split.gold, self.tag_names(predictions))
-        return {**scores, "score": scores["f1"]}
+        predicted = self.tag_names(predictions)
+        if self.entities:
+            scores = tag_scores(split.gold, predicted)
+        else:
+            scores = {"accuracy": token_accuracy(split.gold, predicted)}
+        return {**scores, "score": sum(scores[m] for m in self.metrics) / len(self.metrics)}
 
     def tag_names(self, predictions: list[list[int]]) -> list[list[str]]:
         """Predicted tag ids as names."""
@@ -565,13 +666,17 @@ class TaggingTask(HeadOutputs):
     def write_predictions(
         self, folder: Path, encoded: dict[str, EncodedTags], predictions: dict[str, list[list[int]]]
     ) -> None:
-        """`<split>.conll` for every dev and test split, and `<split>.report.json` (scores per type) when labelled."""
+        """`<split>.conll` for every dev and test split, and `<split>.report.json` when labelled.
+
+        The report scores each entity type (seqeval's report), or each tag over words for plain tags.
+        """
         for split in self.dev_splits + self.test_splits:
             predicted = self.tag_names(predictions[split])
             atomic_write_text(folder / f"{split}.conll", conll_text(self.splits[split], predicted))
             gold = encoded[split].gold
             if gold is not None:
-                report = json.dumps(classification_report(gold, predicted), indent=2)
+                scores = classification_report(gold, predicted) if self.entities else tag_report(gold, predicted)
+                report = json.dumps(scores, indent=2)
                 atomic_write_text(folder / f"{split}.report.json", report + "\n")
 
     def write_submission(self, run_folder: Path, submission: Path) -> None:

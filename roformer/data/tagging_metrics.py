@@ -18,6 +18,11 @@ predictions are scored as conlleval would, every predicted chunk counted.
 An entity is right when its type, first and last word all match a gold entity (of the same sentence). Precision,
 recall and F1 are micro-averaged over types (total counts), with 0 where a denominator is 0 (seqeval's
 `zero_division=0`); token accuracy is the fraction of tags equal to the gold tag.
+
+Plain tags (POS tags, IO tags such as `PER`: no tag with a `B-`, `I-`, `E-` or `S-` prefix, `has_entities`) mark no
+entities: every entity score of theirs is 0 whatever the predictions. They are scored per word instead
+(`tag_report`: each tag's precision, recall and F1 over words, as scikit-learn's `classification_report` of the
+flattened tags, and token accuracy).
 """
 
 from __future__ import annotations
@@ -29,12 +34,18 @@ from dataclasses import dataclass
 Chunk = tuple[str, int, int]  # (type, first word, last word), both ends included
 
 OUTSIDE = ("O", ".")  # conlleval: tags outside every chunk (`.`: its sentence-end tag of chunking data)
+ENTITY_PREFIXES = ("B", "I", "E", "S")  # the prefixes that mark entities in IOB1, IOB2 and IOBES
 
 
 def split_tag(tag: str) -> tuple[str, str]:
     """The prefix and the type of a tag: `B-PER` -> (`B`, `PER`), `O` -> (`O`, ``), `B-A-B` -> (`B`, `A-B`)."""
     prefix, _, kind = tag.partition("-")
     return prefix, kind
+
+
+def has_entities(tags: Sequence[str]) -> bool:
+    """Whether a tag set marks entities: a tag other than `O` is a prefix of an entity scheme and a type (`B-PER`)."""
+    return any(prefix in ENTITY_PREFIXES and kind for prefix, kind in map(split_tag, tags) if prefix not in OUTSIDE)
 
 
 def _chunk_ends(previous: str, tag: str, previous_type: str, kind: str) -> bool:
@@ -157,4 +168,26 @@ def classification_report(
     counts = count_chunks(gold, predicted)
     report = {kind: c.scores() for kind, c in counts.items()}
     report["micro avg"] = _total(counts).scores()
+    return report
+
+
+def tag_report(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> dict[str, dict[str, float]]:
+    """Per tag (sorted), each word's tag read as a class: precision, recall, f1 and support (gold words); `accuracy`.
+
+    For plain tags (POS): scikit-learn's `classification_report(output_dict=True)` of the flattened word tags, with
+    `f1` for `f1-score`, 0 where a denominator is 0, and no macro or weighted means.
+
+    Raises:
+        ValueError: the sentences or their lengths differ.
+    """
+    _check_aligned(gold, predicted)
+    pairs = [(g, p) for gold_tags, tags in zip(gold, predicted) for g, p in zip(gold_tags, tags)]
+    gold_count = Counter(g for g, _ in pairs)
+    predicted_count = Counter(p for _, p in pairs)
+    correct_count = Counter(g for g, p in pairs if g == p)
+    tags = sorted(set(gold_count) | set(predicted_count))
+    report: dict[str, dict[str, float]] = {
+        tag: ChunkCounts(gold_count[tag], predicted_count[tag], correct_count[tag]).scores() for tag in tags
+    }
+    report["accuracy"] = {"accuracy": token_accuracy(gold, predicted), "support": float(len(pairs))}
     return report

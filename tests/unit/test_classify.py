@@ -12,7 +12,10 @@ import torch
 from roformer.config import load
 from roformer.data.classify import TextTask, label_list, multi_label_metrics, sorted_labels
 from roformer.data.config import FinetuneDataConfig
+from roformer.data.glue import GlueTask
+from roformer.data.glue_tasks import get_task
 from roformer.data.records import Record, field, read_records, text_field
+from roformer.data.tasks import Encoded
 from roformer.data.tokenizer import train_tokenizer
 from roformer.errors import ConfigError, UserError
 from roformer.train.config import FinetuneConfig
@@ -280,7 +283,16 @@ def test_config_checks_of_the_task_types() -> None:
     with pytest.raises(ConfigError, match="needs a choices: section"):
         FinetuneDataConfig(type="multiple_choice", train_file="a", validation_file="b")
     data = FinetuneDataConfig(type="token_classification", train_file="a", validation_file="b")
-    assert (data.source, data.task, data.tagging.scheme) == ("files", "token_classification", "IOB2")
+    assert (data.source, data.task, data.tagging.scheme) == ("files", "token_classification", "auto")
+    with pytest.raises(ConfigError, match=r"metrics: unknown \['spearman'\] for task mrpc \(known: f1, accuracy\)"):
+        FinetuneDataConfig(type="glue", task="mrpc", glue_dir="g", metrics=["spearman"])
+    with pytest.raises(ConfigError, match=r"metrics: unknown \['f1'\] for type triplet \(known: accuracy\)"):
+        FinetuneDataConfig(type="triplet", train_file="a", validation_file="b", metrics=["f1"])
+    with pytest.raises(ConfigError, match=r"metrics: a metric named twice"):
+        FinetuneDataConfig(type="question_answering", train_file="a", validation_file="b", metrics=["f1", "f1"])
+    glue = GlueTask(get_task("mrpc"), {}, 8, ["f1"])  # data.metrics picks the task's F1 alone
+    scores = glue.evaluate(Encoded([], [], [1, 1, 0, 0], []), [1, 0, 0, 0])
+    assert scores["score"] == scores["f1"] == pytest.approx(2 / 3) and "accuracy" not in scores
 
 
 def test_a_section_of_another_type_in_a_file_names_the_file(tmp_path: Path) -> None:

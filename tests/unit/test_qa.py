@@ -514,6 +514,20 @@ def test_the_task_scores_its_predictions(tmp_path: Path) -> None:
     ).read_text()
 
 
+def test_data_metrics_choose_what_selects(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    questions = [Question("a", "where", "alice lives in paris france", ["paris france"], [(15, 27)])]
+    scores = {}
+    for metrics in (None, ["f1"], ["exact_match"]):
+        task = QATask("toy", {"train": questions, "dev": questions}, QAConfig(), False, 8, metrics)
+        monkeypatch.setattr(task, "answers", lambda split, predictions: {"a": SimpleNamespace(text="paris")})
+        scores[str(metrics)] = task.evaluate(SimpleNamespace(questions=questions), [])
+    f1 = 2 * (1 / 1) * (1 / 2) / (1 + 1 / 2)  # 1 of 1 predicted tokens right, 1 of 2 gold
+    assert scores["['f1']"] == {"exact_match": 0.0, "f1": pytest.approx(f1), "score": pytest.approx(f1)}
+    assert scores["['exact_match']"]["score"] == 0.0 and scores["None"]["score"] == pytest.approx(f1 / 2)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # jieba
 

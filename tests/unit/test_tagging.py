@@ -23,9 +23,16 @@ from roformer.data.tagging import (
     read_conll,
     read_json_sentences,
 )
-from roformer.data.tagging_metrics import chunks, classification_report, tag_scores, token_accuracy
+from roformer.data.tagging_metrics import (
+    chunks,
+    classification_report,
+    has_entities,
+    tag_report,
+    tag_scores,
+    token_accuracy,
+)
 from roformer.data.tasks import FinetuneTask
-from roformer.errors import UserError
+from roformer.errors import ConfigError, UserError
 from roformer.model.model import IGNORE_INDEX
 
 TYPES = ("PER", "LOC", "MISC")
@@ -528,3 +535,104 @@ def test_conll2003_counts_match_the_data_readme(shared_data: Path) -> None:
 
 def test_the_ignored_label_is_the_models() -> None:
     assert tagging_module.IGNORE_INDEX == IGNORE_INDEX  # data does not import model: the value is repeated
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Plain tags (POS, IO), the selecting metric, word-level Chinese
+
+POS_TRAIN = "The DT\ndog NN\nruns VBZ\n\nA DT\ncat NN\nsleeps VBZ\n"
+POS_DEV = "The DT\ncat NN\nruns VBZ\n\ndog NN\n"
+IO_TRAIN = "John PER\nvisited O\nBerlin LOC\n\nMary PER\n"
+
+
+def perfect(task: TaggingTask, split: str) -> list[list[int]]:
+    """Predictions equal to the gold tags of `split`."""
+    return [[task.labels.index(t) for t in s.tags] for s in task.splits[split]]
+
+
+@pytest.mark.parametrize(("train", "dev"), [(POS_TRAIN, POS_DEV), (IO_TRAIN, "Ann PER\nleft O\n")])
+def test_plain_tags_select_by_token_accuracy_not_an_entity_f1_of_zero(tmp_path: Path, train: str, dev: str) -> None:
+    task = TaggingTask.from_config(tagging_config(tmp_path, {"train": train, "validation": dev}))
+    assert not task.entities and task.metrics == ("accuracy",)
+    encoded = task.encode(train_tokenizer_of(train + dev), 32)["dev"]
+    right = perfect(task, "dev")
+    assert task.evaluate(encoded, right) == {"accuracy": 1.0, "score": 1.0}  # entity F1 was 0 whatever
+    wrong = [[(i + 1) % task.num_labels for i in row] for row in right]
+    assert task.evaluate(encoded, wrong)["score"] == 0.0
+    task.write_predictions(tmp_path, {"dev": encoded}, {"dev": right})
+    report = json.loads((tmp_path / "dev.report.json").read_text())
+    assert report["accuracy"] == {"accuracy": 1.0, "support": float(sum(len(t) for t in encoded.gold))}
+
+
+def test_an_entity_scheme_named_for_plain_tags_is_refused_and_none_forces_accuracy(tmp_path: Path) -> None:
+    config = tagging_config(tmp_path, {"train": POS_TRAIN, "validation": POS_DEV})
+    config.tagging = TaggingConfig(scheme="IOB2")
+    with pytest.raises(UserError, match=r"train\.txt: data.tagging.scheme is IOB2, but no tag has a B-/I-/E-/S-"):
+        TaggingTask.from_config(config)
+    ner = tagging_config(tmp_path, {"train": TRAIN, "validation": DEV})
+    ner.tagging = TaggingConfig(scheme="none", label_all_tokens=True)
+    task = TaggingTask.from_config(ner)
+    assert not task.entities and task.metrics == ("accuracy",)
+    assert continuation_tag("B-PER", entities=False) == "B-PER"  # a plain tag of its own
+    ner.tagging = TaggingConfig()
+    assert TaggingTask.from_config(ner).entities  # auto: B-/I- prefixes
+
+
+def test_data_metrics_choose_the_selecting_metric_of_tagging(tmp_path: Path) -> None:
+    task = TaggingTask.from_config(tagging_config(tmp_path, {"train": TRAIN, "validation": DEV}, metrics=["accuracy"]))
+    encoded = task.encode(train_tokenizer_of(TRAIN + DEV), 32)["dev"]
+    outside = [[task.outside_id] * len(s.tags) for s in task.splits["dev"]]  # every word O: no entity found
+    scores = task.evaluate(encoded, outside)
+    assert scores["f1"] == 0.0 and scores["score"] == scores["accuracy"] == 3 / 5
+    both = TaggingTask.from_config(
+        tagging_config(tmp_path, {"train": TRAIN, "validation": DEV}, metrics=["f1", "accuracy"])
+    )
+    assert both.evaluate(encoded, outside)["score"] == pytest.approx(3 / 10)
+    with pytest.raises(UserError, match=r"data.metrics: f1 are entity-level, and these tags mark no entities"):
+        TaggingTask.from_config(tagging_config(tmp_path, {"train": POS_TRAIN, "validation": POS_DEV}, metrics=["f1"]))
+    with pytest.raises(ConfigError, match=r"metrics: unknown \['bleu'\] for type token_classification"):
+        tagging_config(tmp_path, {"train": TRAIN, "validation": DEV}, metrics=["bleu"])
+
+
+def test_tag_report_counts_each_tag_over_words() -> None:
+    gold = [["DT", "NN", "VBZ"], ["NN"]]
+    predicted = [["DT", "NN", "NN"], ["VBZ"]]
+    report = tag_report(gold, predicted)
+    # NN: predicted twice, right once, gold twice; VBZ: predicted once (wrong), gold once
+    assert report["NN"] == {"precision": 0.5, "recall": 0.5, "f1": 0.5, "support": 2.0}
+    assert report["VBZ"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 1.0}
+    assert report["DT"]["f1"] == 1.0 and report["accuracy"] == {"accuracy": 0.5, "support": 4.0}
+    assert has_entities(["O", "B-PER"]) and has_entities(["S-X"]) and not has_entities(["O", "PER", "NN", "-LRB-"])
+
+
+def train_tokenizer_of(text: str):
+    from roformer.data.tokenizer import train_tokenizer
+
+    words = [line.split()[0] for line in text.splitlines() if line.strip()]
+    return train_tokenizer([" ".join(words)] * 5, vocab_size=80, min_frequency=1)
+
+
+def test_word_level_chinese_spells_out_words_outside_the_vocabulary(tmp_path: Path) -> None:
+    """bert4keras' rule, as QA and classification read jieba's words: characters, never `##` pieces."""
+    transformers = pytest.importorskip("transformers")
+    from roformer.data.tokenizer import load_tokenizer, word_vocabulary
+
+    folder = tmp_path / "wobert"
+    folder.mkdir()
+    chars = list("北京市公园天气很好")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *(f"##{c}" for c in chars), "北京", "公园"]
+    (folder / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
+    tokenizer = load_tokenizer(folder)
+    assert word_vocabulary(tokenizer) is not None
+    train = "北京市 B-LOC\n公园 I-LOC\n天气 O\n很好 O\n"
+    task = TaggingTask.from_config(tagging_config(tmp_path, {"train": train, "validation": train}))
+    dev = task.encode(tokenizer, 32)["dev"]
+    tokens = pieces(tokenizer, dev.ids[0])
+    assert tokens == ["[CLS]", "北", "京", "市", "公园", "天", "气", "很", "好", "[SEP]"]
+    assert not any(t.startswith("##") for t in tokens)  # was 北京 ##市, 天 ##气, 很 ##好
+    assert dev.positions[0] == [1, 4, 5, 7]
+    # the authors' tokenizer (bert4keras: a word outside the vocabulary tokenized the plain BERT way) on each word
+    bert = transformers.BertTokenizer(str(folder / "vocab.txt"))
+    assert tokens[1:-1] == [
+        t for w in ("北京市", "公园", "天气", "很好") for t in ([w] if w in vocab else bert.tokenize(w))
+    ]
