@@ -149,11 +149,18 @@ def _export(args: argparse.Namespace) -> None:
 
 
 def _export_sentence_transformers(args: argparse.Namespace) -> None:
-    from roformer.train.embed import SentenceEncoder, export_sentence_transformers, sentence_transformers_modules
+    from roformer.data.tokenizer import load_tokenizer
+    from roformer.train.embed import (
+        SentenceEncoder,
+        check_exportable,
+        export_sentence_transformers,
+        sentence_transformers_modules,
+    )
 
     if args.architecture:
         raise UserError("--architecture is for ONNX; a sentence-transformers export is the backbone and its pooling")
     sentence_transformers_modules()  # installed? before the model is read
+    check_exportable(load_tokenizer(Path(args.model)), args.model)  # a word-level tokenizer, named by its folder
     encoder = SentenceEncoder.load(args.model, args.pooling, args.max_length)
     out = export_sentence_transformers(encoder, args.out, args.normalize, args.overwrite)
     unit = ", unit length" if args.normalize else ""

@@ -13,7 +13,7 @@ import contextlib
 import copy
 import logging
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
-from roformer.data.records import read_records, read_text, text_field
+from roformer.data.records import read_records, text_field
 from roformer.data.tasks import padded_length
-from roformer.data.tokenizer import check_fits, check_segmentation, jieba_presegmenter, load_tokenizer
+from roformer.data.tokenizer import check_fits, jieba_presegmenter, load_tokenizer, word_vocabulary
 from roformer.errors import UserError
-from roformer.files import atomic_write, read_json
+from roformer.files import atomic_write, check_output_file, read_json, stop_on_write_failure
 from roformer.logs import quiet_loggers
 from roformer.model.config import POOLINGS, ModelConfig
 from roformer.model.model import Backbone, Model
@@ -84,10 +84,9 @@ class SentenceEncoder:
         self.max_length = max_length or min(DEFAULT_MAX_LENGTH, limit or DEFAULT_MAX_LENGTH)
         if limit is not None and self.max_length > limit:
             raise UserError(f"max_length {self.max_length} exceeds the learned position table ({limit} positions)")
-        self.model = model.eval()
-        self.model.set_unpadding(True)
+        self.model = model  # switched to eval mode and unpadding by each `encode` call alone, then set back
         self.tokenizer = tokenizer
-        check_segmentation(tokenizer, jieba, "the sentence encoder")
+        check_jieba(tokenizer, jieba, "the sentence encoder")
         self.segment = jieba_presegmenter(tokenizer) if jieba else None
         self.backend = self.truncating_backend(tokenizer, self.max_length)
 
@@ -118,9 +117,10 @@ class SentenceEncoder:
 
         Raises:
             UserError: no model or tokenizer at `source`, a tokenizer larger than the model's vocabulary, a pooling
-                the model cannot give.
+                the model cannot give, a word-level Chinese tokenizer without `jieba`.
         """
         tokenizer = load_tokenizer(Path(source))
+        check_jieba(tokenizer, jieba, source)  # before the weights are read
         trained = Path(source) / SENTENCE_FILE  # a similarity fine-tune's best/: the pooling it was trained with
         if pooling is None and trained.is_file():
             pooling = read_json(trained).get("pooling")
@@ -150,7 +150,8 @@ class SentenceEncoder:
     ) -> np.ndarray:
         """The texts' vectors, (N, C) float32, in the texts' order (unit length with `normalize`).
 
-        Under several processes every process returns the whole array.
+        The model runs in eval mode with unpadding on, and is left as the caller had it (`kept_settings`). Under
+        several processes every process returns the whole array.
         """
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
@@ -162,10 +163,12 @@ class SentenceEncoder:
         ]
         device = next(self.model.parameters()).device
         mine: list[np.ndarray] = []
-        for chunk in progress_bar(chunks, progress and state.is_main_process):
-            rows = [order[i] for i in chunk.tolist()]
-            vectors = self.encode_rows(ids, rows, device, normalize, precision)
-            mine.append(vectors)
+        with kept_settings(self.model):
+            self.model.eval()
+            self.model.set_unpadding(True)
+            for chunk in progress_bar(chunks, progress and state.is_main_process):
+                rows = [order[i] for i in chunk.tolist()]
+                mine.append(self.encode_rows(ids, rows, device, normalize, precision))
         width = self.model.config.hidden_size
         shares = gather(np.concatenate(mine) if mine else np.zeros((0, width), np.float32))
         by_length = np.concatenate(shares)
@@ -176,7 +179,7 @@ class SentenceEncoder:
     def encode_rows(
         self, ids: list[list[int]], rows: list[int], device: torch.device, normalize: bool, precision: Precision
     ) -> np.ndarray:
-        """One batch: the vectors of `rows` of `ids`, (len(rows), C) float32."""
+        """One batch: the vectors of `rows` of `ids`, (len(rows), C) float32, in the model's current mode."""
         lengths = torch.tensor([len(ids[r]) for r in rows])
         # rounded up to 8 on accelerators (tensor cores, fused kernels); on CPU rounding only adds positions
         multiple = 1 if device.type == "cpu" else 8
@@ -192,6 +195,37 @@ class SentenceEncoder:
                 input_ids.to(device), mask.long().to(device), pooling=self.pooling, normalize=normalize
             )
         return vectors.float().cpu().numpy()
+
+
+def check_jieba(tokenizer: Tokenizer, jieba: bool, where: str | Path) -> None:
+    """Refuse a word-level Chinese tokenizer without jieba (its words would reach WordPiece whole and be [UNK]).
+
+    Raises:
+        UserError: naming `where` (the model folder) and how to turn jieba on.
+    """
+    if not jieba and word_vocabulary(tokenizer) is not None:
+        raise UserError(
+            f"{where}: the tokenizer is word-level Chinese (WoBERT-style: jieba's words, then WordPiece): segment "
+            "the texts with jieba (roformer embed --jieba; in Python SentenceEncoder.load(..., jieba=True))"
+        )
+
+
+@contextlib.contextmanager
+def kept_settings(model: torch.nn.Module) -> Iterator[None]:
+    """Every module's training mode and every backbone's unpadding setting as they were before the block, after it.
+
+    For what switches a caller's model to evaluation (`SentenceEncoder.encode`, `similar_sentences`): the caller's
+    model is given back as it came, also when the block fails.
+    """
+    training = {module: module.training for module in model.modules()}
+    unpadding = {module: module.unpadding for module in model.modules() if isinstance(module, Backbone)}
+    try:
+        yield
+    finally:
+        for module, mode in training.items():
+            module.training = mode
+        for module, enabled in unpadding.items():
+            module.unpadding = enabled
 
 
 def progress_bar(items: list, show: bool) -> Sequence:
@@ -210,7 +244,8 @@ def progress_bar(items: list, show: bool) -> Sequence:
 def read_texts(path: str | Path, column: str | None = None) -> list[str]:
     """The texts of a file, in its order.
 
-    A .txt file's lines, or `column` (default `text`) of every row of a csv/tsv/json/jsonl/parquet file.
+    A .txt file's lines (`text_lines`), or `column` (default `text`) of every row of a csv/tsv/json/jsonl/parquet
+    file.
 
     Raises:
         UserError: a missing or unreadable file, a row without the column (naming file and line), no text at all.
@@ -219,12 +254,37 @@ def read_texts(path: str | Path, column: str | None = None) -> list[str]:
     if path.suffix.lower() == ".txt":
         if column is not None:
             raise UserError(f"{path}: a .txt file has one text per line and no columns (drop --column)")
-        texts = read_text(path).splitlines()
+        texts = text_lines(path)
     else:
         texts = [text_field(record, column or "text") for record in read_records(path)]
     if not texts:
         raise UserError(f"{path}: no texts to embed")
     return texts
+
+
+def text_lines(path: Path) -> list[str]:
+    r"""The lines of a UTF-8 text file, split at `\n` alone (a `\r` before it dropped), so that line i is text i.
+
+    A newline ends a line: the one at the end of the file adds no empty text, an empty line between two others is an
+    empty text. Nothing else breaks a line, neither a lone `\r` nor what `str.splitlines` also splits at (form feed,
+    U+2028, U+0085, `\x1c`...): those are characters of the text.
+
+    Raises:
+        UserError: a missing, unreadable or non-UTF-8 file, naming it.
+    """
+    if not path.is_file():
+        raise UserError(f"{path}: data file not found")
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as f:  # newline="": a lone \r is no line end
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the newline that ends the last line (or an empty file)
+    return [line.removesuffix("\r") for line in lines]
 
 
 def check_vectors_path(path: str | Path, overwrite: bool) -> Path:
@@ -233,8 +293,6 @@ def check_vectors_path(path: str | Path, overwrite: bool) -> Path:
     Raises:
         UserError: an unknown suffix, or an existing file without `overwrite`.
     """
-    from roformer.files import check_output_file
-
     path = Path(path)
     if path.suffix.lower() not in VECTOR_FORMATS:
         raise UserError(f"{path}: expected a .npy or .safetensors file for the vectors")
@@ -245,8 +303,31 @@ def check_vectors_path(path: str | Path, overwrite: bool) -> Path:
 
 
 def write_vectors(path: str | Path, vectors: np.ndarray) -> None:
-    """Write the (N, C) vectors all or nothing: .npy (numpy.load) or .safetensors (one tensor, `embeddings`)."""
+    """Write the (N, C) vectors all or nothing: .npy (numpy.load) or .safetensors (one tensor, `embeddings`).
+
+    The file's folder is made if missing (`check_vectors_path` has checked that it can be, before the work).
+
+    Raises:
+        WriteFailed: the disk is full or read-only (exit code 74), naming `path`.
+        UserError: any other failure to make the folder or write the file (a file where the folder goes, no
+            permission), naming `path`; nothing that was there is changed.
+    """
     path = Path(path)
+    try:
+        with stop_on_write_failure(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, vector_writer(path, vectors))
+    except OSError as e:
+        reason = e.strerror or str(e)
+        try:
+            check_output_file(path)  # a file in the folder's place, or a folder that cannot be written: said so
+        except UserError as obstacle:
+            reason = str(obstacle)
+        raise UserError(f"cannot write {path}: {reason}") from None
+
+
+def vector_writer(path: Path, vectors: np.ndarray) -> Callable[[Path], None]:
+    """What writes `vectors` in `path`'s format to a given (temporary) file."""
     if path.suffix.lower() == ".npy":
 
         def write(tmp: Path) -> None:
@@ -259,7 +340,7 @@ def write_vectors(path: str | Path, vectors: np.ndarray) -> None:
         def write(tmp: Path) -> None:
             save_file({SAFETENSORS_KEY: np.ascontiguousarray(vectors)}, str(tmp))
 
-    atomic_write(path, write)
+    return write
 
 
 def read_vectors(path: str | Path) -> np.ndarray:
@@ -298,6 +379,20 @@ def sentence_transformers_modules() -> Any:
     return modules
 
 
+def check_exportable(tokenizer: Tokenizer, where: str | Path) -> None:
+    """Refuse a word-level Chinese tokenizer for sentence-transformers, which cannot segment texts with jieba first.
+
+    Raises:
+        UserError: naming `where` (the model folder) and what can be done instead.
+    """
+    if word_vocabulary(tokenizer) is not None:
+        raise UserError(
+            f"{where}: a word-level Chinese model (its tokenizer reads jieba's words) cannot be exported to "
+            "sentence-transformers, which does not segment texts with jieba; embed them with roformer embed --jieba "
+            "(in Python SentenceEncoder.load(..., jieba=True)) instead"
+        )
+
+
 def without_pooler(model: Model) -> Model:
     """The backbone of `model` without its pooler, the same weights otherwise.
 
@@ -318,8 +413,9 @@ def export_sentence_transformers(encoder: SentenceEncoder, out: str | Path, norm
     one), and a Normalize module if asked. Its vectors equal `encoder.encode`'s.
 
     Raises:
-        UserError: sentence-transformers is not installed, or transformers cannot hold the model (RoFormerV2,
-            relative position encodings: `to_hf`'s one-line error).
+        UserError: sentence-transformers is not installed, a word-level Chinese tokenizer (`check_exportable`),
+            or transformers cannot hold the model (RoFormerV2, relative position encodings: `to_hf`'s one-line
+            error).
     """
     import tempfile
 
@@ -330,6 +426,7 @@ def export_sentence_transformers(encoder: SentenceEncoder, out: str | Path, norm
     from roformer.model.hf import to_hf
 
     modules = sentence_transformers_modules()
+    check_exportable(encoder.tokenizer, "the encoder's model")
     config = encoder.model.config
     hf_model = to_hf(without_pooler(encoder.model))  # before anything is written: it refuses what HF cannot hold
     out = Path(out)
@@ -423,36 +520,37 @@ def similar_sentences(
     """
     if n < 1:
         raise UserError(f"n must be >= 1, got {n}")
-    model = model.eval()
-    device = next(model.parameters()).device
-    prompts = [ids for ids in tokenizer(list(texts))["input_ids"] for _ in range(n)]
-    width = max(len(ids) for ids in prompts)
-    input_ids = torch.full((len(prompts), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros_like(input_ids)
-    for row, ids in enumerate(prompts):  # left-padded: every prompt ends where generation starts
-        input_ids[row, width - len(ids) :] = torch.tensor(ids)
-        mask[row, width - len(ids) :] = 1
-    sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "generator": generator}
-    with torch.inference_mode():  # every new token is segment B (type 1) under UniLM attention: generate's rule
-        types = torch.zeros_like(input_ids).to(device)
-        out = model.generate(
-            input_ids.to(device),
-            mask.to(device),
-            types,
-            max_new_tokens,
-            eos_token_id=tokenizer.sep_token_id,
-            **sampling,
-        )
-    decoded = [joined_text(t) for t in tokenizer.batch_decode(out[:, width:].tolist(), skip_special_tokens=True)]
-    pooling = "pooler" if model.config.add_pooler else "mean"
-    encoder = SentenceEncoder(model, tokenizer, pooling=pooling)
-    ranked = []
-    for i, text in enumerate(texts):
-        candidates = [c for c in dict.fromkeys(decoded[i * n : (i + 1) * n]) if c and c != joined_text(text)]
-        if not candidates:
-            ranked.append([])
-            continue
-        vectors = encoder.encode([text, *candidates], normalize=True)
-        scores = vectors[1:] @ vectors[0]
-        ranked.append(sorted(zip(candidates, scores.tolist()), key=lambda pair: -pair[1]))
-    return ranked
+    with kept_settings(model):  # eval mode for sampling and scoring, then the caller's mode back
+        model.eval()
+        device = next(model.parameters()).device
+        prompts = [ids for ids in tokenizer(list(texts))["input_ids"] for _ in range(n)]
+        width = max(len(ids) for ids in prompts)
+        input_ids = torch.full((len(prompts), width), tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(input_ids)
+        for row, ids in enumerate(prompts):  # left-padded: every prompt ends where generation starts
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            mask[row, width - len(ids) :] = 1
+        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "generator": generator}
+        with torch.inference_mode():  # every new token is segment B (type 1) under UniLM attention: generate's rule
+            types = torch.zeros_like(input_ids).to(device)
+            out = model.generate(
+                input_ids.to(device),
+                mask.to(device),
+                types,
+                max_new_tokens,
+                eos_token_id=tokenizer.sep_token_id,
+                **sampling,
+            )
+        decoded = [joined_text(t) for t in tokenizer.batch_decode(out[:, width:].tolist(), skip_special_tokens=True)]
+        pooling = "pooler" if model.config.add_pooler else "mean"
+        encoder = SentenceEncoder(model, tokenizer, pooling=pooling)
+        ranked = []
+        for i, text in enumerate(texts):
+            candidates = [c for c in dict.fromkeys(decoded[i * n : (i + 1) * n]) if c and c != joined_text(text)]
+            if not candidates:
+                ranked.append([])
+                continue
+            vectors = encoder.encode([text, *candidates], normalize=True)
+            scores = vectors[1:] @ vectors[0]
+            ranked.append(sorted(zip(candidates, scores.tolist()), key=lambda pair: -pair[1]))
+        return ranked

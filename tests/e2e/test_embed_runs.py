@@ -98,6 +98,33 @@ def test_what_transformers_cannot_hold_is_refused_in_one_line(
     assert not out.exists()
 
 
+def word_level_model(folder: Path) -> Path:
+    """A tiny backbone with a WoBERT-style word-level vocab.txt (words of several characters) as its tokenizer."""
+    import roformer
+    from roformer.data.tokenizer import load_tokenizer
+
+    folder.mkdir(parents=True)
+    chars = sorted(set("今天气很好我想去公园"))
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, "今天", "天气", "公园"]
+    (folder / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
+    roformer.Backbone(tiny_config(vocab_size=len(load_tokenizer(folder)))).save(folder)
+    return folder
+
+
+def test_a_word_level_model_is_refused_naming_its_folder_and_what_can_be_done(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """sentence-transformers cannot segment with jieba: refused, naming the folder, with no option export lacks."""
+    pytest.importorskip("sentence_transformers")
+    model, out = word_level_model(tmp_path / "wobert"), tmp_path / "st"
+    code = main(["export", "--model", str(model), "--format", "sentence-transformers", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{model}: " in err and "word-level" in err and "roformer embed --jieba" in err, err
+    assert "data.jieba" not in err, err
+    assert not out.exists()
+
+
 def test_without_sentence_transformers_the_export_says_what_to_install(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

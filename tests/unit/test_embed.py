@@ -164,6 +164,16 @@ def test_texts_are_read_from_lines_and_columns(tmp_path: Path) -> None:
         read_texts(tmp_path / "missing.txt")
 
 
+def test_a_txt_file_has_one_text_per_newline_and_no_other_break(tmp_path: Path) -> None:
+    """Form feed, U+2028, \\x1c, \\x85 and a lone \\r are text (str.splitlines broke there): row i is line i."""
+    path = tmp_path / "t.txt"
+    path.write_bytes("a\x0cb\nc\u2028d\r\ne\x1cf\x1dg\x1eh\n\ni\x85j\rk\u2029l\n".encode())
+    assert read_texts(path) == ["a\x0cb", "c\u2028d", "e\x1cf\x1dg\x1eh", "", "i\x85j\rk\u2029l"]
+    for text, lines in [("x", ["x"]), ("x\n", ["x"]), ("x\r\n", ["x"]), ("x\n\n", ["x", ""]), ("\n", [""])]:
+        path.write_bytes(text.encode())
+        assert read_texts(path) == lines, text
+
+
 @pytest.mark.parametrize("suffix", [".npy", ".safetensors"])
 def test_vectors_are_written_whole_and_read_back(tmp_path: Path, suffix: str) -> None:
     vectors = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
@@ -193,6 +203,53 @@ def test_embed_command(tmp_path: Path, tokenizer, capsys: pytest.CaptureFixture)
     assert code == 2 and "exists (pass --overwrite" in err and (tmp_path / "v.npy").read_bytes() == before
 
 
+def saved_backbone(folder: Path, tokenizer) -> Path:
+    """A tiny random backbone and `tokenizer`, saved as a model directory."""
+    roformer.Backbone(tiny_config(vocab_size=len(tokenizer))).save(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_embed_makes_the_output_folder(tmp_path: Path, tokenizer, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "t.txt").write_text("one\ntwo\n", encoding="utf-8")
+    out = tmp_path / "new" / "deeper" / "v.safetensors"
+    args = ["--model", str(saved_backbone(tmp_path / "m", tokenizer)), "--input", str(tmp_path / "t.txt")]
+    code, _, err = embed_cli([*args, "--out", str(out)], capsys)
+    assert code == 0, err
+    assert read_vectors(out).shape == (2, 32) and [p.name for p in out.parent.iterdir()] == [out.name]
+
+
+def test_an_output_folder_that_cannot_be_made_is_refused_before_the_work(
+    tmp_path: Path, tokenizer, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "t.txt").write_text("one\n", encoding="utf-8")
+    (tmp_path / "file").write_text("kept")
+    monkeypatch.setattr(SentenceEncoder, "encode", lambda *a, **k: pytest.fail("encoded before the output was checked"))
+    args = ["--model", str(saved_backbone(tmp_path / "m", tokenizer)), "--input", str(tmp_path / "t.txt")]
+    code, _, err = embed_cli([*args, "--out", str(tmp_path / "file" / "sub" / "v.npy")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "file is a file" in err, err
+    assert (tmp_path / "file").read_text() == "kept"
+
+
+def test_a_failed_vectors_write_is_one_line_and_loses_nothing(
+    tmp_path: Path, tokenizer, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The folder checked before the work is taken meanwhile (a file made where it goes): one line, exit 2."""
+    (tmp_path / "t.txt").write_text("one\ntwo\n", encoding="utf-8")
+    encode = SentenceEncoder.encode
+
+    def encode_while_the_folder_is_taken(self, *args, **kwargs) -> np.ndarray:
+        (tmp_path / "out").write_text("kept")
+        return encode(self, *args, **kwargs)
+
+    monkeypatch.setattr(SentenceEncoder, "encode", encode_while_the_folder_is_taken)
+    args = ["--model", str(saved_backbone(tmp_path / "m", tokenizer)), "--input", str(tmp_path / "t.txt")]
+    code, out, err = embed_cli([*args, "--out", str(tmp_path / "out" / "v.npy")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert re.search(r"cannot write .*out/v\.npy", err) and "written to" not in out, err
+    assert (tmp_path / "out").read_text() == "kept"
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -214,6 +271,24 @@ def test_embed_command_bad_input_is_one_line(
     code, _, err = embed_cli(sum(([k, v] for k, v in options.items()), []), capsys)
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1 and re.search(message, err), err
+    assert not (tmp_path / "v.npy").exists()
+
+
+def test_embed_without_jieba_on_a_word_level_model_names_the_folder_and_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from roformer.data.tokenizer import load_tokenizer
+
+    model = tmp_path / "wobert"
+    model.mkdir()
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"今天气很好", "今天", "天气"]
+    (model / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
+    roformer.Backbone(tiny_config(vocab_size=len(load_tokenizer(model)))).save(model)
+    (tmp_path / "t.txt").write_text("今天天气很好\n", encoding="utf-8")
+    args = ["--model", str(model), "--input", str(tmp_path / "t.txt"), "--out", str(tmp_path / "v.npy")]
+    code, _, err = embed_cli(args, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{model}: the tokenizer is word-level Chinese" in err and "--jieba" in err and "data.jieba" not in err
     assert not (tmp_path / "v.npy").exists()
 
 
@@ -251,3 +326,50 @@ def test_similar_sentences_are_distinct_samples_ranked_by_the_pooled_cosine(toke
         np.testing.assert_allclose(scores, vectors[1:] @ vectors[0], rtol=1e-5, atol=1e-6)
     with pytest.raises(UserError, match="n must be >= 1"):
         similar_sentences(sim, tokenizer, texts, n=0)
+
+
+def model_settings(model: torch.nn.Module) -> list[tuple[str, bool, bool | None]]:
+    """Every module's name, training mode and unpadding setting (None for a module without one)."""
+    return [(name, m.training, getattr(m, "unpadding", None)) for name, m in model.named_modules()]
+
+
+@pytest.mark.parametrize("unpadding", [False, True])
+def test_the_encoder_leaves_the_callers_model_as_it_was(
+    tokenizer, unpadding: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Training mode (each module's own) and unpadding as the caller set them, after encoding and after a failure."""
+    model = roformer.Backbone(tiny_config(vocab_size=len(tokenizer)))
+    model.set_unpadding(unpadding)
+    model.layers[1].eval()  # a mixed setting: some modules training, some not
+    before = model_settings(model)
+    encoder = SentenceEncoder(model, tokenizer)
+    assert model_settings(model) == before
+    vectors = encoder.encode(TEXTS, batch_size=2)
+    assert model_settings(model) == before
+    model.eval()
+    np.testing.assert_allclose(vectors, encoder.encode(TEXTS, batch_size=2), rtol=1.3e-6, atol=1e-5)  # eval's
+    model.train()
+    model.layers[1].eval()
+    seen = []
+
+    def failing_rows(*args, **kwargs) -> np.ndarray:
+        seen.append((model.training, model.unpadding))
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(encoder, "encode_rows", failing_rows)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        encoder.encode(TEXTS)
+    assert seen == [(False, True)] and model_settings(model) == before
+
+
+def test_similar_sentences_leaves_the_callers_model_as_it_was(tokenizer) -> None:
+    from roformer.train.embed import similar_sentences
+
+    config = tiny_config(vocab_size=len(tokenizer), attention_pattern="unilm", add_pooler=True)
+    sim = roformer.CausalLM(config).train()
+    before = model_settings(sim)
+    similar_sentences(sim, tokenizer, ["the cat"], n=2, max_new_tokens=3, generator=torch.Generator().manual_seed(0))
+    assert model_settings(sim) == before
+    with pytest.raises(ValueError, match="top_p"):  # refused by generation, after the model was switched
+        similar_sentences(sim, tokenizer, ["the cat"], n=2, max_new_tokens=3, top_p=2.0)
+    assert model_settings(sim) == before
