@@ -20,7 +20,7 @@ import torch
 from roformer.errors import CheckpointError
 from roformer.model.config import ACTIVATION_NAMES, ModelConfig
 from roformer.model.model import ARCHITECTURES, Model, convert_rotary_layout
-from roformer.model.weights import load_weights
+from roformer.model.weights import load_weights, report_fresh
 
 logger = logging.getLogger(__name__)
 
@@ -181,6 +181,7 @@ def _retargeted(model: Model, architecture: str, overrides: dict[str, Any], wher
     fits = new.state_dict()
     kept = {k: v for k, v in model.state_dict().items() if fits[k].shape == v.shape}
     new.load_state_dict(kept, strict=False)
+    report_fresh(where, architecture, [k for k in fits if k not in kept])  # as `load` says it of our classifiers
     return new
 
 

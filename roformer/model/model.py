@@ -40,7 +40,7 @@ from roformer.model.layers import (
     self_attention_mask,
 )
 from roformer.model.positions import AttentionPositions, PositionTerms, attention_positions
-from roformer.model.weights import load_weights, read_model_dir, save_model
+from roformer.model.weights import load_weights, read_model_config, read_model_dir, save_model
 
 
 @dataclass
@@ -733,9 +733,10 @@ def load(
             `question_answering`, `multiple_choice` or `causal_lm`; None = the saved one. A different one keeps the
             backbone weights and initialises the new head (logged).
         device: Where to put the weights.
-        **config_overrides: ModelConfig fields to change, e.g. `num_labels=3`, `hidden_dropout=0.0`. Fields that
-            change parameter shapes of the saved backbone fail with a shape error. `rotary_layout` permutes the
-            saved q/k rows (`convert_rotary_layout`), so the outputs stay the same.
+        **config_overrides: ModelConfig fields to change, e.g. `num_labels=3`, `hidden_dropout=0.0`. A classifier
+            saved with another `num_labels` gets a fresh output layer (logged; the rest of its head is kept). Other
+            fields that change parameter shapes fail with a shape error. `rotary_layout` permutes the saved q/k
+            rows (`convert_rotary_layout`), so the outputs stay the same.
 
     Returns:
         The model, in eval mode.
@@ -750,7 +751,8 @@ def load(
     if layout is not None and not rotary:
         config = replace(config, rotary_layout=layout)  # no weight depends on it
     model = ARCHITECTURES[architecture](config)
-    load_weights(model, state, saved, Path(directory))
+    relabelled = "num_labels" in overrides and overrides["num_labels"] != read_model_config(directory)[1].num_labels
+    load_weights(model, state, saved, Path(directory), relabelled)
     if layout is not None and rotary:
         model = convert_rotary_layout(model, layout)
     return model.to(device).eval()

@@ -49,7 +49,8 @@ def load_pretrained(source: str | Path, architecture: str, num_labels: int | Non
         source: A roformer model directory, an HF `save_pretrained` directory, or an HF hub name.
         architecture: `backbone`, `masked_lm`, `sequence_classification`, `token_classification`,
             `question_answering`, `multiple_choice` or `causal_lm`.
-        num_labels: Outputs of a classifier; an HF classifier saved with another count gets a fresh output layer.
+        num_labels: Outputs of a classifier; a classifier (ours or HF) saved with another count gets a fresh output
+            layer, logged in one line.
         **overrides: ModelConfig fields to change (dropout, ...); they must keep the parameter shapes.
 
     Returns:
@@ -60,10 +61,10 @@ def load_pretrained(source: str | Path, architecture: str, num_labels: int | Non
     """
     path = _check_source(source)
     labels = {} if num_labels is None else {"num_labels": num_labels}
+    # a classifier saved for another task gets a fresh output layer (its shape no longer fits), either way
     if is_roformer_dir(path):
         return load(path, architecture=architecture, **labels, **overrides).train()
     _check_fields(overrides)
-    # an HF classifier saved for another task gets a fresh output layer (its shape no longer fits)
     return from_hf(str(source), architecture=architecture, **labels, **overrides).train()
 
 

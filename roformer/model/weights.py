@@ -4,7 +4,9 @@ The file format only: it reads and writes state dicts and configs and never buil
 imports this module and not the other way round (`roformer.model.model.load` builds the class). `save_model` writes
 both files through temporary names and renames them, so an interrupted save never leaves a directory that loads
 half-written weights. `load_weights` fills a model of the saved architecture, or another architecture on the same
-backbone (a pretrained `masked_lm` becomes a `sequence_classification` model with a fresh head for fine-tuning).
+backbone (a pretrained `masked_lm` becomes a `sequence_classification` model with a fresh head for fine-tuning), or
+the saved architecture with another label count (a classifier fine-tuned for one task starts another: its output
+layer is fresh).
 """
 
 from __future__ import annotations
@@ -142,25 +144,55 @@ def _verify_weights(directory: Path, recorded: list[Any] | None) -> None:
 SAME_HEAD = {"masked_lm", "causal_lm"}
 
 
-def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], saved_architecture: str, where: Path) -> None:
+def load_weights(
+    model: torch.nn.Module,
+    state: dict[str, torch.Tensor],
+    saved_architecture: str,
+    where: Path,
+    relabelled: bool = False,
+) -> None:
     """Copy saved weights into `model`: all of them for the saved architecture, else the backbone (head fresh, logged).
 
     A masked LM and a causal LM share their head (SAME_HEAD): it is kept when one is loaded as the other.
 
+    Args:
+        model: The model to fill, built from the saved config (with overrides).
+        state: The saved weights.
+        saved_architecture: The architecture they were saved from.
+        where: The model directory, for the messages.
+        relabelled: `model`'s num_labels is not the saved one: the head's weights whose shape it changed (the
+            output layer) are left as initialised (logged), the others loaded (as `from_hf` does).
+
     Raises:
-        CheckpointError: a shape mismatch, missing or unexpected weights.
+        CheckpointError: a shape mismatch (in the backbone, or in the head without a new num_labels), missing or
+            unexpected weights.
     """
     architecture = model.architecture
     if architecture == saved_architecture or {architecture, saved_architecture} <= SAME_HEAD:
-        _load_state(model, state, where, strict=True)
+        fresh = _head_misfits(model, state) if relabelled else []
+        _load_state(model, {k: v for k, v in state.items() if k not in fresh}, where, strict=True, fresh=fresh)
+        report_fresh(where, architecture, fresh)
         return
     missing = _load_state(model.base_model, _backbone_state(state, saved_architecture), where)
     if model.base_model is model:  # a bare backbone: nothing but what the saved backbone lacked is new
         fresh = missing
     else:
         fresh = [f"backbone.{k}" for k in missing] + [k for k in model.state_dict() if not k.startswith("backbone.")]
+    report_fresh(where, architecture, fresh)
+
+
+def report_fresh(where: str | Path, architecture: str, fresh: list[str]) -> None:
+    """Log, in one line, the weights of a model loaded from `where` that start as initialised (none: nothing)."""
     if fresh:
         logger.info("%s: freshly initialised for %s: %s", where, architecture, ", ".join(fresh))
+
+
+def _head_misfits(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
+    """The head's weights in `state` whose shape differs from `model`'s (never the backbone's), in the model's order."""
+    if model.base_model is model:  # a bare backbone has no head
+        return []
+    own = model.state_dict()
+    return [k for k, v in own.items() if not k.startswith("backbone.") and k in state and state[k].shape != v.shape]
 
 
 def _override(config: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
@@ -190,9 +222,16 @@ def _backbone_state(state: dict[str, torch.Tensor], architecture: str) -> dict[s
 
 
 def _load_state(
-    module: torch.nn.Module, state: dict[str, torch.Tensor], where: Path, strict: bool = False
+    module: torch.nn.Module,
+    state: dict[str, torch.Tensor],
+    where: Path,
+    strict: bool = False,
+    fresh: list[str] | None = None,
 ) -> list[str]:
-    """Copy `state` into `module`, checking shapes; returns the missing keys (only the pooler's, unless strict)."""
+    """Copy `state` into `module`, checking shapes; returns the missing keys (only the pooler's, unless strict).
+
+    `fresh` names weights that may be missing from `state` even when strict (a new output layer).
+    """
     own = module.state_dict()
     mismatched = [
         f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}"
@@ -203,7 +242,7 @@ def _load_state(
         raise CheckpointError(f"{where}: shape mismatch (checkpoint vs model): {'; '.join(mismatched[:5])}")
     unexpected = sorted(set(state) - set(own))
     missing = sorted(set(own) - set(state))
-    allowed_missing = [] if strict else [k for k in missing if k.startswith("pooler.")]
+    allowed_missing = [k for k in missing if k in (fresh or []) or (not strict and k.startswith("pooler."))]
     if unexpected or set(missing) - set(allowed_missing):
         raise CheckpointError(
             f"{where}: weights do not match the config: missing {sorted(set(missing) - set(allowed_missing))[:5]}, "
