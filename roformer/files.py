@@ -21,8 +21,9 @@ from typing import Any
 
 from roformer.errors import UserError, WriteFailed
 
-# a write that failed for a reason outside the code: no space, quota, too large, read-only or failing disk
-WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
+# a write that failed for a reason outside the code: no space, quota, too large, read-only or failing disk, no
+# permission to write there
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM})
 
 
 def check_output_dir(out: Path, overwrite: bool, resume: bool = False) -> None:
@@ -110,17 +111,26 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
     """Call `write(tmp)` on a temporary sibling of `path`, then rename it over `path` (all or nothing).
 
     Raises:
-        WriteFailed: the write failed (disk full, read-only), naming `path`; `path` is as it was.
+        WriteFailed: the write failed (disk full, read-only, no permission), naming `path`; `path` is as it was.
+        UserError: `path` cannot be replaced by a file (a folder is there), naming it; nothing is left behind.
     """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with stop_on_write_failure(path):
             write(tmp)
+            _replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    os.replace(tmp, path)
+
+
+def _replace(tmp: Path, path: Path) -> None:
+    """Rename `tmp` over `path`; a folder in the way is the user's to move (exit 2), not a failing disk."""
+    try:
+        os.replace(tmp, path)
+    except (IsADirectoryError, NotADirectoryError) as e:
+        raise UserError(f"{path}: cannot write a file there ({e.strerror})") from None
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

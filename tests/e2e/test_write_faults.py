@@ -93,6 +93,26 @@ def test_other_errors_are_not_write_failures(error: BaseException) -> None:
     assert not is_write_failure(error)  # bad input stays exit 2, a bug keeps its traceback
 
 
+def test_no_permission_is_a_write_failure_and_a_folder_in_the_way_a_user_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from roformer.errors import UserError, WriteFailed
+    from roformer.files import atomic_write_text
+
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(UserError, match=r"taken: cannot write a file there"):
+        atomic_write_text(tmp_path / "taken", "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no taken.tmp left behind
+
+    def denied(self: Path, *args: object, **kwargs: object) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "write_text", denied)  # root writes anywhere: the error stands in for chmod
+    with pytest.raises(WriteFailed, match=r"a\.txt.*Permission denied"):
+        atomic_write_text(tmp_path / "a.txt", "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
 # -- pretraining's final/ ----------------------------------------------------------------------------------------
 
 FAIL_FINAL = (
