@@ -5,10 +5,22 @@ says what a step trains on and how its loss is computed (`StepPlan`), how to eva
 must hold; everything else is written once here, so determinism, exact resume, metrics, progress and the accelerate
 calls (`prepare`, `accumulate`, `save_state`/`load_state`, `reduce`) behave the same in both.
 
-Determinism (what makes `--resume` exact and launches interchangeable): the data of step `s` is a function of the
-step (the recipe's plan), the global torch RNG (dropout) is reseeded from (seed, step, rank) at every step, and a
-recipe's loss is normalised over the whole global batch, so one process with batch 2B, two with B, or one with B and
-grad_accum 2 take the same step.
+Determinism (what makes `--resume` exact and launches interchangeable): the data of step `s` is a function of
+(seed, step) alone (the recipe's plan), never of the process layout; each process takes its rows of it
+(roformer.data.sampling.share: micro-batch m of process r is chunk m x processes + r of the global batch); the global
+torch RNG (dropout) is reseeded from (seed, step, chunk) before every micro-batch, so a chunk of examples gets the
+same masks wherever it runs; and a recipe's loss is normalised over the whole global batch, so one process with
+batch 2B, two with B, or one with B and grad_accum 2 take the same step (dropout aside: its masks are drawn per
+chunk of batch_size examples).
+
+Elastic resume: a checkpoint written by N processes continues on M (same global batch: batch_size x processes x
+grad_accum). Model and optimizer are full tensors (accelerate's files) or, under FSDP2, DCP shards that reshard on load
+(roformer.train.sharded); the schedule is indexed by step; accelerate's micro-step counter is set from the step, so
+the accumulation phase fits the new grad_accum; a process without an RNG file of its rank needs none (the RNG is
+reseeded every micro-batch); the train-event sums of the processes that wrote the checkpoint are summed onto the
+main process. With the same batch_size (grad_accum taking up the change of processes) the continuation is exact,
+dropout included; under another batch_size the dropout masks (and the task losses defined over a micro-batch) are
+new draws, which the resume says in one line (`layout_notice`). docs/resuming.md lists what was tested.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ import torch
 from roformer.data.sampling import global_batch_size
 from roformer.errors import Diverged, Preempted, UserError, WriteFailed
 from roformer.files import describe_write_error, read_json, write_errors
+from roformer.logs import MAIN_ONLY
 from roformer.model.model import Model
 from roformer.train.checkpoints import CheckpointManager, first_problem
 from roformer.train.config import TrainArgs
@@ -43,6 +56,7 @@ from roformer.train.launch import (
 )
 from roformer.train.optim import finish_micro_step, make_optimizer
 from roformer.train.run_dir import TRAINER_STATE_FILE, MetricsWriter, keep_metrics
+from roformer.train.sharded import SHARDED_DIR, is_sharded, load_sharded_state, save_sharded_state
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +122,13 @@ class Recipe(Protocol):
 
     def load_checkpoint_state(self, directory: Path, state: dict[str, Any], step: int) -> None:
         """Restore what `save_checkpoint_state` wrote, to continue after `step` steps."""
+
+    def micro_batch_loss(self) -> str | None:
+        """Why a micro-batch's loss depends on which examples share it; None when it does not.
+
+        None: the loss is a sum or mean of per-example terms over the global batch. Otherwise the same chunks of
+        batch_size examples give the same steps however they are spread, but another batch_size gives other steps.
+        """
 
 
 class Engine:
@@ -293,7 +314,6 @@ class Engine:
         t0 = time.perf_counter()
         plan = recipe.plan(step)
         data_sec = time.perf_counter() - t0
-        torch.manual_seed((self.seed << 32) + step * 4096 + acc.process_index)  # dropout: a function of the step
         self.model.train()
         local = torch.zeros((), device=acc.device)
         grad_norm, skipped = 0.0, False
@@ -302,6 +322,7 @@ class Engine:
             t1 = time.perf_counter()
             batch = plan.micro(micro)
             data_sec += time.perf_counter() - t1
+            torch.manual_seed(dropout_seed(self.seed, step, micro * acc.num_processes + acc.process_index))
             with acc.accumulate(self.model):
                 loss, share = plan.loss(self.model, batch)
                 acc.backward(loss)
@@ -354,8 +375,8 @@ class Engine:
         acc, step = self.accelerator, state.step
         tmp = self.checkpoints.tmp_path(step)
         failure = self._attempt(lambda: self.checkpoints.begin(step), main_only=True)
-        # every process writes its files (RNG states) before the checkpoint is committed
-        failure = failure or self._attempt(lambda: acc.save_state(str(tmp)))
+        # every process writes its files (RNG states, FSDP shards) before the checkpoint is committed
+        failure = failure or self._attempt(lambda: self._save_state(tmp))
         intervals = gather(self.interval.state_dict())
         if failure is None:
 
@@ -363,6 +384,7 @@ class Engine:
                 trainer_state = {
                     **asdict(state),
                     "global_batch": self.global_batch,
+                    "layout": self.layout_summary(),
                     "data_state": recipe.save_checkpoint_state(tmp),
                     "intervals": intervals,  # per process: the sums since the last train event
                 }
@@ -377,6 +399,37 @@ class Engine:
             kept = f"the previous checkpoint {latest[1]} is intact" if latest else "no earlier checkpoint exists"
             raise WriteFailed(f"cannot write checkpoint {tmp.parent / f'step-{step}'}: {failure}; {kept}")
         return self.checkpoints.directory / f"step-{step}"
+
+    def _save_state(self, directory: Path) -> None:
+        """Model, optimizer, schedule, RNG (and fp16 loss scale) of every process into `directory`.
+
+        Unsharded, accelerate's `save_state`: full tensors, which any process layout loads. Sharded (FSDP2), the model
+        and optimizer through torch.distributed.checkpoint into `sharded/`, which any number of processes loads
+        (roformer.train.sharded; accelerate's own FSDP files are tied to its loader), the rest through accelerate's
+        writers under their usual names.
+        """
+        acc = self.accelerator
+        if not is_sharded(self.model):
+            acc.save_state(str(directory))
+            return
+        from accelerate.checkpointing import save_accelerator_state, save_custom_state
+
+        save_sharded_state(self.model, self.optimizer, directory / SHARDED_DIR)
+        save_accelerator_state(str(directory), [], [], [], [], acc.process_index, acc.step, acc.scaler)
+        save_custom_state(self.scheduler, str(directory), 0)
+
+    def _load_state(self, directory: Path) -> None:
+        """Load what `_save_state` wrote (a checkpoint with `sharded/` through DCP, resharded to this launch)."""
+        acc = self.accelerator
+        if not (directory / SHARDED_DIR).is_dir():
+            acc.load_state(str(directory))
+            return
+        from accelerate.checkpointing import load_accelerator_state, load_custom_state
+
+        load_sharded_state(self.model, self.optimizer, directory / SHARDED_DIR)
+        # the RNG file of this rank (none for a rank the writing launch did not have: not needed, see train_step)
+        load_accelerator_state(str(directory), [], [], [], [], acc.process_index, acc.scaler)
+        load_custom_state(self.scheduler, str(directory), 0)
 
     def _attempt(self, write: Callable[[], Any], main_only: bool = False) -> str | None:
         """Run a write (on the main process only, or on all); None if it succeeded everywhere, else the error.
@@ -397,6 +450,11 @@ class Engine:
         """This process's place in every step (rank, processes, batch size, micro-batches, device)."""
         acc, args = self.accelerator, self.args
         return ProcessLayout(acc.process_index, acc.num_processes, args.batch_size, args.grad_accum, acc.device)
+
+    def layout_summary(self) -> dict[str, int]:
+        """The process layout of this launch, as a checkpoint records it (processes, batch_size, grad_accum)."""
+        processes, args = self.accelerator.num_processes, self.args
+        return {"processes": processes, "batch_size": args.batch_size, "grad_accum": args.grad_accum}
 
     @property
     def global_batch(self) -> int:
@@ -428,7 +486,7 @@ class Engine:
             UserError: the checkpoint was written with another global batch.
         """
         latest = self.checkpoints.latest_intact(
-            load=lambda path: self.accelerator.load_state(str(path)),
+            load=self._load_state,
             agree=lambda problem: first_problem(gather(problem)),
             share=broadcast_from_main,
         )
@@ -439,7 +497,7 @@ class Engine:
         if saved.get("global_batch", self.global_batch) != self.global_batch:
             raise UserError(
                 f"{path}: saved with a global batch of {saved['global_batch']} examples, now {self.global_batch} "
-                "(same batch_size x processes x grad_accum needed to resume)"
+                f"(same batch_size x processes x grad_accum needed to resume{self._batch_hint(saved['global_batch'])})"
             )
         if step > self.total_steps:  # it would train nothing and report the shorter run
             raise UserError(
@@ -447,12 +505,78 @@ class Engine:
                 f"with train.max_steps >= {step}"
             )
         recipe.load_checkpoint_state(path, saved.get("data_state", {}), step)
+        # accelerate counts micro-steps to know which one ends an accumulation: restored from the checkpoint, the count
+        # of another grad_accum would put the update in the middle of a step (seen: losses off by 5e-3 after a resume
+        # from 2 processes x grad_accum 1 at step 5 onto 1 process x grad_accum 2)
+        self.accelerator.step = step * self.args.grad_accum
         logger.info("resumed from %s (step %d)", path, step)
+        notice = layout_notice(_saved_layout(saved), self.layout_summary(), self._draws_dropout(), recipe)
+        if notice:
+            logger.warning("%s: %s", path, notice, extra=MAIN_ONLY)
         if saved.get("intervals"):
             mine = _interval_of(saved["intervals"], self.accelerator.process_index, self.accelerator.num_processes)
             self.interval.load_state_dict(mine, self.accelerator.device)
         counters = {k: saved[k] for k in ("tokens_seen", "elapsed_sec", "skipped_steps", "bad_steps") if k in saved}
         return RunState(step=step, **counters)
+
+    def _batch_hint(self, saved_batch: int) -> str:
+        """How to get the checkpoint's global batch on this launch, keeping batch_size (the exact way), if possible."""
+        per_accumulation = self.args.batch_size * self.accelerator.num_processes
+        if saved_batch % per_accumulation:
+            return ""
+        return f": --set train.grad_accum={saved_batch // per_accumulation} gives it here"
+
+    def _draws_dropout(self) -> bool:
+        """Whether the model draws dropout masks in training (any dropout module or attention dropout above 0)."""
+        model = self.bare_model()
+        config = getattr(model, "config", None)
+        if config is not None and getattr(config, "attention_dropout", 0.0) > 0:
+            return True
+        return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+
+
+def dropout_seed(seed: int, step: int, chunk: int) -> int:
+    """The seed of the dropout masks of chunk `chunk` (batch_size examples) of step `step`'s global batch.
+
+    Micro-batch m of process r is chunk m x processes + r (roformer.data.sampling.share): the same examples get the
+    same masks however the chunks are spread over processes and micro-batches. With one micro-batch per step the
+    chunk is the rank, as the seed was before chunks had one of their own.
+    """
+    return (seed << 32) + step * 4096 + chunk
+
+
+def _saved_layout(saved: dict[str, Any]) -> dict[str, int]:
+    """The layout a checkpoint was written under; of one written before checkpoints recorded it, the process count."""
+    if isinstance(saved.get("layout"), dict):
+        return saved["layout"]
+    return {"processes": len(saved["intervals"])} if saved.get("intervals") else {}
+
+
+def layout_notice(saved: dict[str, int], now: dict[str, int], dropout: bool, recipe: Any) -> str | None:
+    """What a resume under another process layout cannot carry over, in one line; None when it continues exactly.
+
+    The data, masks, schedule and loss normalisation are the step's; a checkpoint's RNG streams are not needed (the
+    RNG is reseeded per micro-batch). What depends on the chunks of batch_size examples is redrawn or recomputed when
+    batch_size changes (or is unknown, in a checkpoint that did not record it): dropout masks, and a recipe's loss
+    over a micro-batch (`Recipe.micro_batch_loss`).
+    """
+    changed = [f"{k} {saved[k]} -> {now[k]}" for k in now if k in saved and saved[k] != now[k]]
+    if not changed:
+        return None
+    if saved.get("batch_size") == now["batch_size"]:
+        return None  # the same chunks, spread over other processes and micro-batches: exact
+    reasons = ["dropout masks are drawn per micro-batch of batch_size examples"] if dropout else []
+    loss = getattr(recipe, "micro_batch_loss", lambda: None)()
+    if loss:
+        reasons.append(loss)
+    if not reasons:
+        return None
+    keep = f"train.batch_size={saved['batch_size']}" if "batch_size" in saved else "the batch_size it was written with"
+    return (
+        f"resumed under another layout ({', '.join(changed)}): the data order, schedule and optimizer state carry "
+        f"over, but {' and '.join(reasons)}, so from here on they differ from the uninterrupted run's (keep {keep} "
+        "and set grad_accum to continue exactly)"
+    )
 
 
 def _interval_of(saved: list[dict[str, Any]], rank: int, num_processes: int) -> dict[str, Any]:

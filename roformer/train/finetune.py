@@ -19,11 +19,14 @@ fine-tuning untrained, as in any MLM-only recipe (BERT learned it through next-s
 
 The selected run is the best seed of the learning rate with the best mean dev score. Each (lr, seed) run goes
 through the training engine (roformer.train.engine) as a recipe: its batches follow the pretraining recipe (step `s`
-trains on positions [s*G, (s+1)*G) of seeded per-epoch permutations, every global batch full), so one process and
-several give the same steps. Evaluation shards the examples across processes without padding or duplicates and
-gathers the predictions, so its metrics equal one process's exactly. `--resume` continues an interrupted job:
-finished runs are kept (`.progress/<run>/record.json`), the running one continues from its last checkpoint (or from
-its start, which gives the same result: every run is deterministic).
+trains on positions [s*G, (s+1)*G) of seeded per-epoch permutations, every global batch full: a function of the seed
+and the step alone, for every task type), so one process and several give the same steps. Evaluation shards the
+examples across processes without padding or duplicates and gathers the predictions, so its metrics equal one
+process's exactly. `--resume` continues an interrupted job: finished runs are kept (`.progress/<run>/record.json`),
+the running one continues from its last checkpoint (or from its start, which gives the same result: every run is
+deterministic), also on another number of processes under the same global batch (docs/resuming.md): exactly when
+batch_size stays; under another batch_size the losses of token classification and of sentence vectors, which are
+computed over a micro-batch (`micro_batch_loss`), change, and the resume says so.
 """
 
 from __future__ import annotations
@@ -216,6 +219,25 @@ class FinetuneRun:
     def load_checkpoint_state(self, directory: Path, state: dict[str, Any], step: int) -> None:
         weights = directory / BEST_WEIGHTS_FILE
         self.best = {**state, "state": load_file(str(weights)) if weights.is_file() else None}
+
+    def micro_batch_loss(self) -> str | None:
+        return micro_batch_loss(self.data.task)
+
+
+def micro_batch_loss(task: FinetuneTask) -> str | None:
+    """Why the task's loss depends on which examples share a micro-batch; None for a mean of per-example losses.
+
+    Classification, regression, multiple choice, QA and triplets average one term per example (or per row's fixed
+    number of pairs or labels): any batch_size gives the same step. Token classification averages over the scored
+    tokens of a micro-batch, and the sentence-vector losses (CoSENT, in-batch negatives) compare a micro-batch's
+    pairs with each other: the same micro-batches give the same step, another batch_size another one
+    (tests/e2e/test_elastic.py measures both kinds).
+    """
+    if task.architecture == "token_classification":
+        return "token classification's loss is a mean over a micro-batch's scored tokens"
+    if task.pooling is not None:  # sentence vectors (roformer.data.similarity): CoSENT or in-batch negatives
+        return "the sentence-vector loss compares a micro-batch's pairs with each other"
+    return None
 
 
 @torch.no_grad()

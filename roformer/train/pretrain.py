@@ -297,6 +297,9 @@ class Pretrainer:
     def load_checkpoint_state(self, directory: Path, state: dict[str, Any], step: int) -> None:
         self.batches.load_state_dict(state, step)
 
+    def micro_batch_loss(self) -> str | None:
+        return None  # normalised over the global batch's masked tokens: the same step under any batch_size
+
 
 def pretrain(config: PretrainConfig, output_dir: str | Path, resume: bool = False, overwrite: bool = False) -> Path:
     """Run MLM pretraining; returns the run directory. See the module docstring for the layout.

@@ -117,7 +117,7 @@ ROOMS = {
         {"mlm", "task_types"},
     ],
     "roformer.train": [
-        {"config", "interval", "faults", "checkpoints", "evaluate"},
+        {"config", "interval", "faults", "checkpoints", "evaluate", "sharded"},
         {"launch", "optim", "run_dir"},
         {"engine"},
         {"pretrain", "finetune", "embed"},
