@@ -269,12 +269,21 @@ def launch_two(wrapper: Path, args: list[str], env: dict[str, str] | None = None
 
     A rank still running at `timeout` (waiting in a collective) fails the test.
     """
+    return launch_processes(2, wrapper, args, env, timeout)
+
+
+def launch_processes(
+    count: int, wrapper: Path, args: list[str], env: dict[str, str] | None = None, timeout: float = 180
+) -> list:
+    """Run `python WRAPPER ARGS` as ranks 0 to count - 1 of one gloo group (one process: no group at all); returns
+    (exit code, stderr) per rank. A rank still running at `timeout` (waiting in a collective) fails the test."""
     port = str(free_port())
     processes = []
-    for rank in range(2):
-        rank_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": port, "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
-                    "LOCAL_WORLD_SIZE": "2", **(env or {})}  # fmt: skip
+    for rank in range(count):
+        rank_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
+        if count > 1:
+            rank_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE=str(count), RANK=str(rank),
+                            LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(count))  # fmt: skip
         command = [sys.executable, str(wrapper), *args]
         processes.append(subprocess.Popen(command, env=rank_env, stderr=subprocess.PIPE, text=True))
     results = []
@@ -291,8 +300,25 @@ def launch_two(wrapper: Path, args: list[str], env: dict[str, str] | None = None
 
 def write_wrapper(path: Path, patch: str) -> Path:
     """A script for launch_two: RANK, then `patch` (what to break, and on which rank), then `roformer ARGS`."""
-    path.write_text("import os, sys\nRANK = int(os.environ['RANK'])\n" + patch + "\n" + WRAPPER_TAIL)
+    path.write_text("import os, sys\nRANK = int(os.environ.get('RANK', '0'))\n" + patch + "\n" + WRAPPER_TAIL)
     return path
+
+
+def stop_after(path: Path, step: int) -> Path:
+    """A wrapper (write_wrapper) whose main process sends itself SIGTERM after optimizer step `step` (1-based), as a
+    scheduler would: every process finishes that step, writes one checkpoint and exits 75."""
+    return write_wrapper(
+        path,
+        "import signal\n"
+        "from roformer.train.engine import Engine\n"
+        "original = Engine.train_step\n"
+        "def train_step(self, recipe, index):\n"
+        "    result = original(self, recipe, index)\n"
+        f"    if index + 1 == {step} and RANK == 0:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return result\n"
+        "Engine.train_step = train_step\n",
+    )
 
 
 def last_line(err: str) -> str:
