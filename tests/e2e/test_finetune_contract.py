@@ -302,6 +302,89 @@ def test_every_task_type_resumes_exactly(
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+LAYOUTS = [(2, 1, 2), (1, 2, 2), (1, 1, 4)]  # (processes, grad_accum, batch_size): one global batch of 4 examples
+
+
+@pytest.mark.parametrize(
+    "name, sets",
+    [
+        ("conll2003", []),
+        ("cmrc2018", []),
+        ("fewclue-chid", []),
+        ("fewclue-tnews", []),
+        ("chinese-stsb", []),
+        ("chinese-stsb-cosent", []),
+        ("chinese-stsb-cosent", ["data.similarity.loss=in_batch_negatives"]),
+        ("cail2019-scm", []),
+    ],
+)
+def test_every_task_type_takes_the_same_steps_under_any_process_layout(
+    name: str, sets: list[str], shared_data: Path, pretrained: Path, tmp_path: Path
+) -> None:
+    """What makes a run resumable on another number of processes (docs/resuming.md), per task type, in one process.
+
+    A step's examples are a function of (seed, step) alone; 2 processes x 1 micro-batch and 1 process x 2 micro-batches
+    of batch_size 2 cut them into the same chunks (the same padded inputs, the same dropout seeds) and take the same
+    gradient, exactly, dropout on (the shipped configs' classifier_dropout 0.1); one micro-batch of 4 (dropout off:
+    its masks are other draws) takes the same gradient, to float rounding, where the loss is a mean of per-example
+    terms, and another one for the types whose loss spans a micro-batch (`micro_batch_loss`: token classification,
+    sentence vectors): such a run resumed under another batch_size changes, and says so. The gradient is the
+    engine's: every (micro-batch, process) loss over processes x micro-batches (DDP averages, accelerate divides).
+    """
+    from types import SimpleNamespace
+
+    from roformer.train.engine import ProcessLayout, dropout_seed
+    from roformer.train.finetune import Finetuner, FinetuneRun, micro_batch_loss
+
+    _, overrides = small_job(name, shared_data, pretrained, tmp_path)
+    config = load(FinetuneConfig, REPO / "configs" / "finetune" / f"{name}.yaml", overrides + sets)
+    finetuner = Finetuner(config, tmp_path / "run")
+    data = finetuner.run_data(0)
+    torch.manual_seed(0)
+    model = finetuner.load_model()
+
+    def step_under(layout: tuple[int, int, int], step: int, dropout: bool) -> tuple[list, list, dict, float]:
+        """(the step's examples, each chunk's inputs, the gradient, the logged loss) under a layout."""
+        processes, accum, size = layout
+        engine = SimpleNamespace(global_batch=4, layout=None)
+        run = FinetuneRun(engine, 0, data, 4, config.data.group_by_length)  # type: ignore[arg-type]
+        model.train(dropout)
+        model.zero_grad()
+        chunks, total, logged = [], 0.0, 0.0
+        for micro in range(accum):
+            for rank in range(processes):
+                engine.layout = ProcessLayout(rank, processes, size, accum, torch.device("cpu"))
+                plan = run.plan(step)
+                batch = plan.micro(micro)
+                torch.manual_seed(dropout_seed(0, step, micro * processes + rank))  # as Engine.train_step
+                loss, share = plan.loss(model, batch)
+                chunks.append(batch)
+                total = total + loss / (processes * accum)
+                logged += float(share)
+        total.backward()
+        gradient = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return plan.indices, chunks, gradient, logged
+
+    spans = micro_batch_loss(data.task)
+    assert (spans is not None) == (config.data.type in ("token_classification", "similarity")), spans
+    for step in (0, 1):
+        (order, chunks, gradient, logged), (same_order, same_chunks, same_gradient, same_logged) = (
+            step_under(layout, step, dropout=True) for layout in LAYOUTS[:2]
+        )
+        assert order == same_order and len(order) == 4  # the data: (seed, step) alone
+        for mine, theirs in zip(chunks, same_chunks, strict=True):
+            assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+        assert logged == same_logged and all(torch.equal(gradient[k], same_gradient[k]) for k in gradient)
+        (_, _, gradient, logged), (one_order, _, one_chunk, one_logged) = (
+            step_under(layout, step, dropout=False) for layout in (LAYOUTS[0], LAYOUTS[2])
+        )
+        assert one_order == order
+        close = all(torch.allclose(gradient[k], one_chunk[k], rtol=1e-4, atol=1e-6) for k in gradient)
+        assert close == (spans is None), (step, spans)
+        if spans is None:
+            assert logged == pytest.approx(one_logged, rel=1e-5)
+
+
 @pytest.mark.slow
 def test_the_chinese_suite_runs_every_task_with_its_own_overrides(
     shared_data: Path, pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture
