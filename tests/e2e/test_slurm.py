@@ -1,5 +1,5 @@
-"""scripts/slurm/pretrain.sbatch against a faked Slurm (srun, scontrol) and a faked launcher; and the real things it
-relies on: a 2-process CPU run stopped by SIGTERM through `accelerate launch` resumes exactly, and a node that fails
+"""scripts/slurm/pretrain.sbatch against a faked Slurm (srun, scontrol) and a faked launcher (an elastic requeue onto
+fewer nodes keeping the global batch among the cases); and the real things it relies on: a 2-process CPU run stopped by SIGTERM through `accelerate launch` resumes exactly, and a node that fails
 at start-up ends the other's launch (two `accelerate launch --num_machines 2` on this machine) within minutes."""
 
 from __future__ import annotations
@@ -219,6 +219,50 @@ def test_a_failure_after_an_earlier_stop_is_not_requeued(slurm: dict[str, str]) 
     done = sbatch(slurm, "error")
     assert done.returncode == 2, done.stdout
     assert not any("requeue" in line for line in calls(slurm))
+
+
+def test_an_elastic_job_requeued_onto_fewer_nodes_keeps_the_global_batch(slurm: dict[str, str]) -> None:
+    """`sbatch --nodes 2-4` with GLOBAL_BATCH and MICRO_BATCH: started on 2 nodes x 4 GPUs, stopped and requeued,
+    restarted on 1 node: every start sets batch_size and the grad_accum that keeps the global batch (64 = 4 x 8 x 2 =
+    4 x 4 x 4); the run itself resumes exactly under it (tests/e2e/test_elastic.py)."""
+    elastic = {**slurm, "GLOBAL_BATCH": "64", "MICRO_BATCH": "4"}
+    script = start_sbatch(elastic, "wait")
+    script.send_signal(signal.SIGUSR1)
+    out, _ = script.communicate(timeout=30)
+    assert script.returncode == 0 and "scontrol requeue 4242" in calls(slurm), out
+    assert "2 nodes x 4 GPUs x batch_size 4 x grad_accum 2: global batch 64" in out
+    run = Path(slurm["RUN"])
+    (run / "config.yaml").write_text("label: x\n")  # what the first start's run wrote
+    for started in run.glob("started-*"):  # the fake launchers' marks of the first start
+        started.unlink()
+    done = sbatch({**elastic, "SLURM_NNODES": "1"}, "finish")  # the requeued job got one node
+    assert done.returncode == 0, done.stderr
+    launches = [line for line in calls(slurm) if line.startswith("accelerate ")]
+    assert len(launches) == 3  # two nodes, then one
+    for line in launches[:2]:
+        assert "--num_machines 2 --num_processes 8" in line and "--set train.grad_accum=2" in line, line
+    assert "--num_machines 1 --num_processes 4 --machine_rank 0" in launches[2]
+    assert launches[2].rstrip().endswith("--resume --set train.batch_size=4 --set train.grad_accum=4"), launches[2]
+
+
+@pytest.mark.parametrize(
+    "settings, says",
+    [
+        ({"GLOBAL_BATCH": "64", "MICRO_BATCH": "4", "SLURM_NNODES": "3"}, "not a multiple of MICRO_BATCH x processes"),
+        ({"GLOBAL_BATCH": "64"}, "GLOBAL_BATCH and MICRO_BATCH go together"),
+        ({"GLOBAL_BATCH": "64", "MICRO_BATCH": "four"}, "GLOBAL_BATCH and MICRO_BATCH go together"),
+    ],
+)
+def test_an_elastic_start_whose_node_count_does_not_divide_the_global_batch_is_refused(
+    slurm: dict[str, str], settings: dict[str, str], says: str
+) -> None:
+    """3 nodes x 4 GPUs x 4 examples do not divide 64: exit 2 before any launch, not requeued (a requeue would meet
+    the same count again)."""
+    done = sbatch({**slurm, **settings}, "finish")
+    assert done.returncode == 2 and says in done.stderr, done.stderr
+    assert not Path(slurm["FAKE_LOG"]).exists() or not any(
+        line.startswith(("accelerate", "srun", "scontrol requeue")) for line in calls(slurm)
+    )
 
 
 def test_a_finished_run_is_not_started_again(slurm: dict[str, str]) -> None:
