@@ -4,18 +4,21 @@ Each checkpoint's `COMPLETE` marker holds a manifest (size and sha256 of every f
 loads and falls back to the newest intact checkpoint when a newer one was damaged after it was written.
 
 What the engine (roformer.train.engine `save_checkpoint`) writes into `step-N`; the files down to
-scaler.pt are accelerate's `save_state` (names as of accelerate 1.15, for a single process or DDP; FSDP and
-DeepSpeed write sharded files of their own):
+scaler.pt are accelerate's `save_state` (names as of accelerate 1.15, for a single process or DDP; DeepSpeed writes
+sharded files of its own). Under FSDP2 the engine writes model and optimizer itself, as `sharded/` in place of the
+first two (roformer.train.sharded: torch.distributed.checkpoint, loadable on any number of processes):
 
     model.safetensors        model weights
     optimizer.bin            optimizer state (torch.save)
+    sharded/                 FSDP2 only: .metadata and one __R_0.distcp per process R (model and optimizer slices)
     custom_checkpoint_0.pkl  the learning-rate schedule (a LambdaLR given to `register_for_checkpointing`)
     random_states_P.pkl      Python, NumPy, torch (and CUDA) RNG states, one file per process P
     scaler.pt                the gradient scaler, only with fp16 mixed precision
     trainer_state.json       RunState (step, tokens_seen, elapsed_sec, skipped_steps, bad_steps), global_batch,
-                             intervals (per process, the train-event sums since the last event) and data_state, the
-                             recipe's own state: pretraining's data position ({} for in-memory blocks, the stream
-                             position when streamed), fine-tuning's best dev result so far
+                             layout (processes, batch_size, grad_accum: a resume under another one says what
+                             does not carry over), intervals (per process, the train-event sums since the last event)
+                             and data_state, the recipe's own state: pretraining's data position ({} for in-memory
+                             blocks, the stream position when streamed), fine-tuning's best dev result so far
     best.safetensors         fine-tuning only, once the dev set was evaluated: the best dev weights so far
     COMPLETE                 written last: {"step", "time", "files": {relative path: [size, sha256]}}
 """

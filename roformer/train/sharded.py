@@ -13,9 +13,10 @@ the engine checkpoints of such a model goes through torch's own machinery, which
   on 3 (tested on CPU with gloo, tests/e2e/test_elastic.py), an unsharded model loads it whole;
 - `set_state_dict` puts the values in place, the optimizer's by parameter name again.
 
-The optimizer state is flattened (`flatten_optimizer_state_dict`, as torchtitan saves it): one key per parameter
-and moment (`state.<parameter name>.exp_avg`) and per parameter's group setting (`param_groups.<parameter name>.lr`),
-so the files say what they hold. A process may hold an empty slice (a 2-element bias over 3 processes): tested.
+The optimizer state is flattened (`flatten_optimizer_state_dict`, as torchtitan and OLMo-core save it): one key per
+parameter and moment (`state.<parameter name>.exp_avg`) and per parameter's group setting
+(`param_groups.<parameter name>.lr`), so the files say what they hold. A process may hold an empty slice (the 2-row
+token-type table over 3 processes): tested.
 """
 
 from __future__ import annotations

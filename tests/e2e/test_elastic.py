@@ -253,8 +253,8 @@ else:
 def test_fsdp2_state_saved_on_two_processes_loads_on_one_and_on_three(tmp_path: Path) -> None:
     """The engine's checkpoint of an FSDP2 model (every parameter and moment a DTensor slice) goes through torch's
     distributed checkpoint, which reshards on load: written by 2 gloo processes after 2 AdamW steps, read by 1 and by
-    3 (a 3-class head's bias leaves the third process an empty slice), model, optimizer and schedule equal the saved
-    ones exactly. The launches take the model from other weights, so a silent non-load would show."""
+    3 (the 2-row token-type table leaves the third process an empty slice), model, optimizer and schedule equal the
+    saved ones exactly. The launches take the model from other weights, so a silent non-load would show."""
     script = tmp_path / "fsdp.py"
     script.write_text(FSDP_CHECKPOINT)
     out = tmp_path / "run"

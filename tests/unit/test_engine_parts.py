@@ -351,3 +351,26 @@ def test_the_global_torch_flags_are_set_by_the_function_named_for_them(tmp_path:
         assert torch.are_deterministic_algorithms_enabled()
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_a_resume_under_another_layout_says_only_what_does_not_carry_over() -> None:
+    """Elastic resume (docs/resuming.md): the same chunks of batch_size examples spread otherwise continue exactly;
+    another batch_size redraws dropout masks and changes a loss over a micro-batch, which is said in one line."""
+    from types import SimpleNamespace
+
+    from roformer.train.engine import dropout_seed, layout_notice
+
+    saved = {"processes": 2, "batch_size": 4, "grad_accum": 1}
+    per_example = SimpleNamespace(micro_batch_loss=lambda: None)
+    spanning = SimpleNamespace(micro_batch_loss=lambda: "token classification's loss is a mean over tokens")
+    assert layout_notice(saved, saved, True, spanning) is None
+    assert layout_notice(saved, {**saved, "processes": 1, "grad_accum": 2}, True, spanning) is None  # same chunks
+    smaller = {"processes": 2, "batch_size": 2, "grad_accum": 2}
+    assert layout_notice(saved, smaller, False, per_example) is None  # nothing drawn or averaged per micro-batch
+    notice = layout_notice(saved, smaller, True, spanning)
+    assert notice.startswith("resumed under another layout (batch_size 4 -> 2, grad_accum 1 -> 2)")
+    assert "dropout masks" in notice and "mean over tokens" in notice and "keep train.batch_size=4" in notice
+    old = layout_notice({"processes": 2}, {"processes": 1, "batch_size": 8, "grad_accum": 1}, True, per_example)
+    assert "processes 2 -> 1" in old and "the batch_size it was written with" in old  # a checkpoint without layout
+    # one micro-batch per step: the chunk is the rank, the seed the one runs had before chunks had their own
+    assert [dropout_seed(7, 3, rank) for rank in range(2)] == [(7 << 32) + 3 * 4096 + rank for rank in range(2)]
