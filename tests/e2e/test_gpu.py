@@ -6,7 +6,8 @@
 - a compiled bf16 run matches eager and compiles few graphs; a resumed bf16 run repeats the uninterrupted one;
 - FSDP and DeepSpeed pretraining and fine-tuning: every process runs the same number of evaluation forwards (an FSDP
   collective each), fine-tuning gathers its best weights on every process, the DeepSpeed config gets its
-  micro-batch and accumulation from `train:`.
+  micro-batch and accumulation from `train:`; an FSDP run stopped on every GPU resumes on one (sharded checkpoints
+  through torch.distributed.checkpoint, resharded on load).
 
 Run them on a GPU machine with `python -m pytest -m gpu tests/e2e/test_gpu.py` (scripts/gpu_check.sh does).
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import accelerate_launch, interrupted_run, tiny_run_config, train_losses
+from helpers import accelerate_launch, interrupted_run, stop_after, tiny_run_config, train_losses
 
 import roformer
 from roformer.cli import main
@@ -153,6 +154,28 @@ def test_resumed_bf16_run_repeats_the_uninterrupted_one(tmp_path: Path, monkeypa
     else:  # non-deterministic kernels (atomics): within the run-to-run spread
         spread = max(abs(a - b) for (_, a), (_, b) in zip(first, second, strict=True))
         assert all(abs(a - b) <= 2 * spread for (_, a), (_, b) in zip(first, resumed, strict=True))
+
+
+def test_fsdp_pretraining_resumes_on_another_number_of_gpus(tmp_path: Path) -> None:
+    """FSDP2 checkpoints are torch.distributed.checkpoint shards (roformer.train.sharded), resharded on load: stopped
+    on every visible GPU after step 3 and resumed on one (on a one-GPU machine: on it again, which still runs the
+    engine's sharded writer and reader under accelerate's FSDP2 `prepare`), the run logs the uninterrupted run's
+    losses to TF32's rounding. docs/resuming.md; the CPU test of the resharding is tests/e2e/test_elastic.py."""
+    gpus = torch.cuda.device_count()
+    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=6, save_every=0, eval_every=3, batch_size=2,
+                           mixed_precision="no")  # fmt: skip
+    launch("fsdp", "pretrain", "--config", str(yaml), "--output-dir", str(tmp_path / "full"))
+    stop = stop_after(tmp_path / "stop.py", 3)
+    args = ["pretrain", "--config", str(yaml), "--output-dir", str(tmp_path / "cut")]
+    stopped = accelerate_launch([str(stop), *args], "fsdp", "--num_processes", str(gpus))
+    assert (tmp_path / "cut" / "checkpoints" / "step-3" / "sharded" / ".metadata").is_file(), stopped.stderr[-4000:]
+    resumed = accelerate_launch(
+        ["-m", "roformer", *args, "--resume", "--set", f"train.grad_accum={gpus}"], "fsdp", "--num_processes", "1"
+    )
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    reference, ours = train_losses(tmp_path / "full"), train_losses(tmp_path / "cut")
+    assert [s for s, _ in ours] == [s for s, _ in reference]
+    assert all(abs(a - b) < 1e-2 for (_, a), (_, b) in zip(ours, reference, strict=True)), (ours, reference)
 
 
 def launch(launcher: str, *args: str) -> None:
