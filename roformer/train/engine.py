@@ -552,7 +552,7 @@ def _saved_layout(saved: dict[str, Any]) -> dict[str, int]:
     return {"processes": len(saved["intervals"])} if saved.get("intervals") else {}
 
 
-def layout_notice(saved: dict[str, int], now: dict[str, int], dropout: bool, recipe: Any) -> str | None:
+def layout_notice(saved: dict[str, int], now: dict[str, int], dropout: bool, recipe: Recipe) -> str | None:
     """What a resume under another process layout cannot carry over, in one line; None when it continues exactly.
 
     The data, masks, schedule and loss normalisation are the step's; a checkpoint's RNG streams are not needed (the
@@ -566,7 +566,7 @@ def layout_notice(saved: dict[str, int], now: dict[str, int], dropout: bool, rec
     if saved.get("batch_size") == now["batch_size"]:
         return None  # the same chunks, spread over other processes and micro-batches: exact
     reasons = ["dropout masks are drawn per micro-batch of batch_size examples"] if dropout else []
-    loss = getattr(recipe, "micro_batch_loss", lambda: None)()
+    loss = recipe.micro_batch_loss()
     if loss:
         reasons.append(loss)
     if not reasons:
