@@ -7,7 +7,10 @@ training documents pass through a seeded shuffle buffer, are tokenized as they c
 `[CLS] ... [SEP]` blocks: the same packing as the in-memory path, with nothing lost but the epoch's last remainder.
 
 The position in the stream (epoch, documents consumed, the tokens carried into the next block) is small and goes
-into every checkpoint; resuming re-reads the consumed documents without tokenizing them and continues exactly.
+into every checkpoint; resuming re-reads the consumed documents without tokenizing them and continues exactly. Every
+process reads the whole stream and packs the whole global batch (the engine then gives each its rows), so the position
+is one for all processes: a run resumed on another number of processes continues at the same document
+(tests/e2e/test_elastic.py).
 """
 
 from __future__ import annotations
