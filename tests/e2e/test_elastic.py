@@ -17,7 +17,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from helpers import launch_processes, stop_after, task_config, tiny_run_config
+from helpers import launch_processes, stop_after, task_config, tiny_run_config, write_wrapper
 
 from roformer.cli import main
 from roformer.data.builtin import generate_documents
@@ -29,9 +29,9 @@ DROPOUT = {"hidden_dropout": 0.1, "attention_dropout": 0.1}
 TIMING = {"tokens_per_sec", "elapsed_sec", "data_fraction"}
 
 
-def events(run: Path, kinds: tuple[str, ...] = ("train", "eval")) -> list[dict]:
+def events(run: Path) -> list[dict]:
     """The run's train and eval events, without their timings (and without the stop records of a resumed run)."""
-    found = [e for e in read_metrics(run / "metrics.jsonl") if e["event"] in kinds]
+    found = [e for e in read_metrics(run / "metrics.jsonl") if e["event"] in ("train", "eval")]
     return [{k: v for k, v in e.items() if k not in TIMING} for e in found]
 
 
@@ -87,7 +87,7 @@ def test_pretraining_stopped_on_two_resumed_on_one_and_finished_on_three_process
         stop_in_process(patch, 7)
         assert main(["pretrain", "--output-dir", str(cut), "--resume", "--set", "train.grad_accum=6"]) == 75
     assert "another layout" not in capsys.readouterr().err
-    err = launch(3, stop_after(tmp_path / "go.py", -1), [*args, "--resume", "--set", "train.grad_accum=2"], 0)
+    err = launch(3, write_wrapper(tmp_path / "go.py", ""), [*args, "--resume", "--set", "train.grad_accum=2"], 0)
     assert "another layout" not in err and "resumed from" in err
     assert [e["step"] for e in read_metrics(cut / "metrics.jsonl") if e["event"] == "stopped"] == [3, 7]
     assert assert_same_events(cut, full) < 1e-5
