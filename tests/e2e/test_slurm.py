@@ -70,7 +70,8 @@ stopped='{"event": "stopped", "step": 7, "reason": "SIGTERM"}'
 stopping=0
 trap '(( stopping )) && touch "$RUN/interrupted-$SLURM_NODEID"; stopping=1' TERM
 mkdir -p "$RUN" && touch "$RUN/started-$SLURM_NODEID"
-until (( $(ls "$RUN" | grep -c '^started-') == SLURM_NNODES )); do sleep 0.05; done
+# at most 30 s: a launcher left behind by a test must not live on after it
+for ((i = 0; i < 600; i++)); do (( $(ls "$RUN" | grep -c '^started-') >= SLURM_NNODES )) && break; sleep 0.05; done
 case "$FAKE_RUN" in
     finish) mkdir -p "$RUN/final" && touch "$RUN/final/model.safetensors"; exit 0 ;;
     preempt) exit 75 ;;
