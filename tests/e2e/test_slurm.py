@@ -1,6 +1,7 @@
 """scripts/slurm/pretrain.sbatch against a faked Slurm (srun, scontrol) and a faked launcher (an elastic requeue onto
-fewer nodes keeping the global batch among the cases); and the real things it relies on: a 2-process CPU run stopped by SIGTERM through `accelerate launch` resumes exactly, and a node that fails
-at start-up ends the other's launch (two `accelerate launch --num_machines 2` on this machine) within minutes."""
+fewer nodes keeping the global batch among the cases); and the real things it relies on: a 2-process CPU run stopped
+by SIGTERM through `accelerate launch` resumes exactly, and a node that fails at start-up ends the other's launch (two
+`accelerate launch --num_machines 2` on this machine) within minutes."""
 
 from __future__ import annotations
 
