@@ -31,10 +31,10 @@ then `postprocess_qa_predictions` (n-best start/end pairs over all windows of a 
 `trainer.save_model()` after training (as both scripts do) and the predictions files of run_qa. The Trainer keeps
 its own defaults elsewhere (AdamW fused on CPU, random sampler with a partial last batch, dataloader_num_workers=0).
 
-Metrics: NER entity F1 (HF: seqeval, as run_ner, over the words it saw; ours: roformer.data.tagging_metrics,
+Metrics: NER entity F1 (HF: seqeval, as run_ner, over the words it saw; ours: roformer.tasks.tagging_metrics,
 conlleval's chunks as seqeval reads them, over every dev word; each side is also scored by the other's code: ours'
 dev.conll by seqeval, HF's predictions by tagging_metrics). QA: CMRC 2018's official EM and F1 on both sides from
-roformer.data.qa_metrics.cmrc2018 (needs nltk), so that metric code is not a difference; ours' dev_predictions.json
+roformer.tasks.qa_metrics.cmrc2018 (needs nltk), so that metric code is not a difference; ours' dev_predictions.json
 is rescored here with it too.
 
 Reported per side and seed: wall time of the whole subprocess, training time (ours: the steps' time from
@@ -45,7 +45,7 @@ the dev metrics; then the HF/ours wall-time ratio and, for HF, where the time we
 Differences that remain, each side's own behaviour: ours pads a batch to its longest row (rounded up to 8), run_qa
 every window to max_length; ours predicts in order of length, the Trainer in file order; ours cuts a question to
 qa.max_query_length (64) tokens, run_qa does not, and ours drops question tokens before taking the n-best starts and
-ends (roformer.data.qa); ours numbers the NER labels `O` first, run_ner sorts them; ours scores every dev word (those
+ends (roformer.tasks.qa); ours numbers the NER labels `O` first, run_ner sorts them; ours scores every dev word (those
 cut off by max_length predicted `O`), run_ner only the words the model saw (the counts are in bench.json); ours
 trains on full batches from per-epoch permutations, the Trainer on a random sampler with a partial last batch; the
 Trainer's AdamW is the fused CPU kernel (its default optim), ours the per-tensor one.
@@ -195,15 +195,15 @@ QAMetric = Callable[[dict[str, str], dict[str, list[str]]], dict[str, float]]
 def qa_metric() -> tuple[QAMetric, str]:
     """CMRC 2018's official metric (EM, F1 and their mean, as fractions like results.json) both sides are scored with.
 
-    `roformer.data.qa_metrics.cmrc2018` (the port of cmrc2018_evaluate.py that ours reports) takes the predictions
+    `roformer.tasks.qa_metrics.cmrc2018` (the port of cmrc2018_evaluate.py that ours reports) takes the predictions
     `{question id: text}` and the gold answers `{question id: [texts]}`.
     """
-    from roformer.data.qa_metrics import cmrc2018
+    from roformer.tasks.qa_metrics import cmrc2018
 
     def fractions(predictions: dict[str, str], gold: dict[str, list[str]]) -> dict[str, float]:
         return {name: value / 100 for name, value in cmrc2018(predictions, gold).items()}  # the script's percent
 
-    return fractions, "roformer.data.qa_metrics.cmrc2018"
+    return fractions, "roformer.tasks.qa_metrics.cmrc2018"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -292,7 +292,7 @@ def hf_ner(job: dict[str, Any], clock: dict[str, float]) -> dict[str, Any]:
         gold = [[g for _, g in sentence] for sentence in pairs]
         shared["seen_words"] = sum(len(s) for s in gold)
         try:  # the project's scorer on the same lists: shows that the metric code is not a difference
-            from roformer.data.tagging_metrics import tag_scores
+            from roformer.tasks.tagging_metrics import tag_scores
 
             shared["roformer_tagging_metrics"] = tag_scores(gold, predicted)
         except ImportError:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Golden scores of CMRC 2018's official metric script, for tests/unit/test_qa.py (our port: roformer.data.qa_metrics).
+"""Golden scores of CMRC 2018's official metric script, for tests/unit/test_qa.py (our port: roformer.tasks.qa_metrics).
 
 The official `cmrc2018_evaluate.py` (../shared/data/qa/cmrc2018/) is Python 2 and calls `nltk.word_tokenize`, which
 needs NLTK's English Punkt model (`punkt_tab`, a separate download that cannot be fetched here). No Python 2 exists
@@ -18,7 +18,7 @@ here either, so this script:
    truncated and extended spans, other spans, English and number answers, empty ones, unusual punctuation, missing
    ids), with the official `calc_em_score`, `calc_f1_score` and `evaluate`;
 4. records how `nltk.word_tokenize` (with Punkt) splits the non-CJK runs of the dev and trial files where it differs
-   from `NLTKWordTokenizer` alone (what our port uses: see roformer.data.qa_metrics), and a sample where they agree.
+   from `NLTKWordTokenizer` alone (what our port uses: see roformer.tasks.qa_metrics), and a sample where they agree.
 
 Writes tests/golden/cmrc2018_metric.json (under 20 KB). Regenerate with
 

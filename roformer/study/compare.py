@@ -23,7 +23,6 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from roformer.data.glue_metrics import seed_summary
 from roformer.errors import UserError
 from roformer.files import check_output_dir, staged_output_dir
 from roformer.study.markdown import summary_markdown
@@ -42,6 +41,7 @@ from roformer.study.runs import (
     tokens_at,
 )
 from roformer.study.stats import glue_differences, length_differences, pretraining_differences
+from roformer.tasks.glue_metrics import seed_summary
 
 TARGET_OFFSETS = (0.5, 0.25, 0.1, 0.0)  # eval-loss levels above the baseline's final eval loss
 

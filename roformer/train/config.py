@@ -25,9 +25,10 @@ from roformer.config import (
     check_seed,
     check_types,
 )
-from roformer.data.config import DataConfig, FinetuneDataConfig
+from roformer.data.config import DataConfig
 from roformer.errors import ConfigError
 from roformer.model.config import ModelConfig
+from roformer.tasks.config import FinetuneDataConfig
 
 SCHEDULES = ("linear", "cosine", "constant")
 

@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
-from roformer.data.records import read_records, text_field
-from roformer.data.tasks import padded_length
 from roformer.data.tokenizer import check_fits, jieba_presegmenter, load_tokenizer, word_vocabulary
 from roformer.errors import UserError
 from roformer.files import atomic_write, check_output_file, read_json, stop_on_write_failure
@@ -30,6 +28,8 @@ from roformer.logs import quiet_loggers
 from roformer.model.config import POOLINGS, ModelConfig
 from roformer.model.model import Backbone, Model
 from roformer.model.pretrained import load_pretrained
+from roformer.tasks.base import padded_length
+from roformer.tasks.records import read_records, text_field
 from roformer.train.evaluate import eval_chunks
 from roformer.train.launch import gather, process_state
 from roformer.train.run_dir import SENTENCE_FILE

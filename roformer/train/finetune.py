@@ -12,7 +12,7 @@ One config fine-tunes one task for every learning rate of `train.lrs` (or `train
     best/             the selected run's model + tokenizer (roformer.load-able)
 
 This module keeps the grid, the selection and the publishing; what depends on the task (its model, splits, batches,
-predictions, metrics and files) comes from its task object (roformer.data.tasks.FinetuneTask, looked up once per job).
+predictions, metrics and files) comes from its task object (roformer.tasks.base.FinetuneTask, looked up once per job).
 
 Token type 1 (the second text of a pair) is never seen in MLM pretraining on single blocks: its embedding starts
 fine-tuning untrained, as in any MLM-only recipe (BERT learned it through next-sentence prediction).
@@ -45,10 +45,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from roformer.config import flat_config
-from roformer.data.glue_metrics import ranked, seed_summary
 from roformer.data.sampling import EpochSampler, LengthGroupedSampler, global_batch_size, share
-from roformer.data.task_types import make_task
-from roformer.data.tasks import EncodedSplit, FinetuneTask
 from roformer.data.tokenizer import check_fits, check_segmentation, load_tokenizer
 from roformer.errors import UserError
 from roformer.files import atomic_write_text
@@ -56,6 +53,9 @@ from roformer.logs import quiet_loggers
 from roformer.model.config import ModelConfig
 from roformer.model.model import Model
 from roformer.model.pretrained import load_pretrained, pretrained_config
+from roformer.tasks.base import EncodedSplit, FinetuneTask
+from roformer.tasks.glue_metrics import ranked, seed_summary
+from roformer.tasks.registry import make_task
 from roformer.train.config import FinetuneConfig
 from roformer.train.engine import Engine, ProcessLayout, RunState, to_device
 from roformer.train.evaluate import eval_chunks
@@ -235,7 +235,7 @@ def micro_batch_loss(task: FinetuneTask) -> str | None:
     """
     if task.architecture == "token_classification":
         return "token classification's loss is a mean over a micro-batch's scored tokens"
-    if task.pooling is not None:  # sentence vectors (roformer.data.similarity): CoSENT or in-batch negatives
+    if task.pooling is not None:  # sentence vectors (roformer.tasks.similarity): CoSENT or in-batch negatives
         return "the sentence-vector loss compares a micro-batch's pairs with each other"
     return None
 

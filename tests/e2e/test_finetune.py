@@ -263,7 +263,7 @@ def test_interrupted_grid_resumes_exactly(tmp_path: Path, pretrained: Path, numb
 
 def test_nan_dev_scores_do_not_crash(tmp_path: Path, pretrained: Path, number_task: dict, monkeypatch) -> None:
     """Constant predictions give NaN correlations; the run still ends, with a model and NaN in the table."""
-    import roformer.data.glue as glue_module
+    import roformer.tasks.glue as glue_module
 
     nan = float("nan")
     monkeypatch.setattr(glue_module, "compute", lambda metrics, p, y: {"accuracy": nan, "score": nan})
@@ -462,7 +462,7 @@ def test_a_nan_dev_score_neither_locks_the_best_checkpoint_nor_crashes_the_summa
 ) -> None:
     """Seed 0 scores NaN at every evaluation, seed 1 NaN first and then numbers: seed 1 is selected at a later step,
     and the summary over the two seeds leaves the NaN out (statistics.stdev raises on one)."""
-    import roformer.data.glue as glue_module
+    import roformer.tasks.glue as glue_module
     import roformer.train.finetune as finetune_module
 
     calls = {0: 0, 1: 0}

@@ -1,4 +1,4 @@
-"""A fine-tuning job runs whatever task object `make_task` gives it (roformer.data.tasks.FinetuneTask)."""
+"""A fine-tuning job runs whatever task object `make_task` gives it (roformer.tasks.base.FinetuneTask)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 import roformer
 from roformer.config import load, write_yaml
-from roformer.data.glue import Encoded, GlueTask
+from roformer.tasks.glue import Encoded, GlueTask
 from roformer.train.config import FinetuneConfig
 
 

@@ -98,7 +98,7 @@ def finetuned(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """
     import csv
 
-    import roformer.data.glue as glue_module
+    import roformer.tasks.glue as glue_module
     from roformer.train.config import FinetuneConfig
     from roformer.train.finetune import Finetuner, finetune
 

@@ -1,4 +1,4 @@
-"""Multiple-choice data (roformer.data.choices): reading, labels, SWAG pairs, CHID blanks and their window, batches."""
+"""Multiple-choice data (roformer.tasks.choices): reading, labels, SWAG pairs, CHID blanks and their window, batches."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ import pytest
 import torch
 from helpers import tiny_config
 
-from roformer.data import choices as choices_module
-from roformer.data import records as records_module
-from roformer.data.choices import ChoicesTask, EncodedChoices, blank_window, parse_label
-from roformer.data.config import ChoicesConfig, FinetuneDataConfig
-from roformer.data.records import Record
-from roformer.data.tasks import FinetuneTask
 from roformer.data.tokenizer import train_tokenizer
 from roformer.errors import ConfigError, UserError
 from roformer.model.model import MultipleChoice
+from roformer.tasks import choices as choices_module
+from roformer.tasks import records as records_module
+from roformer.tasks.base import FinetuneTask
+from roformer.tasks.choices import ChoicesTask, EncodedChoices, blank_window, parse_label
+from roformer.tasks.config import ChoicesConfig, FinetuneDataConfig
+from roformer.tasks.records import Record
 
 WORDS = [f"w{i}" for i in range(80)]
 SWAG = {"context_column": "sent1", "question_column": "sent2", "choice_columns": ["ending0", "ending1", "ending2"]}

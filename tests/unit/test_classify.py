@@ -1,4 +1,4 @@
-"""Classification, regression and multi-label tasks from any file (roformer.data.classify, roformer.data.records)."""
+"""Classification, regression and multi-label tasks from any file (roformer.tasks.classify, roformer.tasks.records)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from roformer.config import load
-from roformer.data.classify import TextTask, label_list, multi_label_metrics, sorted_labels
-from roformer.data.config import FinetuneDataConfig
-from roformer.data.glue import GlueTask
-from roformer.data.glue_tasks import get_task
-from roformer.data.records import Record, field, read_records, text_field
-from roformer.data.tasks import Encoded
 from roformer.data.tokenizer import train_tokenizer
 from roformer.errors import ConfigError, UserError
+from roformer.tasks.base import Encoded
+from roformer.tasks.classify import TextTask, label_list, multi_label_metrics, sorted_labels
+from roformer.tasks.config import FinetuneDataConfig
+from roformer.tasks.glue import GlueTask
+from roformer.tasks.glue_tasks import get_task
+from roformer.tasks.records import Record, field, read_records, text_field
 from roformer.train.config import FinetuneConfig
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,9 +11,9 @@ from helpers import REPO
 
 import roformer
 from roformer.config import load
-from roformer.data.config import FinetuneDataConfig
 from roformer.errors import ConfigError
 from roformer.model.config import ModelConfig
+from roformer.tasks.config import FinetuneDataConfig
 from roformer.train.config import FinetuneConfig, PretrainConfig
 
 

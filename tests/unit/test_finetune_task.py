@@ -1,4 +1,4 @@
-"""The fine-tuning task protocol (roformer.data.tasks) and its GLUE implementation (roformer.data.glue.GlueTask)."""
+"""The fine-tuning task protocol (roformer.tasks.base) and its GLUE implementation (roformer.tasks.glue.GlueTask)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
-from roformer.data.config import FinetuneDataConfig
-from roformer.data.glue import Encoded, GlueTask
-from roformer.data.glue_tasks import TASKS, Example, get_task
-from roformer.data.task_types import make_task
-from roformer.data.tasks import FinetuneTask
+from roformer.tasks.base import FinetuneTask
+from roformer.tasks.config import FinetuneDataConfig
+from roformer.tasks.glue import Encoded, GlueTask
+from roformer.tasks.glue_tasks import TASKS, Example, get_task
+from roformer.tasks.registry import make_task
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -189,7 +189,7 @@ def test_the_training_floor_knows_no_glue() -> None:
     """Fine-tuning's recipe asks the task object: no GLUE module, look-up, head name or server file in its code."""
     code, imported = code_of(REPO / "roformer" / "train" / "finetune.py")
     # the metrics module stays: its registry scores any task's named metrics, its statistics any scores
-    assert not imported & {"roformer.data.glue", "roformer.data.glue_tasks"}, imported
+    assert not imported & {"roformer.tasks.glue", "roformer.tasks.glue_tasks"}, imported
     for glue_only in ("get_task", "sequence_classification", ".tsv", "is_regression", ".labels[", "roformer-glue"):
         assert glue_only not in code, glue_only
 

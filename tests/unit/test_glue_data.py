@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from roformer.data.glue_tasks import TASKS, get_task, read_files, read_glue_dir, read_hub
 from roformer.errors import UserError
+from roformer.tasks.glue_tasks import TASKS, get_task, read_files, read_glue_dir, read_hub
 
 ROW_COUNTS = {
     "cola": (8551, 1043, 1063),
@@ -101,8 +101,8 @@ def test_hub_path(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_mnli_from_local_files_with_unlabelled_tests_and_both_dev_splits(tmp_path: Path) -> None:
     """`source: files` for MNLI: test files without labels, matched and (optionally) mismatched dev files."""
     from roformer.config import ConfigError
-    from roformer.data.config import FinetuneDataConfig
-    from roformer.data.glue import load_splits
+    from roformer.tasks.config import FinetuneDataConfig
+    from roformer.tasks.glue import load_splits
 
     labelled = "premise,hypothesis,label\na cat sat,a cat is sitting,entailment\nit rains,it is dry,contradiction\n"
     for name in ("train", "dev_m", "dev_mm"):
@@ -131,7 +131,7 @@ def test_mnli_from_local_files_with_unlabelled_tests_and_both_dev_splits(tmp_pat
 
 
 def test_batches_pad_to_a_multiple_of_8_within_the_model_limit() -> None:
-    from roformer.data.glue import Encoded, collate, padded_length
+    from roformer.tasks.glue import Encoded, collate, padded_length
 
     encoded = Encoded([[2, 5, 6, 3], [2, 5, 6, 7, 8, 9, 10, 11, 12, 3]], [[0] * 4, [0] * 10], [0, 1], ["a", "b"])
     batch = collate(encoded, [0, 1], 0, False, multiple=8)

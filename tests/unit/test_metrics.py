@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 from sklearn import metrics as sk
 
-from roformer.data.glue_metrics import accuracy, compute, f1, matthews_corrcoef, pearson, spearman
+from roformer.tasks.glue_metrics import accuracy, compute, f1, matthews_corrcoef, pearson, spearman
 
 
 @pytest.mark.parametrize("seed", range(5))

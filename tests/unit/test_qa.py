@@ -12,9 +12,12 @@ import pytest
 import torch
 from helpers import REPO
 
-from roformer.data import qa_metrics
-from roformer.data.config import FinetuneDataConfig, QAConfig
-from roformer.data.qa import (
+from roformer.data.segment import tokenize_texts
+from roformer.data.tokenizer import Tokenizer, train_tokenizer
+from roformer.errors import UserError
+from roformer.tasks import qa_metrics
+from roformer.tasks.config import FinetuneDataConfig, QAConfig
+from roformer.tasks.qa import (
     QAEncoded,
     QATask,
     Question,
@@ -29,9 +32,6 @@ from roformer.data.qa import (
     window_overlap,
     windows,
 )
-from roformer.data.segment import tokenize_texts
-from roformer.data.tokenizer import Tokenizer, train_tokenizer
-from roformer.errors import UserError
 
 GOLDEN = REPO / "tests" / "golden" / "cmrc2018_metric.json"
 CMRC = "qa/cmrc2018"
@@ -144,7 +144,7 @@ def official_cmrc2018(shared_data: Path) -> dict:
     """cmrc2018_evaluate.py's functions (scripts/cmrc2018_golden.py's Python 3 conversion, syntax only).
 
     Its `nltk.word_tokenize` needs the Punkt model, which is not here: NLTKWordTokenizer stands in, which splits
-    the CJK answers used with it the same way (see roformer.data.qa_metrics).
+    the CJK answers used with it the same way (see roformer.tasks.qa_metrics).
     """
     import importlib.util
     from types import SimpleNamespace
@@ -302,7 +302,7 @@ def test_load_splits_counts_once_per_split_and_limits_by_question(
     train = [qa_entry("q1"), qa_entry("q2", "Rome", 30), qa_entry("q3", "Paris", 14)]
     dev = [{**qa_entry("d1"), "answers": [{"text": "Lyon", "answer_start": -1}, {"text": "Paris", "answer_start": 15}]}]
     dev += [qa_entry("d2", None, is_impossible=True)]
-    with caplog.at_level(logging.WARNING, logger="roformer.data.qa"):
+    with caplog.at_level(logging.WARNING, logger="roformer.tasks.qa"):
         splits = load_splits(files_config(tmp_path, train, dev, max_train_examples=2, qa=QAConfig(version_2=True)))
     assert [q.id for q in splits["train"]] == ["q1", "q2"] and [q.id for q in splits["dev"]] == ["d1", "d2"]
     assert splits["train"][1].spans == [(35, 39)] and splits["dev"][1].impossible and not splits["dev"][1].answers
@@ -410,7 +410,7 @@ def test_short_max_lengths_still_give_windows_that_move_on(caplog: pytest.LogCap
     tokenizer = train_tokenizer(["one two three four five six seven eight nine ten"] * 3, 60)
     context = "three four five six seven eight nine ten " * 2
     long_question = Question("q", " ".join(["one two"] * 20), context, ["four"], [(6, 10)])
-    with caplog.at_level(logging.WARNING, logger="roformer.data.qa"):
+    with caplog.at_level(logging.WARNING, logger="roformer.tasks.qa"):
         encoded = encode_split([long_question], tokenizer, 16, QAConfig(doc_stride=8), False, False)
     assert all(types.count(0) == 2 + 6 for types in encoded.types)  # the question: 6 of its 40 tokens
     # windows of 16 - 3 - 6 = 7 context tokens, sharing 3 (not 8): 16 tokens in windows starting at 0, 4, 8, 12

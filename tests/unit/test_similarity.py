@@ -15,11 +15,11 @@ from torch.testing import assert_close
 
 from roformer.config import from_dict
 from roformer.data.builtin import generate_documents
-from roformer.data.config import FinetuneDataConfig, Pooling
-from roformer.data.similarity import SimilarityTask, cosent_loss, in_batch_negatives_loss
 from roformer.data.tokenizer import train_tokenizer
 from roformer.errors import ConfigError, UserError
 from roformer.model.config import POOLINGS
+from roformer.tasks.config import FinetuneDataConfig, Pooling
+from roformer.tasks.similarity import SimilarityTask, cosent_loss, in_batch_negatives_loss
 
 
 def test_cosent_is_its_formula() -> None:

@@ -12,10 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from roformer.data import tagging as tagging_module
-from roformer.data.config import FinetuneDataConfig, TaggingConfig
-from roformer.data.records import Record
-from roformer.data.tagging import (
+from roformer.errors import ConfigError, UserError
+from roformer.model.model import IGNORE_INDEX
+from roformer.tasks import tagging as tagging_module
+from roformer.tasks.base import FinetuneTask
+from roformer.tasks.config import FinetuneDataConfig, TaggingConfig
+from roformer.tasks.records import Record
+from roformer.tasks.tagging import (
     TaggingTask,
     TagNames,
     continuation_tag,
@@ -23,7 +26,7 @@ from roformer.data.tagging import (
     read_conll,
     read_json_sentences,
 )
-from roformer.data.tagging_metrics import (
+from roformer.tasks.tagging_metrics import (
     chunks,
     classification_report,
     has_entities,
@@ -31,9 +34,6 @@ from roformer.data.tagging_metrics import (
     tag_scores,
     token_accuracy,
 )
-from roformer.data.tasks import FinetuneTask
-from roformer.errors import ConfigError, UserError
-from roformer.model.model import IGNORE_INDEX
 
 TYPES = ("PER", "LOC", "MISC")
 
@@ -366,7 +366,7 @@ def test_hub_tags_are_ids_named_by_the_dataset_features(monkeypatch: pytest.Monk
     """The hub path without the network: `datasets`' builder metadata and rows are stand-ins."""
     import datasets
 
-    import roformer.data.tagging as tagging
+    import roformer.tasks.tagging as tagging
 
     names = ["O", "B-PER", "I-PER"]
     features = datasets.Features(
@@ -449,7 +449,7 @@ def test_label_all_tokens_continues_the_word_inside_its_entity(tmp_path: Path, t
 
 def test_cut_off_words_are_predicted_o_and_scored(tmp_path: Path, tokenizer, caplog) -> None:
     task = TaggingTask.from_config(tagging_config(tmp_path, {"train": TRAIN, "validation": DEV}))
-    with caplog.at_level(logging.WARNING, logger="roformer.data.tagging"):
+    with caplog.at_level(logging.WARNING, logger="roformer.tasks.tagging"):
         dev = task.encode(tokenizer, 8)["dev"]
     assert "dev: 2 words cut off by max_length 8 and 0 mapped to no token: predicted O" in caplog.text
     assert len(dev.ids[0]) == 8 and dev.positions[0][2:] == [-1, -1]

@@ -13,13 +13,13 @@ from torch.testing import assert_close
 import roformer
 from roformer.config import from_dict
 from roformer.data.builtin import generate_documents
-from roformer.data.config import FinetuneDataConfig
-from roformer.data.records import read_split_records
 from roformer.data.tokenizer import train_tokenizer
-from roformer.data.triplet import TripletTask, fold_of_rows
 from roformer.errors import CheckpointError, ConfigError, UserError
 from roformer.model.hf import to_hf
 from roformer.model.model import pool_states
+from roformer.tasks.config import FinetuneDataConfig
+from roformer.tasks.records import read_split_records
+from roformer.tasks.triplet import TripletTask, fold_of_rows
 
 ROWS = [
     {"A": "a cat sat on the mat", "B": "a cat sat", "C": "the dog ran far away", "label": "B"},

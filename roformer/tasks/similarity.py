@@ -9,7 +9,7 @@ MultipleNegativesRankingLoss). Evaluation: the Spearman correlation (and Pearson
 gold scores, as the STS benchmarks are reported. The model is a bare backbone: its `best/` directory is what
 `roformer embed` and `SentenceEncoder` read, with the pooling it was trained with in `best/sentence.json`.
 
-Rows come from any file or hub dataset as for classification (roformer.data.classify: two `text_columns`, the score in
+Rows come from any file or hub dataset as for classification (roformer.tasks.classify: two `text_columns`, the score in
 `label_column`).
 """
 
@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from roformer.data.classify import TextTask, score_of
-from roformer.data.config import FinetuneDataConfig
-from roformer.data.records import Record, text_field
-from roformer.data.tasks import pad_rows
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import UserError
+from roformer.tasks.base import pad_rows
+from roformer.tasks.classify import TextTask, score_of
+from roformer.tasks.config import FinetuneDataConfig
+from roformer.tasks.records import Record, text_field
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer

@@ -1,10 +1,10 @@
 """GLUE data for fine-tuning: the task's splits, tokenized examples, padded batches and the GLUE server's files.
 
-`GlueTask` is the fine-tuning task (roformer.data.tasks.FinetuneTask) of every GLUE config: the training floor asks
+`GlueTask` is the fine-tuning task (roformer.tasks.base.FinetuneTask) of every GLUE config: the training floor asks
 it for everything GLUE-shaped (the classifier and its labels, the splits, predictions from logits, the server format).
 The `data:` section is roformer.data.config.FinetuneDataConfig.
 Task metadata and the readers of the three sources (official TSV layout, hub, local files) are in
-roformer.data.glue_tasks; the official metrics in roformer.data.glue_metrics.
+roformer.tasks.glue_tasks; the official metrics in roformer.tasks.glue_metrics.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from roformer.data.config import FinetuneDataConfig
-from roformer.data.glue_metrics import compute
-from roformer.data.glue_tasks import Example, Split, Task, get_task, read_files, read_glue_dir, read_hub
-from roformer.data.tasks import Encoded, HeadOutputs, cut_to_limits, pad_rows, padded_length, write_tsv
 from roformer.errors import UserError
 from roformer.files import atomic_copy
+from roformer.tasks.base import Encoded, HeadOutputs, cut_to_limits, pad_rows, padded_length, write_tsv
+from roformer.tasks.config import FinetuneDataConfig
+from roformer.tasks.glue_metrics import compute
+from roformer.tasks.glue_tasks import Example, Split, Task, get_task, read_files, read_glue_dir, read_hub
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
@@ -81,7 +81,7 @@ def collate(
 
 
 class GlueTask(HeadOutputs):
-    """A GLUE task with its splits read: the fine-tuning task (roformer.data.tasks.FinetuneTask) of a GLUE config.
+    """A GLUE task with its splits read: the fine-tuning task (roformer.tasks.base.FinetuneTask) of a GLUE config.
 
     Every GLUE task classifies one text or a pair (STS-B: one score); the dev files and the server's test files
     (SST-2.tsv, MNLI-m.tsv, AX.tsv, ...) hold label names, or STS-B's scores clipped to [0, 5] with 3 decimals.
@@ -136,7 +136,7 @@ class GlueTask(HeadOutputs):
         return values.cpu().tolist()
 
     def evaluate(self, split: Encoded, predictions: list[int | float]) -> dict[str, float]:
-        """The task's official metrics (roformer.data.glue_metrics) and `score`, the one that selects."""
+        """The task's official metrics (roformer.tasks.glue_metrics) and `score`, the one that selects."""
         return compute(self.metrics, predictions, split.labels)
 
     def server_label(self, value: int | float) -> str:

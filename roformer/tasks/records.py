@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from roformer.errors import UserError
 
 if TYPE_CHECKING:
-    from roformer.data.config import FinetuneDataConfig
+    from roformer.tasks.config import FinetuneDataConfig
 
 logger = logging.getLogger(__name__)
 

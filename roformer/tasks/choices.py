@@ -1,6 +1,6 @@
 """Multiple-choice data for fine-tuning (`type: multiple_choice`): questions with K candidates, one of them right.
 
-`ChoicesTask` is the fine-tuning task (roformer.data.tasks.FinetuneTask) of a multiple-choice config. A row of an
+`ChoicesTask` is the fine-tuning task (roformer.tasks.base.FinetuneTask) of a multiple-choice config. A row of an
 encoded split is one question with its K candidates, each encoded as its own sequence; the model
 (roformer.model.model.MultipleChoice) scores every candidate with one output and a softmax over the K picks one.
 The `data.choices:` section (roformer.data.config.ChoicesConfig) says where the parts are. Two layouts:
@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from roformer.data.config import ChoicesConfig, FinetuneDataConfig
-from roformer.data.glue_metrics import compute
-from roformer.data.records import Record, example_id, field, read_split_records, text_field
-from roformer.data.tasks import HeadOutputs, cut_to_limits, pad_rows, padded_length
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import UserError
 from roformer.files import atomic_copy, atomic_write_text
+from roformer.tasks.base import HeadOutputs, cut_to_limits, pad_rows, padded_length
+from roformer.tasks.config import ChoicesConfig, FinetuneDataConfig
+from roformer.tasks.glue_metrics import compute
+from roformer.tasks.records import Record, example_id, field, read_split_records, text_field
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
@@ -395,7 +395,7 @@ class ChoicesTask(HeadOutputs):
         }
 
     def padded_length(self, longest: int, cap: int) -> int:
-        """`longest` rounded up to data.pad_to_multiple_of, within `cap` (roformer.data.glue.padded_length)."""
+        """`longest` rounded up to data.pad_to_multiple_of, within `cap` (roformer.tasks.glue.padded_length)."""
         return padded_length(longest, self.multiple, cap)
 
     def collate(self, split: EncodedChoices, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:

@@ -3,12 +3,12 @@
 The fine-tuning recipe (roformer.train.finetune) trains every (lr, seed) run, keeps the best dev checkpoint, selects
 and publishes; everything that depends on the task comes from its task object: the model head and its outputs, the
 encoded splits, how a batch is padded, how logits become predictions, which metrics score them and which files the
-predictions are written to (a benchmark's server format included). GLUE (roformer.data.glue.GlueTask) is the first.
+predictions are written to (a benchmark's server format included). GLUE (roformer.tasks.glue.GlueTask) is the first.
 An encoded split is the task's own (`EncodedSplit`): the recipe reads only its `lengths` (rows, batch order, padding
 counts); what a row holds (an example, a window of a long context, a set of K choices) and how rows become
-predictions of examples is the task's. Task types: GLUE (roformer.data.glue), classification, regression and
-multi-label classification of texts (roformer.data.classify), token classification (roformer.data.tagging),
-extractive question answering (roformer.data.qa), multiple choice (roformer.data.choices).
+predictions of examples is the task's. Task types: GLUE (roformer.tasks.glue), classification, regression and
+multi-label classification of texts (roformer.tasks.classify), token classification (roformer.tasks.tagging),
+extractive question answering (roformer.tasks.qa), multiple choice (roformer.tasks.choices).
 """
 
 from __future__ import annotations

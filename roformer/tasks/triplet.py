@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from roformer.data.classify import PREDICTIONS_FILE, TextTask
-from roformer.data.config import FinetuneDataConfig
-from roformer.data.records import Record
-from roformer.data.tasks import MODEL_INPUTS, pad_rows, write_tsv
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import UserError
+from roformer.tasks.base import MODEL_INPUTS, pad_rows, write_tsv
+from roformer.tasks.classify import PREDICTIONS_FILE, TextTask
+from roformer.tasks.config import FinetuneDataConfig
+from roformer.tasks.records import Record
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer

@@ -1,6 +1,6 @@
 """Token classification (NER, POS tagging): `data.type: token_classification`, a tag per word.
 
-`TaggingTask` is the fine-tuning task (roformer.data.tasks.FinetuneTask) of such a config; its own settings are
+`TaggingTask` is the fine-tuning task (roformer.tasks.base.FinetuneTask) of such a config; its own settings are
 `data.tagging` (roformer.data.config.TaggingConfig).
 
 Sources, read into `Sentence`s:
@@ -32,7 +32,7 @@ tag is not in the label set the piece is not trained.
 
 Entities or plain tags (`tagging.scheme`): with an entity scheme (IOB1, IOB2, IOBES; `auto` when a tag other than `O`
 has a `B-`/`I-`/`E-`/`S-` prefix) the entity-level F1 selects (the metric reads the three schemes alike:
-roformer.data.tagging_metrics) and a tag whose prefix the named scheme does not have is reported once, as a likely
+roformer.tasks.tagging_metrics) and a tag whose prefix the named scheme does not have is reported once, as a likely
 mistake in the config; an entity scheme named for tags without such prefixes is an error. Plain tags (`none`, or
 `auto` without such prefixes: POS, IO tags such as `PER`) have no entities, so their entity F1 would be 0 whatever
 the predictions: token accuracy selects, `label_all_tokens` trains every piece on its word's own tag, and the report
@@ -65,9 +65,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from roformer.data.config import FinetuneDataConfig, TaggingConfig
-from roformer.data.records import Record, example_id, field, read_hub_split, read_records, read_text
-from roformer.data.tagging_metrics import (
+from roformer.data.tokenizer import WordVocabulary, spelled_out, word_vocabulary
+from roformer.errors import UserError
+from roformer.files import atomic_copy, atomic_write_text
+from roformer.logs import MAIN_ONLY
+from roformer.tasks.base import HeadOutputs, TokenRows, pad_rows, padded_length
+from roformer.tasks.config import FinetuneDataConfig, TaggingConfig
+from roformer.tasks.records import Record, example_id, field, read_hub_split, read_records, read_text
+from roformer.tasks.tagging_metrics import (
     ENTITY_PREFIXES,
     classification_report,
     has_entities,
@@ -76,11 +81,6 @@ from roformer.data.tagging_metrics import (
     tag_scores,
     token_accuracy,
 )
-from roformer.data.tasks import HeadOutputs, TokenRows, pad_rows, padded_length
-from roformer.data.tokenizer import WordVocabulary, spelled_out, word_vocabulary
-from roformer.errors import UserError
-from roformer.files import atomic_copy, atomic_write_text
-from roformer.logs import MAIN_ONLY
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
@@ -623,7 +623,7 @@ class TaggingTask(HeadOutputs):
         return encoded
 
     def padded_length(self, longest: int, cap: int) -> int:
-        """`longest` rounded up to data.pad_to_multiple_of, within `cap` (roformer.data.glue.padded_length)."""
+        """`longest` rounded up to data.pad_to_multiple_of, within `cap` (roformer.tasks.glue.padded_length)."""
         return padded_length(longest, self.multiple, cap)
 
     def collate(self, split: EncodedTags, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:

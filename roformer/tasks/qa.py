@@ -1,6 +1,6 @@
 """Extractive question answering (SQuAD, CMRC 2018): SQuAD-format files, context windows, n-best span decoding.
 
-`QATask` is the fine-tuning task (roformer.data.tasks.FinetuneTask) of `type: question_answering`; its settings are
+`QATask` is the fine-tuning task (roformer.tasks.base.FinetuneTask) of `type: question_answering`; its settings are
 `data.qa` (roformer.data.config.QAConfig). The model reads `[CLS] question [SEP] context window [SEP]` and gives every
 token a start and an end logit (roformer.model.model.QuestionAnswering).
 
@@ -45,13 +45,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from roformer.data import qa_metrics
-from roformer.data.config import FinetuneDataConfig, QAConfig
-from roformer.data.records import Record, read_hub_split, read_text
 from roformer.data.segment import TokenizedText, tokenize_texts
-from roformer.data.tasks import HeadOutputs, TokenRows, cut_to_limits, pad_rows, padded_length
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_copy, atomic_write_text
+from roformer.tasks import qa_metrics
+from roformer.tasks.base import HeadOutputs, TokenRows, cut_to_limits, pad_rows, padded_length
+from roformer.tasks.config import FinetuneDataConfig, QAConfig
+from roformer.tasks.records import Record, read_hub_split, read_text
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer

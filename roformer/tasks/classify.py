@@ -1,7 +1,7 @@
 """Classification, regression and multi-label classification of one text or a pair, from any local file or hub dataset.
 
-`TextTask` is the fine-tuning task (roformer.data.tasks.FinetuneTask) of `type: classification`, `regression` and
-`multi_label_classification`. Rows come from csv/tsv/json/jsonl/parquet files or a hub dataset (roformer.data.records),
+`TextTask` is the fine-tuning task (roformer.tasks.base.FinetuneTask) of `type: classification`, `regression` and
+`multi_label_classification`. Rows come from csv/tsv/json/jsonl/parquet files or a hub dataset (roformer.tasks.records),
 with the text and label fields named in the config (`text_columns`, `label_column`; nested JSON fields and templates
 allowed). The label set is `data.labels` or, when not given, every label of the training split (sorted: numerically
 when all labels are integers), taken before `max_train_examples` cuts the split, so label ids do not depend on the
@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from roformer.data.config import FinetuneDataConfig
-from roformer.data.glue_metrics import compute
-from roformer.data.records import Record, example_id, field, read_split_records, text_field
-from roformer.data.tasks import Encoded, HeadOutputs, cut_to_limits, pad_rows, padded_length, write_tsv
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import UserError
 from roformer.files import atomic_copy
+from roformer.tasks.base import Encoded, HeadOutputs, cut_to_limits, pad_rows, padded_length, write_tsv
+from roformer.tasks.config import FinetuneDataConfig
+from roformer.tasks.glue_metrics import compute
+from roformer.tasks.records import Record, example_id, field, read_split_records, text_field
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
