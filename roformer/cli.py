@@ -23,10 +23,29 @@ EXIT_USAGE = 2
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (argparse prints the usage block first by default)."""
+    """argparse with one-line errors, and an epilog built only when `--help` asks for it.
+
+    argparse prints the usage block before an error by default. `epilog_of` builds help text that needs heavy
+    imports (the task types' modules load torch), which start-up must not pay for.
+    """
+
+    epilog_of: Callable[[], str] | None = None
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+    def format_help(self) -> str:
+        if self.epilog_of is not None:
+            self.epilog = self.epilog_of()
+        return super().format_help()
+
+
+def _task_types_help() -> str:
+    """The task types `data.type` may name, each with its settings section: from their declarations."""
+    from roformer.tasks.registry import specs
+
+    types = "; ".join(f"{s.name}{f' (data.{s.section})' if s.section else ''}: {s.summary}" for s in specs().values())
+    return f"task types (data.type): {types}."
 
 
 def _positive_int(text: str) -> int:
@@ -340,6 +359,7 @@ def _finetune_arguments(parser: argparse.ArgumentParser) -> None:
         "runs/glue/<task> for GLUE configs, else runs/finetune/<config name>",
     )
     parser.add_argument("--resume", action="store_true", help="continue: finished runs are kept, the last resumes")
+    parser.epilog_of = _task_types_help
 
 
 def _finetune(args: argparse.Namespace) -> None:

@@ -213,14 +213,22 @@ def from_dict(cls: type[T], data: Any, source: str | Origin = "<dict>", prefix: 
             f"{_named(source, prefix.rstrip('.'))}: {section}expected a mapping of keys, got {type(data).__name__}"
         )
     hints = typing.get_type_hints(cls)
-    known = {f.name for f in fields(cls) if f.init}
+    declared = declared_sections(cls)
+    holder = next((f.name for f in fields(cls) if f.metadata.get("sections")), None)
+    known = {f.name for f in fields(cls) if f.init and f.name != holder} | set(declared)
     for key in data:
         if key not in known:
             where = _named(source, f"{prefix}{key}")
             raise ConfigError(f"{where}: unknown key '{prefix}{key}' (known keys: {', '.join(sorted(known))})")
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
+    sections: dict[str, Any] = {}
     for key, value in data.items():
-        kwargs[key] = coerce(value, hints[key], source, f"{prefix}{key}")
+        if key in declared:  # a section declared elsewhere (a task type's settings): held in one dict field
+            sections[key] = coerce(value, declared[key] | None, source, f"{prefix}{key}")
+        else:
+            kwargs[key] = coerce(value, hints[key], source, f"{prefix}{key}")
+    if holder is not None:
+        kwargs[holder] = sections
     try:
         return cls(**kwargs)
     except ConfigError as e:
@@ -401,10 +409,22 @@ MAY_CHANGE_UNTIL_A_RUN_FINISHES = {"resume": "until_a_run_finishes"}  # where a 
 INCLUDE_KEY = "include"  # the top-level key of a file that starts from another (classes with INCLUDE_FILE = True)
 
 
-def field_keys(cls: type, name: str, value: Any = True) -> tuple[str, ...]:
+def declared_sections(cls: type) -> dict[str, type]:
+    """Sections of dataclass `cls` declared elsewhere, {key: dataclass}: `cls.declared_sections()`, if it has one.
+
+    A class whose sections are not known when it is written (the fine-tuning data: section, whose task types each
+    declare their own settings) holds them in one field marked `{"sections": True}`; the loader reads and checks each
+    under its own key, as if it were a field.
+    """
+    declared = getattr(cls, "declared_sections", None)
+    return declared() if declared is not None else {}
+
+
+def field_keys(cls: type, name: str, value: Any = True, declared: bool = True) -> tuple[str, ...]:
     """Dotted keys of the fields of dataclass `cls`, nested sections included, whose metadata has `name: value`.
 
-    In field order, a section's keys where the section is (`field_keys(PretrainConfig, "path")`: `data.paths`, ...).
+    In field order, a section's keys where the section is (`field_keys(PretrainConfig, "path")`: `data.paths`, ...);
+    declared sections (`declared_sections`) last, unless `declared` is false (they load the task types' modules).
     """
     hints = typing.get_type_hints(cls)
     keys: list[str] = []
@@ -412,7 +432,9 @@ def field_keys(cls: type, name: str, value: Any = True) -> tuple[str, ...]:
         if f.metadata.get(name) == value:
             keys.append(f.name)
         if dataclasses.is_dataclass(hints[f.name]):
-            keys += [f"{f.name}.{key}" for key in field_keys(hints[f.name], name, value)]
+            keys += [f"{f.name}.{key}" for key in field_keys(hints[f.name], name, value, declared)]
+    for section, settings in (declared_sections(cls) if declared else {}).items():
+        keys += [f"{section}.{key}" for key in field_keys(settings, name, value)]
     return tuple(keys)
 
 

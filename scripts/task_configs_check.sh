@@ -9,7 +9,8 @@
 #
 # The inits: roformer-tiny (built-in corpus) and roformer-zh-tiny (word-level Chinese), 20 pretraining steps each. Each
 # run: one lr, one seed, 64 training and 64 evaluation examples, 8 steps, evaluated at the end. Left out: the configs
-# of downloads (finetune/squad from the hub, the full CAIL2019-SCM) and finetune/text-classification (your files).
+# of downloads (finetune/squad from the hub, the full CAIL2019-SCM) and the templates for your files
+# (finetune/text-classification, finetune/multi-label-classification).
 # `hashes.txt` lists sha256 of every results.json (its output folder's path blanked) and prediction file, and the
 # compare step diffs the two lists. About 6 minutes on 2 cores.
 set -euo pipefail

@@ -1,19 +1,18 @@
-"""Fine-tuning tasks: what `roformer finetune` asks of a kind of downstream work (`FinetuneTask`), and shared parts.
+"""What `roformer finetune` asks of a kind of downstream work (`FinetuneTask`), a type's declaration, shared parts.
 
 The fine-tuning recipe (roformer.train.finetune) trains every (lr, seed) run, keeps the best dev checkpoint, selects
 and publishes; everything that depends on the task comes from its task object: the model head and its outputs, the
 encoded splits, how a batch is padded, how logits become predictions, which metrics score them and which files the
-predictions are written to (a benchmark's server format included). GLUE (roformer.tasks.glue.GlueTask) is the first.
-An encoded split is the task's own (`EncodedSplit`): the recipe reads only its `lengths` (rows, batch order, padding
-counts); what a row holds (an example, a window of a long context, a set of K choices) and how rows become
-predictions of examples is the task's. Task types: GLUE (roformer.tasks.glue), classification, regression and
-multi-label classification of texts (roformer.tasks.classify), token classification (roformer.tasks.tagging),
-extractive question answering (roformer.tasks.qa), multiple choice (roformer.tasks.choices).
+predictions are written to (a benchmark's server format included). An encoded split is the task's own
+(`EncodedSplit`): the recipe reads only its `lengths` (rows, batch order, padding counts); what a row holds (an
+example, a window of a long context, a set of K choices) and how rows become predictions of examples is the task's.
+Each type's module ends in its `TaskSpec` declarations, which roformer.tasks.registry collects: the types are listed
+nowhere else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -24,6 +23,7 @@ from roformer.files import atomic_write_text
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
+    from roformer.tasks.config import FinetuneDataConfig
 
 
 class TokenRows:
@@ -200,3 +200,47 @@ def write_tsv(path: Path, header: list[str], rows: Iterable[Iterable[object]]) -
     """A tab-separated file with a header line, written atomically (complete or absent)."""
     lines = ["\t".join(header)] + ["\t".join(str(c) for c in row) for row in rows]
     atomic_write_text(path, "".join(line + "\n" for line in lines))
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task type's declaration: the last lines of its module, collected by roformer.tasks.registry.
+
+    What the rest of the package knows of a type comes from here: the config's types, sections and metric checks, the
+    CLI help, the docs' table of types and the contract tests' tables.
+
+    Attributes:
+        name: The type, as `data.type` names it.
+        summary: One line for the CLI help and the docs.
+        builder: The task of a data: section, its splits read (the task class's `from_config`).
+        architecture: The model head it fine-tunes (roformer.model.model.ARCHITECTURES; `backbone`: vectors).
+        metrics: What its evaluation gives and `data.metrics` may name (their mean selects); empty when they depend
+            on the data: section (`metrics_of`).
+        default_metrics: What selects when `data.metrics` is null (empty: decided by the task from its data).
+        predictions: The file each run writes of its (first) dev split's predictions.
+        section: Its settings' key under `data:` (`data.tagging`), or None.
+        settings: The dataclass of that section (filled with its defaults when the config has none).
+        section_required: The section must be written (it has no useful defaults: multiple choice's columns).
+        metrics_of: The metrics `data.metrics` may name for a given data: section (GLUE: the task's own).
+        check: Checks of the whole data: section that belong to this type (e.g. cross-validation folds), raising
+            ConfigError.
+        needs_validation_file: Whether a `files` source needs `validation_file` for this data: section.
+    """
+
+    name: str
+    summary: str
+    builder: Callable[[FinetuneDataConfig], FinetuneTask]
+    architecture: str
+    metrics: tuple[str, ...]
+    default_metrics: tuple[str, ...]
+    predictions: str
+    section: str | None = None
+    settings: type | None = None
+    section_required: bool = False
+    metrics_of: Callable[[FinetuneDataConfig], tuple[str, ...]] | None = None
+    check: Callable[[FinetuneDataConfig], None] | None = None
+    needs_validation_file: Callable[[FinetuneDataConfig], bool] | None = None
+
+    def known_metrics(self, data: FinetuneDataConfig) -> tuple[str, ...]:
+        """The metrics `data.metrics` may name for `data`."""
+        return self.metrics_of(data) if self.metrics_of is not None else self.metrics

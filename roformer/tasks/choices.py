@@ -21,6 +21,7 @@ hub's mark), and is then only predicted. Predictions are written as JSON lines, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -30,11 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from roformer.config import check_types
 from roformer.data.tokenizer import jieba_presegmenter
-from roformer.errors import UserError
+from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_copy, atomic_write_text
-from roformer.tasks.base import HeadOutputs, cut_to_limits, pad_rows, padded_length
-from roformer.tasks.config import ChoicesConfig, FinetuneDataConfig
+from roformer.tasks.base import HeadOutputs, TaskSpec, cut_to_limits, pad_rows, padded_length
+from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.glue_metrics import compute
 from roformer.tasks.records import Record, example_id, field, read_split_records, text_field
 
@@ -46,6 +48,34 @@ logger = logging.getLogger(__name__)
 Segmenter = Callable[[str], str]  # text -> the same text with words separated by spaces (jieba)
 
 NO_LABEL = (None, "", -1, "-1")  # how a test split says it has no labels (-1: the hub's mark)
+
+
+@dataclass
+class ChoicesConfig:
+    """`data.choices:` of `type: multiple_choice`: a context (and question) with K candidate answers.
+
+    Attributes:
+        context_column: The field with the context (SWAG `sent1`; CHID `content`).
+        question_column: A field joined to each candidate as its text (SWAG `sent2`, the start of the ending);
+            null = the candidate alone.
+        choices_column: A field holding the list of candidates (CHID `candidates`); or
+        choice_columns: one field per candidate (SWAG `ending0`..`ending3`).
+        blank: A placeholder in the context that each candidate fills (CHID `#idiom#`): the model reads the filled
+            context alone instead of the pair (context, candidate).
+    """
+
+    context_column: str = "context"
+    question_column: str | None = None
+    choices_column: str | None = None
+    choice_columns: list[str] = dataclasses.field(default_factory=list)
+    blank: str | None = None
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if bool(self.choices_column) == bool(self.choice_columns):
+            raise ConfigError("choices: name either choices_column (a list field) or choice_columns (one per choice)")
+        if self.blank and self.question_column:
+            raise ConfigError("choices: blank and question_column do not go together (a filled context is read alone)")
 
 
 @dataclass(frozen=True)
@@ -434,3 +464,19 @@ class ChoicesTask(HeadOutputs):
         """Copy the selected run's test predictions (`test.jsonl`) into `submission` (nothing without a test split)."""
         for split in self.test_splits:
             atomic_copy(run_folder / f"{split}.jsonl", submission / f"{split}.jsonl")
+
+
+SPECS = (
+    TaskSpec(
+        name="multiple_choice",
+        summary="a context (and question) with K candidates, one right (SWAG, CHID)",
+        builder=ChoicesTask.from_config,
+        architecture="multiple_choice",
+        metrics=("accuracy",),
+        default_metrics=("accuracy",),
+        predictions="dev.jsonl",
+        section="choices",
+        settings=ChoicesConfig,
+        section_required=True,
+    ),
+)

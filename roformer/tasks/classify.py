@@ -28,9 +28,9 @@ import torch
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import UserError
 from roformer.files import atomic_copy
-from roformer.tasks.base import Encoded, HeadOutputs, cut_to_limits, pad_rows, padded_length, write_tsv
+from roformer.tasks.base import Encoded, HeadOutputs, TaskSpec, cut_to_limits, pad_rows, padded_length, write_tsv
 from roformer.tasks.config import FinetuneDataConfig
-from roformer.tasks.glue_metrics import compute
+from roformer.tasks.glue_metrics import METRICS, compute
 from roformer.tasks.records import Record, example_id, field, read_split_records, text_field
 
 if TYPE_CHECKING:
@@ -38,13 +38,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_METRICS = {
-    "classification": ("accuracy",),
-    "regression": ("pearson", "spearman"),
-    "multi_label_classification": ("micro_f1", "macro_f1"),
-    "similarity": ("spearman",),
-    "triplet": ("accuracy",),
-}
+MULTI_LABEL_METRICS = ("micro_f1", "macro_f1", "subset_accuracy")
 PREDICTIONS_FILE = "{split}.tsv"
 
 
@@ -128,7 +122,7 @@ class TextTask(HeadOutputs):
         if not fewest <= len(self.columns) <= most:
             wanted = "one text or a pair" if self.text_count == (1, 2) else f"{most} texts"
             raise UserError(f"text_columns: type {self.type} reads {wanted}, got {self.columns}")
-        self.metrics = tuple(data.metrics or DEFAULT_METRICS[self.type])
+        self.metrics = tuple(data.metrics or data.spec.default_metrics)
         kept = {name: self._kept(name, rows) for name, rows in records.items()}
         self.labels = self._label_set(kept["train"])  # of the whole file: ids do not change with max_train_examples
         kept = cut_to_limits(kept, data.max_train_examples, data.max_eval_examples)
@@ -343,3 +337,34 @@ def _multi_hot(rows: list[list[int]], num_labels: int) -> np.ndarray:
     for i, ids in enumerate(rows):
         hot[i, ids] = True
     return hot
+
+
+SPECS = (
+    TaskSpec(
+        name="classification",
+        summary="one text or a pair into one of a set of labels, from any file or hub dataset",
+        builder=TextTask.from_config,
+        architecture="sequence_classification",
+        metrics=tuple(METRICS),
+        default_metrics=("accuracy",),
+        predictions=PREDICTIONS_FILE.format(split="dev"),
+    ),
+    TaskSpec(
+        name="regression",
+        summary="one text or a pair scored by a number",
+        builder=TextTask.from_config,
+        architecture="sequence_classification",
+        metrics=tuple(METRICS),
+        default_metrics=("pearson", "spearman"),
+        predictions=PREDICTIONS_FILE.format(split="dev"),
+    ),
+    TaskSpec(
+        name="multi_label_classification",
+        summary="one text or a pair tagged with any set of labels (a sigmoid each)",
+        builder=TextTask.from_config,
+        architecture="sequence_classification",
+        metrics=MULTI_LABEL_METRICS,
+        default_metrics=("micro_f1", "macro_f1"),
+        predictions=PREDICTIONS_FILE.format(split="dev"),
+    ),
+)

@@ -16,7 +16,7 @@ import torch
 
 from roformer.errors import UserError
 from roformer.files import atomic_copy
-from roformer.tasks.base import Encoded, HeadOutputs, cut_to_limits, pad_rows, padded_length, write_tsv
+from roformer.tasks.base import Encoded, HeadOutputs, TaskSpec, cut_to_limits, pad_rows, padded_length, write_tsv
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.glue_metrics import compute
 from roformer.tasks.glue_tasks import Example, Split, Task, get_task, read_files, read_glue_dir, read_hub
@@ -161,3 +161,17 @@ class GlueTask(HeadOutputs):
         """Copy the server files of one run (written by `write_predictions` into `run_folder`) into `submission`."""
         for test in self.server_splits:
             atomic_copy(run_folder / test.submission, submission / test.submission)
+
+
+SPECS = (
+    TaskSpec(
+        name="glue",
+        summary="a GLUE task by name (data.task): its official metrics, the server's test files",
+        builder=GlueTask.from_config,
+        architecture="sequence_classification",
+        metrics=(),
+        default_metrics=(),
+        predictions="dev.tsv",
+        metrics_of=lambda data: get_task(data.task).metrics,
+    ),
+)

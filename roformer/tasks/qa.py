@@ -41,16 +41,17 @@ import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from roformer.config import check_types
 from roformer.data.segment import TokenizedText, tokenize_texts
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_copy, atomic_write_text
 from roformer.tasks import qa_metrics
-from roformer.tasks.base import HeadOutputs, TokenRows, cut_to_limits, pad_rows, padded_length
-from roformer.tasks.config import FinetuneDataConfig, QAConfig
+from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, cut_to_limits, pad_rows, padded_length
+from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.records import Record, read_hub_split, read_text
 
 if TYPE_CHECKING:
@@ -66,6 +67,37 @@ NBEST_WRITTEN = 5  # answers per question in <split>_nbest.json
 
 # ----------------------------------------------------------------------------------------------------------------
 # Reading
+
+
+@dataclass
+class QAConfig:
+    """`data.qa:` of `type: question_answering` (extractive, SQuAD-format JSON).
+
+    Attributes:
+        version_2: SQuAD v2.0: questions may have no answer (`is_impossible`); the model may predict "" (the [CLS]
+            position) when its score beats the best span's by `null_threshold`.
+        doc_stride: Tokens of overlap between consecutive windows of a context longer than max_length.
+        max_query_length: The question is cut to this many tokens.
+        max_answer_length: The longest answer span (in tokens) n-best decoding considers.
+        n_best: Start and end candidates per window in n-best decoding.
+        null_threshold: v2.0: predict no answer when null score - best span score > this.
+        metric: `squad` (the official SQuAD v1.1/v2.0 EM and F1) or `cmrc2018` (CMRC 2018's official metric:
+            character-level for Chinese).
+    """
+
+    version_2: bool = False
+    doc_stride: int = 128
+    max_query_length: int = 64
+    max_answer_length: int = 30
+    n_best: int = 20
+    null_threshold: float = 0.0
+    metric: Literal["squad", "cmrc2018"] = "squad"
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("doc_stride", "max_query_length", "max_answer_length", "n_best"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"qa.{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass
@@ -638,3 +670,18 @@ class QATask(HeadOutputs):
 
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, indent=1) + "\n"
+
+
+SPECS = (
+    TaskSpec(
+        name="question_answering",
+        summary="extractive question answering (SQuAD v1.1/v2.0, CMRC 2018): a span of the context",
+        builder=QATask.from_config,
+        architecture="question_answering",
+        metrics=("exact_match", "f1"),
+        default_metrics=("exact_match", "f1"),
+        predictions="dev_predictions.json",
+        section="qa",
+        settings=QAConfig,
+    ),
+)

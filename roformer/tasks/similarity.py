@@ -16,20 +16,51 @@ Rows come from any file or hub dataset as for classification (roformer.tasks.cla
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
 
+from roformer.config import check_types
 from roformer.data.tokenizer import jieba_presegmenter
-from roformer.errors import UserError
-from roformer.tasks.base import pad_rows
+from roformer.errors import ConfigError, UserError
+from roformer.tasks.base import TaskSpec, pad_rows
 from roformer.tasks.classify import TextTask, score_of
-from roformer.tasks.config import FinetuneDataConfig
+from roformer.tasks.config import FinetuneDataConfig, Pooling
 from roformer.tasks.records import Record, text_field
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
+
+
+@dataclass
+class SimilarityConfig:
+    """`data.similarity:` of `type: similarity`: a bi-encoder whose cosine of two texts' vectors scores them.
+
+    Attributes:
+        loss: `cosent` (pairs with scores: Su 2022's CoSENT, as text2vec trains: every pair of pairs in a batch
+            whose gold scores are ordered should have their cosines ordered the same way, log(1 + sum exp(scale x
+            (cos_lower - cos_higher)))); `in_batch_negatives` (pairs without scores, each text's partner against the
+            other texts of the batch: InfoNCE with temperature 1 / scale, as SimCSE and sentence-transformers'
+            MultipleNegativesRankingLoss).
+        pooling: How a text's vector is read from the backbone (roformer.model.model.pool_states).
+        scale: The cosines' multiplier in the loss (CoSENT's lambda, 20; 1 / InfoNCE's temperature, 20 = 0.05).
+        negative_column: `in_batch_negatives`: a field of the training rows holding a hard negative of each pair (a
+            triplet: anchor, positive, negative), scored against each anchor beside the batch's positives; null =
+            pairs only.
+    """
+
+    loss: Literal["cosent", "in_batch_negatives"] = "cosent"
+    pooling: Pooling = "mean"
+    scale: float = 20.0
+    negative_column: str | None = None
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if self.scale <= 0:  # check_types refuses NaN and infinities
+            raise ConfigError(f"similarity.scale must be > 0, got {self.scale}")
+        if self.negative_column and self.loss != "in_batch_negatives":
+            raise ConfigError("similarity.negative_column is for loss: in_batch_negatives (CoSENT reads scored pairs)")
 
 
 @dataclass
@@ -188,3 +219,18 @@ class SimilarityTask(TextTask):
     def predictions(self, logits: torch.Tensor, split: PairRows, rows: list[int]) -> list[Any]:
         """Each pair's cosine."""
         return logits.cpu().tolist()
+
+
+SPECS = (
+    TaskSpec(
+        name="similarity",
+        summary="a bi-encoder of text pairs (sentence embeddings): CoSENT or in-batch negatives, Spearman of cosines",
+        builder=SimilarityTask.from_config,
+        architecture="backbone",
+        metrics=("pearson", "spearman"),
+        default_metrics=("spearman",),
+        predictions="dev.tsv",
+        section="similarity",
+        settings=SimilarityConfig,
+    ),
+)

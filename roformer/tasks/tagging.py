@@ -61,16 +61,17 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from roformer.config import check_types
 from roformer.data.tokenizer import WordVocabulary, spelled_out, word_vocabulary
 from roformer.errors import UserError
 from roformer.files import atomic_copy, atomic_write_text
 from roformer.logs import MAIN_ONLY
-from roformer.tasks.base import HeadOutputs, TokenRows, pad_rows, padded_length
-from roformer.tasks.config import FinetuneDataConfig, TaggingConfig
+from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, pad_rows, padded_length
+from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.records import Record, example_id, field, read_hub_split, read_records, read_text
 from roformer.tasks.tagging_metrics import (
     ENTITY_PREFIXES,
@@ -95,6 +96,36 @@ DOCSTART = "-DOCSTART-"  # CoNLL-2003's document separator line: not a sentence
 SCHEME_PREFIXES = {"IOB1": ("B", "I"), "IOB2": ("B", "I"), "IOBES": ENTITY_PREFIXES, "auto": ENTITY_PREFIXES}
 ENTITY_METRICS = ("f1", "precision", "recall")  # entity-level: plain tags have none
 _COLUMN_SEPARATOR = re.compile(r"[ \t]+")
+
+
+@dataclass
+class TaggingConfig:
+    """`data.tagging:` of `type: token_classification` (NER, POS).
+
+    Attributes:
+        format: `conll` (whitespace-separated columns, one token per line, blank lines between sentences,
+            `-DOCSTART-` lines skipped) or `jsonl` (one sentence per line: a list of tokens and a list of tags);
+            `auto` = `jsonl` for .json/.jsonl files, `conll` otherwise.
+        tag_column: `conll`: the column holding the tag (0-based; -1 = the last).
+        tokens_column: `jsonl` and hub datasets: the field holding the tokens.
+        tags_column: `jsonl` and hub datasets: the field holding the tags (names, or ids into `labels`).
+        scheme: How the tags mark entities: `IOB1`, `IOB2` or `IOBES` (conlleval and seqeval's definitions; the
+            entity-level F1 selects), `none` (plain tags, one per word with no entities: POS tags, or IO tags such as
+            `PER`; token accuracy selects and is reported per tag), or `auto`: an entity scheme when a tag other than
+            `O` has a `B-`, `I-`, `E-` or `S-` prefix, else `none`.
+        label_all_tokens: Train on every WordPiece piece of a word (its word's tag; `B-` becomes `I-` after the
+            first piece) instead of the first piece only. Predictions always read the first piece.
+    """
+
+    format: Literal["auto", "conll", "jsonl"] = "auto"
+    tag_column: int = -1
+    tokens_column: str = "tokens"
+    tags_column: str = "tags"
+    scheme: Literal["auto", "IOB1", "IOB2", "IOBES", "none"] = "auto"
+    label_all_tokens: bool = False
+
+    def __post_init__(self) -> None:
+        check_types(self)
 
 
 @dataclass(frozen=True)
@@ -704,3 +735,18 @@ def _warn_about_labels(splits: dict[str, list[Sentence]], labels: list[str], sch
     odd = off_scheme(labels, scheme)
     if odd:
         logger.warning("labels %s do not fit data.tagging.scheme %s", ", ".join(odd), scheme)
+
+
+SPECS = (
+    TaskSpec(
+        name="token_classification",
+        summary="a tag per word: NER (entity F1), POS and other plain tags (token accuracy)",
+        builder=TaggingTask.from_config,
+        architecture="token_classification",
+        metrics=("f1", "precision", "recall", "accuracy"),
+        default_metrics=(),  # entity F1, or token accuracy for plain tags: told from the data
+        predictions="dev.conll",
+        section="tagging",
+        settings=TaggingConfig,
+    ),
+)

@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from roformer.config import check_types
 from roformer.data.tokenizer import jieba_presegmenter
-from roformer.errors import UserError
-from roformer.tasks.base import MODEL_INPUTS, pad_rows, write_tsv
+from roformer.errors import ConfigError, UserError
+from roformer.tasks.base import MODEL_INPUTS, TaskSpec, pad_rows, write_tsv
 from roformer.tasks.classify import PREDICTIONS_FILE, TextTask
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.records import Record
@@ -38,6 +39,38 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 EVALUATED_PAIRS = 2  # (anchor, first candidate), (anchor, second candidate): what prediction scores
+
+
+@dataclass
+class TripletConfig:
+    """`data.triplet:` of `type: triplet`: which of two candidates is closer to an anchor text (CAIL2019-SCM).
+
+    Each row holds an anchor (the first of `text_columns`) and two candidates (the other two); the label names the
+    closer candidate's column. The model scores each (anchor, candidate) pair as a text pair (one logit, trained with
+    binary cross-entropy: the closer pair 1, the other 0); a row is right when its closer pair scores higher. This is
+    the RoFormer authors' CAIL2019-SCM recipe (`finetune_scm.py`).
+
+    Attributes:
+        unlabelled_closer: The candidate column that is closer in a row without a label (CAIL2019-SCM's released
+            training files carry none: its rules guarantee sim(A, B) > sim(A, C)); null = such a row is unlabelled
+            (a test row, predicted only).
+        mirror: Also train on every pair with its two texts swapped (candidate first, anchor second), as CAIL2019
+            competitors augmented; the evaluation reads the pairs as given.
+        folds: k-fold cross-validation of `train_file` instead of a `validation_file`: rows are grouped by anchor
+            text (an anchor's rows stay in one fold; a candidate document may recur in others), the groups dealt into
+            `folds` folds in a fixed shuffled order, and the run of seed s holds out fold s mod folds as its dev
+            split: `train.seeds: [0, 1, 2, 3, 4]` with `folds: 5` is 5-fold cross-validation, its mean and interval
+            over the folds.
+    """
+
+    unlabelled_closer: str | None = None
+    mirror: bool = False
+    folds: int | None = None
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if self.folds is not None and self.folds < 2:
+            raise ConfigError(f"triplet.folds must be >= 2 or null (a validation_file), got {self.folds}")
 
 
 @dataclass
@@ -262,3 +295,30 @@ class TripletTask(TextTask):
                 header.append("label")
                 rows = [[*row, self.label_name(y)] for row, y in zip(rows, encoded[split].labels)]
             write_tsv(folder / PREDICTIONS_FILE.format(split=split), header, rows)
+
+
+def _check_folds(data: FinetuneDataConfig) -> None:
+    """Cross-validation folds hold out parts of train_file: no validation_file beside them."""
+    if not data.triplet.folds:
+        return
+    if data.validation_file:
+        raise ConfigError("triplet.folds holds out folds of train_file: validation_file would go unused")
+    if data.source == "files" and not data.train_file:
+        raise ConfigError("triplet.folds needs train_file (its rows are dealt into folds)")
+
+
+SPECS = (
+    TaskSpec(
+        name="triplet",
+        summary="which of two candidates is closer to an anchor (CAIL2019-SCM): two scored pairs a row",
+        builder=TripletTask.from_config,
+        architecture="sequence_classification",
+        metrics=("accuracy",),
+        default_metrics=("accuracy",),
+        predictions=PREDICTIONS_FILE.format(split="dev"),
+        section="triplet",
+        settings=TripletConfig,
+        check=_check_folds,
+        needs_validation_file=lambda data: not (data.triplet and data.triplet.folds),
+    ),
+)

@@ -28,7 +28,7 @@ from roformer.config import (
 from roformer.data.config import DataConfig
 from roformer.errors import ConfigError
 from roformer.model.config import ModelConfig
-from roformer.tasks.config import FinetuneDataConfig
+from roformer.tasks.config import SECTIONS, FinetuneDataConfig
 
 SCHEDULES = ("linear", "cosine", "constant")
 
@@ -242,6 +242,13 @@ class PretrainConfig:
         return {"label": self.label, **({"init": self.init} if self.init else {}), **sections}
 
 
+def data_section(data: FinetuneDataConfig) -> dict[str, Any]:
+    """A fine-tuning data: section as YAML writes it: its fields, then each declared section under its own key."""
+    plain = asdict(data)
+    sections = plain.pop(SECTIONS)
+    return {**plain, **{key: sections.get(key) for key in FinetuneDataConfig.declared_sections()}}
+
+
 @dataclass
 class FinetuneConfig:
     """A fine-tuning job: `init` (the model to start from), `data`, `train`, ModelConfig overrides in `model`.
@@ -271,6 +278,6 @@ class FinetuneConfig:
             "init": self.init,
             "label": self.label,
             "model": dict(self.model),
-            "data": asdict(self.data),
+            "data": data_section(self.data),
             "train": asdict(self.train),
         }

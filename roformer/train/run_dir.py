@@ -57,8 +57,13 @@ RUN_CONFIGS = (PretrainConfig, FinetuneConfig)
 
 
 def resume_keys(name: str, value: Any) -> tuple[str, ...]:
-    """The dotted keys of the run configs' fields whose metadata has `name: value`, each once, in field order."""
-    return tuple(dict.fromkeys(key for config in RUN_CONFIGS for key in field_keys(config, name, value)))
+    """The dotted keys of the run configs' fields whose metadata has `name: value`, each once, in field order.
+
+    The task types' settings sections are not read (their modules would load torch into every reporting command):
+    they all enter the computation, so none of their keys may change on resume.
+    """
+    keys = (key for config in RUN_CONFIGS for key in field_keys(config, name, value, declared=False))
+    return tuple(dict.fromkeys(keys))
 
 
 RESUME_MAY_CHANGE = resume_keys("resume", "may_change")  # what only watches or keeps the run (logged as a warning)

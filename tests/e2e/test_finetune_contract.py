@@ -19,6 +19,7 @@ from helpers import REPO, launch_two, write_wrapper
 
 from roformer.cli import main
 from roformer.config import load, read_yaml
+from roformer.tasks.registry import spec_of
 from roformer.train.config import FinetuneConfig
 
 CONFIGS = sorted(
@@ -26,24 +27,6 @@ CONFIGS = sorted(
     for p in (REPO / "configs" / "finetune").glob("*.yaml")
     if p.stem != "recipe" and "tasks:" not in p.read_text()
 )
-METRICS = {  # the dev metrics each type's results.json names
-    "classification": {"accuracy"},
-    "regression": {"spearman"},
-    "token_classification": {"f1", "precision", "recall"},
-    "question_answering": {"exact_match", "f1"},
-    "multiple_choice": {"accuracy"},
-    "similarity": {"spearman"},
-    "triplet": {"accuracy"},
-}
-PREDICTION_FILES = {  # the dev predictions each type writes
-    "classification": "dev.tsv",
-    "regression": "dev.tsv",
-    "token_classification": "dev.conll",
-    "question_answering": "dev_predictions.json",
-    "multiple_choice": "dev.jsonl",
-    "similarity": "dev.tsv",
-    "triplet": "dev.tsv",
-}
 CMRC_TRIAL = "qa/cmrc2018/cmrc2018_trial.json"
 SCM_SAMPLE = "cail2019-scm/sample.json"  # CAIL2019-SCM's public sample (the full set is a download)
 
@@ -144,10 +127,11 @@ def test_a_shipped_config_trains_on_files_in_its_format(
     assert results["task"] == config.data.task and results["selected"]["peak_lr"] == 1e-3
     (run,) = results["runs"]
     assert run["steps"] == 2 and run["seed"] == 0
-    assert METRICS[kind] <= set(run["dev"]["dev"]) and "score" in run["dev"]["dev"]
-    assert (out / "predictions" / "lr0.001-seed0" / PREDICTION_FILES[kind]).is_file()
+    spec = spec_of(kind)  # the type's declaration: the metrics its results name, its predictions file
+    assert set(spec.default_metrics or spec.metrics) <= set(run["dev"]["dev"]) and "score" in run["dev"]["dev"]
+    assert (out / "predictions" / "lr0.001-seed0" / spec.predictions).is_file()
     assert (out / "best" / "model.safetensors").is_file()
-    named = kind in ("classification", "token_classification")  # the outputs' names beside the model
+    named = kind in ("classification", "multi_label_classification", "token_classification")  # outputs' names
     assert (out / "best" / "labels.json").is_file() == named
     if config.data.test_file and kind != "question_answering":
         assert ("test" in results) == (not unlabelled)  # OCNLI's test file has no labels: predicted, not scored

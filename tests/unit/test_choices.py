@@ -16,8 +16,8 @@ from roformer.model.model import MultipleChoice
 from roformer.tasks import choices as choices_module
 from roformer.tasks import records as records_module
 from roformer.tasks.base import FinetuneTask
-from roformer.tasks.choices import ChoicesTask, EncodedChoices, blank_window, parse_label
-from roformer.tasks.config import ChoicesConfig, FinetuneDataConfig
+from roformer.tasks.choices import ChoicesConfig, ChoicesTask, EncodedChoices, blank_window, parse_label
+from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.records import Record
 
 WORDS = [f"w{i}" for i in range(80)]

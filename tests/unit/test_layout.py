@@ -117,11 +117,10 @@ ROOMS = {
         {"mlm"},
     ],
     "roformer.tasks": [
-        {"base", "records", "glue_tasks", "glue_metrics", "tagging_metrics", "qa_metrics"},
+        {"base", "registry", "records", "glue_tasks", "glue_metrics", "tagging_metrics", "qa_metrics"},
         {"config"},
         {"glue", "classify", "tagging", "qa", "choices"},
         {"similarity", "triplet"},
-        {"registry"},
     ],
     "roformer.train": [
         {"config", "interval", "faults", "checkpoints", "evaluate", "sharded"},

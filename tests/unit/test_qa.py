@@ -16,8 +16,9 @@ from roformer.data.segment import tokenize_texts
 from roformer.data.tokenizer import Tokenizer, train_tokenizer
 from roformer.errors import UserError
 from roformer.tasks import qa_metrics
-from roformer.tasks.config import FinetuneDataConfig, QAConfig
+from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.qa import (
+    QAConfig,
     QAEncoded,
     QATask,
     Question,

@@ -16,9 +16,10 @@ from roformer.errors import ConfigError, UserError
 from roformer.model.model import IGNORE_INDEX
 from roformer.tasks import tagging as tagging_module
 from roformer.tasks.base import FinetuneTask
-from roformer.tasks.config import FinetuneDataConfig, TaggingConfig
+from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.records import Record
 from roformer.tasks.tagging import (
+    TaggingConfig,
     TaggingTask,
     TagNames,
     continuation_tag,
