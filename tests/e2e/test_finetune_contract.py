@@ -128,11 +128,12 @@ def test_a_shipped_config_trains_on_files_in_its_format(
     (run,) = results["runs"]
     assert run["steps"] == 2 and run["seed"] == 0
     spec = spec_of(kind)  # the type's declaration: the metrics its results name, its predictions file
-    assert set(spec.default_metrics or spec.metrics) <= set(run["dev"]["dev"]) and "score" in run["dev"]["dev"]
+    named = set(config.data.metrics or spec.default_metrics or spec.metrics)
+    assert named <= set(run["dev"]["dev"]) and "score" in run["dev"]["dev"]
     assert (out / "predictions" / "lr0.001-seed0" / spec.predictions).is_file()
     assert (out / "best" / "model.safetensors").is_file()
-    named = kind in ("classification", "multi_label_classification", "token_classification")  # outputs' names
-    assert (out / "best" / "labels.json").is_file() == named
+    labelled = kind in ("classification", "multi_label_classification", "token_classification")  # outputs' names
+    assert (out / "best" / "labels.json").is_file() == labelled
     if config.data.test_file and kind != "question_answering":
         assert ("test" in results) == (not unlabelled)  # OCNLI's test file has no labels: predicted, not scored
 
