@@ -299,7 +299,7 @@ def _finetune_lines(
     tokens = train[-1].get("tokens_seen", 0) if train else "-"
     best = selected.get("best_step", record.get("best_step"))
     at_best = f"; the weights are those of step {best:,}, its best {split} score" if isinstance(best, int) else ""
-    lines.append(f"- steps: {_number(steps)}; tokens: {_number(tokens)} (the selected run{at_best})")
+    lines.append(f"- steps: {_thousands(steps)}; tokens: {_thousands(tokens)} (the selected run{at_best})")
     for name, scores in (record.get("dev") or {}).items():
         shown = [m for m in scores if not (m == "score" and len(scores) == 2)]  # one metric: its score is the same
         text = ", ".join(f"{m} {_percent(scores[m])}" for m in shown)
@@ -336,7 +336,8 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def _number(value: Any) -> str:
+def _thousands(value: Any) -> str:
+    """An integer with thousands separators (`12,345`); anything else as text."""
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 

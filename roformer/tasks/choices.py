@@ -3,7 +3,7 @@
 `ChoicesTask` is the fine-tuning task (roformer.tasks.base.FinetuneTask) of a multiple-choice config. A row of an
 encoded split is one question with its K candidates, each encoded as its own sequence; the model
 (roformer.model.model.MultipleChoice) scores every candidate with one output and a softmax over the K picks one.
-The `data.choices:` section (roformer.data.config.ChoicesConfig) says where the parts are. Two layouts:
+The `data.choices:` section (roformer.tasks.choices.ChoicesConfig) says where the parts are. Two layouts:
 
 - SWAG-style pairs: each candidate is the pair (context, question + " " + candidate), or (context, candidate) without
   `question_column`, truncated longest-first to max_length.
@@ -425,7 +425,7 @@ class ChoicesTask(HeadOutputs):
         }
 
     def padded_length(self, longest: int, cap: int) -> int:
-        """`longest` rounded up to data.pad_to_multiple_of, within `cap` (roformer.tasks.glue.padded_length)."""
+        """`longest` rounded up to data.pad_to_multiple_of, within `cap` (roformer.tasks.base.padded_length)."""
         return padded_length(longest, self.multiple, cap)
 
     def collate(self, split: EncodedChoices, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:

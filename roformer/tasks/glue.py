@@ -2,7 +2,7 @@
 
 `GlueTask` is the fine-tuning task (roformer.tasks.base.FinetuneTask) of every GLUE config: the training floor asks
 it for everything GLUE-shaped (the classifier and its labels, the splits, predictions from logits, the server format).
-The `data:` section is roformer.data.config.FinetuneDataConfig.
+The `data:` section is roformer.tasks.config.FinetuneDataConfig.
 Task metadata and the readers of the three sources (official TSV layout, hub, local files) are in
 roformer.tasks.glue_tasks; the official metrics in roformer.tasks.glue_metrics.
 """

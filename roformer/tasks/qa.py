@@ -1,7 +1,7 @@
 """Extractive question answering (SQuAD, CMRC 2018): SQuAD-format files, context windows, n-best span decoding.
 
 `QATask` is the fine-tuning task (roformer.tasks.base.FinetuneTask) of `type: question_answering`; its settings are
-`data.qa` (roformer.data.config.QAConfig). The model reads `[CLS] question [SEP] context window [SEP]` and gives every
+`data.qa` (roformer.tasks.qa.QAConfig). The model reads `[CLS] question [SEP] context window [SEP]` and gives every
 token a start and an end logit (roformer.model.model.QuestionAnswering).
 
 Data. SQuAD-format JSON files (`data[].paragraphs[].{context, qas[].{id, question, answers[].{text, answer_start},

@@ -1,7 +1,7 @@
 """Token classification (NER, POS tagging): `data.type: token_classification`, a tag per word.
 
 `TaggingTask` is the fine-tuning task (roformer.tasks.base.FinetuneTask) of such a config; its own settings are
-`data.tagging` (roformer.data.config.TaggingConfig).
+`data.tagging` (roformer.tasks.tagging.TaggingConfig).
 
 Sources, read into `Sentence`s:
 - CoNLL column files (`tagging.format: conll`, or `auto` for any suffix but .json/.jsonl): one word per line, its
@@ -654,7 +654,7 @@ class TaggingTask(HeadOutputs):
         return encoded
 
     def padded_length(self, longest: int, cap: int) -> int:
-        """`longest` rounded up to data.pad_to_multiple_of, within `cap` (roformer.tasks.glue.padded_length)."""
+        """`longest` rounded up to data.pad_to_multiple_of, within `cap` (roformer.tasks.base.padded_length)."""
         return padded_length(longest, self.multiple, cap)
 
     def collate(self, split: EncodedTags, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:

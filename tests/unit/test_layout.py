@@ -255,3 +255,25 @@ def test_code_is_formatted_by_ruff_format() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     skips = [str(p) for p in (REPO / "roformer").rglob("*.py") if "fmt: skip" in p.read_text()]
     assert not skips, skips
+
+
+def test_every_dotted_name_in_the_code_exists() -> None:
+    """A docstring or comment that cites `roformer.x.y.name` cites something that is there (moves leave none behind)."""
+    import importlib
+    import re
+
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for reference in sorted(set(re.findall(r"roformer(?:\.[A-Za-z_]\w*)+", path.read_text()))):
+            parts = reference.split(".")
+            for i in range(len(parts), 0, -1):  # the longest importable module, then attributes
+                try:
+                    found: object = importlib.import_module(".".join(parts[:i]))
+                    break
+                except ImportError:
+                    continue
+            for name in parts[i:]:
+                found = getattr(found, name, None)
+            if found is None:
+                missing.append(f"{path.relative_to(REPO)}: {reference}")
+    assert not missing, missing
