@@ -387,19 +387,37 @@ def _finetune(args: argparse.Namespace) -> None:
         print(f"results in {out} (best model in {out / BEST_DIR})")
 
 
+def _suite_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_run_arguments(
+        parser,
+        "suite YAML, or a shipped suite's name (glue/all, finetune/chinese-cpu)",
+        "runs/suites/<config name>",
+    )
+    parser.add_argument("--resume", action="store_true", help="continue: finished tasks and runs are kept")
+
+
 def _glue_arguments(parser: argparse.ArgumentParser) -> None:
     _add_run_arguments(parser, "suite YAML, or a shipped suite's name (glue/all)", "runs/glue/<config name>")
     parser.add_argument("--resume", action="store_true", help="continue: finished tasks and runs are kept")
 
 
+def _suite(args: argparse.Namespace) -> None:
+    _run_suite(args, "suites")
+
+
 def _glue(args: argparse.Namespace) -> None:
+    _run_suite(args, "glue")  # `roformer suite` under its first name: its runs stay under runs/glue/
+
+
+def _run_suite(args: argparse.Namespace, runs_subdir: str) -> None:
+    """Every task of a suite (any task types), one table and one submission."""
     from roformer.study.markdown import glue_suite_table
     from roformer.study.suite import run_suite
     from roformer.train.run_dir import SUBMISSION_DIR
 
     if args.config is None:
         raise UserError("--config is required")
-    config_path, out = _config_and_output(args, "glue", "glue")
+    config_path, out = _config_and_output(args, "glue", runs_subdir)
     results = run_suite(config_path, out, args.set, overwrite=args.overwrite, resume=args.resume)
     if results:
         print(glue_suite_table(results) + f"results in {out} (submission files in {out / SUBMISSION_DIR})")
@@ -564,7 +582,13 @@ COMMANDS = (
         _finetune_arguments,
         _finetune,
     ),
-    Command("glue", "fine-tune several GLUE tasks and write one table and one submission", _glue_arguments, _glue),
+    Command(
+        "suite",
+        "fine-tune every task of a suite (any task types) and write one table and one submission",
+        _suite_arguments,
+        _suite,
+    ),
+    Command("glue", "roformer suite under its first name (runs under runs/glue/)", _glue_arguments, _glue),
     Command(
         "experiment",
         "run both arms (and seeds) of an experiment, then compare",

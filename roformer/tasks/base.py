@@ -218,6 +218,7 @@ class TaskSpec:
             on the data: section (`metrics_of`).
         default_metrics: What selects when `data.metrics` is null (empty: decided by the task from its data).
         predictions: The file each run writes of its (first) dev split's predictions.
+        docs: Its page under docs/ (with an anchor, if it is a section of one).
         section: Its settings' key under `data:` (`data.tagging`), or None.
         settings: The dataclass of that section (filled with its defaults when the config has none).
         section_required: The section must be written (it has no useful defaults: multiple choice's columns).
@@ -234,6 +235,7 @@ class TaskSpec:
     metrics: tuple[str, ...]
     default_metrics: tuple[str, ...]
     predictions: str
+    docs: str
     section: str | None = None
     settings: type | None = None
     section_required: bool = False

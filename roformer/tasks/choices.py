@@ -475,6 +475,7 @@ SPECS = (
         metrics=("accuracy",),
         default_metrics=("accuracy",),
         predictions="dev.jsonl",
+        docs="task-multiple-choice.md",
         section="choices",
         settings=ChoicesConfig,
         section_required=True,

@@ -348,6 +348,7 @@ SPECS = (
         metrics=tuple(METRICS),
         default_metrics=("accuracy",),
         predictions=PREDICTIONS_FILE.format(split="dev"),
+        docs="task-classification.md",
     ),
     TaskSpec(
         name="regression",
@@ -357,6 +358,7 @@ SPECS = (
         metrics=tuple(METRICS),
         default_metrics=("pearson", "spearman"),
         predictions=PREDICTIONS_FILE.format(split="dev"),
+        docs="task-classification.md",
     ),
     TaskSpec(
         name="multi_label_classification",
@@ -366,5 +368,6 @@ SPECS = (
         metrics=MULTI_LABEL_METRICS,
         default_metrics=("micro_f1", "macro_f1"),
         predictions=PREDICTIONS_FILE.format(split="dev"),
+        docs="task-classification.md",
     ),
 )

@@ -172,6 +172,7 @@ SPECS = (
         metrics=(),
         default_metrics=(),
         predictions="dev.tsv",
+        docs="fine-tuning.md",
         metrics_of=lambda data: get_task(data.task).metrics,
     ),
 )

@@ -681,6 +681,7 @@ SPECS = (
         metrics=("exact_match", "f1"),
         default_metrics=("exact_match", "f1"),
         predictions="dev_predictions.json",
+        docs="task-qa.md",
         section="qa",
         settings=QAConfig,
     ),

@@ -23,7 +23,7 @@ PACKAGE = "roformer.tasks"
 
 @cache
 def specs() -> dict[str, TaskSpec]:
-    """Every declared task type by name, in module order.
+    """Every declared task type by name, sorted by name.
 
     Raises:
         RuntimeError: two declarations of one type, or of one settings section (a programming error).
@@ -39,7 +39,7 @@ def specs() -> dict[str, TaskSpec]:
             if spec.section and sections.setdefault(spec.section, spec.name) != spec.name:
                 raise RuntimeError(f"data.{spec.section} is declared by {sections[spec.section]} and {spec.name}")
             found[spec.name] = spec
-    return found
+    return dict(sorted(found.items()))
 
 
 def spec_of(name: str) -> TaskSpec:
@@ -75,13 +75,15 @@ TABLE_END = "<!-- end of task types -->"
 def types_table() -> str:
     """The task types as a markdown table (docs/fine-tuning.md holds it between TABLE_START and TABLE_END)."""
     lines = [
-        "| data.type | settings | model head | data.metrics may name (default) | dev predictions | what it is |",
+        "| `data.type` | settings | model head | `data.metrics` may name (default) | dev predictions | page |",
         "|---|---|---|---|---|---|",
     ]
     for spec in specs().values():
         section = f"`data.{spec.section}`" if spec.section else ""
         known = ", ".join(spec.metrics) or "the task's own"
         default = ", ".join(spec.default_metrics) or "from the data"
-        row = [f"`{spec.name}`", section, spec.architecture, f"{known} ({default})", spec.predictions, spec.summary]
+        page = f"[{spec.docs.partition('#')[0].removesuffix('.md')}]({spec.docs})"
+        name = f"`{spec.name}`: {spec.summary}"
+        row = [name, section, spec.architecture, f"{known} ({default})", spec.predictions, page]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join([TABLE_START, *lines, TABLE_END])

@@ -230,6 +230,7 @@ SPECS = (
         metrics=("pearson", "spearman"),
         default_metrics=("spearman",),
         predictions="dev.tsv",
+        docs="embeddings.md#fine-tuning-for-similarity-type-similarity",
         section="similarity",
         settings=SimilarityConfig,
     ),

@@ -746,6 +746,7 @@ SPECS = (
         metrics=("f1", "precision", "recall", "accuracy"),
         default_metrics=(),  # entity F1, or token accuracy for plain tags: told from the data
         predictions="dev.conll",
+        docs="task-ner.md",
         section="tagging",
         settings=TaggingConfig,
     ),

@@ -316,6 +316,7 @@ SPECS = (
         metrics=("accuracy",),
         default_metrics=("accuracy",),
         predictions=PREDICTIONS_FILE.format(split="dev"),
+        docs="chinese.md#cail2019-scm-type-triplet",
         section="triplet",
         settings=TripletConfig,
         check=_check_folds,

@@ -42,7 +42,13 @@ LANGUAGES = {"bash", "python", "yaml", "text"}
 MARKER = re.compile(r"<!--\s*docs-test:\s*(run|skip)\b(.*?)-->")
 FENCE = re.compile(r"^```(\S*)\s*$")
 # the folder a command looks a shipped config name up in (roformer.cli)
-CONFIG_FOLDER = {"pretrain": "pretrain", "prepare-data": "pretrain", "finetune": "glue", "glue": "glue"}
+CONFIG_FOLDER = {
+    "pretrain": "pretrain",
+    "prepare-data": "pretrain",
+    "finetune": "glue",
+    "glue": "glue",
+    "suite": "glue",
+}
 CONFIG_FOLDER["experiment"] = "experiments"
 
 
