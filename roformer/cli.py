@@ -494,7 +494,13 @@ def _embed_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--normalize", action="store_true", help="unit-length vectors (cosine = dot product)")
     parser.add_argument("--batch-size", type=_positive_int, default=32)
     parser.add_argument("--max-length", type=_positive_int, help="tokens per text (default 512)")
-    parser.add_argument("--jieba", action="store_true", help="segment Chinese into words first (word-level models)")
+    parser.add_argument(
+        "--jieba",
+        action="store_const",
+        const=True,
+        default=None,
+        help="segment Chinese into words first (default: as the tokenizer says; word-level models imply it)",
+    )
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: this process's accelerator, else cpu)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output file")

@@ -43,7 +43,7 @@ run() {
     echo "$name: done"
 }
 for name in "${english[@]}"; do run "$name" "$out/en/final"; done
-for name in "${chinese[@]}"; do run "$name" "$out/zh/final" --set data.jieba=true; done  # a word-level init
+for name in "${chinese[@]}"; do run "$name" "$out/zh/final"; done  # a word-level init: jieba implied
 cd "$out"
 for name in "${english[@]}" "${chinese[@]}"; do
     find "$name" -type f \( -name results.json -o -path '*/predictions/*' -o -path '*/submission/*' \) | sort

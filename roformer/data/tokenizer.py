@@ -233,20 +233,29 @@ def _lowercases(directory: Path, default: bool) -> bool:
         return default
 
 
-def check_segmentation(tokenizer: Tokenizer, jieba: bool, where: str | Path) -> None:
-    """Refuse a word-level tokenizer without jieba.
+def segmentation(tokenizer: Tokenizer, jieba: bool | None, where: str | Path, option: str = "data.jieba") -> bool:
+    """Whether texts are cut into jieba's words before `tokenizer`: what its vocabulary says, unless told.
 
-    A word-level tokenizer reads jieba's words: without them, a Chinese sentence would reach its WordPiece as one word
-    (and come out [UNK]).
+    A word-level tokenizer (WoBERT, RoFormer-Chinese: `word_vocabulary`) reads jieba's words: without them a Chinese
+    sentence would reach its WordPiece as one word (and come out [UNK]), so it implies jieba. Any other tokenizer
+    reads the text as it is, unless `jieba` is true.
+
+    Args:
+        tokenizer: The tokenizer that reads the texts.
+        jieba: The setting: None follows the tokenizer; true or false says so.
+        where: What is named in the error (the model folder).
+        option: The setting's name in the error (`data.jieba`, `--jieba`).
 
     Raises:
-        UserError: a word-level tokenizer without jieba, naming `where`.
+        UserError: `jieba` false with a word-level tokenizer (a contradiction), naming `where`.
     """
-    if not jieba and word_vocabulary(tokenizer) is not None:
+    word_level = word_vocabulary(tokenizer) is not None
+    if jieba is False and word_level:
         raise UserError(
-            f"{where}: the tokenizer is word-level Chinese (WoBERT-style: jieba's words, then WordPiece): set "
-            "data.jieba: true (roformer embed: --jieba)"
+            f"{where}: the tokenizer is word-level Chinese (WoBERT-style: jieba's words, then WordPiece), but "
+            f"{option} is false: remove it (a word-level tokenizer implies jieba)"
         )
+    return word_level or bool(jieba)
 
 
 def keep_cjk_words(tokenizer: Tokenizer) -> None:

@@ -64,7 +64,9 @@ class FinetuneDataConfig:
             its dataclass); read as `data.tagging`. Only the section of this config's type may be given; it is
             filled with its defaults when absent.
         jieba: Segment Chinese text into words with jieba before WordPiece, as the word-level (WoBERT-style)
-            tokenizers were pretrained; character offsets stay exact.
+            tokenizers were pretrained; character offsets stay exact. null = as the init's tokenizer says (a
+            word-level vocabulary implies jieba, any other reads the text as it is); false with a word-level
+            tokenizer is refused (a contradiction).
         pad_to_multiple_of: Batches are padded to their longest example rounded up to this (8: what tensor cores and
             the fused attention kernels want; fewer distinct shapes for torch.compile). 1 = no rounding.
         group_by_length: Training batches of similar-length examples (windows of 50 global batches sorted by length,
@@ -98,7 +100,7 @@ class FinetuneDataConfig:
     metrics: list[str] | None = None
     threshold: float = 0.5
     sections: dict[str, Any] = field(default_factory=dict, repr=False, metadata={SECTIONS: True})
-    jieba: bool = False
+    jieba: bool | None = None
     max_length: int = 512
     pad_to_multiple_of: int = 8
     group_by_length: bool = False

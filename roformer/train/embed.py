@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
-from roformer.data.tokenizer import check_fits, jieba_presegmenter, load_tokenizer, word_vocabulary
+from roformer.data.tokenizer import check_fits, jieba_presegmenter, load_tokenizer, segmentation, word_vocabulary
 from roformer.errors import UserError
 from roformer.files import atomic_write, check_output_file, read_json, stop_on_write_failure
 from roformer.logs import quiet_loggers
@@ -63,7 +63,8 @@ class SentenceEncoder:
         pooling: `cls`, `mean`, `pooler` or `last` (`roformer.model.model.pool_states`); None = `default_pooling`.
         max_length: Tokens per text, [CLS] and [SEP] included (longer texts are cut); None = 512, or the learned
             position table's length.
-        jieba: Segment Chinese text into words with jieba first (word-level models: WoBERT, RoFormer char/word).
+        jieba: Segment Chinese text into words with jieba first; None = as the tokenizer says (a word-level
+            vocabulary, WoBERT's or RoFormer-Chinese's, implies it); false with a word-level tokenizer is refused.
     """
 
     def __init__(
@@ -72,7 +73,7 @@ class SentenceEncoder:
         tokenizer: Tokenizer,
         pooling: str | None = None,
         max_length: int | None = None,
-        jieba: bool = False,
+        jieba: bool | None = None,
     ) -> None:
         config = model.config
         self.pooling = pooling or default_pooling(config)
@@ -86,8 +87,8 @@ class SentenceEncoder:
             raise UserError(f"max_length {self.max_length} exceeds the learned position table ({limit} positions)")
         self.model = model  # switched to eval mode and unpadding by each `encode` call alone, then set back
         self.tokenizer = tokenizer
-        check_jieba(tokenizer, jieba, "the sentence encoder")
-        self.segment = jieba_presegmenter(tokenizer) if jieba else None
+        segmented = segmentation(tokenizer, jieba, "the sentence encoder", "jieba")
+        self.segment = jieba_presegmenter(tokenizer) if segmented else None
         self.backend = self.truncating_backend(tokenizer, self.max_length)
 
     @staticmethod
@@ -107,7 +108,7 @@ class SentenceEncoder:
         source: str | Path,
         pooling: str | None = None,
         max_length: int | None = None,
-        jieba: bool = False,
+        jieba: bool | None = None,
         device: str | torch.device = "cpu",
     ) -> SentenceEncoder:
         """The encoder of a model directory: a roformer one (`final/`, `best/`) or an HF `save_pretrained` one.
@@ -117,10 +118,10 @@ class SentenceEncoder:
 
         Raises:
             UserError: no model or tokenizer at `source`, a tokenizer larger than the model's vocabulary, a pooling
-                the model cannot give, a word-level Chinese tokenizer without `jieba`.
+                the model cannot give, a word-level Chinese tokenizer with `jieba` false.
         """
         tokenizer = load_tokenizer(Path(source))
-        check_jieba(tokenizer, jieba, source)  # before the weights are read
+        segmentation(tokenizer, jieba, source, "jieba")  # a contradiction is refused before the weights are read
         trained = Path(source) / SENTENCE_FILE  # a similarity fine-tune's best/: the pooling it was trained with
         if pooling is None and trained.is_file():
             pooling = read_json(trained).get("pooling")
@@ -195,19 +196,6 @@ class SentenceEncoder:
                 input_ids.to(device), mask.long().to(device), pooling=self.pooling, normalize=normalize
             )
         return vectors.float().cpu().numpy()
-
-
-def check_jieba(tokenizer: Tokenizer, jieba: bool, where: str | Path) -> None:
-    """Refuse a word-level Chinese tokenizer without jieba (its words would reach WordPiece whole and be [UNK]).
-
-    Raises:
-        UserError: naming `where` (the model folder) and how to turn jieba on.
-    """
-    if not jieba and word_vocabulary(tokenizer) is not None:
-        raise UserError(
-            f"{where}: the tokenizer is word-level Chinese (WoBERT-style: jieba's words, then WordPiece): segment "
-            "the texts with jieba (roformer embed --jieba; in Python SentenceEncoder.load(..., jieba=True))"
-        )
 
 
 @contextlib.contextmanager
@@ -388,8 +376,8 @@ def check_exportable(tokenizer: Tokenizer, where: str | Path) -> None:
     if word_vocabulary(tokenizer) is not None:
         raise UserError(
             f"{where}: a word-level Chinese model (its tokenizer reads jieba's words) cannot be exported to "
-            "sentence-transformers, which does not segment texts with jieba; embed them with roformer embed --jieba "
-            "(in Python SentenceEncoder.load(..., jieba=True)) instead"
+            "sentence-transformers, which does not segment texts with jieba; embed them with roformer embed "
+            "(in Python SentenceEncoder.load) instead, which does"
         )
 
 

@@ -46,7 +46,7 @@ from safetensors.torch import load_file, save_file
 
 from roformer.config import flat_config
 from roformer.data.sampling import EpochSampler, LengthGroupedSampler, global_batch_size, share
-from roformer.data.tokenizer import check_fits, check_segmentation, load_tokenizer
+from roformer.data.tokenizer import check_fits, load_tokenizer, segmentation
 from roformer.errors import UserError
 from roformer.files import atomic_write_text
 from roformer.logs import quiet_loggers
@@ -279,8 +279,8 @@ def task_inputs(config: FinetuneConfig) -> tuple[FinetuneTask, Tokenizer, ModelC
         UserError: a missing tokenizer or init, unreadable data, a tokenizer larger than the model's vocabulary.
     """
     tokenizer = load_tokenizer(Path(config.init))
-    check_segmentation(tokenizer, config.data.jieba, config.init)
-    task = make_task(config.data)
+    # the tasks read a decided data.jieba: the tokenizer's (config.data itself stays as written: config.yaml, resume)
+    task = make_task(replace(config.data, jieba=segmentation(tokenizer, config.data.jieba, config.init)))
     model_config = pretrained_config(config.init, task.architecture, task.num_labels, **config.model)
     check_fits(tokenizer, model_config.vocab_size, config.init)
     return task, tokenizer, model_config

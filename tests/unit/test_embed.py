@@ -274,10 +274,11 @@ def test_embed_command_bad_input_is_one_line(
     assert not (tmp_path / "v.npy").exists()
 
 
-def test_embed_without_jieba_on_a_word_level_model_names_the_folder_and_the_option(
+def test_a_word_level_model_is_read_in_jieba_s_words_unasked_and_false_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     from roformer.data.tokenizer import load_tokenizer
+    from roformer.train.embed import SentenceEncoder
 
     model = tmp_path / "wobert"
     model.mkdir()
@@ -287,9 +288,11 @@ def test_embed_without_jieba_on_a_word_level_model_names_the_folder_and_the_opti
     (tmp_path / "t.txt").write_text("今天天气很好\n", encoding="utf-8")
     args = ["--model", str(model), "--input", str(tmp_path / "t.txt"), "--out", str(tmp_path / "v.npy")]
     code, _, err = embed_cli(args, capsys)
-    assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert f"{model}: the tokenizer is word-level Chinese" in err and "--jieba" in err and "data.jieba" not in err
-    assert not (tmp_path / "v.npy").exists()
+    assert code == 0, err  # a word-level vocabulary implies jieba (was refused without --jieba)
+    encoder = SentenceEncoder.load(model)
+    assert encoder.segment is not None and " " in encoder.segment("今天天气很好")  # jieba's words, spelled out
+    with pytest.raises(UserError, match=rf"{model}: the tokenizer is word-level Chinese .* jieba is false"):
+        SentenceEncoder.load(model, jieba=False)
 
 
 # --- RoFormer-Sim's paraphrases ---------------------------------------------------------------------------------

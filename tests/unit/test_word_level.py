@@ -10,9 +10,9 @@ import pytest
 
 from roformer.data.segment import tokenize_texts
 from roformer.data.tokenizer import (
-    check_segmentation,
     jieba_presegmenter,
     load_tokenizer,
+    segmentation,
     word_level_vocab,
     word_vocabulary,
 )
@@ -86,12 +86,14 @@ def test_word_level_offsets_point_at_the_original_characters(tmp_path: Path) -> 
         assert TEXT[start:end].lower() == token.removeprefix("##"), (token, TEXT[start:end])
 
 
-def test_a_word_level_tokenizer_without_jieba_is_refused(tmp_path: Path) -> None:
+def test_a_word_level_tokenizer_implies_jieba_and_refuses_only_a_contradiction(tmp_path: Path) -> None:
     tokenizer = load_tokenizer(checkpoint(tmp_path / "wobert"))
-    with pytest.raises(UserError, match=r"init-dir: the tokenizer is word-level Chinese .* set data.jieba: true"):
-        check_segmentation(tokenizer, False, "init-dir")
-    check_segmentation(tokenizer, True, "init-dir")
-    check_segmentation(load_tokenizer(checkpoint(tmp_path / "bert", words=False)), False, "init-dir")
+    assert segmentation(tokenizer, None, "init-dir") and segmentation(tokenizer, True, "init-dir")
+    with pytest.raises(UserError, match=r"init-dir: the tokenizer is word-level Chinese .* data.jieba is false"):
+        segmentation(tokenizer, False, "init-dir")
+    characters = load_tokenizer(checkpoint(tmp_path / "bert", words=False))
+    assert not segmentation(characters, None, "init-dir") and not segmentation(characters, False, "init-dir")
+    assert segmentation(characters, True, "init-dir")  # asked for: jieba's words, then the characters
 
 
 def test_a_saved_word_level_tokenizer_loads_as_saved(tmp_path: Path) -> None:
