@@ -38,7 +38,7 @@ _PUBLIC = {
     "convert_rotary_layout": "roformer.model.model",
     "from_hf": "roformer.model.hf",
     "to_hf": "roformer.model.hf",
-    "SentenceEncoder": "roformer.train.embed",
+    "SentenceEncoder": "roformer.embed",
     "CheckpointError": "roformer.errors",
     "ConfigError": "roformer.errors",
     "UserError": "roformer.errors",

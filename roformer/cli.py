@@ -169,7 +169,7 @@ def _export(args: argparse.Namespace) -> None:
 
 def _export_sentence_transformers(args: argparse.Namespace) -> None:
     from roformer.data.tokenizer import load_tokenizer
-    from roformer.train.embed import (
+    from roformer.embed import (
         SentenceEncoder,
         check_exportable,
         export_sentence_transformers,
@@ -507,7 +507,7 @@ def _embed_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _embed(args: argparse.Namespace) -> None:
-    from roformer.train.embed import SentenceEncoder, check_vectors_path, read_texts, write_vectors
+    from roformer.embed import SentenceEncoder, check_vectors_path, read_texts, write_vectors
     from roformer.train.launch import process_state, run_on_main
 
     out = check_vectors_path(args.out, args.overwrite)

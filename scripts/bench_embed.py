@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from roformer.embed import SentenceEncoder, export_sentence_transformers
 from roformer.model.model import Backbone
-from roformer.train.embed import SentenceEncoder, export_sentence_transformers
 
 STSB = Path(__file__).resolve().parents[2] / "shared" / "data" / "glue" / "STS-B" / "train.tsv"
 SHAPES = {

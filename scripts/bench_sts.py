@@ -139,7 +139,7 @@ def main() -> None:
     if args.side == "st":
         train_theirs(args.export, args.out, args.seed, args.lr, args.epochs, args.train_examples)
         return
-    from roformer.train.embed import SentenceEncoder, export_sentence_transformers
+    from roformer.embed import SentenceEncoder, export_sentence_transformers
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -71,7 +71,7 @@ def test_sentence_transformers_loads_the_export_and_gives_our_vectors(
     args = ["export", "--model", str(model), "--format", "sentence-transformers", "--out", str(tmp_path / "st")]
     assert main([*args, "--pooling", pooling, "--max-length", "64", *unit]) == 0
     assert f"({pooling} pooling" in capsys.readouterr().out
-    from roformer.train.embed import SentenceEncoder
+    from roformer.embed import SentenceEncoder
 
     ours = SentenceEncoder.load(model, pooling=pooling, max_length=64).encode(TEXTS, normalize=normalize)
     theirs = st.SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(TEXTS, convert_to_numpy=True)
@@ -150,7 +150,7 @@ def test_a_similarity_finetune_publishes_a_backbone_whose_cosines_are_its_predic
     tmp_path: Path, pretrained: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """best/ records its pooling; SentenceEncoder.load(best/) reads it, and its cosines are the dev predictions."""
-    from roformer.train.embed import SentenceEncoder
+    from roformer.embed import SentenceEncoder
 
     pairs = [(f"word {i} and more", f"word {i % 5} or less", float(i % 6)) for i in range(40)]
     (tmp_path / "pairs.tsv").write_text("".join(f"{a}\t{b}\t{s}\n" for a, b, s in pairs), encoding="utf-8")

@@ -18,9 +18,7 @@ from torch.testing import assert_close
 import roformer
 from roformer.data.builtin import generate_documents
 from roformer.data.tokenizer import train_tokenizer
-from roformer.errors import UserError
-from roformer.model.model import pool_states
-from roformer.train.embed import (
+from roformer.embed import (
     SentenceEncoder,
     check_vectors_path,
     default_pooling,
@@ -28,6 +26,8 @@ from roformer.train.embed import (
     read_vectors,
     write_vectors,
 )
+from roformer.errors import UserError
+from roformer.model.model import pool_states
 
 ENCODINGS = ["rotary", "sinusoidal", "learned", "shaw", "t5_bias", "alibi", "none"]
 TEXTS = [
@@ -278,7 +278,7 @@ def test_a_word_level_model_is_read_in_jieba_s_words_unasked_and_false_is_refuse
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     from roformer.data.tokenizer import load_tokenizer
-    from roformer.train.embed import SentenceEncoder
+    from roformer.embed import SentenceEncoder
 
     model = tmp_path / "wobert"
     model.mkdir()
@@ -299,7 +299,7 @@ def test_a_word_level_model_is_read_in_jieba_s_words_unasked_and_false_is_refuse
 
 
 def test_decoded_chinese_loses_the_spaces_between_characters_only() -> None:
-    from roformer.train.embed import joined_text
+    from roformer.embed import joined_text
 
     assert joined_text("今 天 天 气 很 好 ！") == "今天天气很好！"
     assert joined_text("我 love 你") == "我 love 你"
@@ -307,7 +307,7 @@ def test_decoded_chinese_loses_the_spaces_between_characters_only() -> None:
 
 
 def test_similar_sentences_are_distinct_samples_ranked_by_the_pooled_cosine(tokenizer) -> None:
-    from roformer.train.embed import similar_sentences
+    from roformer.embed import similar_sentences
 
     config = tiny_config(
         vocab_size=len(tokenizer), attention_pattern="unilm", add_pooler=True, pooler_activation="linear"
@@ -366,7 +366,7 @@ def test_the_encoder_leaves_the_callers_model_as_it_was(
 
 
 def test_similar_sentences_leaves_the_callers_model_as_it_was(tokenizer) -> None:
-    from roformer.train.embed import similar_sentences
+    from roformer.embed import similar_sentences
 
     config = tiny_config(vocab_size=len(tokenizer), attention_pattern="unilm", add_pooler=True)
     sim = roformer.CausalLM(config).train()

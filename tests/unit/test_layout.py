@@ -1,5 +1,6 @@
-"""The package's architecture, checked: data flows one way (cli -> study -> train -> tasks -> data / model -> base)
-and down the rooms of each floor, no import cycles, reporting without torch, a docstring per module, one formatter."""
+"""The package's architecture, checked: data flows one way (cli -> study / embed -> train -> tasks -> data / model ->
+base) and down the rooms of each floor, no import cycles, reporting without torch, a docstring per module, one
+formatter."""
 
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def floor(name: str) -> int:
         return 3
     if name.startswith("roformer.train"):
         return 4
-    if name.startswith("roformer.study"):
+    if name.startswith("roformer.study") or name == "roformer.embed":
         return 5
     return {"roformer.cli": 6, "roformer.__main__": 7, "roformer": 0}[name]
 
