@@ -23,6 +23,7 @@ from roformer.files import atomic_write_text
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
+    from roformer.model.config import ModelConfig
     from roformer.tasks.config import FinetuneDataConfig
 
 
@@ -82,6 +83,7 @@ class HeadOutputs:
     """How most tasks use their model: its head computes the loss and the logits (a task may compute its own)."""
 
     pooling: str | None = None  # a head's outputs are its logits, not sentence vectors
+    micro_batch_loss: str | None = None  # the loss is a mean of per-example terms: any batch_size, the same step
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The training loss of a batch (with its labels)."""
@@ -97,6 +99,9 @@ class HeadOutputs:
 
     def check_seeds(self, seeds: list[int]) -> None:
         """Say what a job's seeds mean for the task, before training (nothing: a seed is a seed)."""
+
+    def check_model(self, config: ModelConfig) -> None:
+        """Say what the model's settings mean for the task, before training (nothing to say by default)."""
 
 
 class FinetuneTask(Protocol):
@@ -115,6 +120,9 @@ class FinetuneTask(Protocol):
             the fine-tuned model; None where outputs have no names (regression, QA, multiple choice).
         pooling: A sentence-vector task's pooling (`similarity`), written as `sentence.json` beside the fine-tuned
             backbone for `roformer embed`; None for a head's task.
+        micro_batch_loss: Why the loss depends on which examples share a micro-batch (a mean over a micro-batch's
+            tokens, a loss comparing its pairs), said when a resume changes batch_size; None for a mean of
+            per-example terms, which any batch_size gives alike.
     """
 
     name: str
@@ -126,6 +134,7 @@ class FinetuneTask(Protocol):
     test_splits: list[str]
     label_names: list[str] | None
     pooling: str | None
+    micro_batch_loss: str | None
 
     def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, EncodedSplit]:
         """Every split tokenized with `tokenizer`, rows of at most `max_length` tokens (ragged: batches pad)."""
@@ -144,6 +153,9 @@ class FinetuneTask(Protocol):
 
     def check_seeds(self, seeds: list[int]) -> None:
         """Warn when the job's seeds do not mean what the task needs (cross-validation: one seed per fold)."""
+
+    def check_model(self, config: ModelConfig) -> None:
+        """Warn when the model's settings do not mean what the task needs (`HeadOutputs`: nothing to say)."""
 
     def collate(self, split: EncodedSplit, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
         """The model inputs of `rows` of `split`, padded to `padded_length`, with their labels when it has them."""

@@ -42,6 +42,7 @@ from roformer.tasks.records import Record, example_id, field, read_split_records
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
+    from roformer.model.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -409,6 +410,15 @@ class ChoicesTask(HeadOutputs):
         assert data.choices is not None  # FinetuneDataConfig requires the section for this type
         segment = jieba_presegmenter() if data.jieba else identity
         return cls(data.task, load_questions(data), data.choices, data.pad_to_multiple_of, segment)
+
+    def check_model(self, config: ModelConfig) -> None:
+        """Warn that `classifier_head: mlp` reads each candidate's last position, padding included (as HF does)."""
+        if config.classifier_head == "mlp":  # HF's sequence summary: a padding position for all but the longest
+            logger.warning(
+                "multiple choice with classifier_head: mlp scores each candidate at the last position, padding "
+                "included (as HF does): predictions depend on how batches are padded; model.classifier_head: pooler "
+                "reads [CLS]"
+            )
 
     def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, EncodedChoices]:
         """Every split tokenized: K sequences per question, at most `max_length` tokens each."""

@@ -134,6 +134,7 @@ class SimilarityTask(TextTask):
     """
 
     architecture = "backbone"
+    micro_batch_loss = "the sentence-vector loss compares a micro-batch's pairs with each other"
 
     def __init__(self, data: FinetuneDataConfig, records: dict[str, list[Record]]) -> None:
         assert data.similarity is not None  # FinetuneDataConfig fills the section of its type

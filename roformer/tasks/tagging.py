@@ -581,6 +581,7 @@ class TaggingTask(HeadOutputs):
     """
 
     architecture = "token_classification"
+    micro_batch_loss = "token classification's loss is a mean over a micro-batch's scored tokens"
 
     def __init__(
         self,

@@ -26,7 +26,7 @@ process's exactly. `--resume` continues an interrupted job: finished runs are ke
 the running one continues from its last checkpoint (or from its start, which gives the same result: every run is
 deterministic), also on another number of processes under the same global batch (docs/resuming.md): exactly when
 batch_size stays; under another batch_size the losses of token classification and of sentence vectors, which are
-computed over a micro-batch (`micro_batch_loss`), change, and the resume says so.
+computed over a micro-batch (the task's `micro_batch_loss`), change, and the resume says so.
 """
 
 from __future__ import annotations
@@ -221,23 +221,7 @@ class FinetuneRun:
         self.best = {**state, "state": load_file(str(weights)) if weights.is_file() else None}
 
     def micro_batch_loss(self) -> str | None:
-        return micro_batch_loss(self.data.task)
-
-
-def micro_batch_loss(task: FinetuneTask) -> str | None:
-    """Why the task's loss depends on which examples share a micro-batch; None for a mean of per-example losses.
-
-    Classification, regression, multiple choice, QA and triplets average one term per example (or per row's fixed
-    number of pairs or labels): any batch_size gives the same step. Token classification averages over the scored
-    tokens of a micro-batch, and the sentence-vector losses (CoSENT, in-batch negatives) compare a micro-batch's
-    pairs with each other: the same micro-batches give the same step, another batch_size another one
-    (tests/e2e/test_elastic.py measures both kinds).
-    """
-    if task.architecture == "token_classification":
-        return "token classification's loss is a mean over a micro-batch's scored tokens"
-    if task.pooling is not None:  # sentence vectors (roformer.tasks.similarity): CoSENT or in-batch negatives
-        return "the sentence-vector loss compares a micro-batch's pairs with each other"
-    return None
+        return self.data.task.micro_batch_loss
 
 
 @torch.no_grad()
@@ -323,13 +307,7 @@ class Finetuner:
         # a missing or unreadable init or data fails here, before any training
         self.task, self.tokenizer, model_config = task_inputs(config)
         self.classifier_head = model_config.classifier_head
-        if self.task.architecture == "multiple_choice" and self.classifier_head == "mlp":
-            # HF's sequence summary reads the last position, a padding one for all but the longest candidate
-            logger.warning(
-                "multiple choice with classifier_head: mlp scores each candidate at the last position, padding "
-                "included (as HF does): predictions depend on how batches are padded; model.classifier_head: pooler "
-                "reads [CLS]"
-            )
+        self.task.check_model(model_config)
         self.task.check_seeds(config.train.seeds or [config.train.seed])  # a cross-validated task's folds
         self.max_length = self._max_length(model_config)
         encoded = self.task.encode(self.tokenizer, self.max_length)

@@ -319,7 +319,7 @@ def test_every_task_type_takes_the_same_steps_under_any_process_layout(
     from types import SimpleNamespace
 
     from roformer.train.engine import ProcessLayout, dropout_seed
-    from roformer.train.finetune import Finetuner, FinetuneRun, micro_batch_loss
+    from roformer.train.finetune import Finetuner, FinetuneRun
 
     _, overrides = small_job(name, shared_data, pretrained, tmp_path)
     config = load(FinetuneConfig, REPO / "configs" / "finetune" / f"{name}.yaml", overrides + sets)
@@ -350,7 +350,7 @@ def test_every_task_type_takes_the_same_steps_under_any_process_layout(
         gradient = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         return plan.indices, chunks, gradient, logged
 
-    spans = micro_batch_loss(data.task)
+    spans = data.task.micro_batch_loss
     assert (spans is not None) == (config.data.type in ("token_classification", "similarity")), spans
     for step in (0, 1):
         (order, chunks, gradient, logged), (same_order, same_chunks, same_gradient, same_logged) = (
