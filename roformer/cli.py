@@ -387,26 +387,18 @@ def _finetune(args: argparse.Namespace) -> None:
         print(f"results in {out} (best model in {out / BEST_DIR})")
 
 
-def _suite_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_run_arguments(
-        parser,
-        "suite YAML, or a shipped suite's name (glue/all, finetune/chinese-cpu)",
-        "runs/suites/<config name>",
-    )
-    parser.add_argument("--resume", action="store_true", help="continue: finished tasks and runs are kept")
+def _suite_command(runs_subdir: str) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[..., None]]:
+    """The options and the handler of `roformer suite`, whose runs go under runs/<runs_subdir>/ by default.
 
+    `roformer glue` is the same command under its first name, its runs under runs/glue/.
+    """
 
-def _glue_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_run_arguments(parser, "suite YAML, or a shipped suite's name (glue/all)", "runs/glue/<config name>")
-    parser.add_argument("--resume", action="store_true", help="continue: finished tasks and runs are kept")
+    def arguments(parser: argparse.ArgumentParser) -> None:
+        config = "suite YAML, or a shipped suite's name (glue/all, finetune/chinese-cpu)"
+        _add_run_arguments(parser, config, f"runs/{runs_subdir}/<config name>")
+        parser.add_argument("--resume", action="store_true", help="continue: finished tasks and runs are kept")
 
-
-def _suite(args: argparse.Namespace) -> None:
-    _run_suite(args, "suites")
-
-
-def _glue(args: argparse.Namespace) -> None:
-    _run_suite(args, "glue")  # `roformer suite` under its first name: its runs stay under runs/glue/
+    return arguments, lambda args: _run_suite(args, runs_subdir)
 
 
 def _run_suite(args: argparse.Namespace, runs_subdir: str) -> None:
@@ -591,10 +583,9 @@ COMMANDS = (
     Command(
         "suite",
         "fine-tune every task of a suite (any task types) and write one table and one submission",
-        _suite_arguments,
-        _suite,
+        *_suite_command("suites"),
     ),
-    Command("glue", "roformer suite under its first name (runs under runs/glue/)", _glue_arguments, _glue),
+    Command("glue", "roformer suite under its first name (runs under runs/glue/)", *_suite_command("glue")),
     Command(
         "experiment",
         "run both arms (and seeds) of an experiment, then compare",
