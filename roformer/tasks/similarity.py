@@ -27,6 +27,7 @@ from roformer.errors import ConfigError, UserError
 from roformer.tasks.base import TaskSpec, pad_rows
 from roformer.tasks.classify import TextTask, score_of
 from roformer.tasks.config import FinetuneDataConfig, Pooling
+from roformer.tasks.objectives import cosent_loss, in_batch_negatives_loss
 from roformer.tasks.records import Record, text_field
 
 if TYPE_CHECKING:
@@ -99,30 +100,6 @@ class PairRows:
     @property
     def labelled(self) -> bool:
         return bool(self.labels) and self.labels[0] is not None
-
-
-def cosent_loss(cosines: torch.Tensor, scores: torch.Tensor, scale: float) -> torch.Tensor:
-    """CoSENT: log(1 + sum over pairs of pairs (i, j) with score_i > score_j of exp(scale (cos_j - cos_i))).
-
-    Only the order of the gold scores matters: the loss asks each more similar pair's cosine to exceed each less
-    similar pair's, which is what Spearman's correlation then measures.
-    """
-    differences = scale * (cosines[None, :] - cosines[:, None])  # [i, j] = scale (cos_j - cos_i)
-    ordered = scores[:, None] > scores[None, :]  # pair i is more similar than pair j
-    terms = differences[ordered]
-    return torch.logsumexp(torch.cat([terms.new_zeros(1), terms]), dim=0)
-
-
-def in_batch_negatives_loss(
-    first: torch.Tensor, second: torch.Tensor, scale: float, negatives: torch.Tensor | None = None
-) -> torch.Tensor:
-    """InfoNCE over a batch of positive pairs (B, C) x (B, C): text i's partner is second[i], the rest negatives.
-
-    With `negatives` (B, C), every anchor is also scored against all of them (its own hard negative and the others').
-    """
-    candidates = second if negatives is None else torch.cat([second, negatives])  # (B or 2B, C)
-    logits = scale * F.normalize(first, dim=-1) @ F.normalize(candidates, dim=-1).T  # scaled cosines
-    return F.cross_entropy(logits, torch.arange(len(first), device=logits.device))
 
 
 class SimilarityTask(TextTask):

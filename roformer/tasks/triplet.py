@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 
 from roformer.config import check_types
 from roformer.data.tokenizer import jieba_presegmenter
@@ -32,6 +31,7 @@ from roformer.errors import ConfigError, UserError
 from roformer.tasks.base import MODEL_INPUTS, TaskSpec, pad_rows, write_tsv
 from roformer.tasks.classify import PREDICTIONS_FILE, TextTask
 from roformer.tasks.config import FinetuneDataConfig
+from roformer.tasks.objectives import pair_bce_loss
 from roformer.tasks.records import Record
 
 if TYPE_CHECKING:
@@ -262,7 +262,7 @@ class TripletTask(TextTask):
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Binary cross-entropy of every pair's logit against its target (the authors' sigmoid unit)."""
-        return F.binary_cross_entropy_with_logits(self.pair_logits(model, batch), batch["pair_targets"])
+        return pair_bce_loss(self.pair_logits(model, batch), batch["pair_targets"])
 
     def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Each row's two scores (B, 2): the anchor with its first and with its second candidate."""

@@ -118,7 +118,7 @@ ROOMS = {
         {"mlm"},
     ],
     "roformer.tasks": [
-        {"base", "registry", "records", "glue_tasks", "glue_metrics", "tagging_metrics", "qa_metrics"},
+        {"base", "registry", "records", "objectives", "glue_tasks", "glue_metrics", "tagging_metrics", "qa_metrics"},
         {"config"},
         {"glue", "classify", "tagging", "qa", "choices"},
         {"similarity", "triplet"},

@@ -19,7 +19,8 @@ from roformer.data.tokenizer import train_tokenizer
 from roformer.errors import ConfigError, UserError
 from roformer.model.config import POOLINGS
 from roformer.tasks.config import FinetuneDataConfig, Pooling
-from roformer.tasks.similarity import SimilarityTask, cosent_loss, in_batch_negatives_loss
+from roformer.tasks.objectives import cosent_loss, in_batch_negatives_loss
+from roformer.tasks.similarity import SimilarityTask
 
 
 def test_cosent_is_its_formula() -> None:
