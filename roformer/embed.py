@@ -29,7 +29,7 @@ from roformer.model.config import POOLINGS, ModelConfig
 from roformer.model.model import Backbone, Model
 from roformer.model.pretrained import load_pretrained
 from roformer.tasks.base import padded_length
-from roformer.tasks.records import read_records, text_field
+from roformer.tasks.records import read_records, read_text, text_field
 from roformer.train.evaluate import eval_chunks
 from roformer.train.launch import gather, process_state
 from roformer.train.run_dir import SENTENCE_FILE
@@ -260,16 +260,7 @@ def text_lines(path: Path) -> list[str]:
     Raises:
         UserError: a missing, unreadable or non-UTF-8 file, naming it.
     """
-    if not path.is_file():
-        raise UserError(f"{path}: data file not found")
-    try:
-        with path.open(encoding="utf-8-sig", newline="") as f:  # newline="": a lone \r is no line end
-            text = f.read()
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text (byte {e.start})") from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
-    lines = text.split("\n")
+    lines = read_text(path, line_ends_as_written=True).split("\n")  # a lone \r is no line end
     if lines[-1] == "":
         lines.pop()  # the newline that ends the last line (or an empty file)
     return [line.removesuffix("\r") for line in lines]

@@ -49,8 +49,13 @@ def file_format(path: Path, format: str = "auto") -> str:
     raise UserError(f"{path}: cannot tell the format from the suffix {path.suffix!r}: set data.format ({FORMATS})")
 
 
-def read_text(path: Path) -> str:
-    """The file's text (UTF-8, a byte-order mark dropped).
+def read_text(path: Path, line_ends_as_written: bool = False) -> str:
+    r"""The file's text (UTF-8, a byte-order mark dropped).
+
+    Args:
+        path: The file.
+        line_ends_as_written: Keep `\r\n` and a lone `\r` as they are (default: read as `\n`, Python's universal
+            newlines).
 
     Raises:
         UserError: a missing, unreadable or non-UTF-8 file, naming it.
@@ -58,7 +63,8 @@ def read_text(path: Path) -> str:
     if not path.is_file():
         raise UserError(f"{path}: data file not found")
     try:
-        return path.read_text(encoding="utf-8-sig")
+        with path.open(encoding="utf-8-sig", newline="" if line_ends_as_written else None) as f:
+            return f.read()
     except UnicodeDecodeError as e:
         raise UserError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except OSError as e:
