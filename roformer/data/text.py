@@ -98,6 +98,23 @@ def paragraphs(text: str) -> Iterator[str]:
 _REPORTED: set[Path] = set()
 
 
+def json_lines(path: Path, text: str) -> Iterator[tuple[int, object]]:
+    """(line number, value) of every non-blank line of JSON Lines `text`, read from `path`.
+
+    JSON Lines break at a newline only: `str.splitlines` would also break inside strings at U+2028, form feed, ...
+
+    Raises:
+        UserError: a line that is not JSON, naming the file and line.
+    """
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{number}: not a JSON line ({e.msg})") from None
+
+
 def read_documents(path: Path, text_column: str = "text", decode_errors: str = "strict") -> Iterator[str]:
     """Yield the documents of one file (see the module docstring).
 
@@ -117,14 +134,7 @@ def read_documents(path: Path, text_column: str = "text", decode_errors: str = "
         _REPORTED.add(path)
         logger.warning("%s: %d undecodable bytes replaced with U+FFFD", path, replaced)
     if suffix in (".jsonl", ".json"):
-        # JSON Lines break at \n only: str.splitlines would also break inside strings at U+2028, \x0c, \x85, ...
-        for number, line in enumerate(text.split("\n"), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{number}: not a JSON line ({e.msg})") from None
+        for number, record in json_lines(path, text):
             if not isinstance(record, dict) or text_column not in record:
                 raise UserError(f"{path}:{number}: no '{text_column}' field (set data.text_column)")
             value = record[text_column]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from roformer.data.text import json_lines
 from roformer.errors import UserError
 
 if TYPE_CHECKING:
@@ -111,16 +112,7 @@ def _read_json(path: Path, text: str, whole_file: bool) -> list[Record]:
         except json.JSONDecodeError as e:
             raise UserError(f"{path}:{e.lineno}: not JSON ({e.msg})") from None
         return [_record(path, row, f"{path}:[{i}]") for i, row in enumerate(rows)]
-    records = []
-    for number, line in enumerate(text.split("\n"), start=1):  # not splitlines: U+2028 may be inside a string
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{number}: not a JSON line ({e.msg})") from None
-        records.append(_record(path, row, f"{path}:{number}"))
-    return records
+    return [_record(path, row, f"{path}:{number}") for number, row in json_lines(path, text)]
 
 
 def _record(path: Path, row: Any, where: str) -> Record:
