@@ -339,35 +339,32 @@ def _multi_hot(rows: list[list[int]], num_labels: int) -> np.ndarray:
     return hot
 
 
+def _text_type(name: str, summary: str, metrics: tuple[str, ...], default_metrics: tuple[str, ...]) -> TaskSpec:
+    """A type `TextTask` reads: the same task class, head, predictions file and page; its labels and metrics differ."""
+    return TaskSpec(
+        name=name,
+        summary=summary,
+        builder=TextTask.from_config,
+        architecture="sequence_classification",
+        metrics=metrics,
+        default_metrics=default_metrics,
+        predictions=PREDICTIONS_FILE.format(split="dev"),
+        docs="task-classification.md",
+    )
+
+
 SPECS = (
-    TaskSpec(
-        name="classification",
-        summary="one text or a pair into one of a set of labels, from any file or hub dataset",
-        builder=TextTask.from_config,
-        architecture="sequence_classification",
-        metrics=tuple(METRICS),
-        default_metrics=("accuracy",),
-        predictions=PREDICTIONS_FILE.format(split="dev"),
-        docs="task-classification.md",
+    _text_type(
+        "classification",
+        "one text or a pair into one of a set of labels, from any file or hub dataset",
+        tuple(METRICS),
+        ("accuracy",),
     ),
-    TaskSpec(
-        name="regression",
-        summary="one text or a pair scored by a number",
-        builder=TextTask.from_config,
-        architecture="sequence_classification",
-        metrics=tuple(METRICS),
-        default_metrics=("pearson", "spearman"),
-        predictions=PREDICTIONS_FILE.format(split="dev"),
-        docs="task-classification.md",
-    ),
-    TaskSpec(
-        name="multi_label_classification",
-        summary="one text or a pair tagged with any set of labels (a sigmoid each)",
-        builder=TextTask.from_config,
-        architecture="sequence_classification",
-        metrics=MULTI_LABEL_METRICS,
-        default_metrics=("micro_f1", "macro_f1"),
-        predictions=PREDICTIONS_FILE.format(split="dev"),
-        docs="task-classification.md",
+    _text_type("regression", "one text or a pair scored by a number", tuple(METRICS), ("pearson", "spearman")),
+    _text_type(
+        "multi_label_classification",
+        "one text or a pair tagged with any set of labels (a sigmoid each)",
+        MULTI_LABEL_METRICS,
+        ("micro_f1", "macro_f1"),
     ),
 )

@@ -7,6 +7,7 @@ resume policy read what their field metadata says (roformer.config: PATH, MAY_CH
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, Literal
 
 from roformer.config import PATH, check_types, from_dict
@@ -110,7 +111,7 @@ class FinetuneDataConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        self.spec = _spec(self.type)
+        self.spec = _registry().spec_of(self.type)
         if self.source is None:
             self.source = self._default_source()
         if self.type == "glue":
@@ -182,7 +183,7 @@ class FinetuneDataConfig:
             if section not in declared:
                 raise ConfigError(f"{section}: unknown section (known: {', '.join(declared)})")
             if value is not None and section != self.spec.section:
-                owner = next(s.name for s in _specs().values() if s.section == section)
+                owner = next(s.name for s in _registry().specs().values() if s.section == section)
                 raise ConfigError(f"{section}: is for type: {owner} (this task is type: {self.type})")
             if isinstance(value, dict):  # given in Python as a mapping: checked as the file's would be
                 self.sections[section] = from_dict(declared[section], value, prefix=f"{section}.")
@@ -229,19 +230,12 @@ def _init_with_sections(self: FinetuneDataConfig, *args: Any, **kwargs: Any) -> 
 FinetuneDataConfig.__init__ = _init_with_sections  # type: ignore[method-assign]
 
 
-def _specs() -> dict[str, Any]:
-    from roformer.tasks.registry import specs  # the types' modules: imported when a fine-tuning config is built
+def _registry() -> ModuleType:
+    """roformer.tasks.registry, imported when a fine-tuning config is built (it imports the types' modules)."""
+    from roformer.tasks import registry
 
-    return specs()
-
-
-def _spec(name: str) -> Any:
-    from roformer.tasks.registry import spec_of
-
-    return spec_of(name)
+    return registry
 
 
 def _declared_sections() -> dict[str, type]:
-    from roformer.tasks.registry import settings_sections
-
-    return settings_sections()
+    return _registry().settings_sections()
