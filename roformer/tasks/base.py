@@ -12,7 +12,7 @@ nowhere else.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -188,6 +188,11 @@ def pad_rows(
         token_types[i, :n] = torch.tensor(types[r])
         mask[i, :n] = 1
     return {"input_ids": input_ids, "token_type_ids": token_types, "attention_mask": mask}
+
+
+def with_score(metrics: dict[str, float], selecting: Sequence[str]) -> dict[str, float]:
+    """`metrics` and `score`, the mean of the `selecting` ones (data.metrics, or the type's default): what selects."""
+    return {**metrics, "score": sum(metrics[name] for name in selecting) / len(selecting)}
 
 
 def padded_length(longest: int, multiple: int, cap: int | None = None) -> int:

@@ -50,7 +50,7 @@ from roformer.data.segment import TokenizedText, tokenize_texts
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_copy, atomic_write_text
 from roformer.tasks import qa_metrics
-from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, cut_to_limits, pad_rows, padded_length
+from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, cut_to_limits, pad_rows, padded_length, with_score
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.records import Record, read_hub_split, read_text
 
@@ -647,8 +647,7 @@ class QATask(HeadOutputs):
             metrics = (qa_metrics.squad_v2 if self.qa.version_2 else qa_metrics.squad_v1)(texts, gold)
         # the official scripts print percent; results.json holds fractions, as every other task's metrics
         fractions = {name: value / 100 for name, value in metrics.items()}
-        fractions["score"] = sum(fractions[name] for name in self.metrics) / len(self.metrics)
-        return fractions
+        return with_score(fractions, self.metrics)
 
     def write_predictions(
         self, folder: Path, encoded: dict[str, QAEncoded], predictions: dict[str, list[RowPrediction]]

@@ -51,7 +51,7 @@ warning per split.
 Predictions are written per split as `<split>.conll`: each word's line with the predicted tag appended as the last
 column (space-separated: conlleval reads `word ... gold predicted`); JSON-lines and hub words as `word gold predicted`
 (or `word predicted` when unlabelled), whitespace inside a word written as `_`. Labelled splits also get
-`<split>.report.json`, the scores per entity type. The test predictions are the submission.
+`<split>.report.json`, the scores per entity type (per tag for plain tags). The test predictions are the submission.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ from roformer.data.tokenizer import WordVocabulary, spelled_out, word_vocabulary
 from roformer.errors import UserError
 from roformer.files import atomic_copy, atomic_write_text
 from roformer.logs import MAIN_ONLY
-from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, pad_rows, padded_length
+from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, pad_rows, padded_length, with_score
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.records import Record, example_id, field, read_hub_split, read_records, read_text
 from roformer.tasks.tagging_metrics import (
@@ -689,7 +689,7 @@ class TaggingTask(HeadOutputs):
             scores = tag_scores(split.gold, predicted)
         else:
             scores = {"accuracy": token_accuracy(split.gold, predicted)}
-        return {**scores, "score": sum(scores[m] for m in self.metrics) / len(self.metrics)}
+        return with_score(scores, self.metrics)
 
     def tag_names(self, predictions: list[list[int]]) -> list[list[str]]:
         """Predicted tag ids as names."""
