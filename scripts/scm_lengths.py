@@ -1,9 +1,10 @@
 """CAIL2019-SCM at two lengths, one model: is the gain of reading 1024 tokens a pair over 512 there, and significant?
 
 Reads the suite directories (`roformer glue` outputs, or an experiment's `glue/<arm>-seed<k>/`) that ran both SCM
-tasks of finetune/chinese-cpu.yaml. Each task's runs are the 5 folds of the cross-validation (run seed = held-out
-fold), so the two lengths are compared on the same held-out triplets: the difference 1024 - 512 is paired by
-(pretraining run, fold), with a 95% t interval (roformer.study.stats.difference), per model. Suite directories
+tasks of finetune/chinese-cpu.yaml. Each task's runs are the 5 folds of the cross-validation (`fold` in results.json's
+runs; older results, whose run of seed s held out fold s, by seed), so the two lengths are compared on the same
+held-out triplets: the difference 1024 - 512 is paired by (pretraining run, fine-tuning seed, fold), with a 95% t
+interval (roformer.study.stats.difference), per model. Suite directories
 named `<label>-seed<k>` are grouped by label.
 
     python scripts/scm_lengths.py runs/chinese-tiny/glue/*
@@ -17,15 +18,16 @@ import re
 import statistics
 from pathlib import Path
 
+from roformer.study.runs import run_key
 from roformer.study.stats import difference
 
 
-def fold_accuracies(suite: Path, task: str) -> dict[int, float]:
-    """{held-out fold: dev accuracy} of one task of a suite directory, at its selected learning rate."""
+def fold_accuracies(suite: Path, task: str) -> dict[int | str, float]:
+    """{run (seed and held-out fold): dev accuracy} of one task of a suite directory, at its selected learning rate."""
     results = json.loads((suite / task / "results.json").read_text())
     lr = results.get("selected", {}).get("peak_lr")
     runs = [run for run in results["runs"] if lr is None or run.get("peak_lr") == lr]
-    return {run["seed"]: run["dev"]["dev"]["accuracy"] for run in runs}
+    return {run_key(run): run["dev"]["dev"]["accuracy"] for run in runs}
 
 
 def main() -> None:

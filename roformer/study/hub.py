@@ -277,10 +277,10 @@ def _finetune_lines(
     the learning rate x seed grid, tagged with `peak_lr` and `seed`.
     """
     selected = results["selected"]
-    lr, seed = selected["peak_lr"], selected["seed"]
+    lr, seed, fold = selected["peak_lr"], selected["seed"], selected.get("fold")
 
     def chosen(entry: dict[str, Any]) -> bool:
-        return entry.get("peak_lr") == lr and entry.get("seed") == seed
+        return entry.get("peak_lr") == lr and entry.get("seed") == seed and entry.get("fold") == fold
 
     runs = results.get("runs") or []
     record = next((r for r in runs if chosen(r)), {})
@@ -291,9 +291,13 @@ def _finetune_lines(
     lines = [f"- task: {results['task']} (GLUE){label}, fine-tuned from `{init}`"]
     lrs, seeds = len({r["peak_lr"] for r in runs}), len({r["seed"] for r in runs})
     grid = f"{_count(lrs, 'learning rate')} x {_count(seeds, 'seed')}"
+    held_out = ""
+    if fold is not None:  # a cross-validated task: its dev split is the held-out fold of the training file
+        grid += f" x {_count(len({r.get('fold') for r in runs}), 'fold')}"
+        held_out = f", held-out fold {fold}"
     lines.append(
-        f"- selected run: peak learning rate {lr:g}, seed {seed}, of {_count(len(runs), 'run')} ({grid}): the "
-        f"learning rate with the best mean {split} score, then its best seed"
+        f"- selected run: peak learning rate {lr:g}, seed {seed}{held_out}, of {_count(len(runs), 'run')} ({grid}): "
+        f"the learning rate with the best mean {split} score, then its best run"
     )
     steps = record.get("steps", train[-1]["step"] if train else "-")
     tokens = train[-1].get("tokens_seen", 0) if train else "-"

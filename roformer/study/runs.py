@@ -229,14 +229,19 @@ def glue_columns(run: GlueRun) -> dict[str, str]:
     }
 
 
-def glue_seed_scores(run: GlueRun) -> dict[str, dict[int, float]]:
-    """{column: {fine-tuning seed: dev score}} at the selected learning rate ({} for results without runs)."""
+def run_key(record: dict[str, Any]) -> int | str:
+    """What pairs a fine-tuning run with another job's: its seed, or `seed0-fold3` in a cross-validated task."""
+    return record["seed"] if "fold" not in record else f"seed{record['seed']}-fold{record['fold']}"
+
+
+def glue_seed_scores(run: GlueRun) -> dict[str, dict[int | str, float]]:
+    """{column: {run key (seed, and fold): dev score}} at the selected learning rate ({} for results without runs)."""
     if "selected" not in run.results or "runs" not in run.results:
         return {}
     lr = run.results["selected"]["peak_lr"]
     chosen = [r for r in run.results["runs"] if r["peak_lr"] == lr]
     columns = glue_columns(run).items()
-    return {column: {r["seed"]: r["dev"][split]["score"] for r in chosen} for split, column in columns}
+    return {column: {run_key(r): r["dev"][split]["score"] for r in chosen} for split, column in columns}
 
 
 def _label_from_init(init: str) -> str:

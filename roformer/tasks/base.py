@@ -84,6 +84,7 @@ class HeadOutputs:
 
     pooling: str | None = None  # a head's outputs are its logits, not sentence vectors
     micro_batch_loss: str | None = None  # the loss is a mean of per-example terms: any batch_size, the same step
+    cross_validation_folds: int | None = None  # the dev split is the dev file's: one run per (lr, seed)
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The training loss of a batch (with its labels)."""
@@ -93,12 +94,9 @@ class HeadOutputs:
         """What `predictions` reads of a batch: the head's logits."""
         return model(**{k: batch[k] for k in MODEL_INPUTS if k in batch}).logits
 
-    def splits_for_run(self, encoded: dict[str, Any], seed: int) -> dict[str, Any]:
-        """The encoded splits the run of `seed` trains and evaluates on: the same for every run."""
+    def splits_for_run(self, encoded: dict[str, Any], fold: int | None) -> dict[str, Any]:
+        """The encoded splits a run trains and evaluates on: the same for every run (no folds)."""
         return encoded
-
-    def check_seeds(self, seeds: list[int]) -> None:
-        """Say what a job's seeds mean for the task, before training (nothing: a seed is a seed)."""
 
     def check_model(self, config: ModelConfig) -> None:
         """Say what the model's settings mean for the task, before training (nothing to say by default)."""
@@ -123,6 +121,8 @@ class FinetuneTask(Protocol):
         micro_batch_loss: Why the loss depends on which examples share a micro-batch (a mean over a micro-batch's
             tokens, a loss comparing its pairs), said when a resume changes batch_size; None for a mean of
             per-example terms, which any batch_size gives alike.
+        cross_validation_folds: k of a k-fold cross-validation of the training file: the grid's third axis (every
+            (lr, seed) runs once per held-out fold, `fold` in its record); None: no folds.
     """
 
     name: str
@@ -135,6 +135,7 @@ class FinetuneTask(Protocol):
     label_names: list[str] | None
     pooling: str | None
     micro_batch_loss: str | None
+    cross_validation_folds: int | None
 
     def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, EncodedSplit]:
         """Every split tokenized with `tokenizer`, rows of at most `max_length` tokens (ragged: batches pad)."""
@@ -148,11 +149,8 @@ class FinetuneTask(Protocol):
     def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """What `predictions` reads of a batch (`HeadOutputs`: the head's logits)."""
 
-    def splits_for_run(self, encoded: dict[str, EncodedSplit], seed: int) -> dict[str, EncodedSplit]:
-        """The splits the run of `seed` uses (`HeadOutputs`: the same for all; cross-validation: its folds)."""
-
-    def check_seeds(self, seeds: list[int]) -> None:
-        """Warn when the job's seeds do not mean what the task needs (cross-validation: one seed per fold)."""
+    def splits_for_run(self, encoded: dict[str, EncodedSplit], fold: int | None) -> dict[str, EncodedSplit]:
+        """The splits of the run holding out `fold` (`HeadOutputs`: the same for all; cross-validation: its folds)."""
 
     def check_model(self, config: ModelConfig) -> None:
         """Warn when the model's settings do not mean what the task needs (`HeadOutputs`: nothing to say)."""

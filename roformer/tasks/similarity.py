@@ -16,6 +16,7 @@ Rows come from any file or hub dataset as for classification (roformer.tasks.cla
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -23,12 +24,20 @@ import torch.nn.functional as F
 
 from roformer.config import check_types
 from roformer.data.tokenizer import jieba_presegmenter
-from roformer.errors import ConfigError, UserError
-from roformer.tasks.base import TaskSpec, pad_rows
-from roformer.tasks.classify import TextTask, score_of
+from roformer.errors import ConfigError
+from roformer.tasks.base import HeadOutputs, TaskSpec, pad_rows, padded_length
 from roformer.tasks.config import FinetuneDataConfig, Pooling
 from roformer.tasks.objectives import cosent_loss, in_batch_negatives_loss
-from roformer.tasks.records import Record, text_field
+from roformer.tasks.records import Record, read_split_records, text_field
+from roformer.tasks.texts import (
+    Example,
+    Scores,
+    TextRows,
+    copy_predictions,
+    default_columns,
+    segmented,
+    write_predictions,
+)
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
@@ -102,8 +111,11 @@ class PairRows:
         return bool(self.labels) and self.labels[0] is not None
 
 
-class SimilarityTask(TextTask):
+class SimilarityTask(HeadOutputs):
     """Score text pairs by the cosine of their vectors (a bi-encoder), trained with CoSENT or in-batch negatives.
+
+    Rows are read by the shared text reader (roformer.tasks.texts.TextRows) with score labels; the training rows of
+    in-batch negatives need none.
 
     Args:
         data: The data: section (type similarity, two text columns).
@@ -115,35 +127,37 @@ class SimilarityTask(TextTask):
 
     def __init__(self, data: FinetuneDataConfig, records: dict[str, list[Record]]) -> None:
         assert data.similarity is not None  # FinetuneDataConfig fills the section of its type
-        self.settings = data.similarity
-        super().__init__(data, records)
-        if len(self.columns) != 2:
-            raise UserError(f"text_columns: type similarity scores a pair of texts, got {self.columns}")
+        self.data, self.settings = data, data.similarity
+        self.name = data.task
+        self.tracker_project = f"roformer-{data.task}"
+        self.columns = data.text_columns or default_columns(records["train"][0])
+        unlabelled = ("train",) if self.settings.loss == "in_batch_negatives" else ()
+        self.scores = Scores(data)
+        rows = TextRows(data, records, self.scores, self.columns, (2, 2), "scores a pair of texts", unlabelled)
+        self.examples = {name: self._with_negatives(name, rows) for name in rows.examples}
+        self.metrics = tuple(data.metrics or data.spec.default_metrics)
         self.num_labels, self.label_names = 1, None
         self.pooling = self.settings.pooling
+        self.dev_splits = ["dev"]
+        self.test_splits = rows.test_splits
 
-    def _label_set(self, train: list[Record]) -> list[str]:
-        return []  # scores, not classes
+    @classmethod
+    def from_config(cls, data: FinetuneDataConfig) -> SimilarityTask:
+        """The task of a data: section, its splits read and checked (cut to data.max_*_examples)."""
+        return cls(data, read_split_records(data))
 
-    def _examples(self, split: str, rows: list[Record]) -> list[tuple[tuple[str, ...], Any, str]]:
-        """TextTask's examples; with hard negatives, a training example's texts are a triplet."""
-        examples = super()._examples(split, rows)
+    def _with_negatives(self, split: str, rows: TextRows) -> list[Example]:
+        """The reader's examples; with hard negatives, a training example's texts are a triplet."""
+        examples = rows.examples[split]
         negative = self.settings.negative_column
         if split != "train" or negative is None:
             return examples
-        return [((*texts, text_field(r, negative)), label, i) for (texts, label, i), r in zip(examples, rows)]
+        negatives = [text_field(r, negative) for r in rows.rows[split]]
+        return [((*texts, third), label, i) for (texts, label, i), third in zip(examples, negatives)]
 
-    def _labelled(self, split: str, rows: list[Record]) -> bool:
-        """Scores are read everywhere but in the positive pairs of in-batch negatives' training split."""
-        if split == "train" and self.settings.loss == "in_batch_negatives":
-            return False
-        return super()._labelled(split, rows)
-
-    def _label(self, record: Record) -> float:
-        return score_of(self._raw(record), record.where)
-
-    def label_name(self, value: Any) -> str:
-        return f"{float(value):.6g}"
+    def padded_length(self, longest: int, cap: int) -> int:
+        """`longest` rounded up to data.pad_to_multiple_of, within `cap`."""
+        return padded_length(longest, self.data.pad_to_multiple_of, cap)
 
     # ------------------------------------------------------------------------------------------------------------
     # The protocol
@@ -155,9 +169,7 @@ class SimilarityTask(TextTask):
         for name, examples in self.examples.items():
             columns = zip(*(texts for texts, _, _ in examples))  # the first texts, the second (and the negatives)
             first, second, *third = (
-                tokenizer([segment(t) if segment else t for t in column], truncation=True, max_length=max_length)[
-                    "input_ids"
-                ]
+                tokenizer(segmented(list(column), segment), truncation=True, max_length=max_length)["input_ids"]
                 for column in columns
             )
             labels, index = [e[1] for e in examples], [e[2] for e in examples]
@@ -197,6 +209,18 @@ class SimilarityTask(TextTask):
     def predictions(self, logits: torch.Tensor, split: PairRows, rows: list[int]) -> list[Any]:
         """Each pair's cosine."""
         return logits.cpu().tolist()
+
+    def evaluate(self, split: PairRows, predictions: list[float]) -> dict[str, float]:
+        """The configured correlations of the cosines with the gold scores, and `score`, their mean."""
+        return self.scores.evaluate(self.metrics, predictions, split.labels)
+
+    def write_predictions(self, folder: Path, encoded: dict[str, PairRows], predictions: dict[str, list[Any]]) -> None:
+        """`<split>.tsv` of every split: index, cosine (and the gold score where the split has scores)."""
+        write_predictions(folder, encoded, predictions, self.scores.name)
+
+    def write_submission(self, run_folder: Path, submission: Path) -> None:
+        """The selected run's test predictions, when there is a test split."""
+        copy_predictions(run_folder, submission, self.test_splits)
 
 
 SPECS = (

@@ -17,8 +17,8 @@ candidate on both sides, as in CAIL2019-SCM's sample, whose documents form one c
 
 from __future__ import annotations
 
-import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,16 +28,15 @@ import torch
 from roformer.config import check_types
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError, UserError
-from roformer.tasks.base import MODEL_INPUTS, TaskSpec, pad_rows, write_tsv
-from roformer.tasks.classify import PREDICTIONS_FILE, TextTask
+from roformer.tasks.base import MODEL_INPUTS, HeadOutputs, TaskSpec, pad_rows, padded_length, write_tsv
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.objectives import pair_bce_loss
-from roformer.tasks.records import Record
+from roformer.tasks.records import Record, read_split_records
+from roformer.tasks.texts import PREDICTIONS_FILE, TextRows, copy_predictions, segmented
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
 
-logger = logging.getLogger(__name__)
 EVALUATED_PAIRS = 2  # (anchor, first candidate), (anchor, second candidate): what prediction scores
 
 
@@ -58,9 +57,9 @@ class TripletConfig:
             competitors augmented; the evaluation reads the pairs as given.
         folds: k-fold cross-validation of `train_file` instead of a `validation_file`: rows are grouped by anchor
             text (an anchor's rows stay in one fold; a candidate document may recur in others), the groups dealt into
-            `folds` folds in a fixed shuffled order, and the run of seed s holds out fold s mod folds as its dev
-            split: `train.seeds: [0, 1, 2, 3, 4]` with `folds: 5` is 5-fold cross-validation, its mean and interval
-            over the folds.
+            `folds` folds in a fixed shuffled order, and every (lr, seed) of the grid runs once per fold, holding it
+            out as its dev split (`fold` in results.json's runs): results.json gives the mean and interval over
+            folds (and seeds).
     """
 
     unlabelled_closer: str | None = None
@@ -130,8 +129,47 @@ def fold_of_rows(anchors: list[str], folds: int) -> list[int]:
     return [fold[a] for a in anchors]
 
 
-class TripletTask(TextTask):
+class Candidates:
+    """Labels that name the closer of a row's two candidate columns, read as its position (0: the first, 1: the second).
+
+    A row without a label is closer at `unlabelled_closer` when that is set (CAIL2019-SCM's training files), else
+    unlabelled (a test row, predicted only).
+    """
+
+    def __init__(self, candidates: list[str], closer: str | None, label_column: str) -> None:
+        self.candidates, self.closer = candidates, closer
+        self.missing_label = (
+            f"no {label_column!r} (set data.triplet.unlabelled_closer to the candidate that is closer in unlabelled "
+            "rows, e.g. B for CAIL2019-SCM's training files)"
+        )
+
+    def missing(self, raw: Any) -> bool:
+        """No label field (or null), unless unlabelled rows have their closer candidate configured."""
+        return raw is None and self.closer is None
+
+    def fit(self, train: list[Record], raw: Callable[[Record], Any]) -> None:
+        """Nothing to take: the candidates are the columns."""
+
+    def parse(self, raw: Any, where: str) -> int:
+        """The closer candidate's position.
+
+        Raises:
+            UserError: a label naming no candidate column, with file and line.
+        """
+        name = self.closer if raw is None else str(raw)
+        if name not in self.candidates:
+            raise UserError(f"{where}: label {raw!r} names no candidate column {self.candidates}")
+        return self.candidates.index(name)
+
+    def name(self, value: Any) -> str:
+        """The candidate's column."""
+        return self.candidates[int(value)]
+
+
+class TripletTask(HeadOutputs):
     """Triplets (anchor, two candidates) scored as two text pairs by a one-logit head; accuracy over triplets.
+
+    Rows are read by the shared text reader (roformer.tasks.texts.TextRows) with `Candidates` labels.
 
     Args:
         data: The data: section (type triplet; `text_columns` anchor and candidates, default A, B, C).
@@ -139,62 +177,48 @@ class TripletTask(TextTask):
     """
 
     architecture = "sequence_classification"
-    text_count = (3, 3)
 
     def __init__(self, data: FinetuneDataConfig, records: dict[str, list[Record]]) -> None:
         assert data.triplet is not None  # FinetuneDataConfig fills the section of its type
-        self.settings = data.triplet
-        self.candidates = list((data.text_columns or self._default_columns(records["train"][0]))[1:])
+        self.data, self.settings = data, data.triplet
+        self.name = data.task
+        self.tracker_project = f"roformer-{data.task}"
+        self.columns = data.text_columns or ["A", "B", "C"]
+        self.candidates = list(self.columns[1:])
         closer = self.settings.unlabelled_closer
         if closer is not None and closer not in self.candidates:
             raise UserError(f"triplet.unlabelled_closer: {closer!r} is not a candidate column {self.candidates}")
-        super().__init__(data, records)
+        self.kind = Candidates(self.candidates, closer, data.label_column)
+        rows = TextRows(data, records, self.kind, self.columns, (3, 3), "reads an anchor and two candidates")
+        self.examples = rows.examples
+        self.metrics = tuple(data.metrics or data.spec.default_metrics)
         self.num_labels, self.label_names = 1, None
+        self.dev_splits = ["dev"]
+        self.test_splits = rows.test_splits
+        self.cross_validation_folds = self.settings.folds
         if self.settings.folds:
             if data.source != "files":
                 raise UserError("triplet.folds cross-validates train_file (source: files), not a hub dataset's splits")
             anchors = [texts[0] for texts, _, _ in self.examples["train"]]
-            self.folds = fold_of_rows(anchors, self.settings.folds)
-            if len(set(self.folds)) < self.settings.folds:
+            self.row_folds = fold_of_rows(anchors, self.settings.folds)
+            if len(set(self.row_folds)) < self.settings.folds:
                 raise UserError(
                     f"triplet.folds: {self.settings.folds} folds, but the training rows have "
                     f"{len(set(anchors))} distinct anchors"
                 )
 
-    @staticmethod
-    def _default_columns(first: Record) -> list[str]:
-        return ["A", "B", "C"]
-
-    def _label_set(self, train: list[Record]) -> list[str]:
-        return []  # the label names a candidate column (checked per row)
-
-    def _labelled(self, split: str, rows: list[Record]) -> bool:
-        """Train and dev rows need a label (or `unlabelled_closer`); a test split is scored when all rows have one."""
-        if split != "test" or self.settings.unlabelled_closer is not None:
-            return True
-        return all(r.fields.get(self.data.label_column) is not None for r in rows)
-
-    def _label(self, record: Record) -> int:
-        """The closer candidate's position (0 or 1) from the label naming its column.
-
-        Raises:
-            UserError: a missing label (without `unlabelled_closer`) or one naming no candidate, with file and line.
-        """
-        raw = record.fields.get(self.data.label_column)
-        if raw is None:
-            raw = self.settings.unlabelled_closer
-        candidates = self.columns[1:]
-        if raw is None:
-            raise UserError(
-                f"{record.where}: no {self.data.label_column!r} (set data.triplet.unlabelled_closer to the candidate "
-                "that is closer in unlabelled rows, e.g. B for CAIL2019-SCM's training files)"
-            )
-        if str(raw) not in candidates:
-            raise UserError(f"{record.where}: label {raw!r} names no candidate column {list(candidates)}")
-        return candidates.index(str(raw))
+    @classmethod
+    def from_config(cls, data: FinetuneDataConfig) -> TripletTask:
+        """The task of a data: section, its splits read and checked (cut to data.max_*_examples)."""
+        return cls(data, read_split_records(data))
 
     def label_name(self, value: Any) -> str:
-        return self.candidates[int(value)]
+        """The candidate column a label names."""
+        return self.kind.name(value)
+
+    def padded_length(self, longest: int, cap: int) -> int:
+        """`longest` rounded up to data.pad_to_multiple_of, within `cap`."""
+        return padded_length(longest, self.data.pad_to_multiple_of, cap)
 
     # ------------------------------------------------------------------------------------------------------------
     # The protocol
@@ -205,7 +229,7 @@ class TripletTask(TextTask):
         out = {}
         for name, examples in self.examples.items():
             columns = zip(*(texts for texts, _, _ in examples))
-            anchor, first, second = ([segment(t) if segment else t for t in column] for column in columns)
+            anchor, first, second = (segmented(list(column), segment) for column in columns)
             pairs = [(anchor, first), (anchor, second)]
             if self.settings.mirror and name == "train":
                 pairs += [(first, anchor), (second, anchor)]
@@ -217,26 +241,16 @@ class TripletTask(TextTask):
             out[name] = TripletRows(ids, types, [e[1] for e in examples], [e[2] for e in examples])
         return out
 
-    def check_seeds(self, seeds: list[int]) -> None:
-        """Warn when a cross-validated job's seeds do not hold out every fold once (train.seeds [0] under a suite)."""
-        folds = self.settings.folds
-        held = sorted(seed % folds for seed in seeds) if folds else []
-        if folds and held != list(range(folds)):
-            message = "%s: %d folds, but train.seeds %s hold out folds %s: not a %d-fold cross-validation (seeds 0..%d)"
-            logger.warning(message, self.name, folds, seeds, held, folds, folds - 1)
+    def splits_for_run(self, encoded: dict[str, TripletRows], fold: int | None) -> dict[str, TripletRows]:
+        """The splits of the run holding out `fold`: with `folds`, the other folds train and `fold` is `dev`.
 
-    def splits_for_run(self, encoded: dict[str, TripletRows], seed: int) -> dict[str, TripletRows]:
-        """The splits of the run of `seed`: with `folds`, its own training folds and held-out fold.
-
-        The run trains on every fold but seed mod folds, held out as `dev` (its pairs as given, not mirrored).
-        Without folds: the splits as they are.
+        The held-out fold's pairs are read as given, not mirrored. Without folds: the splits as they are.
         """
-        if not self.settings.folds:
+        if fold is None:
             return encoded
-        held_out = seed % self.settings.folds
         train = encoded["train"]
-        kept = [r for r, fold in enumerate(self.folds) if fold != held_out]
-        dev = [r for r, fold in enumerate(self.folds) if fold == held_out]
+        kept = [r for r, held in enumerate(self.row_folds) if held != fold]
+        dev = [r for r, held in enumerate(self.row_folds) if held == fold]
         return {**encoded, "train": train.subset(kept), "dev": train.subset(dev, EVALUATED_PAIRS)}
 
     def collate(self, split: TripletRows, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
@@ -295,6 +309,10 @@ class TripletTask(TextTask):
                 header.append("label")
                 rows = [[*row, self.label_name(y)] for row, y in zip(rows, encoded[split].labels)]
             write_tsv(folder / PREDICTIONS_FILE.format(split=split), header, rows)
+
+    def write_submission(self, run_folder: Path, submission: Path) -> None:
+        """The selected run's test predictions, when there is a test split."""
+        copy_predictions(run_folder, submission, self.test_splits)
 
 
 def _check_folds(data: FinetuneDataConfig) -> None:

@@ -1,12 +1,14 @@
 """Fine-tuning: `roformer finetune --config configs/glue/<task>.yaml` (the suite `roformer glue` is in study).
 
-One config fine-tunes one task for every learning rate of `train.lrs` (or `train.lr`) and every seed of
-`train.seeds` (or `train.seed`), keeping each run's best dev checkpoint. A run directory holds:
+One config fine-tunes one task for every learning rate of `train.lrs` (or `train.lr`), every seed of `train.seeds`
+(or `train.seed`) and, for a cross-validated task (`triplet.folds`), every held-out fold, keeping each run's best dev
+checkpoint. A run directory holds:
 
     config.yaml       the resolved config
-    metrics.jsonl     train and eval events of every run (with `task`, `peak_lr` and `seed`)
-    results.json      per run: dev metrics of the best checkpoint and its step; per learning rate: mean, std,
-                      median and max over seeds; the selected learning rate (best mean dev score)
+    metrics.jsonl     train and eval events of every run (with `task`, `peak_lr`, `seed` and any `fold`)
+    results.json      per run (peak_lr, seed, and fold when cross-validated): dev metrics of the best checkpoint
+                      and its step; per learning rate: mean, std, median and max over its runs; the selected
+                      learning rate (best mean dev score)
     predictions/      per run: dev predictions (index, prediction, label) and test predictions
     submission/       the selected run's submission files (GLUE: the server's SST-2.tsv, MNLI-m.tsv, AX.tsv, ...)
     best/             the selected run's model + tokenizer (roformer.load-able)
@@ -293,7 +295,7 @@ def check_before_writing(config: FinetuneConfig, task: FinetuneTask | None = Non
 
 
 class Finetuner:
-    """All runs (learning rates x seeds) of one task in one run directory."""
+    """All runs (learning rates x seeds, x folds for a cross-validated task) of one task in one run directory."""
 
     def __init__(
         self, config: FinetuneConfig, output_dir: str | Path, overwrite: bool = False, resume: bool = False
@@ -308,7 +310,6 @@ class Finetuner:
         self.task, self.tokenizer, model_config = task_inputs(config)
         self.classifier_head = model_config.classifier_head
         self.task.check_model(model_config)
-        self.task.check_seeds(config.train.seeds or [config.train.seed])  # a cross-validated task's folds
         self.max_length = self._max_length(model_config)
         encoded = self.task.encode(self.tokenizer, self.max_length)
         self.data = EncodedTask(self.task, encoded, self.tokenizer.pad_token_id, self.max_length)
@@ -342,12 +343,12 @@ class Finetuner:
             check_before_writing(self.config, self.task)
         run_on_main(lambda: self.run_dir.prepare(self.config.to_dict()))
         runs = []
-        for lr, seed in self.config.train.grid:
-            record = self.progress_dir(lr, seed) / RECORD_FILE
+        for lr, seed, fold in self.grid:
+            record = self.progress_dir(lr, seed, fold) / RECORD_FILE
             if record.is_file():
                 runs.append(self._finished_run(record))
             else:
-                runs.append(self._run_one(lr, seed))
+                runs.append(self._run_one(lr, seed, fold))
         self._record_resumed_config()
         results = run_on_main(lambda: self.publish(self.select(runs)))
         return results or {}
@@ -381,22 +382,29 @@ class Finetuner:
             )
         return record
 
-    def progress_dir(self, lr: float, seed: int) -> Path:
-        """Where a run keeps its checkpoints while it trains, and its record once it has finished."""
-        return self.out / PROGRESS_DIR / run_tag(lr, seed)
+    @property
+    def grid(self) -> list[tuple[float, int, int | None]]:
+        """(peak lr, seed, held-out fold) of every run, in order: the fold None without cross-validation."""
+        folds = self.task.cross_validation_folds
+        held_out = list(range(folds)) if folds else [None]
+        return [(lr, seed, fold) for lr, seed in self.config.train.grid for fold in held_out]
 
-    def run_data(self, seed: int) -> EncodedTask:
-        """The encoded splits of the run of `seed`: the job's, or its own folds (`type: triplet` with folds)."""
-        splits = self.task.splits_for_run(self.data.splits, seed)
+    def progress_dir(self, lr: float, seed: int, fold: int | None = None) -> Path:
+        """Where a run keeps its checkpoints while it trains, and its record once it has finished."""
+        return self.out / PROGRESS_DIR / run_tag(lr, seed, fold)
+
+    def run_data(self, fold: int | None) -> EncodedTask:
+        """The encoded splits of a run: the job's, or those of its held-out fold (a cross-validated task)."""
+        splits = self.task.splits_for_run(self.data.splits, fold)
         return self.data if splits is self.data.splits else replace(self.data, splits=splits)
 
-    def _run_one(self, lr: float, seed: int) -> dict[str, Any]:
+    def _run_one(self, lr: float, seed: int, fold: int | None) -> dict[str, Any]:
         """One fine-tune (resumed from its last checkpoint if it has one); returns and writes its record."""
-        train, tag = self.config.train, run_tag(lr, seed)
-        tags = {"task": self.task.name, "peak_lr": lr, "seed": seed}
-        progress = self.progress_dir(lr, seed)
+        train, tag = self.config.train, run_tag(lr, seed, fold)
+        tags = {"task": self.task.name, "peak_lr": lr, "seed": seed, **fold_column(fold)}
+        progress = self.progress_dir(lr, seed, fold)
         engine = Engine(train, self.out, seed, progress / CHECKPOINTS_DIR, self.out / METRICS_FILE, tags)
-        data = self.run_data(seed)
+        data = self.run_data(fold)
         torch.manual_seed(seed)  # the head's initialisation
         model = self.load_model()
         n = len(data.splits["train"].lengths)
@@ -419,6 +427,7 @@ class Finetuner:
         record = {
             "peak_lr": lr,
             "seed": seed,
+            **fold_column(fold),
             "best_step": run.best["step"],
             "steps": steps,
             "dev": run.best["dev"],
@@ -459,9 +468,10 @@ class Finetuner:
     def select(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
         """The results of the finished runs, computed from their records alone (reads and writes nothing).
 
-        Per learning rate: every dev metric summarised over seeds; selected: the learning rate with the best mean
-        dev score of the first dev split, and its best seed. `max_length` is the length the examples were cut to
-        (data.max_length after its caps): the model card of `roformer push` reports it.
+        Per learning rate: every dev metric summarised over its runs (seeds, and folds of a cross-validated task);
+        selected: the learning rate with the best mean dev score of the first dev split, and its best run.
+        `max_length` is the length the examples were cut to (data.max_length after its caps): the model card of
+        `roformer push` reports it.
         """
         split = self.task.dev_splits[0]
         by_lr: dict[str, Any] = {}
@@ -484,7 +494,12 @@ class Finetuner:
             "selection_split": split,
             "runs": runs,
             "by_lr": by_lr,
-            "selected": {"peak_lr": selected["peak_lr"], "seed": selected["seed"], "best_step": selected["best_step"]},
+            "selected": {
+                "peak_lr": selected["peak_lr"],
+                "seed": selected["seed"],
+                **fold_column(selected.get("fold")),
+                "best_step": selected["best_step"],
+            },
             "summary": by_lr[best_lr],
             **self._test_summary([r for r in runs if f"{r['peak_lr']:g}" == best_lr]),
         }
@@ -515,7 +530,7 @@ class Finetuner:
         selected = results["selected"]
         submission = self.out / SUBMISSION_DIR
         submission.mkdir(exist_ok=True)
-        selected_run = self.out / PREDICTIONS_DIR / run_tag(selected["peak_lr"], selected["seed"])
+        selected_run = self.out / PREDICTIONS_DIR / run_tag(selected["peak_lr"], selected["seed"], selected.get("fold"))
         self.task.write_submission(selected_run, submission)
         candidate = self.out / CANDIDATES_DIR / f"lr{selected['peak_lr']:g}"
         if candidate.is_dir():  # not yet moved (a first publish, or one interrupted before the move)
@@ -532,9 +547,14 @@ class Finetuner:
         shutil.rmtree(self.out / PROGRESS_DIR, ignore_errors=True)
 
 
-def run_tag(lr: float, seed: int) -> str:
-    """The name of a run in predictions/ and .progress/."""
-    return f"lr{lr:g}-seed{seed}"
+def run_tag(lr: float, seed: int, fold: int | None = None) -> str:
+    """The name of a run in predictions/ and .progress/: `lr2e-05-seed0`, with `-fold3` when cross-validated."""
+    return f"lr{lr:g}-seed{seed}" + (f"-fold{fold}" if fold is not None else "")
+
+
+def fold_column(fold: int | None) -> dict[str, int]:
+    """A run's `fold` (its held-out fold) in its record, metrics events and selection; nothing without folds."""
+    return {} if fold is None else {"fold": fold}
 
 
 def finetune(

@@ -125,12 +125,17 @@ def test_a_shipped_config_trains_on_files_in_its_format(
     assert code == 0, capsys.readouterr().err
     results = json.loads((out / "results.json").read_text())
     assert results["task"] == config.data.task and results["selected"]["peak_lr"] == 1e-3
-    (run,) = results["runs"]
-    assert run["steps"] == 2 and run["seed"] == 0
+    folds = kind == "triplet" and config.data.triplet.folds  # a grid axis: one run per held-out fold
+    runs = results["runs"]
+    assert [(r["seed"], r.get("fold")) for r in runs] == ([(0, f) for f in range(folds)] if folds else [(0, None)])
+    assert ("fold" in results["selected"]) == bool(folds)
+    run = runs[0]
+    assert run["steps"] == 2
     spec = spec_of(kind)  # the type's declaration: the metrics its results name, its predictions file
     named = set(config.data.metrics or spec.default_metrics or spec.metrics)
     assert named <= set(run["dev"]["dev"]) and "score" in run["dev"]["dev"]
-    assert (out / "predictions" / "lr0.001-seed0" / spec.predictions).is_file()
+    for tag in [f"lr0.001-seed0-fold{f}" for f in range(folds)] if folds else ["lr0.001-seed0"]:
+        assert (out / "predictions" / tag / spec.predictions).is_file()
     assert (out / "best" / "model.safetensors").is_file()
     labelled = kind in ("classification", "multi_label_classification", "token_classification")  # outputs' names
     assert (out / "best" / "labels.json").is_file() == labelled
@@ -374,7 +379,7 @@ def test_every_task_type_takes_the_same_steps_under_any_process_layout(
 def test_the_chinese_suite_runs_every_task_with_its_own_overrides(
     shared_data: Path, pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    """configs/finetune/chinese-cpu.yaml: one seed for the suite, the five folds for SCM (its tasks' own `set`),
+    """configs/finetune/chinese-cpu.yaml: one seed for the suite, five runs for SCM (one per held-out fold),
     the 1024-token SCM task beside the 512 one. About a minute (every SCM fold predicted at 512 and 1024)."""
     out = tmp_path / "suite"
     sets = [f"init={pretrained}", "data.max_eval_examples=12", "train.max_steps=1"]
@@ -392,8 +397,8 @@ def test_the_chinese_suite_runs_every_task_with_its_own_overrides(
         "cail2019-scm-sample",
         "cail2019-scm-sample-1024",
     ]
-    for task, seeds in [("ocnli", [0]), ("cail2019-scm-sample", [0, 1, 2, 3, 4])]:
+    for task, runs_of in [("ocnli", [(0, None)]), ("cail2019-scm-sample", [(0, fold) for fold in range(5)])]:
         runs = json.loads((out / task / "results.json").read_text())["runs"]
-        assert [run["seed"] for run in runs] == seeds, task
+        assert [(run["seed"], run.get("fold")) for run in runs] == runs_of, task
     lengths = [read_yaml(out / task / "config.yaml")["data"]["max_length"] for task in list(results)[-2:]]
     assert lengths == [512, 1024]

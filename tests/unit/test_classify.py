@@ -13,11 +13,12 @@ from roformer.config import load
 from roformer.data.tokenizer import train_tokenizer
 from roformer.errors import ConfigError, UserError
 from roformer.tasks.base import Encoded
-from roformer.tasks.classify import TextTask, label_list, multi_label_metrics, sorted_labels
+from roformer.tasks.classify import label_list, multi_label_metrics, sorted_labels
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.glue import GlueTask
 from roformer.tasks.glue_tasks import get_task
 from roformer.tasks.records import Record, field, read_records, text_field
+from roformer.tasks.registry import make_task
 from roformer.train.config import FinetuneConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,7 +111,7 @@ def test_fields_nested_templates_and_lists() -> None:
 def test_label_sets_are_read_from_training_and_sorted_numerically_when_numbers(tmp_path: Path) -> None:
     assert sorted_labels({"100", "16", "2"}) == ["2", "16", "100"]
     assert sorted_labels({"pos", "neg"}) == ["neg", "pos"]
-    task = TextTask.from_config(data_config(tmp_path, "text,label\na,pos\nb,neg\nc,pos\n", "text,label\nd,neg\n"))
+    task = make_task(data_config(tmp_path, "text,label\na,pos\nb,neg\nc,pos\n", "text,label\nd,neg\n"))
     assert (task.labels, task.num_labels, task.metrics) == (["neg", "pos"], 2, ("accuracy",))
     assert task.examples["train"][0] == (("a",), 1, "0")
 
@@ -118,10 +119,10 @@ def test_label_sets_are_read_from_training_and_sorted_numerically_when_numbers(t
 def test_a_dev_label_outside_the_set_names_file_and_line(tmp_path: Path) -> None:
     config = data_config(tmp_path, "text,label\na,pos\nb,neg\n", "text,label\nd,neg\ne,meh\n")
     with pytest.raises(UserError, match=r"dev.csv:3: label 'meh' is not one of the training split's labels"):
-        TextTask.from_config(config)
+        make_task(config)
     given = data_config(tmp_path, "text,label\na,pos\nb,neg\n", "text,label\nd,neg\n", labels=["neg", "good"])
     with pytest.raises(UserError, match=r"train.csv:2: label 'pos' is not one of data.labels"):
-        TextTask.from_config(given)
+        make_task(given)
 
 
 def test_skipped_labels_and_json_booleans_and_ints(tmp_path: Path) -> None:
@@ -130,23 +131,21 @@ def test_skipped_labels_and_json_booleans_and_ints(tmp_path: Path) -> None:
     config = data_config(
         tmp_path, train, json.dumps({"s": "e", "label": "true"}), ".jsonl", text_columns=["s"], skip_labels=["-"]
     )
-    task = TextTask.from_config(config)
+    task = make_task(config)
     assert task.labels == ["3", "false", "true"] and len(task.examples["train"]) == 3
     assert task.examples["dev"][0][1] == 2
 
 
 def test_regression_scores_must_be_numbers(tmp_path: Path) -> None:
-    task = TextTask.from_config(
-        data_config(tmp_path, "text,label\na,1.5\nb,3\n", "text,label\nc,0\n", type="regression")
-    )
+    task = make_task(data_config(tmp_path, "text,label\na,1.5\nb,3\n", "text,label\nc,0\n", type="regression"))
     assert (task.num_labels, task.metrics, task.examples["train"][1][1]) == (1, ("pearson", "spearman"), 3.0)
     with pytest.raises(UserError, match=r"dev.csv:2: score 'x' is not a number"):
-        TextTask.from_config(data_config(tmp_path, "text,label\na,1\n", "text,label\nc,x\n", type="regression"))
+        make_task(data_config(tmp_path, "text,label\na,1\n", "text,label\nc,x\n", type="regression"))
 
     for bad in ("nan", "inf", "-Infinity"):  # float() reads them; every batch holding one would be skipped
         config = data_config(tmp_path, f"text,label\na,1\nb,{bad}\n", "text,label\nc,0\n", type="regression")
         with pytest.raises(UserError, match=rf"train.csv:3: score '{bad}' is not a finite number"):
-            TextTask.from_config(config)
+            make_task(config)
     config = data_config(
         tmp_path,
         '{"text": "a", "label": 1}\n{"text": "b", "label": NaN}',
@@ -155,7 +154,7 @@ def test_regression_scores_must_be_numbers(tmp_path: Path) -> None:
         type="regression",
     )
     with pytest.raises(UserError, match=r"train.jsonl:2: .*(not a finite number|no label)"):
-        TextTask.from_config(config)
+        make_task(config)
 
 
 @pytest.mark.parametrize(
@@ -174,27 +173,27 @@ def test_a_missing_classification_label_is_refused_not_a_class(
     dev = "text,label\nd,neg\n" if suffix == ".csv" else '{"text": "d", "label": "neg"}'
     config = data_config(tmp_path, train, dev, suffix)
     with pytest.raises(UserError, match=rf"train{suffix}:{line}: no label in 'label'|train{suffix}:{line}: no field"):
-        TextTask.from_config(config)
+        make_task(config)
     config = data_config(tmp_path, "text,label\na,pos\nb,neg\n", "text,label\nd,neg\ne,\n")
     with pytest.raises(UserError, match=r"dev.csv:3: no label in 'label'"):
-        TextTask.from_config(config)  # a dev row too: it would be scored against a class of its own
+        make_task(config)  # a dev row too: it would be scored against a class of its own
 
 
 def test_a_test_file_labelled_on_some_rows_only_is_refused(tmp_path: Path) -> None:
     config = data_config(tmp_path, "text,label\na,x\nb,y\n", "text,label\nc,x\n")
     config.test_file = str(write(tmp_path / "test.csv", "text,label\nd,y\ne,\nf,x\n"))
     with pytest.raises(UserError, match=r"test.csv:3: no label in 'label'.*2 of the test split's 3 rows have one"):
-        TextTask.from_config(config)
+        make_task(config)
     config.test_file = str(write(tmp_path / "test.csv", "text,label\nd,\ne,\n"))  # a column of empty cells
-    assert TextTask.from_config(config).test_splits == ["test"]
+    assert make_task(config).test_splits == ["test"]
     tokenizer = train_tokenizer(["a b c d e"] * 5, vocab_size=60)
-    assert not TextTask.from_config(config).encode(tokenizer, 16)["test"].labelled
+    assert not make_task(config).encode(tokenizer, 16)["test"].labelled
 
 
 def test_the_label_set_is_the_whole_training_files_whatever_max_train_examples_keeps(tmp_path: Path) -> None:
     train, dev = "text,label\na,b\nb,a\nc,c\n", "text,label\nd,c\n"
-    full = TextTask.from_config(data_config(tmp_path, train, dev))
-    cut = TextTask.from_config(data_config(tmp_path, train, dev, max_train_examples=2))
+    full = make_task(data_config(tmp_path, train, dev))
+    cut = make_task(data_config(tmp_path, train, dev, max_train_examples=2))
     assert cut.labels == full.labels == ["a", "b", "c"]  # was ["a", "b"], and the dev label c refused
     assert len(cut.examples["train"]) == 2 and cut.examples["dev"][0][1] == 2
 
@@ -205,7 +204,7 @@ def test_multi_label_fields(tmp_path: Path) -> None:
     config = data_config(
         tmp_path, 'text,label\nt1,"a,b"\nt2,c\nt3,\n', 'text,label\nt4,"[""c""]"\n', type="multi_label_classification"
     )
-    task = TextTask.from_config(config)
+    task = make_task(config)
     assert task.labels == ["a", "b", "c"] and [e[1] for e in task.examples["train"]] == [[0, 1], [2], []]
     assert task.metrics == ("micro_f1", "macro_f1")
 
@@ -214,9 +213,9 @@ def test_test_files_with_labels_are_scored_and_without_are_not(tmp_path: Path) -
     config = data_config(tmp_path, "text,label\na,x\nb,y\n", "text,label\nc,x\n")
     config.test_file = str(write(tmp_path / "test.csv", "text,label\nd,y\n"))
     tokenizer = train_tokenizer(["a b c d"] * 5, vocab_size=60)
-    assert TextTask.from_config(config).encode(tokenizer, 16)["test"].labelled
+    assert make_task(config).encode(tokenizer, 16)["test"].labelled
     config.test_file = str(write(tmp_path / "test.csv", "id,text\n7,d\n"))
-    task = TextTask.from_config(config)
+    task = make_task(config)
     encoded = task.encode(tokenizer, 16)
     assert not encoded["test"].labelled and encoded["test"].index == ["7"] and task.test_splits == ["test"]
 
@@ -227,7 +226,7 @@ def test_test_files_with_labels_are_scored_and_without_are_not(tmp_path: Path) -
 
 def test_collate_predictions_and_files(tmp_path: Path) -> None:
     config = data_config(tmp_path, "text,text_pair,label\na b,c,x\nb,c d a,y\n", "text,text_pair,label\nc,d,y\n")
-    task = TextTask.from_config(config)
+    task = make_task(config)
     assert task.columns == ["text", "text_pair"]
     tokenizer = train_tokenizer(["a b c d"] * 5, vocab_size=60)
     encoded = task.encode(tokenizer, 16)
@@ -244,7 +243,7 @@ def test_multi_label_batches_are_multi_hot_and_predictions_thresholded(tmp_path:
     config = data_config(
         tmp_path, 'text,label\na,"x,z"\nb,y\n', "text,label\nc,y\n", type="multi_label_classification", threshold=0.6
     )
-    task = TextTask.from_config(config)
+    task = make_task(config)
     encoded = task.encode(train_tokenizer(["a b c"] * 5, vocab_size=60), 16)
     assert task.collate(encoded["train"], [0, 1], 0, 16)["labels"].tolist() == [[1, 0, 1], [0, 1, 0]]
     logits = torch.tensor([[0.5, 0.0, -3.0]])  # sigmoid: 0.62, 0.5, 0.05
@@ -327,12 +326,12 @@ def test_shipped_text_task_configs_read_the_real_data(
     shared_data: Path, name: str, sizes: tuple[int, int, int], num_labels: int
 ) -> None:
     config = load(FinetuneConfig, REPO / "configs" / "finetune" / f"{name}.yaml")
-    task = TextTask.from_config(config.data)
+    task = make_task(config.data)
     assert tuple(len(task.examples[s]) for s in ("train", "dev", "test")) == sizes
     assert task.num_labels == num_labels and task.name == name
 
 
 def test_cluewsc_pairs_the_text_with_its_span_question(shared_data: Path) -> None:
-    task = TextTask.from_config(load(FinetuneConfig, REPO / "configs" / "finetune" / "fewclue-cluewsc.yaml").data)
+    task = make_task(load(FinetuneConfig, REPO / "configs" / "finetune" / "fewclue-cluewsc.yaml").data)
     texts, label, index = task.examples["train"][0]
     assert texts[1] == "他指的是树叶" and task.labels[label] == "false" and index == "0"

@@ -120,8 +120,8 @@ ROOMS = {
     "roformer.tasks": [
         {"base", "registry", "records", "objectives", "glue_tasks", "glue_metrics", "tagging_metrics", "qa_metrics"},
         {"config"},
-        {"glue", "classify", "tagging", "qa", "choices"},
-        {"similarity", "triplet"},
+        {"texts"},
+        {"glue", "classify", "tagging", "qa", "choices", "similarity", "triplet"},
     ],
     "roformer.train": [
         {"config", "interval", "faults", "checkpoints", "evaluate", "sharded"},

@@ -95,7 +95,7 @@ def test_labels_name_candidate_columns_and_a_missing_one_is_an_error_naming_the_
         TripletTask.from_config(data(tmp_path, unlabelled_closer="A"))
 
 
-def test_folds_group_rows_by_anchor_and_each_seed_holds_out_its_fold(tmp_path: Path, tokenizer) -> None:
+def test_folds_group_rows_by_anchor_and_each_run_holds_out_its_fold(tmp_path: Path, tokenizer) -> None:
     anchors = ["x", "y", "x", "z", "w", "y", "v", "x"]
     folds = fold_of_rows(anchors, 3)
     assert folds == fold_of_rows(anchors, 3) and set(folds) == {0, 1, 2}
@@ -104,8 +104,8 @@ def test_folds_group_rows_by_anchor_and_each_seed_holds_out_its_fold(tmp_path: P
     task = TripletTask.from_config(data(tmp_path, rows, unlabelled_closer="B", folds=2, mirror=True))
     encoded = task.encode(tokenizer, 16)
     assert "dev" not in encoded
-    held = [task.splits_for_run(encoded, seed) for seed in (0, 1, 2)]
-    assert held[0]["dev"].index == held[2]["dev"].index  # seed 2 holds out fold 0 again
+    assert task.cross_validation_folds == 2 and task.splits_for_run(encoded, None) is encoded
+    held = [task.splits_for_run(encoded, fold) for fold in (0, 1)]
     assert sorted(held[0]["dev"].index + held[1]["dev"].index) == sorted(encoded["train"].index)
     assert not set(held[0]["dev"].index) & set(held[0]["train"].index)
     assert held[0]["dev"].sequences == 2 and held[0]["train"].sequences == 4  # held out as given; trained mirrored
@@ -139,13 +139,8 @@ def test_the_mean_head_is_the_masked_mean_then_a_linear_unit() -> None:
         to_hf(model)
 
 
-def test_seeds_that_miss_folds_are_named_and_folds_need_files(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_folds_need_files(tmp_path: Path) -> None:
     rows = [{"A": f"{a} one", "B": "one two", "C": "red car"} for a in ("a cat", "the dog", "red", "two", "sat")]
-    task = TripletTask.from_config(data(tmp_path, rows, unlabelled_closer="B", folds=2))
-    task.check_seeds([0, 1])
-    assert not caplog.records
-    task.check_seeds([0, 2])
-    assert "train.seeds [0, 2] hold out folds [0, 0]: not a 2-fold cross-validation" in caplog.text
     triplet = {"folds": 2, "unlabelled_closer": "B"}
     hub = from_dict(FinetuneDataConfig, {"type": "triplet", "hub_name": "x/y", "triplet": triplet})
     with pytest.raises(UserError, match="triplet.folds cross-validates train_file"):
