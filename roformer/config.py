@@ -410,11 +410,11 @@ INCLUDE_KEY = "include"  # the top-level key of a file that starts from another 
 
 
 def declared_sections(cls: type) -> dict[str, type]:
-    """Sections of dataclass `cls` declared elsewhere, {key: dataclass}: `cls.declared_sections()`, if it has one.
+    """Keys of dataclass `cls` declared elsewhere, {key: dataclass or str}: `cls.declared_sections()`, if it has one.
 
     A class whose sections are not known when it is written (the fine-tuning data: section, whose task types each
     declare their own settings) holds them in one field marked `{"sections": True}`; the loader reads and checks each
-    under its own key, as if it were a field.
+    under its own key, as if it were a field. A declared key of type `str` is a folder's path (resolved as PATH).
     """
     declared = getattr(cls, "declared_sections", None)
     return declared() if declared is not None else {}
@@ -434,6 +434,9 @@ def field_keys(cls: type, name: str, value: Any = True, declared: bool = True) -
         if dataclasses.is_dataclass(hints[f.name]):
             keys += [f"{f.name}.{key}" for key in field_keys(hints[f.name], name, value, declared)]
     for section, settings in (declared_sections(cls) if declared else {}).items():
+        if not dataclasses.is_dataclass(settings):  # a declared key that is no section is a folder: a path
+            keys += [section] if PATH.get(name) == value else []
+            continue
         keys += [f"{section}.{key}" for key in field_keys(settings, name, value)]
     return tuple(keys)
 

@@ -237,6 +237,8 @@ class TaskSpec:
         section: Its settings' key under `data:` (`data.tagging`), or None.
         settings: The dataclass of that section (filled with its defaults when the config has none).
         section_required: The section must be written (it has no useful defaults: multiple choice's columns).
+        folders: Keys under `data:` of its own that name a folder it reads (`data.beir_dir`), resolved against the
+            config file's folder as `train_file` is; several types may declare one key.
         metrics_of: The metrics `data.metrics` may name for a given data: section (GLUE: the task's own).
         check: Checks of the whole data: section that belong to this type (e.g. cross-validation folds), raising
             ConfigError.
@@ -254,6 +256,7 @@ class TaskSpec:
     section: str | None = None
     settings: type | None = None
     section_required: bool = False
+    folders: tuple[str, ...] = ()
     metrics_of: Callable[[FinetuneDataConfig], tuple[str, ...]] | None = None
     check: Callable[[FinetuneDataConfig], None] | None = None
     needs_validation_file: Callable[[FinetuneDataConfig], bool] | None = None

@@ -6,7 +6,7 @@ resume policy read what their field metadata says (roformer.config: PATH, MAY_CH
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from types import ModuleType
 from typing import Any, Literal
 
@@ -62,8 +62,8 @@ class FinetuneDataConfig:
         threshold: `multi_label_classification`: a label is predicted when its probability is at least this.
         sections: The settings of the task types, each under its own key (`data.tagging:` of
             `token_classification`, `data.qa:`, `data.choices:`, ...: the type's declaration names its section and
-            its dataclass); read as `data.tagging`. Only the section of this config's type may be given; it is
-            filled with its defaults when absent.
+            its dataclass), and the folders a type reads (`data.beir_dir` of retrieval); read as `data.tagging`.
+            Only the keys of this config's type may be given; its section is filled with its defaults when absent.
         jieba: Segment Chinese text into words with jieba before WordPiece, as the word-level (WoBERT-style)
             tokenizers were pretrained; character offsets stay exact. null = as the init's tokenizer says (a
             word-level vocabulary implies jieba, any other reads the text as it is); false with a word-level
@@ -182,10 +182,10 @@ class FinetuneDataConfig:
         for section, value in self.sections.items():
             if section not in declared:
                 raise ConfigError(f"{section}: unknown section (known: {', '.join(declared)})")
-            if value is not None and section != self.spec.section:
-                owner = next(s.name for s in _registry().specs().values() if s.section == section)
-                raise ConfigError(f"{section}: is for type: {owner} (this task is type: {self.type})")
-            if isinstance(value, dict):  # given in Python as a mapping: checked as the file's would be
+            if value is not None and section != self.spec.section and section not in self.spec.folders:
+                owners = [s.name for s in _registry().specs().values() if section in (s.section, *s.folders)]
+                raise ConfigError(f"{section}: is for type: {' or '.join(owners)} (this task is type: {self.type})")
+            if isinstance(value, dict) and is_dataclass(declared[section]):  # a mapping from Python: checked as YAML
                 self.sections[section] = from_dict(declared[section], value, prefix=f"{section}.")
         own = self.spec.section
         if own is not None and self.sections.get(own) is None:

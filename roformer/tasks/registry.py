@@ -32,13 +32,17 @@ def specs() -> dict[str, TaskSpec]:
 
     found: dict[str, TaskSpec] = {}
     sections: dict[str, str] = {}
+    folders: set[str] = set()
     for module in sorted(pkgutil.iter_modules(roformer.tasks.__path__), key=lambda m: m.name):
         for spec in getattr(importlib.import_module(f"{PACKAGE}.{module.name}"), "SPECS", ()):
             if spec.name in found:
                 raise RuntimeError(f"task type {spec.name!r} is declared twice ({module.name})")
             if spec.section and sections.setdefault(spec.section, spec.name) != spec.name:
                 raise RuntimeError(f"data.{spec.section} is declared by {sections[spec.section]} and {spec.name}")
+            folders.update(spec.folders)
             found[spec.name] = spec
+    if folders & set(sections):
+        raise RuntimeError(f"data.{min(folders & set(sections))} is both a settings section and a folder")
     return dict(sorted(found.items()))
 
 
@@ -55,8 +59,9 @@ def spec_of(name: str) -> TaskSpec:
 
 
 def settings_sections() -> dict[str, type]:
-    """Every type's settings section under data: (`tagging` -> TaggingConfig, ...)."""
-    return {s.section: s.settings for s in specs().values() if s.section and s.settings is not None}
+    """Every type's own keys under data:: its settings section (`tagging` -> TaggingConfig) and its folders (-> str)."""
+    folders = {key: str for s in specs().values() for key in s.folders}
+    return {**{s.section: s.settings for s in specs().values() if s.section and s.settings is not None}, **folders}
 
 
 def make_task(data: FinetuneDataConfig) -> FinetuneTask:
