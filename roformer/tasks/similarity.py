@@ -15,6 +15,7 @@ Rows come from any file or hub dataset as for classification (roformer.tasks.cla
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -177,22 +178,12 @@ class SimilarityTask(HeadOutputs):
         return out
 
     def collate(self, split: PairRows, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
-        """The first texts of `rows`, then their second texts (then their negatives), as one (2B or 3B, T) batch.
-
-        The scores too when labelled, and `texts_per_row` (2 or 3) for the loss to split the vectors.
-        """
-        texts = [column[r] for column in split.texts for r in rows]
-        length = self.padded_length(max(len(t) for t in texts), cap)
-        batch = pad_rows(texts, [[0] * len(t) for t in texts], list(range(len(texts))), pad_id, length)
-        batch["texts_per_row"] = torch.tensor(split.sequences)  # 2, or 3: the batch's last third are negatives
-        if split.labelled:
-            batch["labels"] = torch.tensor([split.labels[r] for r in rows], dtype=torch.float)
-        return batch
+        """The first texts of `rows`, then their second texts (then their negatives): `pair_batch`."""
+        return pair_batch(split, rows, pad_id, lambda longest: self.padded_length(longest, cap))
 
     def vectors(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         """The (B, C) vectors of a batch's first and second texts (and negatives), float32."""
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], pooling=self.pooling)
-        return list(out.embeddings.float().chunk(int(batch["texts_per_row"])))
+        return pair_vectors(model, batch, self.pooling)
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """CoSENT over the batch's scored pairs, or InfoNCE with the batch's other partners as negatives."""
@@ -221,6 +212,27 @@ class SimilarityTask(HeadOutputs):
     def write_submission(self, run_folder: Path, submission: Path) -> None:
         """The selected run's test predictions, when there is a test split."""
         copy_predictions(run_folder, submission, self.test_splits)
+
+
+def pair_batch(split: PairRows, rows: list[int], pad_id: int, padded: Callable[[int], int]) -> dict[str, torch.Tensor]:
+    """The first texts of `rows`, then their second texts (then their negatives), as one (2B or 3B, T) batch.
+
+    Padded to `padded(longest text)`; the scores too when labelled, and `texts_per_row` (2 or 3) for the loss to split
+    the vectors.
+    """
+    texts = [column[r] for column in split.texts for r in rows]
+    length = padded(max(len(t) for t in texts))
+    batch = pad_rows(texts, [[0] * len(t) for t in texts], list(range(len(texts))), pad_id, length)
+    batch["texts_per_row"] = torch.tensor(split.sequences)  # 2, or 3: the batch's last third are negatives
+    if split.labelled:
+        batch["labels"] = torch.tensor([split.labels[r] for r in rows], dtype=torch.float)
+    return batch
+
+
+def pair_vectors(model: torch.nn.Module, batch: dict[str, torch.Tensor], pooling: str) -> list[torch.Tensor]:
+    """The (B, C) vectors of a `pair_batch`'s first and second texts (and negatives), float32."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], pooling=pooling)
+    return list(out.embeddings.float().chunk(int(batch["texts_per_row"])))
 
 
 SPECS = (
