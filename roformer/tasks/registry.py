@@ -84,7 +84,7 @@ def types_table() -> str:
         "|---|---|---|---|---|---|",
     ]
     for spec in specs().values():
-        section = f"`data.{spec.section}`" if spec.section else ""
+        section = ", ".join(f"`data.{key}`" for key in ([spec.section] if spec.section else []) + list(spec.folders))
         known = ", ".join(spec.metrics) or "the task's own"
         default = ", ".join(spec.default_metrics) or "from the data"
         page = f"[{spec.docs.partition('#')[0].removesuffix('.md')}]({spec.docs})"

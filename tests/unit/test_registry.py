@@ -36,7 +36,8 @@ def test_every_type_is_declared_once_with_what_the_rest_reads() -> None:
             assert dataclasses.is_dataclass(spec.settings), name
             if not spec.section_required:
                 spec.settings()  # defaults make a section
-    assert settings_sections() == {s.section: s.settings for s in specs().values() if s.section}
+    folders = {key: str for s in specs().values() for key in s.folders}  # data: keys naming a folder: paths
+    assert settings_sections() == {**{s.section: s.settings for s in specs().values() if s.section}, **folders}
 
 
 def test_every_type_has_a_shipped_config() -> None:
