@@ -145,3 +145,15 @@ def test_folds_need_files(tmp_path: Path) -> None:
     hub = from_dict(FinetuneDataConfig, {"type": "triplet", "hub_name": "x/y", "triplet": triplet})
     with pytest.raises(UserError, match="triplet.folds cross-validates train_file"):
         TripletTask(hub, read_split_records(data(tmp_path, rows, unlabelled_closer="B")))
+
+
+def test_a_test_file_labelled_on_some_rows_only_is_refused(tmp_path: Path) -> None:
+    """As for every text type (roformer.tasks.texts): label every test row (scored) or none (predicted only)."""
+    config = data(tmp_path, [ROWS[0], ROWS[1]])
+    config.test_file = str(write_rows(tmp_path / "test.json", ROWS))  # row 3 has no label, the others have
+    with pytest.raises(UserError, match=r"test.json:3: no 'label' .*but 3 of the test split's 4 rows have one"):
+        TripletTask.from_config(config)
+    config.test_file = str(
+        write_rows(tmp_path / "test.json", [{k: v for k, v in r.items() if k != "label"} for r in ROWS])
+    )
+    assert TripletTask.from_config(config).examples["test"][0][1] is None  # none labelled: predicted only
