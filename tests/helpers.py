@@ -355,3 +355,47 @@ def task_config(path: Path, init: Path, files: dict[str, Path], model: dict | No
     }
     roformer.config.write_yaml(path, config)
     return path
+
+
+# --- a retrieval set -----------------------------------------------------------------------------------------------
+
+
+def small_beir(folder: Path, documents: int = 60, seed: int = 0) -> Path:
+    """A BEIR folder of built-in documents: each query is four consecutive words of its one relevant document.
+
+    Splits: train (2 queries a document for the first 40, each with a judged non-relevant document), dev (one query a
+    document for the last 20) and test (10 of those documents again, other words); ids `d0..`, `q0..`.
+    """
+    import json
+    import random
+
+    from roformer.data.builtin import generate_documents
+
+    rng = random.Random(seed)
+    texts = [" ".join(d.split()[:30]) for d in generate_documents(documents, seed=seed)]
+    corpus = [{"_id": f"d{i}", "title": "", "text": t} for i, t in enumerate(texts)]
+    queries, qrels = [], {"train": [], "dev": [], "test": []}
+
+    def ask(split: str, doc: int, negative: int | None = None) -> None:
+        words = texts[doc].split()
+        start = rng.randrange(max(1, len(words) - 4))
+        query = f"q{len(queries)}"
+        queries.append({"_id": query, "text": " ".join(words[start : start + 4])})
+        qrels[split].append((query, f"d{doc}", 1))
+        if negative is not None:
+            qrels[split].append((query, f"d{negative}", 0))
+
+    for doc in range(40):
+        ask("train", doc, negative=(doc + 1) % 40)
+        ask("train", doc)
+    for doc in range(40, documents):
+        ask("dev", doc)
+    for doc in range(40, 50):
+        ask("test", doc)
+    (folder / "qrels").mkdir(parents=True, exist_ok=True)
+    for name, records in (("corpus", corpus), ("queries", queries)):
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    for split, rows in qrels.items():
+        lines = "".join(f"{q}\t{d}\t{s}\n" for q, d, s in rows)
+        (folder / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n" + lines)
+    return folder

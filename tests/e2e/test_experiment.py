@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import interrupted_run, tiny_run_config
+from helpers import interrupted_run, small_beir, tiny_run_config
 from safetensors.torch import load_file
 
 from roformer.cli import main
@@ -227,8 +227,11 @@ def test_glue_and_length_stages_resume_and_report(tmp_path: Path, monkeypatch: p
         "label_column": "score",
     }
     write_yaml(tmp_path / "sts.yaml", {"init": "unused", "data": sts, "train": task["train"]})
-    # GLUE and any other task type: token classification, a bi-encoder of sentence vectors
-    write_yaml(tmp_path / "suite.yaml", {"tasks": ["sst2.yaml", "ner.yaml", "sts.yaml"]})
+    small_beir(tmp_path / "beir")  # retrieval: every arm compared by nDCG@10 too
+    retrieval = {"type": "retrieval", "task": "toy-retrieval", "beir_dir": "beir"}
+    write_yaml(tmp_path / "retrieval.yaml", {"init": "unused", "data": retrieval, "train": task["train"]})
+    # GLUE and any other task type: token classification, a bi-encoder of sentence vectors, retrieval
+    write_yaml(tmp_path / "suite.yaml", {"tasks": ["sst2.yaml", "ner.yaml", "sts.yaml", "retrieval.yaml"]})
     data = read_yaml(config)
     suite = f"../{tmp_path.name}/suite.yaml"  # a path through `..`, as configs/experiments/ names configs/glue/
     data.update(
@@ -251,6 +254,10 @@ def test_glue_and_length_stages_resume_and_report(tmp_path: Path, monkeypatch: p
     assert summary["glue"]["roformer"]["sst2"]["runs"] == 2 and "sst2" in summary["glue_differences"]["roformer"]
     assert summary["glue"]["roformer"]["toy-ner"]["runs"] == 2 and "toy-ner" in summary["glue_differences"]["roformer"]
     assert summary["glue"]["roformer"]["toy-sts"]["runs"] == 2 and "toy-sts" in summary["glue_differences"]["roformer"]
+    retrieved = summary["glue_differences"]["roformer"]["toy-retrieval"]  # nDCG@10, arm - baseline with an interval
+    assert summary["glue"]["roformer"]["toy-retrieval"]["runs"] == 2 and {"mean", "low", "high"} <= set(retrieved)
+    ndcg = json.loads((out / GLUE_DIR / "bert-seed0" / "toy-retrieval" / RESULTS_FILE).read_text())["summary"]["dev"]
+    assert ndcg["score"]["values"] == ndcg["ndcg@10"]["values"]  # the score compared is nDCG@10
     assert set(summary["length_differences"]["roformer"]) == {32, 64}
     report = (out / REPORT_FILE).read_text()
     assert "### GLUE" in report and "Dev score differences from bert" in report and "GLUE suite" in report

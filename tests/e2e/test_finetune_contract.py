@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, launch_two, write_wrapper
+from helpers import REPO, launch_two, small_beir, write_wrapper
 
 from roformer.cli import main
 from roformer.config import load, read_yaml
@@ -68,10 +68,31 @@ def csv_of_reviews(shared_data: Path, target: Path) -> Path:
     return target
 
 
+def every_document_run(beir: Path, folder: Path) -> Path:
+    """A first stage ranking every document of `beir` for each dev and test query, in corpus order (TREC files)."""
+    folder.mkdir()
+    docs = [json.loads(line)["_id"] for line in (beir / "corpus.jsonl").read_text().splitlines()]
+    for split in ("dev", "test"):
+        queries = dict.fromkeys(
+            line.split("\t")[0] for line in (beir / "qrels" / f"{split}.tsv").read_text().splitlines()[1:]
+        )
+        lines = [f"{q} Q0 {d} {rank} {-rank} first\n" for q in queries for rank, d in enumerate(docs, start=1)]
+        (folder / f"{split}.trec").write_text("".join(lines))
+    return folder
+
+
 def small_job(name: str, shared_data: Path, pretrained: Path, tmp_path: Path) -> tuple[FinetuneConfig, list[str]]:
     """The shipped config `name` and the --set items of a 2-step job on small files cut from its real data."""
     config = load(FinetuneConfig, REPO / "configs" / "finetune" / f"{name}.yaml")
     kind = config.data.type
+    common = [f"init={pretrained}", "train.max_steps=2", "train.lrs=[1.0e-3]", "train.seeds=[0]", "train.batch_size=4",
+              "train.progress=false", "data.max_length=128"]  # fmt: skip
+    if kind in ("retrieval", "rerank"):  # a BEIR folder (built-in documents), and a first stage for the reranker
+        beir = small_beir(tmp_path / "beir")
+        overrides = [f"data.beir_dir={beir}", *common]
+        if kind == "rerank":
+            overrides.append(f"data.rerank.first_stage={every_document_run(beir, tmp_path / 'first-stage')}")
+        return config, overrides
     train = Path(config.data.train_file or shared_data / CMRC_TRIAL)  # squad: the hub by default
     if kind == "triplet" and not train.is_file():
         train = shared_data / SCM_SAMPLE
@@ -144,7 +165,17 @@ def test_a_shipped_config_trains_on_files_in_its_format(
 
 
 @pytest.mark.parametrize(
-    "name", ["conll2003", "cmrc2018", "fewclue-chid", "fewclue-tnews", "stsb-cosent", "cail2019-scm-sample"]
+    "name",
+    [
+        "conll2003",
+        "cmrc2018",
+        "fewclue-chid",
+        "fewclue-tnews",
+        "stsb-cosent",
+        "cail2019-scm-sample",
+        "retrieval",
+        "rerank",
+    ],
 )
 def test_two_processes_predict_what_one_does(
     name: str, shared_data: Path, pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture
@@ -170,10 +201,16 @@ def test_two_processes_predict_what_one_does(
         results.pop("init", None)
     for split, metrics in one["runs"][0]["dev"].items():
         assert metrics == pytest.approx(other["runs"][0]["dev"][split], rel=1e-5)
-    folder = Path("predictions") / "lr0.001-seed0"
+    folder = Path("predictions") / ("lr0.001-seed0" + ("-fold0" if "fold" in one["runs"][0] else ""))
     for file in sorted((tmp_path / "one" / folder).iterdir()):
-        if file.suffix != ".json" or "nbest" not in file.name:  # n-best probabilities: floats of two layouts
-            assert file.read_bytes() == (tmp_path / "two" / folder / file.name).read_bytes(), file.name
+        theirs = tmp_path / "two" / folder / file.name
+        if file.suffix == ".trec":  # cosines of vectors from batches padded alike or not: the ranks, scores to 1e-5
+            mine, other_lines = (f.read_text().split("\n") for f in (file, theirs))
+            assert [line.split()[:4] for line in mine] == [line.split()[:4] for line in other_lines], file.name
+            scores = [[float(line.split()[4]) for line in lines if line] for lines in (mine, other_lines)]
+            assert scores[0] == pytest.approx(scores[1], abs=1e-5), file.name
+        elif file.suffix != ".json" or "nbest" not in file.name:  # n-best probabilities: floats of two layouts
+            assert file.read_bytes() == theirs.read_bytes(), file.name
 
 
 BAD_DATA = {  # config, file suffix, train file text, what the one-line error says

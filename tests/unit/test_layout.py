@@ -118,10 +118,22 @@ ROOMS = {
         {"mlm"},
     ],
     "roformer.tasks": [
-        {"base", "registry", "records", "objectives", "glue_tasks", "glue_metrics", "tagging_metrics", "qa_metrics"},
-        {"config"},
+        {
+            "base",
+            "registry",
+            "records",
+            "objectives",
+            "glue_tasks",
+            "glue_metrics",
+            "tagging_metrics",
+            "qa_metrics",
+            "ir_metrics",
+        },  # fmt: skip
+        {"config", "beir"},
         {"texts"},
         {"glue", "classify", "tagging", "qa", "choices", "similarity", "triplet"},
+        {"retrieval"},
+        {"rerank"},
     ],
     "roformer.train": [
         {"config", "interval", "faults", "checkpoints", "evaluate", "sharded"},

@@ -1,0 +1,139 @@
+"""Retrieval and reranking: metrics equal to sentence-transformers' evaluator, the BEIR reader, TREC files, configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import REPO, small_beir
+
+from roformer.config import from_dict, load
+from roformer.errors import ConfigError, UserError
+from roformer.tasks.beir import read_beir
+from roformer.tasks.config import FinetuneDataConfig
+from roformer.tasks.ir_metrics import METRICS, rank_by_cosine, ranking_metrics
+from roformer.tasks.registry import make_task
+from roformer.tasks.rerank import CandidatePairs
+from roformer.tasks.retrieval import read_run, training_pairs, write_run
+from roformer.train.config import FinetuneConfig
+
+GOLDEN = json.loads((REPO / "tests" / "golden" / "ir_metrics.json").read_text())
+
+
+def test_metrics_equal_sentence_transformers_information_retrieval_evaluator() -> None:
+    """scripts/ir_metrics_golden.py: the evaluator's own ranking and metrics of the same vectors (ties included)."""
+    queries, corpus, qrels = GOLDEN["queries"], GOLDEN["corpus"], GOLDEN["qrels"]
+    ranked = rank_by_cosine(torch.tensor(list(queries.values())), torch.tensor(list(corpus.values())), list(corpus))
+    names = [n for n in GOLDEN["metrics"] if "@" in n and not n.startswith("precision")]
+    assert set(METRICS) <= set(names) | {"accuracy@1", "accuracy@10"}
+    ours = ranking_metrics([[d for d, _ in hits] for hits in ranked], [set(qrels[q]) for q in queries], names)
+    for name in names:
+        assert ours[name] == pytest.approx(GOLDEN["metrics"][name], abs=1e-6), name
+    first = [d for d, _ in ranked[0]]
+    assert first.index("d10") + 1 == first.index("d9")  # a tie: ascending id as text, as the evaluator orders it
+    chunked = rank_by_cosine(torch.tensor(list(queries.values())), torch.tensor(list(corpus.values())), list(corpus),
+                             chunk=7)  # fmt: skip
+    assert [[d for d, _ in hits] for hits in chunked] == [[d for d, _ in hits] for hits in ranked]  # queries in chunks
+
+
+def test_metric_definitions_on_a_hand_ranking() -> None:
+    ranking, gold = [["a", "b", "c", "d"]], [{"b", "d", "z"}]
+    out = ranking_metrics(ranking, gold, ["ndcg@10", "mrr@10", "recall@1", "recall@10", "map@100", "accuracy@1"])
+    ideal = 1 + 1 / torch.log2(torch.tensor(3.0)).item() + 0.5
+    dcg = 1 / torch.log2(torch.tensor(3.0)).item() + 1 / torch.log2(torch.tensor(5.0)).item()
+    assert out["ndcg@10"] == pytest.approx(dcg / ideal)
+    assert (out["mrr@10"], out["recall@1"], out["recall@10"], out["accuracy@1"]) == (0.5, 0.0, pytest.approx(2 / 3), 0)
+    assert out["map@100"] == pytest.approx((1 / 2 + 2 / 4) / 3)
+    assert ranking_metrics([["a"], ["b"]], [{"a"}, set()], ["recall@1"]) == {"recall@1": 1.0}  # unjudged: left out
+
+
+def test_the_beir_reader_names_the_file_and_line_of_every_problem(tmp_path: Path) -> None:
+    folder = small_beir(tmp_path / "beir")
+    beir = read_beir(folder)
+    assert len(beir.corpus) == 60 and set(beir.qrels) == {"train", "dev", "test"}
+    assert len(beir.judged_queries("train")) == 80 and beir.relevant("train", "q0") == {"d0"}
+    qrels = folder / "qrels" / "dev.tsv"
+    good = qrels.read_text()
+    for bad, message in [
+        ("query-id\tdoc\tscore\n", r"dev.tsv:1: expected the header query-id <tab> corpus-id <tab> score"),
+        (good + "q80\tnope\t1\n", r"dev.tsv:22: document 'nope' is not in corpus.jsonl"),
+        (good + "nope\td1\t1\n", r"dev.tsv:22: query 'nope' is not in queries.jsonl"),
+        (good + "q80\td1\thigh\n", r"dev.tsv:22: score 'high' is not an integer"),
+        (good + "q80\td1\n", r"dev.tsv:22: expected query-id, corpus-id and score"),
+    ]:
+        qrels.write_text(bad)
+        with pytest.raises(UserError, match=message):
+            read_beir(folder)
+    qrels.write_text(good)
+    corpus = folder / "corpus.jsonl"
+    corpus.write_text(corpus.read_text() + '{"_id": "d0", "text": "again"}\n')
+    with pytest.raises(UserError, match=r"corpus.jsonl:61: id 'd0' is given twice"):
+        read_beir(folder)
+    corpus.write_text('{"_id": "d0"}\n')
+    with pytest.raises(UserError, match=r"corpus.jsonl:1: expected an object with `_id` and a `text` string"):
+        read_beir(folder)
+    with pytest.raises(UserError, match="no BEIR folder here"):
+        read_beir(tmp_path / "missing")
+
+
+def test_training_pairs_take_judged_negatives_then_seeded_random_ones(tmp_path: Path) -> None:
+    beir = read_beir(small_beir(tmp_path / "beir"))
+    pairs = training_pairs(beir, hard_negatives=True)
+    assert pairs[0] == ("q0", "d0", "d1")  # judged 0 in qrels/train.tsv
+    assert all(n is not None and n not in beir.relevant("train", q) for q, _, n in pairs)
+    assert pairs == training_pairs(beir, hard_negatives=True)  # seeded: the same in every run and process
+    assert [n for _, _, n in training_pairs(beir, hard_negatives=False)] == [None] * len(pairs)
+
+
+def test_trec_run_files_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "dev.trec"
+    write_run(path, ["q1", "q2"], [[("d2", 0.9), ("d1", 0.5)], [("d1", 0.7)]])
+    assert path.read_text().splitlines()[0] == "q1 Q0 d2 1 0.900000 roformer"
+    assert read_run(path) == {"q1": ["d2", "d1"], "q2": ["d1"]}
+    path.write_text("q1 Q0 d2 one 0.9 x\n")
+    with pytest.raises(UserError, match=r"dev.trec:1: expected `qid Q0 docid rank score tag`"):
+        read_run(path)
+
+
+def test_retrieval_configs_read_a_beir_folder_and_nothing_else(tmp_path: Path) -> None:
+    config = load(FinetuneConfig, REPO / "configs" / "finetune" / "cmrc2018-retrieval.yaml")
+    assert Path(config.data.beir_dir) == REPO / "runs" / "data" / "cmrc2018-beir"  # relative to the config file
+    with pytest.raises(ConfigError, match="set data.beir_dir"):
+        from_dict(FinetuneDataConfig, {"type": "retrieval"})
+    with pytest.raises(ConfigError, match="train_file, validation_file, test_file and hub_name would go unused"):
+        from_dict(FinetuneDataConfig, {"type": "retrieval", "beir_dir": "b", "train_file": "t"})
+    with pytest.raises(ConfigError, match="beir_dir: is for type: rerank or retrieval"):
+        from_dict(FinetuneDataConfig, {"type": "classification", "train_file": "a", "validation_file": "b",
+                                       "beir_dir": "c"})  # fmt: skip
+    with pytest.raises(ConfigError, match="rerank.first_stage: the folder"):
+        from_dict(FinetuneDataConfig, {"type": "rerank", "beir_dir": "b"})
+    with pytest.raises(ConfigError, match=r"retrieval.depth must be >= 100"):
+        from_dict(FinetuneDataConfig, {"type": "retrieval", "beir_dir": "b", "retrieval": {"depth": 10}})
+
+
+def test_the_reranker_reorders_the_top_k_and_keeps_the_rest_of_the_first_stage(tmp_path: Path) -> None:
+    beir = small_beir(tmp_path / "beir")
+    first = tmp_path / "first"
+    first.mkdir()
+    order = [f"d{i}" for i in range(59, -1, -1)]  # d40 (q80's relevant document) is 20th of 60
+    write_run(first / "dev.trec", ["q80"], [[(d, 1.0 - i / 100) for i, d in enumerate(order)]])
+    write_run(first / "test.trec", ["q100"], [[("d40", 1.0)]])
+    write_run(first / "train.trec", ["q0"], [[("d0", 0.9), ("d7", 0.8), ("d1", 0.7), ("d5", 0.6), ("d6", 0.5)]])
+    data = from_dict(FinetuneDataConfig, {"type": "rerank", "beir_dir": str(beir), "max_eval_examples": 1,
+                                          "rerank": {"first_stage": str(first), "top_k": 3}})  # fmt: skip
+    task = make_task(data)
+    assert task.queries == {"dev": ["q80"], "test": ["q100"]} and task.test_splits == ["test"]
+    split = CandidatePairs([[1]] * 3, [[0]] * 3, None, [("q80", "d59"), ("q80", "d58"), ("q80", "d57")], "dev")
+    ranked = task.ranking(split, [0.1, 0.5, 0.5])
+    assert [d for d, _ in ranked[0][:4]] == ["d57", "d58", "d59", "d56"]  # equal logits by id; then the first stage
+    assert all(a[1] >= b[1] for a, b in zip(ranked[0], ranked[0][1:]))  # scores fall with the rank
+    assert task.evaluate(split, [0.1, 0.5, 0.5])["recall@100"] == 1.0
+    positives = [(q, d) for q, d, t in task.pairs if t == 1.0]
+    assert len(positives) == 80 and len(task.pairs) == 80 + 4 * 80
+    # q0's negatives: its judged-0 document (d1), then the first stage's misses in rank order (train.trec)
+    assert [d for q, d, t in task.pairs if q == "q0" and t == 0.0] == ["d1", "d7", "d5", "d6"]
+    assert all(int(d[1:]) < 40 for _, d, t in task.pairs if t == 0.0)  # the pool: documents judged in training
+    data.rerank.negative_pool = "corpus"
+    assert any(int(d[1:]) >= 40 for _, d, t in make_task(data).pairs if t == 0.0)
