@@ -167,6 +167,7 @@ def summarise(
             )
     if glue:
         summary["glue"] = glue_means(glue)
+        summary["glue_scores"] = score_metrics(glue)
         base_label = summary.get("baseline") or baseline
         if base_label is not None:
             summary["glue_baseline"] = base_label
@@ -297,6 +298,11 @@ def _ratios(rope: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
         for r, b in zip(rope["targets"], base["targets"])
     ]
     return out
+
+
+def score_metrics(glue: list[GlueRun]) -> dict[str, list[str]]:
+    """{task: the metrics whose mean is its score} (results.json's `metrics`: nDCG@10 of retrieval, ...)."""
+    return {run.task: list(run.results["metrics"]) for run in glue if run.results.get("metrics")}
 
 
 def glue_means(glue: list[GlueRun]) -> dict[str, dict[str, Any]]:

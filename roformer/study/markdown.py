@@ -285,11 +285,17 @@ def _length_lines(summary: dict[str, Any]) -> list[str]:
 def _glue_lines(summary: dict[str, Any]) -> list[str]:
     """Dev score (mean ± std, %) of every arm and GLUE column, then the arms' differences from the baseline."""
     tasks = sorted({t for rows in summary["glue"].values() for t in rows})
+    scored = summary.get("glue_scores") or {}
     lines = [
         "",
         "## GLUE (dev, mean ± std over seeds, %)",
         "",
         GLUE_NOTE,
+        *(
+            ["", "Each task's score: " + "; ".join(f"{t} {' + '.join(m)}" for t, m in scored.items()) + "."]
+            if scored
+            else []
+        ),
         "",
         "| arm | " + " | ".join(tasks) + " |",
         "|---|" + "---:|" * len(tasks),

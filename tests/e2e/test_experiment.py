@@ -261,6 +261,7 @@ def test_glue_and_length_stages_resume_and_report(tmp_path: Path, monkeypatch: p
     assert set(summary["length_differences"]["roformer"]) == {32, 64}
     report = (out / REPORT_FILE).read_text()
     assert "### GLUE" in report and "Dev score differences from bert" in report and "GLUE suite" in report
+    assert "toy-retrieval ndcg@10" in report  # what each column's score is
     assert f"GLUE suite (`{tmp_path / 'suite.yaml'}`)" in report  # the path shown without `..`
     assert f"![eval loss against length]({COMPARE_DIR}/{LENGTH_PLOT_FILE})" in report
 
