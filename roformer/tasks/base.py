@@ -85,6 +85,11 @@ class HeadOutputs:
     pooling: str | None = None  # a head's outputs are its logits, not sentence vectors
     micro_batch_loss: str | None = None  # the loss is a mean of per-example terms: any batch_size, the same step
     cross_validation_folds: int | None = None  # the dev split is the dev file's: one run per (lr, seed)
+    multiple: int  # batches are padded to a multiple of this: the task sets it from data.pad_to_multiple_of
+
+    def padded_length(self, longest: int, cap: int) -> int:
+        """`longest` rounded up to data.pad_to_multiple_of (`multiple`), within `cap` (`padded_length`)."""
+        return padded_length(longest, self.multiple, cap)
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The training loss of a batch (with its labels)."""

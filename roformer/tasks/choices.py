@@ -35,7 +35,7 @@ from roformer.config import check_types
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_copy, atomic_write_text
-from roformer.tasks.base import HeadOutputs, TaskSpec, cut_to_limits, pad_rows, padded_length
+from roformer.tasks.base import HeadOutputs, TaskSpec, cut_to_limits, pad_rows
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.glue_metrics import compute
 from roformer.tasks.records import Record, example_id, field, read_split_records, text_field
@@ -433,10 +433,6 @@ class ChoicesTask(HeadOutputs):
         return {
             name: encode_pairs(questions, tokenizer, max_length, K, segment) for name, questions in self.splits.items()
         }
-
-    def padded_length(self, longest: int, cap: int) -> int:
-        """`longest` rounded up to data.pad_to_multiple_of, within `cap` (roformer.tasks.base.padded_length)."""
-        return padded_length(longest, self.multiple, cap)
 
     def collate(self, split: EncodedChoices, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
         """(B, K, T) input_ids, token_type_ids and attention_mask of `rows`; labels (B,) when the split has them."""

@@ -25,7 +25,7 @@ import torch
 
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import UserError
-from roformer.tasks.base import Encoded, HeadOutputs, TaskSpec, pad_rows, padded_length
+from roformer.tasks.base import Encoded, HeadOutputs, TaskSpec, pad_rows
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.glue_metrics import METRICS, compute
 from roformer.tasks.records import Record, read_split_records
@@ -232,7 +232,7 @@ class TextTask(HeadOutputs):
     architecture = "sequence_classification"
 
     def __init__(self, data: FinetuneDataConfig, records: dict[str, list[Record]], kind: HeadLabels) -> None:
-        self.data, self.kind = data, kind
+        self.data, self.kind, self.multiple = data, kind, data.pad_to_multiple_of
         self.name = data.task
         self.tracker_project = f"roformer-{data.task}"
         columns = data.text_columns or default_columns(records["train"][0])
@@ -269,10 +269,6 @@ class TextTask(HeadOutputs):
                 tokens["input_ids"], tokens["token_type_ids"], [e[1] for e in examples], [e[2] for e in examples]
             )
         return out
-
-    def padded_length(self, longest: int, cap: int) -> int:
-        """`longest` rounded up to data.pad_to_multiple_of, within `cap`."""
-        return padded_length(longest, self.data.pad_to_multiple_of, cap)
 
     def collate(self, split: Encoded, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
         """The padded batch of `rows`: class ids, float scores, or multi-hot float rows (binary cross-entropy)."""

@@ -122,10 +122,6 @@ class GlueTask(HeadOutputs):
         """Every split tokenized, single sentences or pairs, truncated longest-first to `max_length` tokens."""
         return {name: encode(examples, tokenizer, max_length) for name, examples in self.splits.items()}
 
-    def padded_length(self, longest: int, cap: int) -> int:
-        """`longest` rounded up to data.pad_to_multiple_of, within `cap` (see `padded_length`)."""
-        return padded_length(longest, self.multiple, cap)
-
     def collate(self, split: Encoded, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
         """The padded batch of `rows` (see `collate`): float labels for STS-B's MSE loss, class ids otherwise."""
         return collate(split, rows, pad_id, self.meta.is_regression, self.multiple, cap)

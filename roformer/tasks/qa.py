@@ -50,7 +50,7 @@ from roformer.data.segment import TokenizedText, tokenize_texts
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_copy, atomic_write_text
 from roformer.tasks import qa_metrics
-from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, cut_to_limits, pad_rows, padded_length, with_score
+from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, cut_to_limits, pad_rows, with_score
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.records import Record, read_hub_split, read_text
 
@@ -608,10 +608,6 @@ class QATask(HeadOutputs):
             split: encode_split(questions, tokenizer, max_length, self.qa, self.jieba, training=split == "train")
             for split, questions in self.splits.items()
         }
-
-    def padded_length(self, longest: int, cap: int) -> int:
-        """`longest` rounded up to data.pad_to_multiple_of, within `cap`."""
-        return padded_length(longest, self.multiple, cap)
 
     def collate(self, split: QAEncoded, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
         """The padded batch of `rows`; training rows also `start_positions` and `end_positions`."""

@@ -30,12 +30,12 @@ from roformer.config import PATH, check_types
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_copy
-from roformer.tasks.base import MODEL_INPUTS, HeadOutputs, TaskSpec, TokenRows, pad_rows, padded_length, with_score
+from roformer.tasks.base import MODEL_INPUTS, HeadOutputs, TokenRows, pad_rows, with_score
 from roformer.tasks.beir import Beir, read_beir
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.ir_metrics import DEFAULT_METRICS, METRICS, ranking_metrics
 from roformer.tasks.objectives import pair_bce_loss
-from roformer.tasks.retrieval import RUN_FILE, check_beir_source, read_run, write_run
+from roformer.tasks.retrieval import RUN_FILE, check_beir_source, ranking_type, read_run, write_run
 from roformer.tasks.texts import segmented
 
 if TYPE_CHECKING:
@@ -109,6 +109,7 @@ class RerankTask(HeadOutputs):
     def __init__(self, data: FinetuneDataConfig, beir: Beir) -> None:
         assert data.rerank is not None  # FinetuneDataConfig fills the section of its type
         self.data, self.settings, self.beir = data, data.rerank, beir
+        self.multiple = data.pad_to_multiple_of
         self.name = data.task
         self.tracker_project = f"roformer-{data.task}"
         self.metrics = tuple(data.metrics or DEFAULT_METRICS)
@@ -179,10 +180,6 @@ class RerankTask(HeadOutputs):
             out[split] = rows(split, candidates, None)
         return out
 
-    def padded_length(self, longest: int, cap: int) -> int:
-        """`longest` rounded up to data.pad_to_multiple_of, within `cap`."""
-        return padded_length(longest, self.data.pad_to_multiple_of, cap)
-
     def collate(self, split: CandidatePairs, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
         """The padded pairs of `rows`, with their 0/1 targets when training."""
         length = self.padded_length(max(len(split.ids[r]) for r in rows), cap)
@@ -246,19 +243,14 @@ def _check(data: FinetuneDataConfig) -> None:
 
 
 SPECS = (
-    TaskSpec(
+    ranking_type(
         name="rerank",
         summary="a cross-encoder reordering a first stage's top k per query (BEIR folder, TREC runs): nDCG@10",
         builder=RerankTask.from_config,
         architecture="sequence_classification",
-        metrics=METRICS,
-        default_metrics=DEFAULT_METRICS,
-        predictions=RUN_FILE.format(split="dev"),
         docs="retrieval.md#reranking-type-rerank",
         section="rerank",
         settings=RerankConfig,
-        folders=("beir_dir",),
         check=_check,
-        needs_validation_file=lambda data: False,
     ),
 )

@@ -31,7 +31,7 @@ from roformer.config import check_types
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_copy, atomic_write_text
-from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, pad_rows, padded_length, with_score
+from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, pad_rows, with_score
 from roformer.tasks.beir import Beir, read_beir
 from roformer.tasks.config import FinetuneDataConfig, Pooling
 from roformer.tasks.ir_metrics import DEFAULT_METRICS, DEPTH, METRICS, rank_by_cosine, ranking_metrics
@@ -148,6 +148,7 @@ class RetrievalTask(HeadOutputs):
     def __init__(self, data: FinetuneDataConfig, beir: Beir) -> None:
         assert data.retrieval is not None  # FinetuneDataConfig fills the section of its type
         self.data, self.settings, self.beir = data, data.retrieval, beir
+        self.multiple = data.pad_to_multiple_of
         self.name = data.task
         self.tracker_project = f"roformer-{data.task}"
         for split in ("train", "dev"):
@@ -191,10 +192,6 @@ class RetrievalTask(HeadOutputs):
             rows = tokens([queries[q] for q in chosen]) + list(documents.values())
             out[split] = RankingRows(rows, chosen, list(documents), relevant)
         return out
-
-    def padded_length(self, longest: int, cap: int) -> int:
-        """`longest` rounded up to data.pad_to_multiple_of, within `cap`."""
-        return padded_length(longest, self.data.pad_to_multiple_of, cap)
 
     def collate(self, split: PairRows | RankingRows, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
         """Training: the queries, documents (and negatives) of `rows` (`pair_batch`); ranking: the texts of `rows`."""
@@ -283,20 +280,31 @@ def check_beir_source(data: FinetuneDataConfig) -> None:
         )
 
 
+def ranking_type(**declared: Any) -> TaskSpec:
+    """The declaration of a type that ranks a BEIR folder's corpus: the retrieval metrics, TREC runs, `beir_dir`.
+
+    Args:
+        declared: The rest of its TaskSpec (name, summary, builder, architecture, docs, section, settings, check).
+    """
+    return TaskSpec(
+        metrics=METRICS,
+        default_metrics=DEFAULT_METRICS,
+        predictions=RUN_FILE.format(split="dev"),
+        folders=("beir_dir",),
+        needs_validation_file=lambda data: False,  # the folder holds every split
+        **declared,
+    )
+
+
 SPECS = (
-    TaskSpec(
+    ranking_type(
         name="retrieval",
         summary="a bi-encoder ranking a BEIR corpus per query (in-batch negatives): nDCG@10, MRR@10, Recall@k",
         builder=RetrievalTask.from_config,
         architecture="backbone",
-        metrics=METRICS,
-        default_metrics=DEFAULT_METRICS,
-        predictions=RUN_FILE.format(split="dev"),
         docs="retrieval.md",
         section="retrieval",
         settings=RetrievalConfig,
-        folders=("beir_dir",),
         check=check_beir_source,
-        needs_validation_file=lambda data: False,
     ),
 )

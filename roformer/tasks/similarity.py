@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from roformer.config import check_types
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError
-from roformer.tasks.base import HeadOutputs, TaskSpec, pad_rows, padded_length
+from roformer.tasks.base import HeadOutputs, TaskSpec, pad_rows
 from roformer.tasks.config import FinetuneDataConfig, Pooling
 from roformer.tasks.objectives import cosent_loss, in_batch_negatives_loss
 from roformer.tasks.records import Record, read_split_records, text_field
@@ -128,7 +128,7 @@ class SimilarityTask(HeadOutputs):
 
     def __init__(self, data: FinetuneDataConfig, records: dict[str, list[Record]]) -> None:
         assert data.similarity is not None  # FinetuneDataConfig fills the section of its type
-        self.data, self.settings = data, data.similarity
+        self.data, self.settings, self.multiple = data, data.similarity, data.pad_to_multiple_of
         self.name = data.task
         self.tracker_project = f"roformer-{data.task}"
         self.columns = data.text_columns or default_columns(records["train"][0])
@@ -155,10 +155,6 @@ class SimilarityTask(HeadOutputs):
             return examples
         negatives = [text_field(r, negative) for r in rows.rows[split]]
         return [((*texts, third), label, i) for (texts, label, i), third in zip(examples, negatives)]
-
-    def padded_length(self, longest: int, cap: int) -> int:
-        """`longest` rounded up to data.pad_to_multiple_of, within `cap`."""
-        return padded_length(longest, self.data.pad_to_multiple_of, cap)
 
     # ------------------------------------------------------------------------------------------------------------
     # The protocol

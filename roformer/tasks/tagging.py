@@ -70,7 +70,7 @@ from roformer.data.tokenizer import WordVocabulary, spelled_out, word_vocabulary
 from roformer.errors import UserError
 from roformer.files import atomic_copy, atomic_write_text
 from roformer.logs import MAIN_ONLY
-from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, pad_rows, padded_length, with_score
+from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, pad_rows, with_score
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.records import Record, example_id, field, read_hub_split, read_records, read_text
 from roformer.tasks.tagging_metrics import (
@@ -653,10 +653,6 @@ class TaggingTask(HeadOutputs):
                     extra=MAIN_ONLY,
                 )
         return encoded
-
-    def padded_length(self, longest: int, cap: int) -> int:
-        """`longest` rounded up to data.pad_to_multiple_of, within `cap` (roformer.tasks.base.padded_length)."""
-        return padded_length(longest, self.multiple, cap)
 
     def collate(self, split: EncodedTags, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
         """The padded batch of `rows`, with `labels` (B, T) padded with IGNORE_INDEX when the split has tags."""

@@ -28,7 +28,7 @@ import torch
 from roformer.config import check_types
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError, UserError
-from roformer.tasks.base import MODEL_INPUTS, HeadOutputs, TaskSpec, pad_rows, padded_length, write_tsv
+from roformer.tasks.base import MODEL_INPUTS, HeadOutputs, TaskSpec, pad_rows, write_tsv
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.objectives import pair_bce_loss
 from roformer.tasks.records import Record, read_split_records
@@ -180,7 +180,7 @@ class TripletTask(HeadOutputs):
 
     def __init__(self, data: FinetuneDataConfig, records: dict[str, list[Record]]) -> None:
         assert data.triplet is not None  # FinetuneDataConfig fills the section of its type
-        self.data, self.settings = data, data.triplet
+        self.data, self.settings, self.multiple = data, data.triplet, data.pad_to_multiple_of
         self.name = data.task
         self.tracker_project = f"roformer-{data.task}"
         self.columns = data.text_columns or ["A", "B", "C"]
@@ -215,10 +215,6 @@ class TripletTask(HeadOutputs):
     def label_name(self, value: Any) -> str:
         """The candidate column a label names."""
         return self.kind.name(value)
-
-    def padded_length(self, longest: int, cap: int) -> int:
-        """`longest` rounded up to data.pad_to_multiple_of, within `cap`."""
-        return padded_length(longest, self.data.pad_to_multiple_of, cap)
 
     # ------------------------------------------------------------------------------------------------------------
     # The protocol
