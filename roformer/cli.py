@@ -376,10 +376,11 @@ def _finetune(args: argparse.Namespace) -> None:
     config = load(FinetuneConfig, config_path or out / RUN_CONFIG_FILE, args.set)
     results = finetune(config, out, overwrite=args.overwrite, resume=args.resume)
     if results:
-        seeds = len(results["summary"][results["selection_split"]]["score"]["values"])
+        runs = len(results["summary"][results["selection_split"]]["score"]["values"])
+        over = f"{runs} run(s): seeds x folds" if "fold" in results["selected"] else f"{runs} seed(s)"
         print(
-            f"{results['task']}: dev metrics of lr {results['selected']['peak_lr']:g} (mean ± std over {seeds} "
-            "seed(s), %, each seed at its best dev checkpoint)"
+            f"{results['task']}: dev metrics of lr {results['selected']['peak_lr']:g} (mean ± std over {over}, %, "
+            "each run at its best dev checkpoint)"
         )
         for split, metrics in results["summary"].items():
             cells = ", ".join(f"{name} {100 * m['mean']:.2f} ± {100 * m['std']:.2f}" for name, m in metrics.items())

@@ -310,7 +310,8 @@ def _finetune_lines(
         summary = (results.get("summary") or {}).get(name, {}).get("score", {})
         if len(summary.get("values", [])) > 1:  # the best seed alone flatters: the spread over seeds says how much
             text += (
-                f" (score over this learning rate's {len(summary['values'])} seeds: {_percent(summary['mean'])} ± "
+                f" (score over this learning rate's {len(summary['values'])} {'runs' if held_out else 'seeds'}: "
+                f"{_percent(summary['mean'])} ± "
                 f"{_percent(summary['std'])})"
             )
         lines.append(f"- {name} scores of the selected run: {text}")

@@ -38,13 +38,15 @@ def summary_markdown(summary: dict[str, Any]) -> str:
 
 
 def glue_suite_table(results: dict[str, dict[str, Any]]) -> str:
-    """results.md of a GLUE suite: a row per task and metric (mean +- std over seeds, median, max, selected lr, seeds).
+    """results.md of a suite: a row per task and metric (mean +- std over runs, median, max, selected lr, runs).
+
+    A task's runs at the selected lr are its seeds, or seeds x folds for a cross-validated task.
 
     Args:
         results: {task: the results of roformer.train.finetune (its `summary` and `selected`)}.
     """
     lines = [
-        "| task | split | metric | mean ± std | median | max | lr | seeds |",
+        "| task | split | metric | mean ± std | median | max | lr | runs |",
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for task, r in results.items():
@@ -55,8 +57,8 @@ def glue_suite_table(results: dict[str, dict[str, Any]]) -> str:
                 numbers = (
                     f"{100 * s['mean']:.2f} ± {100 * s['std']:.2f} | {100 * s['median']:.2f} | {100 * s['max']:.2f}"
                 )
-                lr, seeds = r["selected"]["peak_lr"], len(s["values"])
-                lines.append(f"| {task} | {split} | {name} | {numbers} | {lr:g} | {seeds} |")
+                lr, runs = r["selected"]["peak_lr"], len(s["values"])
+                lines.append(f"| {task} | {split} | {name} | {numbers} | {lr:g} | {runs} |")
     return "\n".join(lines) + "\n"
 
 

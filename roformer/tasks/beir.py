@@ -74,6 +74,8 @@ def _records(path: Path, document: bool) -> dict[str, str]:
         if not isinstance(record, dict) or "_id" not in record or not isinstance(record.get("text"), str):
             raise UserError(f"{where}: expected an object with `_id` and a `text` string")
         key = str(record["_id"])
+        if not key or any(c.isspace() for c in key):  # a TREC run file's columns are separated by whitespace
+            raise UserError(f"{where}: id {key!r} is empty or holds whitespace")
         if key in out:
             raise UserError(f"{where}: id {key!r} is given twice")
         title = str(record.get("title") or "").strip() if document else ""

@@ -35,7 +35,7 @@ from roformer.tasks.beir import Beir, read_beir
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.ir_metrics import DEFAULT_METRICS, METRICS, ranking_metrics
 from roformer.tasks.objectives import pair_bce_loss
-from roformer.tasks.retrieval import RUN_FILE, check_beir_source, ranking_type, read_run, write_run
+from roformer.tasks.retrieval import RUN_FILE, check_beir_source, check_judged, ranking_type, read_run, write_run
 from roformer.tasks.texts import segmented
 
 if TYPE_CHECKING:
@@ -116,16 +116,18 @@ class RerankTask(HeadOutputs):
         self.num_labels, self.label_names = 1, None
         self.dev_splits = ["dev"]
         self.test_splits = [s for s in ("test",) if s in beir.qrels and beir.judged_queries(s)]
+        check_judged(beir, data.beir_dir)
         folder = Path(self.settings.first_stage)
-        self.first_stage = {
-            split: read_run(folder / RUN_FILE.format(split=split)) for split in self.dev_splits + self.test_splits
-        }
+        runs = {split: folder / RUN_FILE.format(split=split) for split in self.dev_splits + self.test_splits}
+        self.first_stage = {split: read_run(path, beir.corpus) for split, path in runs.items()}
         train_run = folder / RUN_FILE.format(split="train")
-        self.pairs = self._training_pairs(read_run(train_run) if train_run.is_file() else {})
+        self.pairs = self._training_pairs(read_run(train_run, beir.corpus) if train_run.is_file() else {})
         self.pairs = self.pairs[: data.max_train_examples]
         self.queries = {s: beir.judged_queries(s)[: data.max_eval_examples] for s in self.first_stage}
         for split, queries in self.queries.items():
             unranked = [q for q in queries if q not in self.first_stage[split]]
+            if len(unranked) == len(queries):
+                raise UserError(f"{runs[split]}: ranks none of the {split} split's judged queries (another set's run?)")
             if unranked:
                 message = "%s: %d %s queries are not in the first stage's run (they rank nothing)"
                 logger.warning(message, self.name, len(unranked), split)
@@ -137,8 +139,6 @@ class RerankTask(HeadOutputs):
 
     def _training_pairs(self, ranked: dict[str, list[str]]) -> list[tuple[str, str, float]]:
         """(query, document, target) of qrels/train.tsv's relevant judgments and `negatives` negatives a query."""
-        if "train" not in self.beir.qrels:
-            raise UserError(f"{self.data.beir_dir}: qrels/train.tsv is missing (the reranker trains on it)")
         rng = random.Random(0)
         documents = list(self.beir.corpus)
         if self.settings.negative_pool == "training":  # judged in training: positives and negatives from one pool

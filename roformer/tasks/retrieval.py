@@ -151,9 +151,7 @@ class RetrievalTask(HeadOutputs):
         self.multiple = data.pad_to_multiple_of
         self.name = data.task
         self.tracker_project = f"roformer-{data.task}"
-        for split in ("train", "dev"):
-            if split not in beir.qrels or not beir.judged_queries(split):
-                raise UserError(f"{data.beir_dir}: qrels/{split}.tsv is missing or judges no document relevant")
+        check_judged(beir, data.beir_dir)
         self.metrics = tuple(data.metrics or DEFAULT_METRICS)
         self.num_labels, self.label_names = 1, None
         self.pooling = self.settings.pooling
@@ -238,6 +236,17 @@ class RetrievalTask(HeadOutputs):
             atomic_copy(run_folder / run_file(split), submission / run_file(split))
 
 
+def check_judged(beir: Beir, folder: str) -> None:
+    """A ranking type trains on qrels/train.tsv and selects on qrels/dev.tsv: both must judge a document relevant.
+
+    Raises:
+        UserError: one is missing or judges none relevant, naming the folder.
+    """
+    for split in ("train", "dev"):
+        if split not in beir.qrels or not beir.judged_queries(split):
+            raise UserError(f"{folder}: qrels/{split}.tsv is missing or judges no document relevant")
+
+
 def write_run(path: Path, query_ids: list[str], ranking: list[list[tuple[str, float]]]) -> None:
     """A TREC run file: `qid Q0 docid rank score tag` per line, ranks from 1, each query's documents best first."""
     lines = [
@@ -248,11 +257,16 @@ def write_run(path: Path, query_ids: list[str], ranking: list[list[tuple[str, fl
     atomic_write_text(path, "".join(lines))
 
 
-def read_run(path: Path) -> dict[str, list[str]]:
+def read_run(path: Path, documents: dict[str, Any] | None = None) -> dict[str, list[str]]:
     """A TREC run file's ranking: {query id: document ids, best first} (by rank, as written).
 
+    Args:
+        path: The file.
+        documents: The corpus its document ids must be in (None: not checked).
+
     Raises:
-        UserError: a missing file or a line that is not `qid Q0 docid rank score tag`, naming the file and line.
+        UserError: a missing file, a line that is not `qid Q0 docid rank score tag` or a document not in the corpus,
+            naming the file and line.
     """
     if not path.is_file():
         raise UserError(f"{path}: no TREC run file (a retrieval run's submission/ holds <split>.trec)")
@@ -263,6 +277,8 @@ def read_run(path: Path) -> dict[str, list[str]]:
         cells = line.split()
         if len(cells) != 6 or not cells[3].isdigit():
             raise UserError(f"{path}:{number}: expected `qid Q0 docid rank score tag`, got {line!r}")
+        if documents is not None and cells[2] not in documents:
+            raise UserError(f"{path}:{number}: document {cells[2]!r} is not in corpus.jsonl (a run of another corpus?)")
         ranked.setdefault(cells[0], []).append((int(cells[3]), cells[2]))
     return {query: [doc for _, doc in sorted(hits)] for query, hits in ranked.items()}
 

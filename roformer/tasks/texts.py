@@ -209,12 +209,17 @@ class TextRows:
         if not self.data.skip_labels:
             return rows
         skip = set(self.data.skip_labels)
-        kept = [r for r in rows if self.kind.missing(self.raw(r)) or label_text(self.raw(r)) not in skip]
+        kept = [r for r in rows if self._unlabelled(r) or label_text(self.raw(r)) not in skip]
         if len(kept) < len(rows):
             logger.info("%s: left out %d rows labelled %s", split, len(rows) - len(kept), sorted(skip))
         if not kept and split != "test":
             raise UserError(f"{rows[0].where.rpartition(':')[0]}: every row of the {split} split has a skipped label")
         return kept
+
+    def _unlabelled(self, record: Record) -> bool:
+        """No label field, or one the kind reads as missing (never a skipped label)."""
+        raw = self.raw(record)
+        return raw is None or self.kind.missing(raw)
 
     def _labelled(self, split: str, rows: list[Record]) -> bool:
         """Train and dev rows must have labels; a test file may have them on every row (scored) or on none.

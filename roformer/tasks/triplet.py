@@ -59,7 +59,8 @@ class TripletConfig:
             text (an anchor's rows stay in one fold; a candidate document may recur in others), the groups dealt into
             `folds` folds in a fixed shuffled order, and every (lr, seed) of the grid runs once per fold, holding it
             out as its dev split (`fold` in results.json's runs): results.json gives the mean and interval over
-            folds (and seeds).
+            folds (and seeds), the cross-validation estimate. `best/` is the best of those runs, a model trained on
+            the other k-1 folds and selected on its own held-out fold (so its dev score is the best fold's).
     """
 
     unlabelled_closer: str | None = None

@@ -311,8 +311,25 @@ class Finetuner:
         self.classifier_head = model_config.classifier_head
         self.task.check_model(model_config)
         self.max_length = self._max_length(model_config)
+        if resume:
+            self._check_progress_layout()
         encoded = self.task.encode(self.tokenizer, self.max_length)
         self.data = EncodedTask(self.task, encoded, self.tokenizer.pad_token_id, self.max_length)
+
+    def _check_progress_layout(self) -> None:
+        """A resumed cross-validated job's runs must be of folds: one started when a seed chose its fold is refused.
+
+        Raises:
+            UserError: .progress/ holds runs without a fold (they would be retrained and their files left behind).
+        """
+        if not self.task.cross_validation_folds:
+            return
+        old = sorted(p.name for p in (self.out / PROGRESS_DIR).glob("*") if p.is_dir() and "-fold" not in p.name)
+        if old:
+            raise UserError(
+                f"{self.out / PROGRESS_DIR}: runs {old} were started before folds were a grid axis (the run of seed s "
+                "held out fold s): finish them with the version that started them, or start again in a new directory"
+            )
 
     def load_model(self) -> torch.nn.Module:
         """The task's model: the init's backbone, a head drawn from the torch RNG unless the init has it."""

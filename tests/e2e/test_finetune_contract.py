@@ -439,3 +439,17 @@ def test_the_chinese_suite_runs_every_task_with_its_own_overrides(
         assert [(run["seed"], run.get("fold")) for run in runs] == runs_of, task
     lengths = [read_yaml(out / task / "config.yaml")["data"]["max_length"] for task in list(results)[-2:]]
     assert lengths == [512, 1024]
+
+
+def test_a_cross_validated_job_started_before_folds_were_an_axis_is_not_resumed(
+    shared_data: Path, pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Its runs were `lr..-seed<s>` (seed s held out fold s): resuming would retrain them all and leave their files."""
+    _, overrides = small_job("cail2019-scm-sample", shared_data, pretrained, tmp_path)
+    args = ["finetune", "--config", "finetune/cail2019-scm-sample", "--output-dir", str(tmp_path / "run")]
+    sets = sum((["--set", o] for o in overrides), [])
+    assert main([*args, *sets, "--set", "train.max_steps=0"]) == 0
+    (tmp_path / "run" / ".progress" / "lr0.001-seed1").mkdir(parents=True)  # as the old layout left one
+    capsys.readouterr()
+    assert main([*args, *sets, "--set", "train.max_steps=0", "--resume"]) == 2
+    assert "were started before folds were a grid axis" in capsys.readouterr().err

@@ -137,3 +137,26 @@ def test_the_reranker_reorders_the_top_k_and_keeps_the_rest_of_the_first_stage(t
     assert all(int(d[1:]) < 40 for _, d, t in task.pairs if t == 0.0)  # the pool: documents judged in training
     data.rerank.negative_pool = "corpus"
     assert any(int(d[1:]) >= 40 for _, d, t in make_task(data).pairs if t == 0.0)
+
+
+def test_a_reranker_refuses_first_stages_that_do_not_fit_the_folder(tmp_path: Path) -> None:
+    beir = small_beir(tmp_path / "beir")
+    first = tmp_path / "first"
+    first.mkdir()
+    write_run(first / "test.trec", ["q100"], [[("d40", 1.0)]])
+    data = from_dict(
+        FinetuneDataConfig, {"type": "rerank", "beir_dir": str(beir), "rerank": {"first_stage": str(first)}}
+    )
+    write_run(first / "dev.trec", ["q80"], [[("d40", 1.0), ("nope", 0.5)]])
+    with pytest.raises(UserError, match=r"dev.trec:2: document 'nope' is not in corpus.jsonl"):
+        make_task(data)
+    write_run(first / "dev.trec", ["elsewhere"], [[("d40", 1.0)]])
+    with pytest.raises(UserError, match=r"dev.trec: ranks none of the dev split's judged queries"):
+        make_task(data)
+    (beir / "qrels" / "dev.tsv").unlink()
+    with pytest.raises(UserError, match=r"qrels/dev.tsv is missing or judges no document relevant"):
+        make_task(data)
+    corpus = beir / "corpus.jsonl"
+    corpus.write_text('{"_id": "d 1", "text": "x"}\n')
+    with pytest.raises(UserError, match=r"corpus.jsonl:1: id 'd 1' is empty or holds whitespace"):
+        read_beir(beir)
