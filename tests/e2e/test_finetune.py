@@ -318,9 +318,9 @@ def test_an_interrupted_glue_suite_resumes_where_it_stopped(
     trained = []
     original_run_one = Finetuner._run_one
 
-    def counting(self, lr, seed):
+    def counting(self, lr, seed, fold):
         trained.append((self.task.name, seed))
-        return original_run_one(self, lr, seed)
+        return original_run_one(self, lr, seed, fold)
 
     monkeypatch.setattr(Finetuner, "_run_one", counting)
     results = run_suite(tmp_path / "suite.yaml", tmp_path / "out", resume=True)
@@ -476,9 +476,9 @@ def test_a_nan_dev_score_neither_locks_the_best_checkpoint_nor_crashes_the_summa
 
     original = finetune_module.Finetuner._run_one
 
-    def run_one(self, lr, seed):
+    def run_one(self, lr, seed, fold):
         seed_of["current"] = seed
-        return original(self, lr, seed)
+        return original(self, lr, seed, fold)
 
     monkeypatch.setattr(glue_module, "compute", scores)
     monkeypatch.setattr(finetune_module.Finetuner, "_run_one", run_one)

@@ -117,9 +117,9 @@ def finetuned(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     seed = {}
     real_compute, real_run_one = glue_module.compute, Finetuner._run_one
 
-    def run_one(self, lr, s):
+    def run_one(self, lr, s, fold):
         seed["current"] = s
-        return real_run_one(self, lr, s)
+        return real_run_one(self, lr, s, fold)
 
     def compute(names, predictions, labels):
         score = 0.8125 if seed["current"] == 0 else 0.3125
