@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from roformer.config import check_types
 from roformer.errors import ConfigError
 from roformer.tasks.base import TaskSpec
-from roformer.tasks.classify import TextTask
+from roformer.tasks.classify import Classes, TextTask
 
 
 @dataclass
@@ -42,7 +42,7 @@ SPECS = (
     TaskSpec(
         name="toy_sentiment",
         summary="a toy type declared in one module",
-        builder=TextTask.from_config,
+        builder=TextTask.reading(Classes),  # the text reader with class labels: composed, not subclassed
         architecture="sequence_classification",
         metrics=("accuracy", "f1"),
         default_metrics=("accuracy",),
