@@ -258,8 +258,11 @@ def coerce(value: Any, tp: Any, source: str | Origin, key: str) -> Any:
                 return None
             raise fail(_type_name(tp))
         present = [option for option in options if option is not type(None)]
-        if len(present) == 1:  # X | None: X's own error names the inner key and the problem
-            return coerce(value, present[0], source, key)
+        sections = [option for option in present if dataclasses.is_dataclass(option)]
+        if len(present) == 1 or (isinstance(value, dict) and len(sections) == 1):
+            # X | None, or a mapping for the one section of a union (a number or a schedule): its own error names
+            # the inner key and the problem
+            return coerce(value, sections[0] if isinstance(value, dict) and sections else present[0], source, key)
         for option in present:
             try:
                 return coerce(value, option, source, key)

@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 _NOT_IN_KEY = (
     "vocab_hash",
     "mask_rate",
+    "mask_split",
+    "eval_mask_rate",
     "eval_mask_seed",
     "max_eval_blocks",
     "num_proc",

@@ -24,12 +24,14 @@ def mask_tokens(
     rate: float = 0.15,
     generator: torch.Generator | None = None,
     continuation: Tensor | None = None,
+    split: tuple[float, float, float] = (0.8, 0.1, 0.1),
 ) -> tuple[Tensor, Tensor]:
     """Corrupt a batch for MLM as in BERT (Devlin et al. 2019, sec. 3.1).
 
     Each non-special position is selected with probability `rate`; a selected position becomes [MASK] with
-    probability 0.8, a uniformly random non-special token with 0.1, and stays unchanged with 0.1. Special tokens
-    ([CLS], [SEP], [PAD], ...) are never selected.
+    probability 0.8, a uniformly random non-special token with 0.1, and stays unchanged with 0.1 (`split`). Special
+    tokens ([CLS], [SEP], [PAD], ...) are never selected. The random draws are the same for every split, so a split
+    changes what selected positions become, never which are selected.
 
     Args:
         input_ids: (B, T) token ids; not modified.
@@ -41,6 +43,7 @@ def mask_tokens(
         continuation: Optional (V,) bool table, True for word-continuation tokens (WordPiece `##...`). When given,
             whole words are selected (whole-word masking, as in the later BERT release and Chinese BERT-wwm):
             a word's tokens are all selected or all left alone; the 80/10/10 split stays per token.
+        split: Fractions of the selected positions that become [MASK], a random token, and stay (summing to 1).
 
     Returns:
         (corrupted ids, labels) where labels hold the original id at selected positions and -100 elsewhere.
@@ -58,8 +61,8 @@ def mask_tokens(
     selected = (probs < rate) & candidates
     labels = torch.where(selected, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
     action = torch.rand(input_ids.shape, generator=generator, device=device)
-    to_mask = selected & (action < 0.8)
-    to_random = selected & (action >= 0.8) & (action < 0.9)
+    to_mask = selected & (action < split[0])
+    to_random = selected & (action >= split[0]) & (action < split[0] + split[1])
     allowed = torch.nonzero(~is_special[:vocab_size]).squeeze(1)  # random replacements are never special tokens
     random_ids = allowed[torch.randint(len(allowed), input_ids.shape, generator=generator, device=device)]
     corrupted = torch.where(to_mask, torch.full_like(input_ids, mask_token_id), input_ids)

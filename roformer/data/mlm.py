@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import torch
 
-from roformer.data.config import DataConfig
-from roformer.data.masking import continuation_table, mask_tokens
+from roformer.data.config import DataConfig, RateSchedule
+from roformer.data.masking import IGNORE_INDEX, continuation_table, mask_tokens
 from roformer.data.sampling import EpochSampler, global_batch_size
 from roformer.data.streaming import StreamingMLMData, StreamPacker
 from roformer.data.tokenizer import Tokenizer, jieba_presegmenter
@@ -106,6 +106,7 @@ class MLMBatches:
         batch_size: Blocks per process per micro-batch.
         num_processes: Processes.
         grad_accum: Micro-batches per step.
+        total_steps: The run's steps: where a mask-rate schedule ends (null: a constant rate needs none).
     """
 
     def __init__(
@@ -117,6 +118,7 @@ class MLMBatches:
         batch_size: int,
         num_processes: int = 1,
         grad_accum: int = 1,
+        total_steps: int | None = None,
     ) -> None:
         self.source = source
         self.seed = seed
@@ -126,7 +128,12 @@ class MLMBatches:
         self.global_batch = global_batch_size(batch_size, num_processes, grad_accum)
         if source.global_batch != self.global_batch:
             raise ValueError(f"the block source serves {source.global_batch} blocks a step, not {self.global_batch}")
-        self.mask_args = mlm_mask_args(tokenizer, data)
+        self.mask_args = {**mlm_mask_args(tokenizer, data), "split": tuple(data.mask_split)}
+        if isinstance(data.mask_rate, RateSchedule) and total_steps is None:
+            raise ValueError("a mask-rate schedule needs the run's total_steps")
+        self.rate, self.total_steps = data.mask_rate, total_steps or 1
+        self.special = torch.zeros(max(len(tokenizer), 1), dtype=torch.bool)
+        self.special[self.mask_args["special_ids"]] = True
 
     def describe(self) -> str:
         """A few words on the data for the log."""
@@ -140,10 +147,22 @@ class MLMBatches:
         """Optimizer steps in one epoch (None for a stream, whose length is unknown)."""
         return self.source.steps_per_epoch()
 
+    def rate_of(self, step: int) -> float:
+        """The mask rate `step` selects with (data.mask_rate, or its schedule's value at that step)."""
+        return rate_at(self.rate, step, self.total_steps)
+
     def step(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Masked (G, T) ids and labels of `step`, identical in every process."""
         generator = torch.Generator().manual_seed((self.seed << 32) + step)
-        return mask_tokens(self.source.blocks_of(step), generator=generator, **self.mask_args)
+        return mask_tokens(self.source.blocks_of(step), generator=generator, rate=self.rate_of(step), **self.mask_args)
+
+    def maskable(self, ids: torch.Tensor, labels: torch.Tensor) -> int:
+        """Tokens of a masked batch that could have been selected (not special): its realised rate's denominator.
+
+        A selected position was one (its [MASK] is special now); an unselected one is as it was.
+        """
+        special = self.special[ids.clamp(max=len(self.special) - 1)]
+        return int(((labels != IGNORE_INDEX) | ~special).sum())
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint must hold to continue the data exactly (a stream's position; nothing for packed)."""
@@ -155,20 +174,29 @@ class MLMBatches:
 
 
 def mlm_mask_args(tokenizer: Tokenizer, data: DataConfig) -> dict[str, Any]:
-    """Keyword arguments of `mask_tokens` for a tokenizer and a data config (without ids and generator)."""
+    """Keyword arguments of `mask_tokens` for a tokenizer and a data config (without ids, rate and generator)."""
     return {
         "mask_token_id": tokenizer.mask_token_id,
         "vocab_size": len(tokenizer),
         "special_ids": sorted(set(tokenizer.all_special_ids)),
-        "rate": data.mask_rate,
         "continuation": continuation_table(tokenizer) if data.whole_word_mask else None,
     }
 
 
 def eval_batch(blocks: torch.Tensor, tokenizer: Tokenizer, data: DataConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """The validation blocks under the one fixed evaluation mask (seeded by data.eval_mask_seed)."""
+    """The validation blocks under the one fixed evaluation mask: data.eval_mask_rate, BERT's split, seeded.
+
+    The same for every training rate, schedule and split, so eval losses compare across mask recipes.
+    """
     generator = torch.Generator().manual_seed(data.eval_mask_seed)
-    return mask_tokens(blocks, generator=generator, **mlm_mask_args(tokenizer, data))
+    return mask_tokens(blocks, generator=generator, rate=data.eval_mask_rate, **mlm_mask_args(tokenizer, data))
+
+
+def rate_at(rate: float | RateSchedule, step: int, total_steps: int) -> float:
+    """The mask rate of `step` (0-based) of a run of `total_steps`: the constant, or the schedule's value there."""
+    if isinstance(rate, RateSchedule):
+        return rate.at(step / max(1, total_steps - 1))
+    return rate
 
 
 def train_batches(
@@ -178,6 +206,7 @@ def train_batches(
     batch_size: int,
     num_processes: int = 1,
     grad_accum: int = 1,
+    total_steps: int | None = None,
 ) -> MLMBatches:
     """The masked training batches of every step over the packed blocks (`data.train`), or over the stream.
 
@@ -188,6 +217,7 @@ def train_batches(
         batch_size: Blocks per process per micro-batch.
         num_processes: Processes.
         grad_accum: Micro-batches per step.
+        total_steps: The run's steps (where a mask-rate schedule ends).
     """
     global_batch = global_batch_size(batch_size, num_processes, grad_accum)
     if isinstance(data, StreamingMLMData):
@@ -196,4 +226,4 @@ def train_batches(
         source: Any = StreamedBlocks(packer, global_batch)
     else:
         source = PackedBlocks(data.train, global_batch, seed)
-    return MLMBatches(source, data.tokenizer, config, seed, batch_size, num_processes, grad_accum)
+    return MLMBatches(source, data.tokenizer, config, seed, batch_size, num_processes, grad_accum, total_steps)

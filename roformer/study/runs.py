@@ -32,7 +32,7 @@ EVAL_SETUP = (
     "validation_fraction",
     "split_seed",
     "max_seq_len",
-    "mask_rate",
+    "eval_mask_rate",  # a run written before it existed evaluated at its mask_rate (read so)
     "whole_word_mask",
     "eval_mask_seed",
     "max_eval_blocks",
@@ -159,6 +159,8 @@ def _load_pretrain_run(path: Path) -> PretrainRun:
             first.setdefault(row["seq_len"], row)
         lengths = list(first.values())
     setup = {key: data.get(key) for key in EVAL_SETUP} if isinstance(data, dict) else {}
+    if setup and setup["eval_mask_rate"] is None:  # before eval_mask_rate: the eval mask was at the training rate
+        setup["eval_mask_rate"] = data.get("mask_rate")
     tokenization = read_json(path / TOKENIZATION_FILE) if (path / TOKENIZATION_FILE).is_file() else None
     seed = _train_seed(config)
     return PretrainRun(path, str(label), str(encoding), train, evals, lengths, digest, seed, setup, tokenization)

@@ -30,7 +30,8 @@ from roformer.errors import ConfigError
 from roformer.model.config import ModelConfig
 from roformer.tasks.config import SECTIONS, FinetuneDataConfig
 
-SCHEDULES = ("linear", "cosine", "constant")
+SCHEDULES = ("linear", "cosine", "constant", "wsd")
+DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
 
 
 @dataclass
@@ -44,7 +45,12 @@ class TrainArgs:
         grad_accum: Micro-batches per optimizer step.
         mixed_precision: `no` (fp32), `bf16` or `fp16` (GPU), through accelerate; null = the launcher's setting
             (`accelerate launch` config or --mixed_precision), fp32 without one. The effective value is logged.
-        schedule: `linear` or `cosine` decay to 0 at the last step after warmup, or `constant`.
+        schedule: `linear` or `cosine` decay to 0 at the last step after warmup, `constant`, or `wsd`
+            (warmup-stable-decay: warmup, the peak held, then `decay_fraction` of the steps decaying to 0 in
+            `decay_shape`; Hu et al. 2024, MiniCPM; Hägele et al. 2024; mmBERT's recipe).
+        decay_fraction: `wsd`: the last fraction of the steps that decays (0.2: Hägele et al.'s cooldown).
+        decay_shape: `wsd`: the decay's shape: `linear`, `cosine` or `1-sqrt` (1 - sqrt(progress), which Hägele et
+            al. 2024 found to match a cosine schedule's loss at the same length).
         warmup_steps: Linear warmup steps; null = warmup_fraction x steps.
         warmup_fraction: Warmup as a fraction of the steps when warmup_steps is null.
         weight_decay: AdamW decay on >= 2-D weights (none on biases and LayerNorm).
@@ -80,9 +86,11 @@ class TrainArgs:
     batch_size: int = field(default=32, metadata=MAY_CHANGE_ON_RESUME)
     grad_accum: int = field(default=1, metadata=MAY_CHANGE_ON_RESUME)
     mixed_precision: Literal["no", "bf16", "fp16"] | None = None
-    schedule: Literal["linear", "cosine", "constant"] = "linear"
+    schedule: Literal["linear", "cosine", "constant", "wsd"] = "linear"
     warmup_steps: int | None = None
     warmup_fraction: float = 0.06
+    decay_fraction: float = 0.2
+    decay_shape: Literal["linear", "cosine", "1-sqrt"] = "1-sqrt"
     weight_decay: float = 0.01
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
@@ -118,6 +126,8 @@ class TrainArgs:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise ConfigError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise ConfigError(f"decay_fraction must be in (0, 1], got {self.decay_fraction}")
         check_seed("seed", self.seed)
         for name in ("adam_beta1", "adam_beta2"):  # AdamW's own check, as a config error rather than a traceback
             if not 0.0 <= getattr(self, name) < 1.0:
@@ -139,6 +149,10 @@ class TrainArgs:
         if self.warmup_steps is not None:
             return self.warmup_steps
         return int(self.warmup_fraction * steps)
+
+    def decay_for(self, steps: int) -> int:
+        """`wsd`: the decay's length in optimizer steps for a run of `steps` steps (at least one)."""
+        return max(1, round(self.decay_fraction * steps))
 
     @property
     def eval_size(self) -> int:

@@ -181,6 +181,8 @@ class Engine:
             args.warmup_for(total_steps),
             total_steps,
             args.schedule,
+            decay_steps=args.decay_for(total_steps),
+            decay_shape=args.decay_shape,
         )
         model.set_gradient_checkpointing(args.gradient_checkpointing)
         model.set_unpadding(args.unpadding_on())
@@ -332,7 +334,8 @@ class Engine:
                 )
                 grad_norm = grad_norm if norm is None else norm
         elapsed = time.perf_counter() - t0
-        return StepResult(local, grad_norm, lr, data_sec, elapsed, plan.tokens, skipped, plan.padded_tokens)
+        mask = getattr(plan, "mask", None)  # an MLM plan's MaskCounts: the rate asked for and realised are logged
+        return StepResult(local, grad_norm, lr, data_sec, elapsed, plan.tokens, skipped, plan.padded_tokens, mask)
 
     def evaluate(self, recipe: Recipe, state: RunState) -> None:
         """Run the recipe's evaluation after `state.step` steps and log its events."""

@@ -22,6 +22,15 @@ class RunState:
 
 
 @dataclass
+class MaskCounts:
+    """An MLM step's masking: the rate it selected with, the tokens it masked and those it could have."""
+
+    rate: float
+    masked: int
+    maskable: int
+
+
+@dataclass
 class StepResult:
     """What one optimizer step reports."""
 
@@ -33,6 +42,7 @@ class StepResult:
     tokens: int
     skipped: bool = False
     padded_tokens: int | None = None  # positions computed, padding included (None: no padding)
+    mask: MaskCounts | None = None  # an MLM step's masking (None: not MLM)
 
 
 class Interval:
@@ -44,8 +54,9 @@ class Interval:
     def reset(self) -> None:
         self.loss: torch.Tensor | None = None
         self.grad_norm = self.data_sec = self.step_sec = 0.0
-        self.tokens = self.steps = self.finite_steps = self.padded = 0
+        self.tokens = self.steps = self.finite_steps = self.padded = self.masked = self.maskable = 0
         self.lr = 0.0
+        self.mask_rate: float | None = None
 
     def add(self, result: StepResult) -> None:
         """Add one step; a skipped (non-finite) step counts for time and tokens, not for loss and gradient norm."""
@@ -59,6 +70,10 @@ class Interval:
         self.padded += result.padded_tokens if result.padded_tokens is not None else result.tokens
         self.steps += 1
         self.lr = result.lr
+        if result.mask is not None:
+            self.masked += result.mask.masked
+            self.maskable += result.mask.maskable
+            self.mask_rate = result.mask.rate
 
     def state_dict(self) -> dict[str, Any]:
         """The sums so far (JSON-ready; the loss share exactly, as the float32 value it is), for a checkpoint."""
@@ -92,5 +107,7 @@ class Interval:
             "skipped_steps": state.skipped_steps,
             "padding_fraction": 1.0 - self.tokens / self.padded if self.padded else 0.0,
         }
+        if self.mask_rate is not None:  # the last step's rate, and the interval's masked share of maskable tokens
+            event.update(mask_rate=self.mask_rate, mask_rate_realised=self.masked / max(self.maskable, 1))
         self.reset()
         return event

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from roformer.train.config import SCHEDULES
+from roformer.train.config import DECAY_SHAPES, SCHEDULES
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -33,6 +33,8 @@ def make_optimizer(
     total_steps: int,
     schedule: str = "linear",
     fused: bool | None = None,
+    decay_steps: int = 0,
+    decay_shape: str = "1-sqrt",
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over `param_groups` and its warmup + decay schedule (stepped once per optimizer step).
 
@@ -43,7 +45,7 @@ def make_optimizer(
     groups = param_groups(model, weight_decay)
     optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_multiplier(s, warmup_steps, total_steps, schedule)
+        optimizer, lambda s: lr_multiplier(s, warmup_steps, total_steps, schedule, decay_steps, decay_shape)
     )
     return optimizer, scheduler
 
@@ -88,11 +90,21 @@ def finish_micro_step(
     return norm, skipped
 
 
-def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str = "linear") -> float:
+def lr_multiplier(
+    step: int,
+    warmup_steps: int,
+    total_steps: int,
+    schedule: str = "linear",
+    decay_steps: int = 0,
+    decay_shape: str = "1-sqrt",
+) -> float:
     """Learning-rate factor at optimizer step `step` (0-based): linear warmup to 1, then decay to 0 at `total_steps`.
 
     Steps are optimizer updates, i.e. after gradient accumulation and independent of the number of processes: the
     schedule ends exactly at `train.max_steps` whatever the launch (a known pitfall of the HF example scripts).
+    `wsd` (warmup-stable-decay) holds 1 after warmup until the last `decay_steps` steps, which decay to 0 in
+    `decay_shape` (from the end of warmup if the two overlap). As in the other schedules, the run's last step is one
+    step of progress short of 0.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r} (known: {', '.join(SCHEDULES)})")
@@ -100,7 +112,19 @@ def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str 
         return (step + 1) / warmup_steps
     if schedule == "constant":
         return 1.0
+    if schedule == "wsd":
+        start = max(total_steps - decay_steps, warmup_steps)  # the decay's first step
+        return 1.0 if step < start else decayed(min(1.0, (step - start) / max(1, total_steps - start)), decay_shape)
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    if schedule == "linear":
+    return decayed(progress, schedule)
+
+
+def decayed(progress: float, shape: str) -> float:
+    """The factor `progress` (0 to 1) into a decay from 1 to 0 of `shape`: linear, cosine or 1-sqrt."""
+    if shape not in DECAY_SHAPES:
+        raise ValueError(f"unknown decay shape {shape!r} (known: {', '.join(DECAY_SHAPES)})")
+    if shape == "linear":
         return 1.0 - progress
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
+    if shape == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return 1.0 - math.sqrt(progress)

@@ -36,6 +36,7 @@ from roformer.model.pretrained import load_weights_from
 from roformer.train.config import PretrainConfig
 from roformer.train.engine import Engine, ProcessLayout, RunState, to_device
 from roformer.train.evaluate import evaluate_mlm
+from roformer.train.interval import MaskCounts
 from roformer.train.launch import agree_on_errors, broadcast_from_main, process_state, run_on_main
 from roformer.train.run_dir import (
     CHECKPOINTS_DIR,
@@ -94,10 +95,13 @@ class _MaskedStep:
 
     padded_tokens = None  # blocks are full: no padding
 
-    def __init__(self, ids: torch.Tensor, labels: torch.Tensor, layout: ProcessLayout) -> None:
+    def __init__(
+        self, ids: torch.Tensor, labels: torch.Tensor, layout: ProcessLayout, mask_rate: float, maskable: int
+    ) -> None:
         self.ids, self.labels, self.layout = ids, labels, layout
         self.tokens = ids.numel()
         self.count = int((labels != IGNORE_INDEX).sum())  # masked tokens in the global batch (every process knows)
+        self.mask = MaskCounts(mask_rate, self.count, maskable)  # logged: the rate asked for and the one realised
         # accelerator.backward divides by grad_accum and DDP averages over processes: undo both, so the gradient is
         # that of (sum of masked-token losses) / (masked tokens in the global batch).
         self.scale = layout.num_processes * layout.grad_accum / max(self.count, 1)
@@ -151,7 +155,7 @@ class Pretrainer:
         if resume:
             self._check_resumable()
         self.batches = train_batches(
-            self.data, config.data, train.seed, train.batch_size, acc.num_processes, train.grad_accum
+            self.data, config.data, train.seed, train.batch_size, acc.num_processes, train.grad_accum, train.max_steps
         )
         self.eval_ids, self.eval_labels = eval_batch(self.data.validation, self.data.tokenizer, config.data)
 
@@ -268,7 +272,8 @@ class Pretrainer:
 
     def plan(self, step: int) -> _MaskedStep:
         ids, labels = self.batches.step(step)
-        return _MaskedStep(ids, labels, self.engine.layout)
+        maskable = self.batches.maskable(ids, labels)
+        return _MaskedStep(ids, labels, self.engine.layout, self.batches.rate_of(step), maskable)
 
     def evaluate(self, step: int) -> list[dict[str, Any]]:
         """Masked-token loss and accuracy on the validation blocks under the fixed mask (all processes)."""

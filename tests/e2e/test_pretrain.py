@@ -549,3 +549,29 @@ def test_prepare_data_builds_the_store_that_pretraining_then_uses(tmp_path: Path
     capsys.readouterr()
     assert main(["prepare-data", "--config", str(yaml), "--set", "data.cache=false"]) == 2
     assert "keeps no store" in capsys.readouterr().err
+
+
+def test_a_recipe_run_logs_its_schedules_and_masks_at_what_it_asked_for(tmp_path: Path) -> None:
+    """WSD (warmup 2, decay 5 of 20 steps, 1-sqrt), a 30% -> 10% linear mask rate, all-[MASK]: each step's lr and
+    mask rate are the schedules', the realised rate follows, and evaluation masks at 15% with BERT's split."""
+    from roformer.train.optim import lr_multiplier
+
+    data = {"mask_rate": {"start": 0.3, "end": 0.1}, "mask_split": [1.0, 0.0, 0.0]}
+    yaml = tiny_run_config(
+        tmp_path / "c.yaml", data=data, max_steps=20, schedule="wsd", warmup_steps=2, decay_fraction=0.25,
+        eval_every=10, save_every=0,
+    )  # fmt: skip
+    run = pretrain(load(PretrainConfig, yaml), tmp_path / "run")
+    events = [e for e in read_metrics(run / "metrics.jsonl") if e["event"] == "train"]
+    assert [e["step"] for e in events] == list(range(1, 21))
+    for e in events:
+        assert e["lr"] == pytest.approx(1e-3 * lr_multiplier(e["step"] - 1, 2, 20, "wsd", 5, "1-sqrt"))
+        assert e["mask_rate"] == pytest.approx(0.3 - 0.2 * (e["step"] - 1) / 19)
+    realised = [e["mask_rate_realised"] for e in events]
+    assert abs(sum(realised[:5]) / 5 - 0.28) < 0.04 and abs(sum(realised[-5:]) / 5 - 0.12) < 0.04
+    evals = [e for e in read_metrics(run / "metrics.jsonl") if e["event"] == "eval"]
+    same_eval = tiny_run_config(tmp_path / "d.yaml", max_steps=20)  # the default masking: 15%, 80/10/10
+    reference = Pretrainer(load(PretrainConfig, same_eval), tmp_path / "ref")
+    mine = Pretrainer(load(PretrainConfig, yaml), tmp_path / "mine")
+    assert torch.equal(mine.eval_labels, reference.eval_labels) and torch.equal(mine.eval_ids, reference.eval_ids)
+    assert len(evals) == 2

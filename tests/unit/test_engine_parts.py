@@ -5,6 +5,7 @@ the accelerator."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ import torch
 from helpers import tiny_config
 
 import roformer
-from roformer.errors import UserError
+from roformer.errors import ConfigError, UserError
 from roformer.train.checkpoints import CheckpointManager
 from roformer.train.optim import lr_multiplier, param_groups
 from roformer.train.run_dir import MetricsWriter, read_metrics
@@ -50,6 +51,33 @@ def test_schedules(schedule: str) -> None:
     assert lr_multiplier(55, 10, 100, "cosine") == pytest.approx(0.5)
     with pytest.raises(ValueError, match="unknown schedule"):
         lr_multiplier(0, 1, 10, "step")
+
+
+@pytest.mark.parametrize("shape", ["linear", "cosine", "1-sqrt"])
+def test_warmup_stable_decay(shape: str) -> None:
+    """`wsd`: warmup 10, the peak held to step 79, then 20 steps decaying in `shape` (1-sqrt: Hägele et al. 2024)."""
+    values = [lr_multiplier(s, 10, 100, "wsd", 20, shape) for s in range(100)]
+    assert values[0] == pytest.approx(0.1) and values[9:80] == [1.0] * 71  # warmup, then stable
+    decay = values[80:]
+    assert decay[0] == 1.0 and all(a > b for a, b in zip(decay, decay[1:])) and decay[-1] > 0  # to 0 after the run
+    expected = {"linear": 1 - 0.5, "cosine": 0.5 * (1 + math.cos(math.pi * 0.5)), "1-sqrt": 1 - math.sqrt(0.5)}
+    assert lr_multiplier(90, 10, 100, "wsd", 20, shape) == pytest.approx(expected[shape])  # half-way through
+    # a decay longer than what follows warmup starts where warmup ends
+    assert lr_multiplier(10, 10, 20, "wsd", 15, shape) == 1.0 and lr_multiplier(15, 10, 20, "wsd", 15, shape) < 1
+    with pytest.raises(ValueError, match="unknown decay shape"):
+        lr_multiplier(90, 10, 100, "wsd", 20, "step")
+
+
+def test_the_wsd_settings_are_checked() -> None:
+    from roformer.config import from_dict
+    from roformer.train.config import TrainConfig
+
+    config = from_dict(TrainConfig, {"schedule": "wsd", "decay_fraction": 0.25, "decay_shape": "cosine"})
+    assert config.decay_for(100) == 25 and config.decay_for(2) == 1
+    with pytest.raises(ConfigError, match=r"decay_fraction must be in \(0, 1\], got 0"):
+        from_dict(TrainConfig, {"schedule": "wsd", "decay_fraction": 0})
+    with pytest.raises(ConfigError, match="decay_shape"):
+        from_dict(TrainConfig, {"decay_shape": "sqrt"})
 
 
 def save_checkpoint(manager: CheckpointManager, step: int, write: Callable[[Path], object]) -> Path:

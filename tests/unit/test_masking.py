@@ -91,3 +91,18 @@ def test_whole_word_masking_selects_all_pieces_of_a_word() -> None:
         (token_labels[0, p] != -100) != (token_labels[0, p - 1] != -100) for p in range(2, ids.shape[1] - 1) if cont[p]
     ]
     assert any(split)
+
+
+@pytest.mark.parametrize("split", [(1.0, 0.0, 0.0), (0.5, 0.25, 0.25)])
+def test_a_split_changes_what_selected_tokens_become_never_which(split: tuple[float, float, float]) -> None:
+    ids = batch()
+    bert = mask_tokens(ids, MASK, VOCAB, SPECIALS, 0.3, torch.Generator().manual_seed(3))
+    corrupted, labels = mask_tokens(ids, MASK, VOCAB, SPECIALS, 0.3, torch.Generator().manual_seed(3), split=split)
+    assert torch.equal(labels, bert[1])  # the same positions, the same draws
+    selected = labels != -100
+    n = int(selected.sum())
+    masked = (corrupted == MASK) & selected
+    kept = (corrupted == ids) & selected
+    assert abs(int(masked.sum()) / n - split[0]) < 0.02 and abs(int(kept.sum()) / n - split[2]) < 0.02
+    default = mask_tokens(ids, MASK, VOCAB, SPECIALS, 0.3, torch.Generator().manual_seed(3), split=(0.8, 0.1, 0.1))
+    assert torch.equal(default[0], bert[0])  # BERT's split written out is the default, draw for draw

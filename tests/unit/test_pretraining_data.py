@@ -3,6 +3,7 @@ end to end (build_mlm_data): sources, tokenizer, split, cache, errors."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -449,3 +450,25 @@ def test_a_null_text_in_jsonl_is_no_document(tmp_path) -> None:
     path = tmp_path / "c.jsonl"
     path.write_text('{"text": "first"}\n{"text": null}\n{"text": "third"}\n')
     assert list(read_documents(path)) == ["first", "third"]
+
+
+def test_a_mask_rate_schedule_moves_over_the_run_and_the_eval_mask_does_not(tmp_path) -> None:
+    """`mask_rate: {start, end, shape}` sets each step's rate (Ankner et al. 2024); the eval mask stays at 15%."""
+    from roformer.data.mlm import MLMBatches, PackedBlocks, eval_batch
+
+    tokenizer = train_tokenizer(list(generate_documents(200)), vocab_size=300)
+    blocks = torch.randint(10, 300, (64, 32))
+    schedule = from_dict(DataConfig, {"mask_rate": {"start": 0.3, "end": 0.1, "shape": "linear"}})
+    batches = MLMBatches(PackedBlocks(blocks, 8, seed=0), tokenizer, schedule, seed=0, batch_size=8, total_steps=101)
+    assert [round(batches.rate_of(s), 6) for s in (0, 50, 100)] == [0.3, 0.2, 0.1]
+    ids, labels = batches.step(0)
+    assert batches.maskable(ids, labels) == ids.numel()  # no special token in these blocks, masked or not
+    realised = int((labels != -100).sum()) / batches.maskable(ids, labels)
+    assert abs(realised - 0.3) < 0.06
+    cosine = from_dict(DataConfig, {"mask_rate": {"start": 0.3, "end": 0.1, "shape": "cosine"}})
+    assert cosine.mask_rate.at(0.25) == pytest.approx(0.3 - 0.2 * (1 - math.cos(math.pi / 4)) / 2)
+    constant = from_dict(DataConfig, {"mask_rate": 0.3})
+    eval_at_15 = [eval_batch(blocks, tokenizer, d)[1] for d in (schedule, constant, DataConfig())]
+    assert torch.equal(eval_at_15[0], eval_at_15[2]) and torch.equal(eval_at_15[1], eval_at_15[2])
+    with pytest.raises(ValueError, match="needs the run's total_steps"):
+        MLMBatches(PackedBlocks(blocks, 8, seed=0), tokenizer, schedule, seed=0, batch_size=8)
