@@ -287,11 +287,18 @@ def test_runs_of_different_lengths_or_eval_sets_are_compared_with_a_note(tmp_pat
     rope = make_run(tmp_path / "rope", "roformer", "rotary", {100: 4.6, 200: 4.5}, 1.0, seed=0)
     bert = make_run(tmp_path / "bert", "bert", "sinusoidal", {100: 4.7, 200: 4.6, 400: 4.1}, 1.0, seed=0)
     config = read_yaml(bert / RUN_CONFIG_FILE)
-    config["data"]["mask_rate"] = 0.4  # scored under another mask
+    config["data"]["mask_rate"] = 0.4  # written before eval_mask_rate: evaluated at its training rate
     write_yaml(bert / RUN_CONFIG_FILE, config)
     summary = compare([rope, bert], tmp_path / "out")
     assert any("end at different steps (200, 400)" in note for note in summary["notes"])
-    assert any("data.mask_rate: 0.4, None" in note for note in summary["notes"])
+    assert any("data.eval_mask_rate: 0.4, None" in note for note in summary["notes"])
+    config["data"]["eval_mask_rate"] = 0.15  # a run that trains at 40% but evaluates at 15%: no note about masks
+    write_yaml(bert / RUN_CONFIG_FILE, config)
+    rope_config = read_yaml(rope / RUN_CONFIG_FILE)
+    rope_config["data"]["eval_mask_rate"] = 0.15
+    write_yaml(rope / RUN_CONFIG_FILE, rope_config)
+    notes = compare([rope, bert], tmp_path / "out2")["notes"]
+    assert not any("mask_rate" in note for note in notes)
     text = (tmp_path / "out" / SUMMARY_MARKDOWN_FILE).read_text()
     assert "Note: the runs end at different steps" in text and "eval loss at the common step" in text
 

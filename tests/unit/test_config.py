@@ -436,9 +436,9 @@ def test_a_glue_task_config_loads_as_it_did_before_it_included_the_recipe(task: 
     added = {k: v for k, v in loaded["data"].items() if k not in expected["data"]}
     assert added == {k: v for k, v in data_section(FinetuneDataConfig(task=task, glue_dir="g")).items() if k in added}
     assert added["type"] == "glue"
-    # train.unpadding came later too, with its default
+    # train.unpadding and the WSD settings came later too, with their defaults
     later = {k: v for k, v in loaded["train"].items() if k not in expected["train"]}
-    assert later == {"unpadding": None}
+    assert later == {"unpadding": None, "decay_fraction": 0.2, "decay_shape": "1-sqrt"}
     loaded["train"] = {k: v for k, v in loaded["train"].items() if k not in later}
     assert {**loaded, "data": {k: v for k, v in loaded["data"].items() if k not in added}} == expected
 
@@ -544,7 +544,7 @@ def test_a_suite_task_may_carry_overrides_of_its_own(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="twice.yaml: tasks share the name 'classification'"):
         load_suite(tmp_path / "twice.yaml")
     write_yaml(tmp_path / "bad.yaml", {"tasks": [{"set": ["train.lr=1"]}]})
-    with pytest.raises(ConfigError, match=r"bad.yaml: key 'tasks\[0\]' must be str or SuiteTask"):
+    with pytest.raises(ConfigError, match=r"bad.yaml: tasks\[0\]: a task mapping needs config:"):  # the mapping's own
         load_suite(tmp_path / "bad.yaml")
 
 
