@@ -29,14 +29,21 @@ import torch
 from roformer.config import PATH, check_types
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError, UserError
-from roformer.files import atomic_copy
 from roformer.tasks.base import MODEL_INPUTS, HeadOutputs, TokenRows, pad_rows, with_score
 from roformer.tasks.beir import Beir, read_beir
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.ir_metrics import DEFAULT_METRICS, METRICS, ranking_metrics
 from roformer.tasks.objectives import pair_bce_loss
-from roformer.tasks.retrieval import RUN_FILE, check_beir_source, check_judged, ranking_type, read_run, write_run
-from roformer.tasks.texts import segmented
+from roformer.tasks.retrieval import (
+    RUN_FILE,
+    check_beir_source,
+    check_judged,
+    ranking_type,
+    read_run,
+    run_file,
+    write_run,
+)
+from roformer.tasks.texts import copy_predictions, segmented
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
@@ -227,12 +234,11 @@ class RerankTask(HeadOutputs):
     ) -> None:
         """`<split>.trec` of every split: the reranked top k, then the rest of the first stage's ranking."""
         for split, values in predictions.items():
-            write_run(folder / RUN_FILE.format(split=split), self.queries[split], self.ranking(encoded[split], values))
+            write_run(folder / run_file(split), self.queries[split], self.ranking(encoded[split], values))
 
     def write_submission(self, run_folder: Path, submission: Path) -> None:
         """The selected run's reranked TREC files."""
-        for split in self.dev_splits + self.test_splits:
-            atomic_copy(run_folder / RUN_FILE.format(split=split), submission / RUN_FILE.format(split=split))
+        copy_predictions(run_folder, submission, self.dev_splits + self.test_splits, run_file)
 
 
 def _check(data: FinetuneDataConfig) -> None:

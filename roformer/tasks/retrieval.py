@@ -30,14 +30,14 @@ import torch
 from roformer.config import check_types
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError, UserError
-from roformer.files import atomic_copy, atomic_write_text
+from roformer.files import atomic_write_text
 from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, pad_rows, with_score
 from roformer.tasks.beir import Beir, read_beir
 from roformer.tasks.config import FinetuneDataConfig, Pooling
 from roformer.tasks.ir_metrics import DEFAULT_METRICS, DEPTH, METRICS, rank_by_cosine, ranking_metrics
 from roformer.tasks.objectives import in_batch_negatives_loss
 from roformer.tasks.similarity import PairRows, pair_batch, pair_vectors
-from roformer.tasks.texts import segmented
+from roformer.tasks.texts import copy_predictions, segmented
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
@@ -232,8 +232,7 @@ class RetrievalTask(HeadOutputs):
 
     def write_submission(self, run_folder: Path, submission: Path) -> None:
         """The selected run's TREC files of every split (a reranker's first stage)."""
-        for split in self.dev_splits + self.test_splits:
-            atomic_copy(run_folder / run_file(split), submission / run_file(split))
+        copy_predictions(run_folder, submission, self.dev_splits + self.test_splits, run_file)
 
 
 def check_judged(beir: Beir, folder: str) -> None:

@@ -266,8 +266,22 @@ def write_predictions(
         write_tsv(folder / PREDICTIONS_FILE.format(split=split), header, rows)
 
 
-def copy_predictions(run_folder: Path, submission: Path, splits: list[str]) -> None:
-    """The selected run's `<split>.tsv` of `splits` (its test splits) into the submission folder."""
+def tsv_file(split: str) -> str:
+    """A text type's predictions file of `split`: `<split>.tsv`."""
+    return PREDICTIONS_FILE.format(split=split)
+
+
+def copy_predictions(
+    run_folder: Path, submission: Path, splits: list[str], file_of: Callable[[str], str] = tsv_file
+) -> None:
+    """The selected run's prediction files of `splits` into the submission folder.
+
+    Args:
+        run_folder: The selected run's predictions folder.
+        submission: The job's submission folder.
+        splits: The splits whose files are copied (the test splits; a ranking type's dev split too).
+        file_of: A split's file name (`<split>.tsv` by default).
+    """
     for split in splits:
-        name = PREDICTIONS_FILE.format(split=split)
+        name = file_of(split)
         atomic_copy(run_folder / name, submission / name)
