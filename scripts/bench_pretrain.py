@@ -72,7 +72,7 @@ class HFLoop:
 
     def step(self, step: int) -> None:
         t0 = time.perf_counter()
-        blocks = self.batches.source.blocks_of(step)
+        blocks = self.batches.of(step).source.blocks_of(step)
         batch = self.collator([{"input_ids": row} for row in blocks])
         ids, labels = (batch[k].to(self.device, non_blocking=True) for k in ("input_ids", "labels"))
         self.data_sec += time.perf_counter() - t0

@@ -21,16 +21,18 @@ from roformer.data.tokenizer import Tokenizer, jieba_presegmenter
 
 
 class BlockSource(Protocol):
-    """Unmasked training blocks by step."""
+    """Unmasked training blocks in one seeded order: the blocks at positions [start, start + count) of it.
 
-    global_batch: int
+    A step of G blocks takes the next G: a run (or its stages sharing one source) reads the order without a gap or a
+    repeat whatever its global batch, which may change from stage to stage.
+    """
 
     def describe(self) -> str: ...
-    def epoch_of(self, step: int) -> float: ...
-    def steps_per_epoch(self) -> float | None: ...
-    def blocks_of(self, step: int) -> torch.Tensor: ...
+    def epoch_at(self, position: int) -> float: ...
+    def blocks_per_epoch(self) -> int | None: ...
+    def take(self, start: int, count: int) -> torch.Tensor: ...
     def state_dict(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state: dict[str, Any], step: int) -> None: ...
+    def load_state_dict(self, state: dict[str, Any], position: int) -> None: ...
 
 
 class PackedBlocks:
@@ -44,55 +46,58 @@ class PackedBlocks:
     def describe(self) -> str:
         return f"{len(self.blocks)} train blocks"
 
-    def epoch_of(self, step: int) -> float:
-        return self.sampler.epoch_of(step)
+    def epoch_at(self, position: int) -> float:
+        return self.sampler.epoch_at(position)
 
-    def steps_per_epoch(self) -> float | None:
-        return len(self.blocks) / self.global_batch
+    def blocks_per_epoch(self) -> int | None:
+        return len(self.blocks)
 
     def indices(self, step: int) -> torch.Tensor:
         """(G,) block indices of `step` (see EpochSampler)."""
         return self.sampler.indices(step)
 
     def blocks_of(self, step: int) -> torch.Tensor:
-        return self.blocks[self.indices(step)]
+        """(G, T) blocks of `step` of a run that reads this source alone at one global batch."""
+        return self.take(step * self.global_batch, self.global_batch)
+
+    def take(self, start: int, count: int) -> torch.Tensor:
+        return self.blocks[self.sampler.at(start, count)]
 
     def state_dict(self) -> dict[str, Any]:
         return {}  # the data position is a function of the step
 
-    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
+    def load_state_dict(self, state: dict[str, Any], position: int) -> None:
         pass
 
 
 class StreamedBlocks:
-    """Blocks read from a stream (data.streaming): steps come in order; the stream position is checkpointed."""
+    """Blocks read from a stream (data.streaming): taken in order; the stream position is checkpointed."""
 
-    def __init__(self, packer: StreamPacker, global_batch: int) -> None:
+    def __init__(self, packer: StreamPacker) -> None:
         self.packer = packer
-        self.global_batch = global_batch
-        self.next_step = 0
+        self.next_block = 0
 
     def describe(self) -> str:
         return "streamed training blocks"
 
-    def epoch_of(self, step: int) -> float:
+    def epoch_at(self, position: int) -> float:
         return float(self.packer.epoch)  # a whole number: a stream's length is unknown
 
-    def steps_per_epoch(self) -> float | None:
+    def blocks_per_epoch(self) -> int | None:
         return None
 
-    def blocks_of(self, step: int) -> torch.Tensor:
-        if step != self.next_step:
-            raise RuntimeError(f"streamed batches come in order: expected step {self.next_step}, got {step}")
-        self.next_step += 1
-        return self.packer.blocks(self.global_batch)
+    def take(self, start: int, count: int) -> torch.Tensor:
+        if start != self.next_block:
+            raise RuntimeError(f"streamed blocks come in order: expected block {self.next_block}, got {start}")
+        self.next_block += count
+        return self.packer.blocks(count)
 
     def state_dict(self) -> dict[str, Any]:
         return self.packer.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
+    def load_state_dict(self, state: dict[str, Any], position: int) -> None:
         self.packer.load_state_dict(state)
-        self.next_step = step
+        self.next_block = position
 
 
 class MLMBatches:
@@ -106,7 +111,10 @@ class MLMBatches:
         batch_size: Blocks per process per micro-batch.
         num_processes: Processes.
         grad_accum: Micro-batches per step.
-        total_steps: The run's steps: where a mask-rate schedule ends (null: a constant rate needs none).
+        total_steps: The steps these batches serve (a run's, or its stage's): where a mask-rate schedule ends (null:
+            a constant rate needs none).
+        first_step: The run's step these batches start at (a stage's first; the masks are seeded by the run's step).
+        offset: Blocks of `source` read before `first_step` (by earlier stages sharing it).
     """
 
     def __init__(
@@ -119,6 +127,8 @@ class MLMBatches:
         num_processes: int = 1,
         grad_accum: int = 1,
         total_steps: int | None = None,
+        first_step: int = 0,
+        offset: int = 0,
     ) -> None:
         self.source = source
         self.seed = seed
@@ -126,8 +136,7 @@ class MLMBatches:
         self.num_processes = num_processes
         self.grad_accum = grad_accum
         self.global_batch = global_batch_size(batch_size, num_processes, grad_accum)
-        if source.global_batch != self.global_batch:
-            raise ValueError(f"the block source serves {source.global_batch} blocks a step, not {self.global_batch}")
+        self.first_step, self.offset = first_step, offset
         self.mask_args = {**mlm_mask_args(tokenizer, data), "split": tuple(data.mask_split)}
         if isinstance(data.mask_rate, RateSchedule) and total_steps is None:
             raise ValueError("a mask-rate schedule needs the run's total_steps")
@@ -139,22 +148,28 @@ class MLMBatches:
         """A few words on the data for the log."""
         return self.source.describe()
 
+    def position(self, step: int) -> int:
+        """Blocks of the source read before `step` (a run's step)."""
+        return self.offset + (step - self.first_step) * self.global_batch
+
     def epoch_of(self, step: int) -> float:
-        """Epochs completed at the start of `step`."""
-        return self.source.epoch_of(step)
+        """Epochs (of the source) completed at the start of `step`."""
+        return self.source.epoch_at(self.position(step))
 
     def steps_per_epoch(self) -> float | None:
         """Optimizer steps in one epoch (None for a stream, whose length is unknown)."""
-        return self.source.steps_per_epoch()
+        blocks = self.source.blocks_per_epoch()
+        return None if blocks is None else blocks / self.global_batch
 
     def rate_of(self, step: int) -> float:
-        """The mask rate `step` selects with (data.mask_rate, or its schedule's value at that step)."""
-        return rate_at(self.rate, step, self.total_steps)
+        """The mask rate `step` selects with (data.mask_rate, or its schedule's value at that step of these batches)."""
+        return rate_at(self.rate, step - self.first_step, self.total_steps)
 
     def step(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Masked (G, T) ids and labels of `step`, identical in every process."""
         generator = torch.Generator().manual_seed((self.seed << 32) + step)
-        return mask_tokens(self.source.blocks_of(step), generator=generator, rate=self.rate_of(step), **self.mask_args)
+        blocks = self.source.take(self.position(step), self.global_batch)
+        return mask_tokens(blocks, generator=generator, rate=self.rate_of(step), **self.mask_args)
 
     def maskable(self, ids: torch.Tensor, labels: torch.Tensor) -> int:
         """Tokens of a masked batch that could have been selected (not special): its realised rate's denominator.
@@ -170,7 +185,7 @@ class MLMBatches:
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
         """Continue after `step` steps."""
-        self.source.load_state_dict(state, step)
+        self.source.load_state_dict(state, self.position(step))
 
 
 def mlm_mask_args(tokenizer: Tokenizer, data: DataConfig) -> dict[str, Any]:
@@ -199,6 +214,21 @@ def rate_at(rate: float | RateSchedule, step: int, total_steps: int) -> float:
     return rate
 
 
+def block_source(data: Any, config: DataConfig, seed: int, global_batch: int) -> BlockSource:
+    """The unmasked training blocks of built data: its packed blocks (`data.train`) in seeded order, or its stream.
+
+    Args:
+        data: The built data: roformer.data.store.MLMData or roformer.data.streaming.StreamingMLMData.
+        config: The data config (block length, jieba).
+        seed: Seed of the order.
+        global_batch: Blocks per optimizer step (the order does not depend on it; `PackedBlocks.blocks_of` does).
+    """
+    if isinstance(data, StreamingMLMData):
+        transform = jieba_presegmenter(data.tokenizer) if config.jieba else None
+        return StreamedBlocks(StreamPacker(data.documents, seed, data.tokenizer, config.max_seq_len, transform))
+    return PackedBlocks(data.train, global_batch, seed)
+
+
 def train_batches(
     data: Any,
     config: DataConfig,
@@ -208,7 +238,7 @@ def train_batches(
     grad_accum: int = 1,
     total_steps: int | None = None,
 ) -> MLMBatches:
-    """The masked training batches of every step over the packed blocks (`data.train`), or over the stream.
+    """The masked training batches of every step of a run over its data (packed blocks or a stream).
 
     Args:
         data: The built data: roformer.data.store.MLMData or roformer.data.streaming.StreamingMLMData.
@@ -219,11 +249,5 @@ def train_batches(
         grad_accum: Micro-batches per step.
         total_steps: The run's steps (where a mask-rate schedule ends).
     """
-    global_batch = global_batch_size(batch_size, num_processes, grad_accum)
-    if isinstance(data, StreamingMLMData):
-        transform = jieba_presegmenter(data.tokenizer) if config.jieba else None
-        packer = StreamPacker(data.documents, seed, data.tokenizer, config.max_seq_len, transform)
-        source: Any = StreamedBlocks(packer, global_batch)
-    else:
-        source = PackedBlocks(data.train, global_batch, seed)
+    source = block_source(data, config, seed, global_batch_size(batch_size, num_processes, grad_accum))
     return MLMBatches(source, data.tokenizer, config, seed, batch_size, num_processes, grad_accum, total_steps)

@@ -33,8 +33,12 @@ class EpochSampler:
 
     def indices(self, step: int) -> torch.Tensor:
         """(G,) indices of `step`."""
+        return self.at(step * self.global_batch, self.global_batch)
+
+    def at(self, start: int, count: int) -> torch.Tensor:
+        """(count,) indices at positions [start, start + count) of the epochs' orders laid end to end."""
         n = self.size
-        positions = torch.arange(step * self.global_batch, (step + 1) * self.global_batch)
+        positions = torch.arange(start, start + count)
         out = torch.empty_like(positions)
         for epoch in positions.div(n, rounding_mode="floor").unique().tolist():
             in_epoch = positions // n == epoch
@@ -50,7 +54,11 @@ class EpochSampler:
 
     def epoch_of(self, step: int) -> float:
         """Epochs completed at the start of `step` (fractional)."""
-        return step * self.global_batch / self.size
+        return self.epoch_at(step * self.global_batch)
+
+    def epoch_at(self, position: int) -> float:
+        """Epochs completed after `position` examples (fractional)."""
+        return position / self.size
 
 
 class LengthGroupedSampler(EpochSampler):

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from roformer.model.config import ARCHITECTURE_NAMES, POOLINGS, ModelConfig
+from roformer.model.config import ARCHITECTURE_NAMES, POOLINGS, ModelConfig, RopeScaling
 from roformer.model.generation import Sampling, generate
 from roformer.model.layers import (
     ACTIVATIONS,
@@ -39,7 +39,7 @@ from roformer.model.layers import (
     make_norm,
     self_attention_mask,
 )
-from roformer.model.positions import AttentionPositions, PositionTerms, attention_positions
+from roformer.model.positions import AttentionPositions, PositionTerms, RotaryEmbedding, attention_positions
 from roformer.model.weights import load_weights, read_model_config, read_model_dir, save_model
 
 
@@ -185,6 +185,24 @@ class Model(nn.Module):
         for module in self.modules():
             if isinstance(module, Backbone):
                 module.unpadding = enabled and not self.reads_padding
+
+    def set_rotary(self, base: float, scaling: RopeScaling | None = None) -> None:
+        """Rotate by another base and context scaling from now on (a pretraining stage, mmBERT's 10k -> 160k).
+
+        No parameter changes: the rotary tables are rebuilt where they are, and every config of the model records
+        the new values, so a model saved afterwards loads as it now computes.
+
+        Raises:
+            ValueError: the model has no rotary position encoding.
+        """
+        if self.config.position_encoding != "rotary":
+            raise ValueError(f"set_rotary needs position_encoding: rotary, not {self.config.position_encoding}")
+        for module in self.modules():
+            if isinstance(module, Model):
+                module.config = replace(module.config, rotary_base=base, rope_scaling=scaling)
+            if isinstance(module, RotaryEmbedding):
+                device = next((p.device for p in self.parameters()), None)
+                module.set_frequencies(base, scaling, device)
 
     @property
     def reads_padding(self) -> bool:

@@ -197,16 +197,22 @@ class RotaryEmbedding(TablesFollowTheModule):
     ) -> None:
         super().__init__()
         self.dim = dim
-        self.base = base
         self.layout = layout
+        self.set_frequencies(base, scaling)
+
+    def set_frequencies(self, base: float, scaling: RopeScaling | None, device: torch.device | None = None) -> None:
+        """Rotate by `base` and `scaling` from now on; the tables are rebuilt (on `device`, default the CPU).
+
+        Plain attributes, not buffers: `model.to(bfloat16)` must not cast the tables. The real tables start filled
+        (512 positions, grown on demand): torch.compile guards on them, and a first call that created them would
+        recompile the model once more.
+        """
+        self.base = base
         self.scaling = scaling
-        self.magnitude = rotary_frequencies(dim, base, scaling)[1]
-        # Plain attributes, not buffers: `model.to(bfloat16)` must not cast the tables. The real tables start filled
-        # (512 positions, grown on demand): torch.compile guards on them, and a first call that created them would
-        # recompile the model once more.
+        self.magnitude = rotary_frequencies(self.dim, base, scaling)[1]
         self._cache: Tensor | None = None
         self._real_cache: tuple[Tensor, Tensor] | None = None
-        self.cos_sin(512, torch.device("cpu"))
+        self.cos_sin(512, device or torch.device("cpu"))
 
     def rotations(self, length: int, device: torch.device) -> Tensor:
         """complex64 table magnitude * e^{i m theta_i} of shape (length, dim // 2) on `device`."""

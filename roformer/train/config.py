@@ -33,6 +33,45 @@ from roformer.tasks.config import SECTIONS, FinetuneDataConfig
 SCHEDULES = ("linear", "cosine", "constant", "wsd")
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
 
+# What a pretraining stage may change, per section, and why the rest may not (`Stage`). The evaluation set, the
+# tokenizer and the model's shapes are the run's: curves stay comparable and one checkpoint continues the next stage.
+STAGE_KEYS = {
+    "data": (
+        "max_seq_len",
+        "mask_rate",
+        "mask_split",
+        "whole_word_mask",
+        "source",
+        "paths",
+        "text_column",
+        "decode_errors",
+        "hub_name",
+        "hub_config",
+        "hub_split",
+        "hub_revision",
+        "builtin_documents",
+        "builtin_seed",
+        "shuffle_buffer",
+    ),
+    "model": ("rotary_base", "rope_scaling"),
+    "train": (
+        "batch_size",
+        "grad_accum",
+        "lr",
+        "schedule",
+        "warmup_steps",
+        "warmup_fraction",
+        "decay_fraction",
+        "decay_shape",
+    ),
+}
+STAGE_LR_KEYS = ("lr", "schedule", "warmup_steps", "warmup_fraction", "decay_fraction", "decay_shape")
+_STAGE_REFUSAL = {
+    "data": "the tokenizer, the evaluation set and how the corpus is read are the run's",
+    "model": "the architecture and vocabulary are the run's: one checkpoint continues the next stage",
+    "train": "one optimizer and seed per run",
+}
+
 
 @dataclass
 class TrainArgs:
@@ -218,13 +257,90 @@ class FinetuneTrainConfig(TrainArgs):
 
 
 @dataclass
+class Stage:
+    """One stage of a pretraining run: `steps` optimizer steps under its own keys over the run's sections.
+
+    A stage may change the block length, the corpus, the mask rate (a number or a schedule over the stage) and split,
+    the rotary base and `rope_scaling`, the batch size and the learning-rate phase (`STAGE_KEYS`); anything else is
+    refused naming the key. A stage that sets any of `lr`, `schedule`, `warmup_*`, `decay_*` runs that schedule over
+    its own steps (peak: its lr); the others follow the run's schedule over the whole run.
+
+    Attributes:
+        name: The stage's name (events, the `stages/<name>/` model folder).
+        steps: Its optimizer steps.
+        data: `data:` keys over the run's.
+        model: `model:` keys over the run's.
+        train: `train:` keys over the run's.
+    """
+
+    name: str
+    steps: int
+    data: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+            raise ConfigError(f"name must be letters, digits, '-', '_' or '.' (a folder name), got {self.name!r}")
+        if self.steps < 1:
+            raise ConfigError(f"steps must be >= 1, got {self.steps}")
+        for section, allowed in STAGE_KEYS.items():
+            for key in getattr(self, section):
+                if key not in allowed:
+                    raise ConfigError(
+                        f"{section}.{key} cannot change between stages ({_STAGE_REFUSAL[section]}); a stage may set "
+                        f"{section}: {', '.join(allowed)}"
+                    )
+
+    @property
+    def own_lr_phase(self) -> bool:
+        """Whether the stage runs its own learning-rate schedule over its steps."""
+        return any(key in self.train for key in STAGE_LR_KEYS)
+
+
+@dataclass(frozen=True)
+class ResolvedStage:
+    """A stage with the run's sections under its keys: what its steps train with.
+
+    Attributes:
+        name: The stage's name (None: a run without stages, one stage of all its steps).
+        index: Its place in the run.
+        start: Steps before it.
+        steps: Its steps.
+        data: Its data section.
+        model: Its model section.
+        train: Its train section (max_steps: its steps).
+        own_lr_phase: Whether it runs its own learning-rate schedule (`Stage.own_lr_phase`).
+    """
+
+    name: str | None
+    index: int
+    start: int
+    steps: int
+    data: DataConfig
+    model: ModelConfig
+    train: TrainConfig
+    own_lr_phase: bool = False
+
+    @property
+    def end(self) -> int:
+        """Steps done when the stage ends."""
+        return self.start + self.steps
+
+
+@dataclass
 class PretrainConfig:
     """A pretraining run: `model`, `data`, `train` sections and an optional `label` (the arm name in comparisons).
 
     `init` continues pretraining from a model directory (a run's `final/`): its weights start the run and its
     tokenizer is used unless `data.tokenizer` names another (same vocabulary required). The `model` section must
     have the init model's shapes; fields such as `rope_scaling` or dropout may differ (e.g. position interpolation
-    followed by a short continued pretraining at a longer `data.max_seq_len`, as in Chen et al. 2023).
+    followed by a short continued pretraining at a longer `data.max_seq_len`, as in Chen et al. 2023). A stage
+    folder of another run (`stages/<name>/`) also carries its optimizer's moments: a branch continues that run's
+    AdamW state (mmBERT's decay ablations branch so).
+
+    `stages` runs the steps in stages (`Stage`): the run's length is the sum of their steps (`train.max_steps` is
+    set to it), and evaluation stays on the run's `data:` validation blocks under its fixed mask.
     """
 
     INCLUDE_FILE: ClassVar = True  # `include: FILE` starts from another pretraining config (roformer.config.load)
@@ -234,16 +350,54 @@ class PretrainConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     label: str | None = field(default=None, metadata=MAY_CHANGE_ON_RESUME)
     init: str | None = field(default=None, metadata=PATH)
+    stages: list[Stage] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.init and not self.data.tokenizer:
             self.data = replace(self.data, tokenizer=self.init)
-        model, data = self.model, self.data
-        if model.position_encoding == "learned" and model.max_position_embeddings < data.max_seq_len:
-            raise ConfigError(
-                f"model.max_position_embeddings={model.max_position_embeddings} is shorter than "
-                f"data.max_seq_len={data.max_seq_len} (learned positions cannot go beyond their table)"
+        if self.stages:
+            names = [stage.name for stage in self.stages]
+            repeated = next((name for name in names if names.count(name) > 1), None)
+            if repeated:
+                raise ConfigError(f"stages: two stages are named {repeated!r} (each names its own folder)")
+            self.train = replace(self.train, max_steps=sum(stage.steps for stage in self.stages))
+        for stage in self.resolved_stages():  # every stage's sections are checked as the run's are
+            _check_learned_length(stage.model, stage.data, f"stages[{stage.index}]: " if self.stages else "")
+
+    def resolved_stages(self) -> list[ResolvedStage]:
+        """The run's stages with their sections resolved (one unnamed stage of all steps for a run without stages).
+
+        Raises:
+            ConfigError: a stage's value fails its section's check, named `stages[i].section.key`.
+        """
+        if not self.stages:
+            return [ResolvedStage(None, 0, 0, self.train.max_steps, self.data, self.model, self.train)]
+        resolved, start = [], 0
+        for index, stage in enumerate(self.stages):
+            sections = {}
+            for section in STAGE_KEYS:
+                try:
+                    sections[section] = replace(getattr(self, section), **getattr(stage, section))
+                except ConfigError as e:
+                    raise ConfigError(f"stages[{index}].{section}: {e}") from None
+            if stage.model and self.model.position_encoding != "rotary":
+                key = next(iter(stage.model))
+                raise ConfigError(f"stages[{index}].model.{key}: a stage changes it for position_encoding: rotary only")
+            train = replace(sections["train"], max_steps=stage.steps)
+            resolved.append(
+                ResolvedStage(
+                    stage.name,
+                    index,
+                    start,
+                    stage.steps,
+                    sections["data"],
+                    sections["model"],
+                    train,
+                    stage.own_lr_phase,
+                )
             )
+            start += stage.steps
+        return resolved
 
     @property
     def arm(self) -> str:
@@ -253,7 +407,17 @@ class PretrainConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (YAML-ready)."""
         sections = {k: asdict(getattr(self, k)) for k in ("model", "data", "train")}
-        return {"label": self.label, **({"init": self.init} if self.init else {}), **sections}
+        stages = {"stages": [asdict(stage) for stage in self.stages]} if self.stages else {}
+        return {"label": self.label, **({"init": self.init} if self.init else {}), **sections, **stages}
+
+
+def _check_learned_length(model: ModelConfig, data: DataConfig, where: str) -> None:
+    """Learned positions cannot go beyond their table: refuse blocks longer than it."""
+    if model.position_encoding == "learned" and model.max_position_embeddings < data.max_seq_len:
+        raise ConfigError(
+            f"{where}model.max_position_embeddings={model.max_position_embeddings} is shorter than "
+            f"data.max_seq_len={data.max_seq_len} (learned positions cannot go beyond their table)"
+        )
 
 
 def data_section(data: FinetuneDataConfig) -> dict[str, Any]:

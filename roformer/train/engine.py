@@ -30,7 +30,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -131,6 +131,23 @@ class Recipe(Protocol):
         """
 
 
+class StagedRecipe(Recipe, Protocol):
+    """A recipe whose steps run in stages (pretraining's `stages:`), each with its own batch layout.
+
+    `stages` lists them in order (roformer.train.config.ResolvedStage; one unnamed stage for a run without stages).
+    The engine enters a stage before its first step (and before a resumed step inside it), evaluates and checkpoints
+    at every named stage's end, and tags train and eval events with the stage's name.
+    """
+
+    stages: list[Any]
+
+    def enter_stage(self, stage: Any) -> None:
+        """Make the model compute as `stage` trains (e.g. its rotary base)."""
+
+    def end_stage(self, stage: Any, state: RunState) -> dict[str, Any]:
+        """Write what a stage leaves behind (its model folder) after its last step; the fields of its end event."""
+
+
 class Engine:
     """One training run: an accelerator, a prepared model and optimizer, the loop, its checkpoints and metrics.
 
@@ -162,6 +179,8 @@ class Engine:
         self.metrics_path = metrics
         self.metrics: MetricsWriter | None = None
         self.tracker_prefix = ""
+        self.stage: Any = None  # the stage being trained (a StagedRecipe's), None before the first
+        self.stage_tags: dict[str, Any] = {}  # its name, in train and eval events (not a run tag: resume ignores it)
 
     # -- set-up ------------------------------------------------------------------------------------------------
 
@@ -169,8 +188,10 @@ class Engine:
     def is_main_process(self) -> bool:
         return self.accelerator.is_main_process
 
-    def setup(self, model: Model, lr: float, total_steps: int) -> None:
-        """AdamW and its schedule over `total_steps`, torch.compile if asked, accelerate's prepare."""
+    def setup(
+        self, model: Model, lr: float, total_steps: int, multiplier: Callable[[int], float] | None = None
+    ) -> None:
+        """AdamW and its schedule over `total_steps` (or `multiplier`), torch.compile if asked, accelerate's prepare."""
         args = self.args
         optimizer, self.scheduler = make_optimizer(
             model,
@@ -183,6 +204,7 @@ class Engine:
             args.schedule,
             decay_steps=args.decay_for(total_steps),
             decay_shape=args.decay_shape,
+            multiplier=multiplier,
         )
         model.set_gradient_checkpointing(args.gradient_checkpointing)
         model.set_unpadding(args.unpadding_on())
@@ -246,11 +268,14 @@ class Engine:
 
         args, total = self.args, self.total_steps
         evaluate_at = self.eval_points(recipe)
+        stage_ends = {stage.end: stage for stage in getattr(recipe, "stages", []) if stage.name}
         show = self.is_main_process and args.progress
         bar = tqdm(total=total, initial=state.step, desc=desc, disable=not show)
         interval = self.interval
         with GracefulStop() as stop:
             for step in range(state.step, total):
+                self._enter_stage_of(recipe, step)
+                args = self.args  # a stage may change the batch layout
                 result = self.train_step(recipe, step)
                 state.step, done = step + 1, step + 1
                 state.tokens_seen += result.tokens
@@ -258,19 +283,53 @@ class Engine:
                 interval.add(result)
                 bar.update(1)
                 self._count_bad_step(result, state)
-                if done % args.log_every == 0 or done == total:
+                ended = stage_ends.get(done)
+                if done % args.log_every == 0 or done == total or ended:
                     event = interval.event(self.accelerator.reduce, state)
                     bar.set_postfix(loss=f"{event['loss']:.4f}", tok_s=f"{event['tokens_per_sec']:.0f}")
-                    self.log({"event": "train", **self.tags, "step": done, **event, "epoch": _epoch(recipe, done)})
-                if done in evaluate_at:
+                    record = {"event": "train", **self.tags, **self.stage_tags, "step": done, **event}
+                    self.log({**record, "epoch": _epoch(recipe, done)})
+                if done in evaluate_at or ended:
                     self.evaluate(recipe, state)
-                saved = (args.save_every and done % args.save_every == 0) or (done == total and checkpoint_at_end)
+                end_event = recipe.end_stage(ended, state) if ended else None  # type: ignore[attr-defined]
+                saved = (
+                    (args.save_every and done % args.save_every == 0)
+                    or (done == total and checkpoint_at_end)
+                    or ended is not None
+                )
                 if saved:
-                    self.save_checkpoint(recipe, state)
+                    path = self.save_checkpoint(recipe, state)
+                if end_event is not None:
+                    where = {"checkpoint": str(path.relative_to(self.out)), **end_event}
+                    self.log({"event": "stage_end", **self.tags, "stage": ended.name, "step": done, **where})
                 if any_process(stop.requested):  # every process stops after the same step
                     self._stop(recipe, state, stop.signal_name or "a signal on another process", already_saved=saved)
         bar.close()
         return state
+
+    def _enter_stage_of(self, recipe: Recipe, step: int, resuming: bool = False) -> None:
+        """Train `step` as its stage says (a StagedRecipe's; nothing for other recipes): batch layout, model, tags.
+
+        Entering a named stage at its first step logs its `stage` event; `resuming` enters without one (the
+        checkpoint's layout, to check the global batch it was written with).
+        """
+        stages = getattr(recipe, "stages", None)
+        if not stages:
+            return
+        from roformer.train.stages import stage_event, stage_index
+
+        stage = stages[stage_index(stages, step)]
+        if stage is self.stage:
+            return
+        self.stage = stage
+        layout = stage.train
+        self.args = replace(self.args, batch_size=layout.batch_size, grad_accum=layout.grad_accum)
+        self.accelerator.gradient_accumulation_steps = layout.grad_accum
+        self.accelerator.step = 0  # micro-steps counted anew: the next step's last micro-batch is its update
+        recipe.enter_stage(stage)  # type: ignore[attr-defined]
+        self.stage_tags = {"stage": stage.name} if stage.name else {}
+        if stage.name and step == stage.start and not resuming:
+            self.log({**stage_event(stage, self.global_batch), **self.tags})
 
     def _count_bad_step(self, result: StepResult, state: RunState) -> None:
         """Log a skipped (non-finite) update; stop the run after max_bad_steps of them in a row."""
@@ -340,7 +399,7 @@ class Engine:
     def evaluate(self, recipe: Recipe, state: RunState) -> None:
         """Run the recipe's evaluation after `state.step` steps and log its events."""
         for event in recipe.evaluate(state.step):
-            record = {"event": "eval", **self.tags, "step": state.step, **event}
+            record = {"event": "eval", **self.tags, **self.stage_tags, "step": state.step, **event}
             self.log({**record, "epoch": _epoch(recipe, state.step), "elapsed_sec": state.elapsed_sec})
 
     def log(self, event: dict[str, Any]) -> None:
@@ -497,6 +556,7 @@ class Engine:
             return None
         step, path = latest
         saved = read_json(path / TRAINER_STATE_FILE, f"delete {path} to resume from an older checkpoint")
+        self._enter_stage_of(recipe, max(step - 1, 0), resuming=True)  # the layout the checkpoint was written in
         if saved.get("global_batch", self.global_batch) != self.global_batch:
             raise UserError(
                 f"{path}: saved with a global batch of {saved['global_batch']} examples, now {self.global_batch} "

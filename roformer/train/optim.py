@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from roformer.errors import UserError
 from roformer.train.config import DECAY_SHAPES, SCHEDULES
 
 
@@ -35,19 +38,52 @@ def make_optimizer(
     fused: bool | None = None,
     decay_steps: int = 0,
     decay_shape: str = "1-sqrt",
+    multiplier: Callable[[int], float] | None = None,
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over `param_groups` and its warmup + decay schedule (stepped once per optimizer step).
 
     `fused` (None: on when CUDA is present) uses the one-kernel CUDA AdamW instead of a kernel per tensor group.
+    `multiplier` (a run in stages: roformer.train.stages.lr_multiplier_for) replaces the schedule's factor of `lr`.
     """
     if fused is None:
         fused = torch.cuda.is_available()
     groups = param_groups(model, weight_decay)
     optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_multiplier(s, warmup_steps, total_steps, schedule, decay_steps, decay_shape)
-    )
+    if multiplier is None:
+
+        def multiplier(s: int) -> float:
+            return lr_multiplier(s, warmup_steps, total_steps, schedule, decay_steps, decay_shape)
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
     return optimizer, scheduler
+
+
+MOMENTS_FILE = "optimizer.pt"  # AdamW's state in a stage folder: a branch continues it
+
+
+def save_moments(optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """Write the optimizer's per-parameter state (AdamW's moments and step counts) to `path` (full tensors)."""
+    torch.save({"state": optimizer.state_dict()["state"]}, path)
+
+
+def load_moments(optimizer: torch.optim.Optimizer, path: Path) -> int:
+    """Continue the per-parameter state `save_moments` wrote, under this optimizer's own hyperparameters.
+
+    The learning rate, betas and weight decay stay this run's: only the moments and step counts carry over (a decay
+    branched off another run's stage continues its AdamW state). Returns how many parameters' states were loaded.
+
+    Raises:
+        UserError: the saved state does not fit the parameters (another model's file).
+    """
+    saved = torch.load(path, map_location="cpu", weights_only=True)["state"]
+    current = optimizer.state_dict()
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, state in saved.items():
+        shape = state.get("exp_avg", torch.empty(0)).shape
+        if index >= len(params) or (shape and shape != params[index].shape):
+            raise UserError(f"{path}: the optimizer state does not fit this model's parameters (parameter {index})")
+    optimizer.load_state_dict({"state": saved, "param_groups": current["param_groups"]})
+    return len(saved)
 
 
 def finish_micro_step(

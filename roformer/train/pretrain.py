@@ -22,31 +22,37 @@ from typing import Any
 import torch
 
 from roformer.config import flat_config, read_yaml
+from roformer.data.config import DataConfig
 from roformer.data.masking import IGNORE_INDEX, masked_positions
-from roformer.data.mlm import eval_batch, train_batches
-from roformer.data.sampling import share
+from roformer.data.mlm import block_source, eval_batch
+from roformer.data.sampling import global_batch_size, share
 from roformer.data.store import build_mlm_data
 from roformer.data.streaming import build_streaming_mlm_data
 from roformer.data.token_store import BlockView
 from roformer.data.tokenizer import Tokenizer, save_tokenizer, tokenizer_from_json, tokenizer_to_json, vocab_hash
 from roformer.errors import UserError, WriteFailed
 from roformer.files import atomic_write_text
+from roformer.logs import MAIN_ONLY
 from roformer.model.model import MaskedLM
 from roformer.model.pretrained import load_weights_from
-from roformer.train.config import PretrainConfig
+from roformer.train.config import PretrainConfig, ResolvedStage
 from roformer.train.engine import Engine, ProcessLayout, RunState, to_device
 from roformer.train.evaluate import evaluate_mlm
 from roformer.train.interval import MaskCounts
 from roformer.train.launch import agree_on_errors, broadcast_from_main, process_state, run_on_main
+from roformer.train.optim import MOMENTS_FILE, load_moments, save_moments
 from roformer.train.run_dir import (
     CHECKPOINTS_DIR,
     FINAL_DIR,
     METRICS_FILE,
+    STAGES_DIR,
     TOKENIZATION_FILE,
     TOKENIZER_DIR,
     RunDir,
     write_model_dir,
 )
+from roformer.train.sharded import is_sharded
+from roformer.train.stages import StagedBatches, blocks_key, lr_multiplier_for, source_groups
 
 logger = logging.getLogger(__name__)
 
@@ -67,25 +73,25 @@ def resolve_config(config: PretrainConfig, tokenizer: Tokenizer) -> PretrainConf
     return replace(config, model=model, data=replace(config.data, vocab_hash=digest))
 
 
-def build_data(config: PretrainConfig) -> Any:
+def build_data(config: DataConfig, tokenizer: Tokenizer | None = None) -> Any:
     """The run's data in every process: the tokenizer made once, the token store built once per node.
 
     The main process builds first (training the tokenizer, filling the cache) while the others wait; a trained
     tokenizer is then sent to them. Next the first process of every other node builds (from the cache when the nodes
     share it, else into its own), then the rest, which find the store built. A failure on any process (bad data, a
-    full disk) is every process's failure, in one line (roformer.train.launch.agree_on_errors).
+    full disk) is every process's failure, in one line (roformer.train.launch.agree_on_errors). `tokenizer` (a later
+    stage's data: the run's) is used by every process.
     """
-    build = build_streaming_mlm_data if config.data.streaming else build_mlm_data
+    build = build_streaming_mlm_data if config.streaming else build_mlm_data
     state = process_state()
     main = state.is_main_process
-    data = agree_on_errors((lambda: build(config.data)) if main else None)
-    tokenizer = None  # loaded from config.data.tokenizer: the same file in every process
-    if not config.data.tokenizer:  # trained by the main process: sent to the others
+    data = agree_on_errors((lambda: build(config, tokenizer=tokenizer)) if main else None)
+    if tokenizer is None and not config.tokenizer:  # trained by the main process: sent to the others
         shared = broadcast_from_main(tokenizer_to_json(data.tokenizer) if main else None)
-        tokenizer = None if main else tokenizer_from_json(shared, config.data.lowercase)
+        tokenizer = None if main else tokenizer_from_json(shared, config.lowercase)
     for node_first in (True, False):
         mine = not main and state.is_local_main_process == node_first
-        built = agree_on_errors((lambda: build(config.data, tokenizer=tokenizer)) if mine else None)
+        built = agree_on_errors((lambda: build(config, tokenizer=tokenizer)) if mine else None)
         data = built if mine else data
     return data
 
@@ -147,17 +153,31 @@ class Pretrainer:
     ) -> None:
         self.out = Path(output_dir)
         self.run_dir = RunDir(self.out, overwrite, resume)  # before any data work
+        self.resumes = resume
         train = config.train
         self.engine = Engine(train, self.out, train.seed, self.out / CHECKPOINTS_DIR, self.out / METRICS_FILE)
         acc = self.engine.accelerator
-        self.data = build_data(config)
+        self.data = build_data(config.data)
         self.config = resolve_config(config, self.data.tokenizer)
         if resume:
             self._check_resumable()
-        self.batches = train_batches(
-            self.data, config.data, train.seed, train.batch_size, acc.num_processes, train.grad_accum, train.max_steps
-        )
+        self.stages = self.config.resolved_stages()  # one unnamed stage of all steps for a run without stages
+        self.batches = self._staged_batches(acc.num_processes)
+        # the run's validation blocks under the one fixed mask, whatever a stage trains on
         self.eval_ids, self.eval_labels = eval_batch(self.data.validation, self.data.tokenizer, config.data)
+
+    def _staged_batches(self, num_processes: int) -> StagedBatches:
+        """The batches of every stage; a stage with other blocks than the run's builds its data here, before step 0."""
+        groups, seed = source_groups(self.stages), self.config.train.seed
+        sources = []
+        for group in range(max(groups) + 1):
+            stage = self.stages[groups.index(group)]
+            same = blocks_key(stage.data) == blocks_key(self.config.data)
+            data = self.data if same else build_data(stage.data, self.data.tokenizer)
+            layout = stage.train
+            global_batch = global_batch_size(layout.batch_size, num_processes, layout.grad_accum)
+            sources.append(block_source(data, stage.data, seed, global_batch))
+        return StagedBatches(self.stages, sources, self.data.tokenizer, seed, num_processes)
 
     def _check_resumable(self) -> None:
         """The data must give the run's tokenizer; the config may change only as RunDir's policy allows."""
@@ -209,7 +229,20 @@ class Pretrainer:
         if self.config.init:
             load_weights_from(model, self.config.init)
         self.num_parameters = model.num_parameters()
-        self.engine.setup(model, train.lr, train.max_steps)
+        staged = len(self.stages) > 1 or self.config.stages
+        multiplier = lr_multiplier_for(self.stages, train) if staged else None
+        self.engine.setup(model, train.lr, train.max_steps, multiplier)
+        moments = Path(self.config.init or "") / MOMENTS_FILE
+        if self.config.init and moments.is_file() and not self.resumes:
+            self._continue_moments(moments)
+
+    def _continue_moments(self, path: Path) -> None:
+        """Start from the AdamW state of the stage folder this run branches off (unsharded models only)."""
+        if is_sharded(self.engine.model):
+            logger.warning("%s: not loaded under FSDP: the optimizer starts afresh", path, extra=MAIN_ONLY)
+            return
+        count = load_moments(self.engine.optimizer, path)
+        logger.info("continuing the optimizer state of %s (%d parameters)", path, count)
 
     def starting_state(self) -> RunState:
         """Load the newest complete checkpoint when resuming; the state to start from (step 0 for a fresh run).
@@ -252,21 +285,54 @@ class Pretrainer:
 
     def save_final(self) -> None:
         """Write final/: the trained MaskedLM (gathered from every process) and the tokenizer."""
+        steps = self.config.train.max_steps
+        try:
+            self._write_model(self.out / FINAL_DIR, self.stages)
+        except WriteFailed as e:  # the run is done and checkpointed: only final/ is missing
+            raise WriteFailed(f"{e}; the checkpoint of step {steps} is intact: --resume writes final/") from None
+
+    def _write_model(self, directory: Path, stages: list[ResolvedStage], moments: bool = False) -> None:
+        """Write the model as it is now (gathered from every process), its tokenizer and what it was trained on.
+
+        `pretraining.json` gives the longest block length of `stages` (those trained so far) and their steps;
+        `moments` adds the optimizer state (unsharded), which a run branching off this folder continues.
+        """
         self.engine.accelerator.wait_for_everyone()
         state = self.engine.full_state_dict()  # a collective under FSDP: every process
+        data = self.config.data
+        pretraining = {
+            "max_seq_len": max(stage.data.max_seq_len for stage in stages),
+            "vocab_hash": data.vocab_hash,
+            "steps": stages[-1].end,
+            **({"stages": [stage.name for stage in stages]} if self.config.stages else {}),
+        }
+        optimizer = self.engine.optimizer if moments and not is_sharded(self.engine.model) else None
 
         def write() -> None:
-            final = MaskedLM(self.engine.bare_model().config)
-            final.load_state_dict(state)
-            data = self.config.data
-            steps = self.config.train.max_steps
-            pretraining = {"max_seq_len": data.max_seq_len, "vocab_hash": data.vocab_hash, "steps": steps}
-            try:
-                write_model_dir(final, self.data.tokenizer, self.out / FINAL_DIR, pretraining)
-            except WriteFailed as e:  # the run is done and checkpointed: only final/ is missing
-                raise WriteFailed(f"{e}; the checkpoint of step {steps} is intact: --resume writes final/") from None
+            model = MaskedLM(self.engine.bare_model().config)
+            model.load_state_dict(state)
+            more = (lambda staging: save_moments(optimizer, staging / MOMENTS_FILE)) if optimizer is not None else None
+            write_model_dir(model, self.data.tokenizer, directory, pretraining, more)
 
         run_on_main(write)
+
+    # -- stages -------------------------------------------------------------------------------------------------
+
+    def enter_stage(self, stage: ResolvedStage) -> None:
+        """Rotate as `stage` says (its rotary base and scaling); its batches and layout follow from the step."""
+        model = self.engine.bare_model()
+        wanted = (stage.model.rotary_base, stage.model.rope_scaling)
+        if model.config.position_encoding == "rotary" and wanted != (
+            model.config.rotary_base,
+            model.config.rope_scaling,
+        ):
+            model.set_rotary(*wanted)
+
+    def end_stage(self, stage: ResolvedStage, state: RunState) -> dict[str, Any]:
+        """Write `stages/<name>/` after a stage's last step: a model folder (an `init:`) with the optimizer state."""
+        folder = Path(STAGES_DIR) / stage.name
+        self._write_model(self.out / folder, self.stages[: stage.index + 1], moments=True)
+        return {"folder": str(folder), "tokens_seen": state.tokens_seen}
 
     # -- the engine's recipe ------------------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 TRAINER_STATE_FILE = "trainer_state.json"  # inside a checkpoint: step, counters, data position
 FINAL_DIR = "final"
+STAGES_DIR = "stages"  # pretraining in stages: stages/<name>/, the model (and optimizer state) at a stage's end
 TOKENIZER_DIR = "tokenizer"
 RESULTS_FILE = "results.json"  # fine-tuning: dev metrics per run and per learning rate
 PREDICTIONS_DIR = "predictions"
@@ -241,14 +242,23 @@ def keep_metrics(path: Path, keep: Callable[[dict[str, Any]], bool]) -> None:
 
 
 def write_model_dir(
-    model: Any, tokenizer: Tokenizer, directory: Path, pretraining: dict[str, Any] | None = None
+    model: Any,
+    tokenizer: Tokenizer,
+    directory: Path,
+    pretraining: dict[str, Any] | None = None,
+    write_more: Callable[[Path], None] | None = None,
 ) -> None:
-    """Write a model (`model.save`), its tokenizer and what it was pretrained on into `directory`, all or nothing."""
+    """Write a model (`model.save`), its tokenizer and what it was pretrained on into `directory`, all or nothing.
+
+    `write_more` writes further files into the staged directory (a stage folder's optimizer state).
+    """
     with staged_output_dir(directory, overwrite=True) as staging:
         model.save(staging)
         save_tokenizer(tokenizer, staging)
         if pretraining is not None:
             (staging / PRETRAINING_FILE).write_text(json.dumps(pretraining, indent=2))
+        if write_more is not None:
+            write_more(staging)
 
 
 def pretraining_length(model_dir: Path) -> int | None:

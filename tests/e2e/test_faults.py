@@ -395,9 +395,9 @@ def test_a_signal_before_training_stops_at_once_with_the_requeue_code(
     yaml, _ = reference
     original = pretrain_module.build_data
 
-    def build_data(config):
+    def build_data(config, tokenizer=None):
         os.kill(os.getpid(), signal.SIGTERM)
-        return original(config)
+        return original(config, tokenizer)
 
     monkeypatch.setattr(pretrain_module, "build_data", build_data)
     code, err = run_cli(["--config", str(yaml), "--output-dir", str(tmp_path / "run")], capsys)

@@ -398,8 +398,8 @@ def test_whole_word_masking_run(tmp_path: Path) -> None:
     trainer = Pretrainer(load(PretrainConfig, yaml), tmp_path / "run")
     ids, labels = trainer.batches.step(0)
     table = roformer.data.masking.continuation_table(trainer.data.tokenizer)
-    selected, cont = labels != -100, table[trainer.batches.source.blocks_of(0)]
-    follows = cont[:, 1:] & ~torch.isin(trainer.batches.source.blocks_of(0)[:, :-1], torch.tensor([2, 3]))
+    selected, cont = labels != -100, table[trainer.batches.of(0).source.blocks_of(0)]
+    follows = cont[:, 1:] & ~torch.isin(trainer.batches.of(0).source.blocks_of(0)[:, :-1], torch.tensor([2, 3]))
     assert follows.any() and torch.equal(selected[:, 1:][follows], selected[:, :-1][follows])
     assert trainer.run().joinpath("final").is_dir()
 
@@ -440,7 +440,7 @@ def test_only_the_main_process_trains_the_tokenizer(tmp_path: Path, monkeypatch:
     from roformer.train import pretrain as pretrain_module
 
     config = load(PretrainConfig, tiny_run_config(tmp_path / "c.yaml", data={"cache": False}))
-    on_main = pretrain_module.build_data(config)
+    on_main = pretrain_module.build_data(config.data)
     sent = tokenizer_to_json(on_main.tokenizer)
 
     class OtherProcess:
@@ -450,7 +450,7 @@ def test_only_the_main_process_trains_the_tokenizer(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(pretrain_module, "broadcast_from_main", lambda value: sent if value is None else value)
     second_training = lambda *a, **k: pytest.fail("a second process trained a tokenizer")  # noqa: E731
     monkeypatch.setattr(tokenizer_module, "train_tokenizer", second_training)
-    elsewhere = pretrain_module.build_data(config)
+    elsewhere = pretrain_module.build_data(config.data)
     assert vocab_hash(elsewhere.tokenizer) == vocab_hash(on_main.tokenizer)
     assert torch.equal(elsewhere.train[:], on_main.train[:]) and torch.equal(elsewhere.validation, on_main.validation)
 
