@@ -259,13 +259,15 @@ class Pretrainer:
         """Train to max_steps (evaluating, logging, checkpointing)."""
         engine = self.engine
         engine.start_logging("roformer-pretrain", flat_config(self.config.to_dict()))
+        shapes = [f"{b.global_batch} x {s.data.max_seq_len}" for s, b in zip(self.stages, self.batches.batches)]
+        if self.config.stages:
+            shapes = [f"{stage.name}: {stage.steps} steps of {shape}" for stage, shape in zip(self.stages, shapes)]
         logger.info(
-            "%s: %s parameters, %s, global batch %d x %d tokens, %d processes",
+            "%s: %s parameters, %s, global batch %s tokens, %d processes",
             self.config.arm,
             f"{self.num_parameters:,}",
             self.batches.describe(),
-            self.batches.global_batch,
-            self.config.data.max_seq_len,
+            "; ".join(shapes),
             engine.accelerator.num_processes,
         )
         return engine.fit(self, state)
