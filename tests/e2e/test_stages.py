@@ -1,0 +1,120 @@
+"""`roformer pretrain` in stages: the issue's contract run, exact resume inside a stage and across a boundary, and a
+run branching off another run's stage folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import TINY_DATA, TINY_MODEL, interrupted_run, train_losses
+from safetensors.torch import load_file
+
+import roformer
+from roformer.cli import main
+from roformer.config import load, write_yaml
+from roformer.train.config import PretrainConfig
+from roformer.train.pretrain import pretrain
+from roformer.train.run_dir import read_metrics
+
+TRAIN = {"batch_size": 4, "lr": 1e-3, "log_every": 1, "eval_every": 0, "save_every": 4, "progress": False}
+
+
+def staged_config(path: Path, stages: list[dict], model: dict | None = None, **train) -> Path:
+    config = {"model": {**TINY_MODEL, **(model or {})}, "data": TINY_DATA, "train": {**TRAIN, **train}}
+    write_yaml(path, {**config, "stages": stages})
+    return path
+
+
+def test_the_contract_run_logs_each_stage_and_leaves_a_folder_per_stage(tmp_path: Path) -> None:
+    """The issue's shape: 200 steps at 64 tokens and 30%, then 100 at 256 tokens, 15% and rotary base 160k."""
+    stages = [
+        {"name": "short", "steps": 200, "data": {"max_seq_len": 64, "mask_rate": 0.3}},
+        {
+            "name": "long",
+            "steps": 100,
+            "data": {"max_seq_len": 256, "mask_rate": 0.15},
+            "model": {"rotary_base": 160000},
+        },
+    ]
+    yaml = staged_config(tmp_path / "c.yaml", stages, log_every=20, eval_every=100, save_every=150)
+    run = pretrain(load(PretrainConfig, yaml), tmp_path / "run")
+    events = read_metrics(run / "metrics.jsonl")
+    starts = [e for e in events if e["event"] == "stage"]
+    assert [(e["stage"], e["step"], e["max_seq_len"], e["rotary_base"]) for e in starts] == [
+        ("short", 1, 64, 10000.0),
+        ("long", 201, 256, 160000.0),
+    ]
+    ends = [e for e in events if e["event"] == "stage_end"]
+    assert [(e["stage"], e["step"], e["checkpoint"], e["folder"]) for e in ends] == [
+        ("short", 200, "checkpoints/step-200", "stages/short"),
+        ("long", 300, "checkpoints/step-300", "stages/long"),
+    ]
+    evals = [(e["step"], e["stage"]) for e in events if e["event"] == "eval"]
+    assert evals == [(100, "short"), (200, "short"), (300, "long")]  # every stage's end, on the one validation set
+    train = [e for e in events if e["event"] == "train"]
+    assert all(e["stage"] == ("short" if e["step"] <= 200 else "long") for e in train)
+    assert train[-1]["tokens_seen"] == 200 * 4 * 64 + 100 * 4 * 256  # every step of each stage, at its length
+    realised = {stage: [e["mask_rate_realised"] for e in train if e["stage"] == stage] for stage in ("short", "long")}
+    assert all(abs(r - 0.3) < 0.03 for r in realised["short"]) and all(abs(r - 0.15) < 0.03 for r in realised["long"])
+    short = json.loads((run / "stages" / "short" / "pretraining.json").read_text())
+    assert short == {**short, "max_seq_len": 64, "steps": 200, "stages": ["short"]}
+    assert json.loads((run / "final" / "pretraining.json").read_text())["max_seq_len"] == 256
+    assert roformer.load(run / "stages" / "short").config.rotary_base == 10000.0
+    assert roformer.load(run / "final").config.rotary_base == 160000.0  # saved as it last computed
+    final, long = (
+        load_file(run / "final" / "model.safetensors"),
+        load_file(run / "stages" / "long" / "model.safetensors"),
+    )
+    assert all(torch.equal(final[k], long[k]) for k in final)
+    assert (run / "stages" / "short" / "optimizer.pt").is_file()
+
+
+STAGES = [
+    {"name": "a", "steps": 6, "data": {"mask_rate": 0.3}},
+    {
+        "name": "b",
+        "steps": 6,
+        "data": {"max_seq_len": 48, "mask_rate": {"start": 0.2, "end": 0.1}, "mask_split": [1, 0, 0]},
+        "model": {"rotary_base": 50000},
+        "train": {"batch_size": 2, "grad_accum": 2, "schedule": "linear", "warmup_steps": 0, "lr": 5e-4},
+    },
+]
+
+
+@pytest.mark.parametrize("crash_step", [6, 9], ids=["at-the-boundary", "inside-a-stage"])
+def test_a_staged_run_resumes_exactly_at_a_boundary_and_inside_a_stage(
+    crash_step: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dropout on, another batch layout, length, base, mask recipe and lr phase in the second stage."""
+    dropout = {"hidden_dropout": 0.1, "attention_dropout": 0.1}
+    yaml = staged_config(tmp_path / "c.yaml", STAGES, model=dropout)
+    config = load(PretrainConfig, yaml)
+    reference = pretrain(config, tmp_path / "full")
+    interrupted_run(config, tmp_path / "cut", crash_step, monkeypatch)
+    assert main(["pretrain", "--config", str(yaml), "--output-dir", str(tmp_path / "cut"), "--resume"]) == 0
+    assert train_losses(tmp_path / "cut") == train_losses(reference)
+    events, uninterrupted = read_metrics(tmp_path / "cut" / "metrics.jsonl"), read_metrics(reference / "metrics.jsonl")
+    assert [e["event"] for e in events] == [e["event"] for e in uninterrupted]  # each stage event once
+    assert [e.get("lr") for e in events] == [e.get("lr") for e in uninterrupted]
+    first, second = (
+        load_file(reference / "final" / "model.safetensors"),
+        load_file(tmp_path / "cut" / "final" / "model.safetensors"),
+    )
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_a_run_branches_a_decay_off_another_runs_stage_folder(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """init: a stage folder starts from its weights and continues its AdamW moments (mmBERT's decay branches)."""
+    stable = [{"name": "stable", "steps": 4, "train": {"schedule": "constant", "warmup_steps": 2}}]
+    trunk = pretrain(load(PretrainConfig, staged_config(tmp_path / "a.yaml", stable)), tmp_path / "trunk")
+    decay = [{"name": "decay", "steps": 3, "train": {"schedule": "linear", "warmup_steps": 0}}]
+    yaml = staged_config(tmp_path / "b.yaml", decay)
+    config = load(PretrainConfig, yaml, [f"init={trunk / 'stages' / 'stable'}"])
+    with caplog.at_level("INFO"):
+        branch = pretrain(config, tmp_path / "branch")
+    assert "continuing the optimizer state of" in caplog.text
+    lrs = [e["lr"] for e in read_metrics(branch / "metrics.jsonl") if e["event"] == "train"]
+    assert lrs == pytest.approx([1e-3, 1e-3 * 2 / 3, 1e-3 / 3])
+    assert roformer.load(branch / "final").config == roformer.load(trunk / "final").config
