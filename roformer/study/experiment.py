@@ -107,6 +107,28 @@ class LengthStage:
 
 # The data fields that make a tokenizer: arms may differ in these alone when `vary` names them.
 TOKENIZATION_FIELDS = ("jieba", "vocab_size", "tokenizer", "lowercase", "tokenizer_documents")
+# A pretraining recipe's fields (the mask and the stages, roformer.train.config.Stage): arms may differ in these when
+# `vary` names them. The evaluation mask stays the same, so their eval losses compare.
+RECIPE_FIELDS = ("data.mask_rate", "data.mask_split", "data.whole_word_mask", "stages")
+
+
+@dataclass
+class Comparison:
+    """A comparison of some arms against a baseline of their own, besides the experiment's (`<out>/compare-<name>/`).
+
+    For a grid of recipes x position encodings: each encoding's recipes against its own constant-15% arm.
+
+    Attributes:
+        arms: The arms compared (the baseline among them).
+        baseline: Their baseline.
+    """
+
+    arms: list[str] = field(default_factory=list)
+    baseline: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.arms) < 2 or self.baseline not in self.arms:
+            raise ConfigError(f"a comparison needs two arms or more and its baseline among them, got {self.arms}")
 
 
 @dataclass
@@ -124,8 +146,12 @@ class ExperimentConfig:
             of the data section as `data.<field>` (TOKENIZATION_FIELDS, e.g. [data.jieba] for word- against
             character-level Chinese: such arms read other tokens, so `roformer compare` sets their MLM losses apart
             and compares them downstream). Anything else that differs is refused.
+            A pretraining recipe's fields (RECIPE_FIELDS: `data.mask_rate`, `data.mask_split`, `stages`) may be named
+            too: arms that train under other masks or stages, evaluated under the same fixed mask.
         glue: Optional GLUE stage (GlueStage).
         length: Optional length-evaluation stage (LengthStage).
+        comparisons: Further comparisons of some arms against a baseline of their own ({name: Comparison}), each
+            into `<out>/compare-<name>/` and a section of the report.
     """
 
     arms: dict[str, str | ArmSpec] = field(default_factory=dict)
@@ -136,16 +162,22 @@ class ExperimentConfig:
     vary: list[str] = field(default_factory=list)
     glue: GlueStage | None = None
     length: LengthStage | None = None
+    comparisons: dict[str, Comparison] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_types(self)
-        known = set(ModelConfig.__dataclass_fields__) | {f"data.{name}" for name in TOKENIZATION_FIELDS}
+        tokenization = {f"data.{name}" for name in TOKENIZATION_FIELDS}
+        known = set(ModelConfig.__dataclass_fields__) | tokenization | set(RECIPE_FIELDS)
         unknown = [name for name in self.vary if name not in known]
         if unknown:
             raise ConfigError(
-                f"vary: {unknown[0]!r} is neither a model field nor a tokenization field "
-                f"({', '.join('data.' + name for name in TOKENIZATION_FIELDS)})"
+                f"vary: {unknown[0]!r} is neither a model field, a tokenization field "
+                f"({', '.join(sorted(tokenization))}) nor a recipe field ({', '.join(RECIPE_FIELDS)})"
             )
+        for name, comparison in self.comparisons.items():
+            strangers = [arm for arm in comparison.arms if arm not in self.arms]
+            if strangers:
+                raise ConfigError(f"comparisons.{name}: {strangers[0]!r} is not one of the arms {list(self.arms)}")
         if len(self.arms) < 2:
             raise ConfigError("arms: an experiment compares at least two arms")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
@@ -200,6 +232,11 @@ def check_controlled(arms: dict[str, PretrainConfig], source: str, vary: set[str
                     )
         if reference.get("init") != other.get("init"):
             raise ConfigError(f"{source}: arms {first_label!r} and {label!r} start from different init models")
+        if reference.get("stages") != other.get("stages") and "stages" not in (vary or set()):
+            raise ConfigError(
+                f"{source}: arms {first_label!r} and {label!r} differ in stages; only the position encoding may "
+                "(and the fields named in vary)"
+            )
         allowed = POSITION_FIELDS | (vary or set())
         for key in reference["model"]:
             if key not in allowed and reference["model"][key] != other["model"][key]:
@@ -231,8 +268,17 @@ def run_experiment(path: str | Path, out: str | Path, overrides: list[str] | Non
     summary = compare(
         runs + glue_dirs, out / COMPARE_DIR, baseline=experiment.baseline, targets=experiment.targets, overwrite=True
     )
+    for name, comparison in experiment.comparisons.items():
+        mine = [run for run in runs if _label_of(run) in comparison.arms]
+        theirs = [task for task in glue_dirs if _label_of(task.parent) in comparison.arms]
+        compare(mine + theirs, out / f"{COMPARE_DIR}-{name}", baseline=comparison.baseline, overwrite=True)
     write_report(out, path, experiment, arms, list(overrides or []))
     return summary
+
+
+def _label_of(run: Path) -> str:
+    """The arm of a pretraining run directory (or of its GLUE folder, `<out>/glue/<run>/`): `<label>-seed<k>`."""
+    return run.name.rpartition("-seed")[0]
 
 
 def pretrain_arms(experiment: ExperimentConfig, arms: dict[str, PretrainConfig], out: Path) -> list[Path]:

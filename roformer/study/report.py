@@ -21,6 +21,17 @@ from roformer.study.outputs import COMPARE_DIR, CURVES_PLOT_FILE, LENGTH_PLOT_FI
 FIGURES = ((CURVES_PLOT_FILE, "MLM loss curves"), (LENGTH_PLOT_FILE, "eval loss against length"))  # with captions
 
 
+def _comparisons(out: Path, experiment: Any) -> str:
+    """The experiment's further comparisons (`comparisons:`), each its summary under a heading."""
+    parts = []
+    for name, comparison in getattr(experiment, "comparisons", {}).items():
+        summary = out / f"{COMPARE_DIR}-{name}" / SUMMARY_MARKDOWN_FILE
+        if summary.is_file():
+            heading = f"## Comparison `{name}`: {', '.join(comparison.arms)} against {comparison.baseline}"
+            parts.append(f"\n\n{heading}\n\n{summary.read_text()}")
+    return "".join(parts)
+
+
 def write_report(out: Path, path: Path, experiment: Any, arms: dict[str, Any], overrides: list[str]) -> Path:
     """Write `<out>/report.md` from `<out>/compare/` (run after compare); returns its path."""
     compare_dir = out / COMPARE_DIR
@@ -36,7 +47,7 @@ def write_report(out: Path, path: Path, experiment: Any, arms: dict[str, Any], o
         config_text=path.read_text(),
         command=command,
         figures=figures,
-        summary=(compare_dir / SUMMARY_MARKDOWN_FILE).read_text(),
+        summary=(compare_dir / SUMMARY_MARKDOWN_FILE).read_text() + _comparisons(out, experiment),
         resolved_arms={label: yaml.safe_dump(config.to_dict(), sort_keys=False) for label, config in arms.items()},
         glue_suite=glue_suite,
     )

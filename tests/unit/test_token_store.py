@@ -41,7 +41,7 @@ def test_store_blocks_equal_in_memory_packing_across_shards(corpus, tmp_path: Pa
     ours, theirs = PackedBlocks(view, 8, 3), PackedBlocks(packed, 8, 3)
     for step in (0, 1, len(packed) // 8 + 2):  # across an epoch boundary
         assert torch.equal(ours.blocks_of(step), theirs.blocks_of(step))
-    assert ours.steps_per_epoch() == theirs.steps_per_epoch()
+    assert ours.blocks_per_epoch() == theirs.blocks_per_epoch() == len(packed)
 
 
 def test_two_bytes_per_token_and_document_offsets(corpus, tmp_path: Path) -> None:
