@@ -171,7 +171,7 @@ class ExperimentConfig:
         unknown = [name for name in self.vary if name not in known]
         if unknown:
             raise ConfigError(
-                f"vary: {unknown[0]!r} is neither a model field, a tokenization field "
+                f"vary: {unknown[0]!r} is neither a model field nor a tokenization field "
                 f"({', '.join(sorted(tokenization))}) nor a recipe field ({', '.join(RECIPE_FIELDS)})"
             )
         for name, comparison in self.comparisons.items():

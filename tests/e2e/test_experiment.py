@@ -325,3 +325,36 @@ def test_arms_with_other_tokenizers_are_compared_apart(tmp_path: Path) -> None:
     text = (tmp_path / "out" / "compare" / "summary.md").read_text()
     assert "Tokenization of each arm" in text and "| bert-big-vocab | 400 |" in text
     assert "Arms with another tokenizer" in text and "bert-big-vocab read another tokenizer" in text
+
+
+def test_arms_under_other_mask_recipes_and_stages_compare_against_baselines_of_their_own(tmp_path: Path) -> None:
+    """`vary: [data.mask_rate, stages]` admits recipe arms; `comparisons` sets a group against its own baseline."""
+    experiment_files(tmp_path)
+    stages = "stages=[{name: hot, steps: 4, data: {mask_rate: 0.3}}, {name: cool, steps: 2, data: {mask_rate: 0.05}}]"
+    arms = {
+        "roformer": "rope.yaml",
+        "roformer-30": {"config": "rope.yaml", "set": ["data.mask_rate=0.3"]},
+        "roformer-staged": {"config": "rope.yaml", "set": [stages]},
+        "bert": "bert.yaml",
+    }
+    comparisons = {"rotary": {"arms": ["roformer", "roformer-30", "roformer-staged"], "baseline": "roformer"}}
+    write_yaml(tmp_path / "exp.yaml", {"arms": arms, "seeds": [0], "baseline": "bert", "vary": ["data.mask_rate"]})
+    with pytest.raises(ConfigError, match="arms 'roformer' and 'roformer-staged' differ in stages"):
+        load_experiment(tmp_path / "exp.yaml")
+    bad = {"rotary": {"arms": ["roformer", "roformer-31"], "baseline": "roformer"}}
+    write_yaml(tmp_path / "exp.yaml", {"arms": arms, "vary": ["data.mask_rate", "stages"], "comparisons": bad})
+    with pytest.raises(ConfigError, match="comparisons.rotary: 'roformer-31' is not one of the arms"):
+        load_experiment(tmp_path / "exp.yaml")
+    experiment = {"arms": arms, "seeds": [0], "baseline": "bert", "vary": ["data.mask_rate", "stages"]}
+    write_yaml(tmp_path / "exp.yaml", {**experiment, "comparisons": comparisons})
+    summary = run_experiment(tmp_path / "exp.yaml", tmp_path / "out")
+    assert summary["baseline"] == "bert" and len(summary["arms"]) == 4
+    rotary = json.loads((tmp_path / "out" / f"{COMPARE_DIR}-rotary" / SUMMARY_JSON_FILE).read_text())
+    assert rotary["baseline"] == "roformer" and [a["label"] for a in rotary["arms"]] == list(
+        comparisons["rotary"]["arms"]
+    )
+    assert set(rotary["differences"]) == {"roformer-30", "roformer-staged"}
+    report = (tmp_path / "out" / REPORT_FILE).read_text()
+    assert "## Comparison `rotary`: roformer, roformer-30, roformer-staged against roformer" in report
+    staged = [json.loads(line) for line in (tmp_path / "out" / "roformer-staged-seed0" / METRICS_FILE).open()]
+    assert [e["stage"] for e in staged if e["event"] == "stage"] == ["hot", "cool"]
