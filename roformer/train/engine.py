@@ -321,6 +321,7 @@ class Engine:
         stage = stages[stage_index(stages, step)]
         if stage is self.stage:
             return
+        t0 = time.perf_counter()
         self.stage = stage
         layout = stage.train
         self.args = replace(self.args, batch_size=layout.batch_size, grad_accum=layout.grad_accum)
@@ -329,7 +330,8 @@ class Engine:
         recipe.enter_stage(stage)  # type: ignore[attr-defined]
         self.stage_tags = {"stage": stage.name} if stage.name else {}
         if stage.name and step == stage.start and not resuming:
-            self.log({**stage_event(stage, self.global_batch), **self.tags})
+            switch = {"switch_sec": time.perf_counter() - t0}  # what entering cost (its data was built at the start)
+            self.log({**stage_event(stage, self.global_batch), **self.tags, **switch})
 
     def _count_bad_step(self, result: StepResult, state: RunState) -> None:
         """Log a skipped (non-finite) update; stop the run after max_bad_steps of them in a row."""

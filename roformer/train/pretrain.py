@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -333,8 +334,9 @@ class Pretrainer:
     def end_stage(self, stage: ResolvedStage, state: RunState) -> dict[str, Any]:
         """Write `stages/<name>/` after a stage's last step: a model folder (an `init:`) with the optimizer state."""
         folder = Path(STAGES_DIR) / stage.name
+        t0 = time.perf_counter()
         self._write_model(self.out / folder, self.stages[: stage.index + 1], moments=True)
-        return {"folder": str(folder), "tokens_seen": state.tokens_seen}
+        return {"folder": str(folder), "tokens_seen": state.tokens_seen, "write_sec": time.perf_counter() - t0}
 
     # -- the engine's recipe ------------------------------------------------------------------------------------
 
