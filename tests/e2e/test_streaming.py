@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import interrupted_run, tiny_run_config, train_losses
 
-from roformer.config import load
+from roformer.config import load, read_yaml, write_yaml
 from roformer.data.builtin import generate_documents
 from roformer.data.packing import pack_blocks, tokenize_documents
 from roformer.data.streaming import StreamPacker, shuffled
@@ -73,6 +73,26 @@ def test_streaming_run_resumes_exactly(tmp_path: Path, monkeypatch: pytest.Monke
     interrupted_run(config, tmp_path / "cut", 6, monkeypatch)
     pretrain(config, tmp_path / "cut", resume=True)
     assert train_losses(tmp_path / "cut") == reference
+
+
+def test_a_streamed_run_in_stages_resumes_exactly_inside_each_stage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stage sharing the stream (another mask, another batch) reads on; one at another length streams its own."""
+    yaml = stream_config(tmp_path, max_steps=1)
+    stages = [
+        {"name": "a", "steps": 4},
+        {"name": "b", "steps": 4, "data": {"mask_rate": 0.3}, "train": {"batch_size": 2}},
+        {"name": "c", "steps": 4, "data": {"max_seq_len": 48}},
+    ]
+    write_yaml(yaml, {**read_yaml(yaml), "stages": stages})
+    config = load(PretrainConfig, yaml)
+    reference = train_losses(pretrain(config, tmp_path / "full"))
+    assert len(reference) == 12
+    for crash in (6, 10):  # inside b (checkpoint at a's end, step 4), inside c (at b's end, step 8)
+        interrupted_run(config, tmp_path / f"cut{crash}", crash, monkeypatch)
+        pretrain(config, tmp_path / f"cut{crash}", resume=True)
+        assert train_losses(tmp_path / f"cut{crash}") == reference
 
 
 def test_streaming_config_errors(tmp_path: Path) -> None:
