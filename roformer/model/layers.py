@@ -252,7 +252,9 @@ class Embeddings(nn.Module):
 LINEAR_ATTENTION_EPS = 1e-6  # as Katharopoulos et al.'s reference implementation: a denominator that underflows
 
 
-def linear_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, rotary: Rotation | None) -> Tensor:
+def linear_attention(
+    q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, rotary: Rotation | None, documents: Tensor | None = None
+) -> Tensor:
     """Bidirectional linear attention with RoPE (paper sec. 3.3, eq. 19), O(T) memory: no T x T matrix.
 
         out_m = sum_n (R_m phi(q_m))^T (R_n phi(k_n)) v_n / sum_n phi(q_m)^T phi(k_n),   phi = elu + 1
@@ -267,6 +269,8 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, rotar
         v: (B, T, H, D) values.
         keep: (B, T) bool, True for real tokens (padded keys enter neither sum), or None.
         rotary: The rotation, or None for the other position encodings (plain linear attention).
+        documents: (B, T) each token's document as 0..n-1 (`document_index`; -1 for padding) in packed rows: the
+            sums run over a query's own document, or None.
 
     Returns:
         (B, T, H, D) in the input dtype.
@@ -276,10 +280,35 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, rotar
         if keep is not None:
             phi_k = phi_k * keep[:, :, None, None]
         rot_q, rot_k = rotary(torch.stack((phi_q, phi_k), dim=2)).unbind(2) if rotary is not None else (phi_q, phi_k)
-        kv = torch.einsum("bnhd,bnhe->bhde", rot_k, v.float())  # (B, H, D, D): sum_n R_n phi(k_n) v_n^T
-        numerator = torch.einsum("bmhd,bhde->bmhe", rot_q, kv)  # (B, T, H, D)
-        denominator = torch.einsum("bmhd,bhd->bmh", phi_q, phi_k.sum(dim=1))  # (B, T, H)
-        return (numerator / (denominator[..., None] + LINEAR_ATTENTION_EPS)).to(q.dtype)
+        if documents is None:
+            return _linear_sums(phi_q, phi_k, rot_q, rot_k, v.float()).to(q.dtype)
+        out = torch.zeros_like(v, dtype=torch.float32)
+        for d in range(int(documents.max()) + 1):  # each document's own sums: no query sees another's keys
+            mine = (documents == d)[:, :, None, None]  # (B, T, 1, 1)
+            sums = _linear_sums(phi_q, phi_k * mine, rot_q, rot_k * mine, v.float())
+            out = torch.where(mine, sums, out)
+        return out.to(q.dtype)
+
+
+def _linear_sums(phi_q: Tensor, phi_k: Tensor, rot_q: Tensor, rot_k: Tensor, v: Tensor) -> Tensor:
+    """Eq. 19 over the keys given (zeros elsewhere): (B, T, H, D) features and values -> (B, T, H, D) float32."""
+    kv = torch.einsum("bnhd,bnhe->bhde", rot_k, v)  # (B, H, D, D): sum_n R_n phi(k_n) v_n^T
+    numerator = torch.einsum("bmhd,bhde->bmhe", rot_q, kv)  # (B, T, H, D)
+    denominator = torch.einsum("bmhd,bhd->bmh", phi_q, phi_k.sum(dim=1))  # (B, T, H)
+    return numerator / (denominator[..., None] + LINEAR_ATTENTION_EPS)
+
+
+def document_index(document_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    """(B, T) document ids of any values -> 0..n-1 over the batch (equal ids, equal index); -1 at padding."""
+    index = torch.unique(document_ids, return_inverse=True)[1]
+    return index if attention_mask is None else index.masked_fill(~attention_mask.bool(), -1)
+
+
+def document_positions(document_ids: Tensor) -> Tensor:
+    """(B, T) positions that restart at 0 in every document: a token's count of earlier tokens of its document."""
+    index = document_index(document_ids)
+    seen = F.one_hot(index, int(index.max()) + 1).cumsum(dim=1)  # (B, T, n): tokens of each document so far
+    return seen.gather(2, index[..., None]).squeeze(-1) - 1
 
 
 class KVCache:
@@ -372,6 +401,7 @@ def self_attention_mask(
     shape: tuple[int, int],
     device: torch.device,
     causal_shortcut: bool = True,
+    document_ids: Tensor | None = None,
 ) -> tuple[Tensor | None, bool]:
     """The boolean mask every layer's attention uses, and whether SDPA's causal path replaces it.
 
@@ -387,6 +417,8 @@ def self_attention_mask(
         shape: (B, T) of the new tokens.
         device: Where the mask lives.
         causal_shortcut: Leave an unpadded causal mask to SDPA (False when a position bias will be added to it).
+        document_ids: (B, T) the document of every token (packed rows): a token attends to its own document's
+            tokens only (a block-diagonal mask); no cache.
 
     Returns:
         (B, 1, 1, S) or (B, 1, T, S) bool (True = attend) or None, and True when no mask is needed but causality.
@@ -402,6 +434,17 @@ def self_attention_mask(
             )
         keep = keep[:, -T:]
     ranks = None if pattern == "bidirectional" else attention_ranks(pattern, token_type_ids, shape, device)
+    if document_ids is not None:
+        if cache is not None:
+            raise ValueError("document_ids cannot be combined with a cache (documents are packed rows, not a decode)")
+        allowed = document_ids[:, :, None] == document_ids[:, None, :]  # (B, T, T): within a document only
+        if ranks is not None:
+            allowed = allowed & (ranks[:, None, :] <= ranks[:, :, None])
+        if keep is not None:
+            allowed = allowed & keep[:, None, :]
+        # every query sees itself (a padding query too): no row without a key, in any runtime
+        allowed = allowed | torch.eye(T, dtype=torch.bool, device=device)
+        return allowed[:, None], False  # (B, 1, T, T)
     ranks_all = ranks
     if cache is not None:
         if ranks is not None:
@@ -453,6 +496,8 @@ class AttentionContext:
         index: The layer this context is for.
         tokens: The real tokens when the layers compute on them alone (`RealTokens`): inputs are (N, C), not
             (B, T, C); or None.
+        documents: (B, T) each token's document in packed rows (`document_index`), which linear attention sums
+            over (softmax attention reads the block-diagonal `mask`); or None.
     """
 
     mask: Tensor | None = None
@@ -462,6 +507,7 @@ class AttentionContext:
     shaw: Callable[[int], ShawTerms] | None = None
     index: int = 0
     tokens: RealTokens | None = None
+    documents: Tensor | None = None
 
     def layer(self, index: int) -> AttentionContext:
         """This context for layer `index`."""
@@ -503,8 +549,9 @@ class SelfAttention(nn.Module):
         mask, rotary = ctx.mask, ctx.rotary
         qkv = qkv.view(B, T, 3, self.num_heads, self.head_size)  # (B, T, 3, H, D)
         if self.linear:  # RoPE goes on the feature-mapped q and k, inside
-            keep = None if mask is None else mask[:, 0, 0, :]  # (B, T)
-            y = linear_attention(*qkv.unbind(2), keep, rotary)  # (B, T, H, D)
+            documents = ctx.documents  # (B, T) with -1 at padding, or None
+            keep = (documents >= 0) if documents is not None else None if mask is None else mask[:, 0, 0, :]  # (B, T)
+            y = linear_attention(*qkv.unbind(2), keep, rotary, documents)  # (B, T, H, D)
             return self.proj(self.tokens_of(y.reshape(B, T, C), ctx))
         if rotary is None:
             q, k, v = qkv.unbind(2)

@@ -36,6 +36,8 @@ from roformer.model.layers import (
     Embeddings,
     KVCache,
     RealTokens,
+    document_index,
+    document_positions,
     make_norm,
     self_attention_mask,
 )
@@ -142,6 +144,7 @@ class Model(nn.Module):
         output_hidden_states: bool = False,
         position_ids: Tensor | None = None,
         cache: KVCache | None = None,
+        document_ids: Tensor | None = None,
     ) -> tuple[Tensor, tuple[Tensor, ...] | None, Tensor | None]:
         """Every model's opening: encode the batch, then pool it, before any head reads the hidden states.
 
@@ -151,7 +154,7 @@ class Model(nn.Module):
         """
         backbone = self.base_model
         x, hidden = backbone.encode(
-            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids, cache
+            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids, cache, document_ids
         )
         return x, hidden, backbone.pooled(x) if cache is None else None
 
@@ -257,18 +260,23 @@ class Backbone(Model):
         output_hidden_states: bool = False,
         position_ids: Tensor | None = None,
         cache: KVCache | None = None,
+        document_ids: Tensor | None = None,
     ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
         """(B, T) ids -> last hidden states (B, T, C), and all hidden states when asked.
 
         `position_ids` (B, T) gives every token its position (default 0..T-1, or after the cached ones): a
-        left-padded row then equals itself unpadded, and documents packed into one row can each start at 0 (their
-        tokens still attend across documents: no document mask is built). HF RoFormer cannot take them. Which keys
-        a token sees follows `config.attention_pattern`; with a `cache`, the new tokens' keys and values are added
-        to it and the cached ones are attended to.
+        left-padded row then equals itself unpadded. HF RoFormer cannot take them. `document_ids` (B, T) packs
+        documents into rows: a token attends to the tokens of its own document only (a block-diagonal mask; linear
+        attention sums per document) and positions restart at 0 in each (unless `position_ids` says otherwise), so
+        every document's outputs are those of the document run alone, for every position encoding. Which keys a
+        token sees follows `config.attention_pattern`; with a `cache`, the new tokens' keys and values are added to
+        it and the cached ones are attended to (no `document_ids` then).
         """
         B, T = input_ids.shape
         if cache is not None and position_ids is None:
             position_ids = torch.arange(cache.length, cache.length + T, device=input_ids.device).expand(B, T)
+        if document_ids is not None and position_ids is None:
+            position_ids = document_positions(document_ids)  # (B, T): every document from 0
         positions = self.positions
         mask, causal = self_attention_mask(
             self.config.attention_pattern,
@@ -278,11 +286,13 @@ class Backbone(Model):
             (B, T),
             input_ids.device,
             causal_shortcut=positions is None or not positions.adds_to_logits,
+            document_ids=document_ids,
         )
         tokens = self.real_tokens(attention_mask, cache)
         x = self.embeddings(input_ids, token_type_ids, position_ids, tokens)  # (B, T, C), or (N, C)
         terms = PositionTerms(mask) if positions is None else positions.terms(mask, position_ids, cache, T, x.device)
-        ctx = AttentionContext(terms.mask, causal, terms.rotary, cache, terms.shaw, tokens=tokens)
+        documents = None if document_ids is None else document_index(document_ids, attention_mask)
+        ctx = AttentionContext(terms.mask, causal, terms.rotary, cache, terms.shaw, tokens=tokens, documents=documents)
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         hidden = [x if tokens is None else tokens.grid(x)] if output_hidden_states else None
         for i, block in enumerate(self.layers):
@@ -327,6 +337,7 @@ class Backbone(Model):
         output_hidden_states: bool = False,
         position_ids: Tensor | None = None,
         pooling: str | None = None,
+        document_ids: Tensor | None = None,
     ) -> ModelOutput:
         """Encode; `logits` holds the last hidden states (B, T, C), `embeddings` their `pooling` (`pool_states`).
 
@@ -336,7 +347,7 @@ class Backbone(Model):
         if labels is not None:
             raise ValueError("a bare Backbone has no loss; use MaskedLM or SequenceClassifier")
         x, hidden, pooled = self.run_backbone(
-            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids
+            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids, document_ids=document_ids
         )
         embeddings = None if pooling is None else pool_states(x, attention_mask, pooling, pooled)
         return ModelOutput(logits=x, hidden_states=hidden, pooled=pooled, embeddings=embeddings)
@@ -435,6 +446,7 @@ class MaskedLM(LanguageModel):
         masked_only: bool = False,
         masked_positions: Tensor | None = None,
         position_ids: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> ModelOutput:
         """MLM logits and, with `labels` (IGNORE_INDEX: not scored), the mean cross-entropy over the scored ones.
 
@@ -445,7 +457,7 @@ class MaskedLM(LanguageModel):
         boolean selection would break it at every new masked-token count.
         """
         x, hidden, pooled = self.run_backbone(
-            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids
+            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids, document_ids=document_ids
         )
         if masked_only:
             if labels is None:
@@ -487,6 +499,7 @@ class CausalLM(LanguageModel):
         output_hidden_states: bool = False,
         position_ids: Tensor | None = None,
         cache: KVCache | None = None,
+        document_ids: Tensor | None = None,
     ) -> ModelOutput:
         """(B, T, V) next-token logits; with labels (B, T), the mean cross-entropy of logits[:, t] vs labels[:, t+1].
 
@@ -494,7 +507,7 @@ class CausalLM(LanguageModel):
         sequence-to-sequence pair, padding). With a `cache`, the input is the tokens after the cached ones.
         """
         x, hidden, pooled = self.run_backbone(
-            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids, cache
+            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids, cache, document_ids
         )
         logits = self.vocabulary_logits(x)  # (B, T, V)
         loss = None
@@ -579,10 +592,11 @@ class SequenceClassifier(Model):
         labels: Tensor | None = None,
         output_hidden_states: bool = False,
         position_ids: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> ModelOutput:
         """(B, num_labels) logits; with labels: MSE (1 label), cross-entropy (int labels) or BCE (float labels)."""
         x, hidden, pooled = self.run_backbone(
-            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids
+            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids, document_ids=document_ids
         )
         if self.config.classifier_head == "mean":
             h = self.dropout(pool_states(x, attention_mask, "mean"))
@@ -624,10 +638,11 @@ class TokenClassifier(Model):
         labels: Tensor | None = None,
         output_hidden_states: bool = False,
         position_ids: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> ModelOutput:
         """(B, T, num_labels) logits; with labels (B, T) (IGNORE_INDEX: not scored), the mean cross-entropy."""
         x, hidden, pooled = self.run_backbone(
-            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids
+            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids, document_ids=document_ids
         )
         logits = self.out(self.dropout(x))  # (B, T, L)
         loss = token_cross_entropy(logits, labels) if labels is not None else None
@@ -657,13 +672,14 @@ class QuestionAnswering(Model):
         end_positions: Tensor | None = None,
         output_hidden_states: bool = False,
         position_ids: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> ModelOutput:
         """(B, T, 2) start/end logits; with both positions (B,), the mean of the start and end cross-entropies.
 
         Positions outside the input (an answer cut off by truncation) are clamped to T and not scored, as in HF.
         """
         x, hidden, pooled = self.run_backbone(
-            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids
+            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids, document_ids=document_ids
         )
         logits = self.out(x)  # (B, T, 2)
         loss = None
@@ -708,15 +724,16 @@ class MultipleChoice(Model):
         labels: Tensor | None = None,
         output_hidden_states: bool = False,
         position_ids: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> ModelOutput:
         """(B, K, T) ids of K choices each -> (B, K) logits; with labels (B,), the cross-entropy over choices."""
         B, K, T = input_ids.shape
-        ids, mask, types, positions = (
+        ids, mask, types, positions, documents = (
             t.reshape(B * K, T) if t is not None else None
-            for t in (input_ids, attention_mask, token_type_ids, position_ids)
+            for t in (input_ids, attention_mask, token_type_ids, position_ids, document_ids)
         )
         x, hidden, pooled = self.run_backbone(
-            ids, mask, types, output_hidden_states, positions
+            ids, mask, types, output_hidden_states, positions, document_ids=documents
         )  # (B*K, T, C), (B*K, C)
         if self.config.classifier_head == "pooler":
             summary = self.dropout(pooled)  # (B*K, C)

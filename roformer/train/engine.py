@@ -57,6 +57,7 @@ from roformer.train.launch import (
 from roformer.train.optim import finish_micro_step, make_optimizer
 from roformer.train.run_dir import TRAINER_STATE_FILE, MetricsWriter, keep_metrics
 from roformer.train.sharded import SHARDED_DIR, is_sharded, load_sharded_state, save_sharded_state
+from roformer.train.stages import stage_event, stage_index
 
 logger = logging.getLogger(__name__)
 
@@ -316,8 +317,6 @@ class Engine:
         stages = getattr(recipe, "stages", None)
         if not stages:
             return
-        from roformer.train.stages import stage_event, stage_index
-
         stage = stages[stage_index(stages, step)]
         if stage is self.stage:
             return

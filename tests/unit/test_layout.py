@@ -138,6 +138,7 @@ ROOMS = {
     "roformer.train": [
         {"config", "interval", "faults", "checkpoints", "evaluate", "sharded"},
         {"launch", "optim", "run_dir"},
+        {"stages"},
         {"engine"},
         {"pretrain", "finetune", "embed"},
     ],
