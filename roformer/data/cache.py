@@ -31,6 +31,7 @@ _NOT_IN_KEY = (
     "max_eval_blocks",
     "num_proc",
     "whole_word_mask",
+    "packing",
     "cache",
     "cache_dir",
 )

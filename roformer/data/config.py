@@ -78,6 +78,10 @@ class DataConfig:
         max_eval_blocks: Cap on validation blocks, a random subset seeded by eval_mask_seed (null = all).
         num_proc: Processes for `datasets.map` tokenization of in-memory text (eval-mlm, streaming validation);
             null = 1. The token store build tokenizes on all cores through the tokenizer's own threads.
+        packing: `blocks` (documents run into each other inside a block: a token attends across the [SEP] between
+            documents, BERT's and RoBERTa's FULL-SENTENCES packing) or `isolated` (the same blocks, but attention
+            never crosses a document's [SEP] and positions restart at 0 in every document: `block_documents`, the
+            model's `document_ids`), in training and evaluation.
         whole_word_mask: Mask whole words (all WordPiece pieces of a word together) instead of single tokens.
         cache: Keep the tokenizer and packed blocks on disk, keyed by everything they depend on (the config's data
             fields and the size and modification time of every input file), so a second run starts at once.
@@ -117,6 +121,7 @@ class DataConfig:
     eval_mask_seed: int = 1234
     max_eval_blocks: int | None = None
     num_proc: int | None = field(default=None, metadata=MAY_CHANGE_ON_RESUME)
+    packing: Literal["blocks", "isolated"] = "blocks"
     whole_word_mask: bool = False
     cache: bool = True
     cache_dir: str | None = field(default=None, metadata=MAY_CHANGE_ON_RESUME)

@@ -114,3 +114,18 @@ def eval_subset(blocks: torch.Tensor, config: DataConfig) -> torch.Tensor:
     """The validation blocks `eval_indices` chooses (all of them, uncopied, when there is no cap to apply)."""
     indices = eval_indices(len(blocks), config)
     return blocks if len(indices) == len(blocks) else blocks[indices]
+
+
+def block_documents(blocks: torch.Tensor, sep_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The documents of packed blocks (`data.packing: isolated`): (document_ids, position_ids), each (B, T).
+
+    A block is `[CLS] a [SEP] b [SEP] ... [SEP]`: a document runs up to and including its [SEP] (the first one also
+    holds the [CLS]), so every token belongs to exactly one document and none is lost or repeated. Positions restart
+    at 0 in every document.
+    """
+    is_sep = blocks == sep_id
+    document_ids = is_sep.cumsum(dim=1) - is_sep.long()  # the [SEP]s before a token: its document in the block
+    index = torch.arange(blocks.shape[1], device=blocks.device).expand_as(blocks)
+    starts = torch.zeros_like(index)
+    starts[:, 1:] = torch.where(is_sep[:, :-1], index[:, 1:], 0)  # a document starts after every [SEP]
+    return document_ids, index - starts.cummax(dim=1).values

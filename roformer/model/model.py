@@ -291,7 +291,8 @@ class Backbone(Model):
         tokens = self.real_tokens(attention_mask, cache)
         x = self.embeddings(input_ids, token_type_ids, position_ids, tokens)  # (B, T, C), or (N, C)
         terms = PositionTerms(mask) if positions is None else positions.terms(mask, position_ids, cache, T, x.device)
-        documents = None if document_ids is None else document_index(document_ids, attention_mask)
+        linear = self.config.attention == "linear"  # sums per document; softmax attention reads the mask alone
+        documents = document_index(document_ids, attention_mask) if linear and document_ids is not None else None
         ctx = AttentionContext(terms.mask, causal, terms.rotary, cache, terms.shaw, tokens=tokens, documents=documents)
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         hidden = [x if tokens is None else tokens.grid(x)] if output_hidden_states else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,10 +21,12 @@ def evaluate_mlm(
     rank: int = 0,
     num_processes: int = 1,
     reduce: Any = None,
+    documents: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> dict[str, float]:
     """Masked-token loss and accuracy over pre-masked blocks; each process takes a contiguous share of the rows.
 
-    Sums (not means) are reduced across processes, so the result equals one process's exactly.
+    Sums (not means) are reduced across processes, so the result equals one process's exactly. `documents` gives a
+    batch's (document_ids, position_ids) when documents are isolated (`data.packing: isolated`).
 
     Returns:
         {"eval_loss": mean cross-entropy per masked token, "eval_accuracy": top-1 accuracy, "eval_tokens": count}.
@@ -41,7 +44,8 @@ def evaluate_mlm(
             model(x)  # nothing to score, but the other processes run this forward too
             continue
         positions = masked_positions(y)  # bucketed: no data-dependent shape inside a compiled model
-        out = model(x, labels=y, masked_only=True, masked_positions=positions)
+        isolated = {} if documents is None else dict(zip(("document_ids", "position_ids"), documents(x), strict=True))
+        out = model(x, labels=y, masked_only=True, masked_positions=positions, **isolated)
         target = y.flatten()[positions]  # padded rows carry -100 and never count as correct
         totals += torch.stack(
             [

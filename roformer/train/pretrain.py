@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from roformer.config import flat_config, read_yaml
 from roformer.data.config import DataConfig
 from roformer.data.masking import IGNORE_INDEX, masked_positions
 from roformer.data.mlm import block_source, eval_batch
+from roformer.data.packing import block_documents
 from roformer.data.sampling import global_batch_size, share
 from roformer.data.store import build_mlm_data
 from roformer.data.streaming import build_streaming_mlm_data
@@ -103,9 +106,15 @@ class _MaskedStep:
     padded_tokens = None  # blocks are full: no padding
 
     def __init__(
-        self, ids: torch.Tensor, labels: torch.Tensor, layout: ProcessLayout, mask_rate: float, maskable: int
+        self,
+        ids: torch.Tensor,
+        labels: torch.Tensor,
+        layout: ProcessLayout,
+        mask_rate: float,
+        maskable: int,
+        documents: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> None:
-        self.ids, self.labels, self.layout = ids, labels, layout
+        self.ids, self.labels, self.layout, self.documents = ids, labels, layout, documents
         self.tokens = ids.numel()
         self.count = int((labels != IGNORE_INDEX).sum())  # masked tokens in the global batch (every process knows)
         self.mask = MaskCounts(mask_rate, self.count, maskable)  # logged: the rate asked for and the one realised
@@ -118,20 +127,23 @@ class _MaskedStep:
         layout = self.layout
         return share(batch, micro, layout.rank, layout.num_processes, layout.batch_size)
 
-    def micro(self, micro: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    def micro(self, micro: int) -> tuple[Any, ...]:
         """This process's rows of micro-batch `micro` on the device, with its masked positions and their count.
 
         Count and positions come from the host copy: on a GPU they would otherwise cost two synchronisations per
-        micro-step (`.sum()` to a Python int, `nonzero`). Pinned host memory makes the copies asynchronous.
+        micro-step (`.sum()` to a Python int, `nonzero`). Pinned host memory makes the copies asynchronous. With
+        isolated documents, also their (document_ids, position_ids), found on the host.
         """
         y = self.share(self.labels, micro)
         n, positions = int((y != IGNORE_INDEX).sum()), masked_positions(y)
         x = self.share(self.ids, micro)
-        return (*(to_device(t, self.layout.device) for t in (x, y, positions)), n)
+        isolated = () if self.documents is None else self.documents(x)
+        return (*(to_device(t, self.layout.device) for t in (x, y, positions, *isolated)), n)
 
     def loss(self, model: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        x, y, positions, n = batch
-        out = model(x, labels=y, masked_only=True, masked_positions=positions)
+        x, y, positions, *isolated, n = batch
+        documents = dict(zip(("document_ids", "position_ids"), isolated, strict=True))
+        out = model(x, labels=y, masked_only=True, masked_positions=positions, **documents)
         # mean over this micro-batch's n tokens -> sum; a micro-batch without masked tokens adds zero
         loss_sum = out.loss * n if n else out.logits.sum() * 0.0
         return loss_sum * self.scale, loss_sum.detach().float() / max(self.count, 1)
@@ -166,6 +178,9 @@ class Pretrainer:
         self.batches = self._staged_batches(acc.num_processes)
         # the run's validation blocks under the one fixed mask, whatever a stage trains on
         self.eval_ids, self.eval_labels = eval_batch(self.data.validation, self.data.tokenizer, config.data)
+        sep = self.data.tokenizer.sep_token_id
+        isolated = config.data.packing == "isolated"
+        self.documents = partial(block_documents, sep_id=sep) if isolated else None  # of the blocks' ids
 
     def _staged_batches(self, num_processes: int) -> StagedBatches:
         """The batches of every stage; a stage with other blocks than the run's builds its data here, before step 0."""
@@ -343,7 +358,7 @@ class Pretrainer:
     def plan(self, step: int) -> _MaskedStep:
         ids, labels = self.batches.step(step)
         maskable = self.batches.maskable(ids, labels)
-        return _MaskedStep(ids, labels, self.engine.layout, self.batches.rate_of(step), maskable)
+        return _MaskedStep(ids, labels, self.engine.layout, self.batches.rate_of(step), maskable, self.documents)
 
     def evaluate(self, step: int) -> list[dict[str, Any]]:
         """Masked-token loss and accuracy on the validation blocks under the fixed mask (all processes)."""
@@ -357,6 +372,7 @@ class Pretrainer:
             acc.process_index,
             acc.num_processes,
             reduce=lambda t: acc.reduce(t, "sum"),
+            documents=self.documents,
         )
         return [scores]
 
