@@ -62,24 +62,34 @@ class RopeScaling:
             NTK-aware base change (bloc97 2023), base * factor^(d / (d - 2)), which keeps the highest frequency and
             interpolates the lowest; `yarn` (Peng et al. 2023): frequencies with fewer than `beta_slow` rotations
             over the original length are interpolated, those with more than `beta_fast` kept, a linear ramp
-            between, and the attention logits scaled by `attention_factor`^2.
-        factor: Target length / trained length (>= 1).
+            between, and the attention logits scaled by `attention_factor`^2; `self_extend` (SelfExtend, Jin et al.
+            2024): training-free, every query sees its `window` nearest keys at their true distances and farther
+            keys at distances divided by `factor` (grouped positions floor(m / factor)), shifted to continue after
+            the window, so no distance exceeds what the model was trained at.
+        factor: Target length / trained length (>= 1); for `self_extend` the group size.
         original_max_position: The length the model was trained at (yarn's ramp counts rotations over it).
         beta_fast: yarn: rotations above which a frequency is kept (extrapolated).
         beta_slow: yarn: rotations below which a frequency is interpolated.
         attention_factor: yarn: the magnitude of the rotation table (q and k are both scaled, so logits by its
             square); None = 0.1 ln(factor) + 1 (YaRN eq. 22).
+        window: self_extend: the neighbour window (keys this close keep their true distance); None = half the
+            trained length (`original_max_position`).
     """
 
-    type: Literal["linear", "ntk", "yarn"] = "linear"
+    type: Literal["linear", "ntk", "yarn", "self_extend"] = "linear"
     factor: float = 1.0
     original_max_position: int | None = None
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     attention_factor: float | None = None
+    window: int | None = None
 
     def __post_init__(self) -> None:
         check_types(self)
+        if self.type == "self_extend" and self.window is None and not self.original_max_position:
+            raise ConfigError("rope_scaling self_extend needs window or original_max_position (the trained length)")
+        if self.window is not None and self.window < 1:
+            raise ConfigError(f"rope_scaling.window must be >= 1, got {self.window}")
         if not self.factor >= 1.0:
             raise ConfigError(f"rope_scaling.factor must be >= 1 (target length / trained length), got {self.factor}")
         if self.type == "yarn" and not self.original_max_position:
@@ -311,6 +321,12 @@ class ModelConfig:
             # YaRN's magnitude lives in the rotation tables, which eq. 19's numerator uses and its denominator does
             # not: the output would be scaled by attention_factor^2 (+63% at factor 16)
             raise ConfigError("rope_scaling yarn cannot be used with attention: linear (use linear or ntk scaling)")
+        if (
+            self.rope_scaling is not None
+            and self.rope_scaling.type == "self_extend"
+            and (self.attention == "linear" or self.rotary_value)
+        ):
+            raise ConfigError("rope_scaling self_extend groups q.k distances: softmax attention, no rotary_value")
         if self.rope_scaling is not None and self.rope_scaling.type == "yarn" and self.rotary_value:
             raise ConfigError("rope_scaling yarn scales the rotated vectors: with rotary_value it would scale v too")
 

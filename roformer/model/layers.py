@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from roformer.model.config import ModelConfig
-from roformer.model.positions import Rotation, ShawTerms, SinusoidalPositions
+from roformer.model.positions import GroupedRotation, Rotation, ShawTerms, SinusoidalPositions
 
 # ----------------------------------------------------------------------------------------------------------------
 # Activations: every parameter-free name HF BERT/RoFormer configs use (config.ACTIVATION_NAMES), written out here.
@@ -553,6 +553,11 @@ class SelfAttention(nn.Module):
             keep = (documents >= 0) if documents is not None else None if mask is None else mask[:, 0, 0, :]  # (B, T)
             y = linear_attention(*qkv.unbind(2), keep, rotary, documents)  # (B, T, H, D)
             return self.proj(self.tokens_of(y.reshape(B, T, C), ctx))
+        if isinstance(rotary, GroupedRotation):  # SelfExtend: its q.k products, then softmax as usual
+            q, k, v = qkv.unbind(2)  # (B, T, H, D), unrotated
+            dropout_p = self.dropout if self.training else 0.0
+            y = grouped_attention(rotary.logits(q, k), v.transpose(1, 2), mask, dropout_p)  # (B, H, T, D)
+            return self.proj(self.tokens_of(y.transpose(1, 2).reshape(B, T, C), ctx))
         if rotary is None:
             q, k, v = qkv.unbind(2)
         elif self.rotary_value:
@@ -607,6 +612,15 @@ def masked_softmax(logits: Tensor) -> Tensor:
     """
     empty = logits.amax(dim=-1, keepdim=True) == float("-inf")  # (..., 1)
     return logits.masked_fill(empty, 0.0).softmax(dim=-1).masked_fill(empty, 0.0)
+
+
+def grouped_attention(logits: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> Tensor:
+    """softmax(logits / sqrt(D) + mask) v for q.k `logits` (B, H, T, S) made elsewhere (SelfExtend): (B, H, T, D)."""
+    logits = logits.float() / math.sqrt(v.shape[-1])
+    if mask is not None:
+        logits = logits + mask if mask.is_floating_point() else logits.masked_fill(~mask, float("-inf"))
+    probs = dropout(masked_softmax(logits), dropout_p)  # float32
+    return (probs.to(v.dtype) @ v).to(v.dtype)
 
 
 def shaw_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, shaw: ShawTerms, dropout_p: float) -> Tensor:

@@ -119,7 +119,7 @@ def rotary_frequencies(dim: int, base: float, scaling: RopeScaling | None = None
     ramp over the dimensions between; the table's magnitude 0.1 ln(factor) + 1 scales q.k by its square.
     """
     exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # 2i/d
-    if scaling is None:
+    if scaling is None or scaling.type == "self_extend":  # SelfExtend changes positions, not frequencies
         return base**-exponents, 1.0
     factor = scaling.factor
     if scaling.type == "linear":
@@ -256,7 +256,55 @@ class RotaryEmbedding(TablesFollowTheModule):
         device: torch.device,
     ) -> PositionTerms:
         """The rotation of this forward's tokens, at `position_ids` when given (see `AttentionPositions.terms`)."""
+        if self.scaling is not None and self.scaling.type == "self_extend":
+            if cache is not None:
+                raise ValueError("rope_scaling self_extend is for encoding whole sequences, not a cached decode")
+            return PositionTerms(mask, rotary=GroupedRotation(self, position_ids, *self_extend_sizes(self.scaling)))
         return PositionTerms(mask, rotary=self if position_ids is None else partial(self, positions=position_ids))
+
+
+def self_extend_sizes(scaling: RopeScaling) -> tuple[int, int]:
+    """(window, group) of a self_extend scaling: the neighbour window and the group size (its factor, rounded up)."""
+    window = scaling.window if scaling.window is not None else max(1, scaling.original_max_position // 2)
+    return window, max(1, math.ceil(scaling.factor))
+
+
+@dataclass
+class GroupedRotation:
+    """SelfExtend's positions (Jin et al. 2024, "LLM Maybe LongLM"), for a bidirectional encoder.
+
+    A query at position i sees a key at j at the true distance i - j while |i - j| <= window (neighbour attention);
+    beyond, at the grouped distance floor(i/G) - floor(j/G), moved away from 0 by window - window // G so that it
+    continues where the window ends: on the left (j < i) the query is rotated at floor(i/G) + shift, on the right the
+    key at floor(j/G) + shift (no negative position). Distances then stay below window + (T - window) / G, within
+    the trained length for T up to about G times it. Training-free: the weights are untouched.
+
+    Called as a Rotation it rotates at the true positions (what a cache would store); attention reads `logits`.
+    """
+
+    rotary: RotaryEmbedding
+    positions: Tensor | None  # (B, T), or None for 0..T-1
+    window: int
+    group: int
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.rotary(x, self.positions)
+
+    def logits(self, q: Tensor, k: Tensor) -> Tensor:
+        """(B, T, H, D) unrotated q and k -> (B, H, T, T) q.k logits (unscaled) under SelfExtend's positions."""
+        B, T = q.shape[:2]
+        m = self.positions if self.positions is not None else torch.arange(T, device=q.device).expand(B, T)
+        grouped, shift = m // self.group, self.window - self.window // self.group
+
+        def product(qm: Tensor, km: Tensor) -> Tensor:  # (B, H, T, T) of q rotated at qm and k at km
+            return self.rotary(q, qm).transpose(1, 2) @ self.rotary(k, km).transpose(1, 2).transpose(-1, -2)
+
+        distance = m[:, :, None] - m[:, None, :]  # (B, T, T): query - key
+        near, left = distance.abs() <= self.window, distance > 0
+        grouped_left = product(grouped + shift, grouped)  # far keys before the query
+        grouped_right = product(grouped, grouped + shift)  # far keys after it
+        far = torch.where(left[:, None], grouped_left, grouped_right)
+        return torch.where(near[:, None], product(m, m), far)
 
 
 def apply_rotary(x: Tensor, rotations: Tensor, layout: str = "interleaved") -> Tensor:

@@ -11,7 +11,9 @@ at any length; learned positions stop at their table, which is reported, not cra
 `rope_scalings` evaluates a rotary model under context-scaling methods (ModelConfig.rope_scaling): `none` (the
 paper's RoPE), `linear` (position interpolation), `ntk`, `yarn`, each with a fixed factor (`yarn:4`) or, by
 default, factor = length / trained length at every length longer than the trained one (the factor a user would
-choose to run at that length). The weights are the same; only the rotation tables change. A row is `as_trained`
+choose to run at that length); `self_extend` (SelfExtend's grouped positions beyond a window of half the trained
+length) with a group size (`self_extend:4`) or, by default, the smallest that keeps every distance within the
+trained length. The weights are the same; only the rotation tables change. A row is `as_trained`
 when its tables are the model's own (`none` for a model trained without scaling): those are what compare reads.
 
 The results are rows of numbers (written as JSON by `write_results`); roformer.study.markdown.length_results_table
@@ -25,6 +27,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +83,7 @@ def check_device(name: str) -> None:
         raise UserError(f"--device {name!r}: not a device this machine can run on ({reason})") from None
 
 
-SCALING_METHODS = ("none", "linear", "ntk", "yarn")
+SCALING_METHODS = ("none", "linear", "ntk", "yarn", "self_extend")
 
 
 def parse_rope_scalings(text: str) -> list[tuple[str, float | None]]:
@@ -99,7 +102,7 @@ def parse_rope_scalings(text: str) -> list[tuple[str, float | None]]:
         except ValueError:
             raise UserError(f"--rope-scaling: {item!r}: the factor after ':' must be a number") from None
         if value is not None and (value < 1 or name == "none"):
-            raise UserError(f"--rope-scaling: {item!r}: a factor >= 1 goes with linear, ntk or yarn")
+            raise UserError(f"--rope-scaling: {item!r}: a factor >= 1 goes with linear, ntk, yarn or self_extend")
         methods.append((name, value))
     return methods
 
@@ -109,7 +112,7 @@ def scaled(model: Model, method: str, factor: float | None, length: int, trained
     if method == "none":
         scaling = None
     else:
-        factor = factor if factor is not None else max(1.0, length / trained)
+        factor = factor if factor is not None else default_factor(method, length, trained)
         scaling = RopeScaling(type=method, factor=factor, original_max_position=trained)
     config = dataclasses.replace(model.config, rope_scaling=scaling)
     copy = type(model)(config)
@@ -117,6 +120,18 @@ def scaled(model: Model, method: str, factor: float | None, length: int, trained
     parameter = next(model.parameters())
     label = "none" if scaling is None else f"{method} x{scaling.factor:g}"
     return copy.to(parameter.device).eval(), label
+
+
+def default_factor(method: str, length: int, trained: int) -> float:
+    """The factor a user would choose to run at `length`: length / trained, or for self_extend the smallest group.
+
+    SelfExtend's farthest distance is window + (length - 1 - window) / group, window = trained // 2: the group keeps
+    it within the trained distances (trained - 1).
+    """
+    if method != "self_extend":
+        return max(1.0, length / trained)
+    window = max(1, trained // 2)
+    return float(max(1, math.ceil((length - 1 - window) / max(1, trained - 1 - window))))
 
 
 def same_tables(a: ModelConfig, b: ModelConfig) -> bool:

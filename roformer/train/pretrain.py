@@ -142,7 +142,7 @@ class _MaskedStep:
 
     def loss(self, model: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         x, y, positions, *isolated, n = batch
-        documents = dict(zip(("document_ids", "position_ids"), isolated, strict=True))
+        documents = dict(zip(("document_ids", "position_ids"), isolated, strict=True)) if isolated else {}
         out = model(x, labels=y, masked_only=True, masked_positions=positions, **documents)
         # mean over this micro-batch's n tokens -> sum; a micro-batch without masked tokens adds zero
         loss_sum = out.loss * n if n else out.logits.sum() * 0.0

@@ -116,15 +116,17 @@ def test_rope_scaling_methods(runs: dict[str, Path], tmp_path: Path, capsys: pyt
     final = runs["rotary"] / FINAL_DIR
     out = tmp_path / "scaled.json"
     args = ["eval-mlm", "--model", str(final), "--seq-lens", "32,128", "--max-tokens", "1024", "--out", str(out)]
-    assert main([*args, "--rope-scaling", "none,linear,ntk,yarn,linear:2"]) == 0
+    assert main([*args, "--rope-scaling", "none,linear,ntk,yarn,linear:2,self_extend"]) == 0
     printed = capsys.readouterr().out
     assert "| length | none | linear | ntk | yarn |" in printed
     results = json.loads(out.read_text())["results"]
     by = {(r["seq_len"], r["rope_scaling"]): r["eval_loss"] for r in results}
-    assert set(by) == {(n, m) for n in (32, 128) for m in ("none", "linear x1", "ntk x1", "yarn x1", "linear x2")} - {
-        (128, m) for m in ("linear x1", "ntk x1", "yarn x1")
-    } | {(128, m) for m in ("linear x4", "ntk x4", "yarn x4")}
+    methods = ("none", "linear x1", "ntk x1", "yarn x1", "linear x2", "self_extend x1")
+    assert set(by) == {(n, m) for n in (32, 128) for m in methods} - {
+        (128, m) for m in ("linear x1", "ntk x1", "yarn x1", "self_extend x1")
+    } | {(128, m) for m in ("linear x4", "ntk x4", "yarn x4", "self_extend x8")}  # groups of 8 beyond a window of 16
     assert by[(32, "none")] == pytest.approx(by[(32, "linear x1")], rel=1e-6) == pytest.approx(by[(32, "yarn x1")])
+    assert by[(32, "none")] == pytest.approx(by[(32, "self_extend x1")], rel=1e-6)
     assert compare([runs["rotary"]], tmp_path / "cmp")  # compare still reads the run (scaled rows are elsewhere)
 
 
