@@ -363,6 +363,7 @@ class PretrainConfig:
             self.train = replace(self.train, max_steps=sum(stage.steps for stage in self.stages))
             if self.train.eval_every is None:
                 raise ConfigError("train.eval_every: null (every epoch) is not defined in stages; give a step count")
+        _check_learned_length(self.model, self.data, "")  # the run's blocks: evaluation reads them
         for stage in self.resolved_stages():  # every stage's sections are checked as the run's are
             _check_learned_length(stage.model, stage.data, f"stages[{stage.index}]: " if self.stages else "")
 

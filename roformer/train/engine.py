@@ -447,6 +447,7 @@ class Engine:
                 trainer_state = {
                     **asdict(state),
                     "global_batch": self.global_batch,
+                    **({"stage_batches": self.stage_batches(recipe)} if self.stage_batches(recipe) else {}),
                     "layout": self.layout_summary(),
                     "data_state": recipe.save_checkpoint_state(tmp),
                     "intervals": intervals,  # per process: the sums since the last train event
@@ -514,6 +515,15 @@ class Engine:
         acc, args = self.accelerator, self.args
         return ProcessLayout(acc.process_index, acc.num_processes, args.batch_size, args.grad_accum, acc.device)
 
+    def stage_batches(self, recipe: Recipe) -> dict[str, int]:
+        """Each named stage's global batch under this launch (a StagedRecipe's; empty for others)."""
+        processes = self.accelerator.num_processes
+        return {
+            stage.name: global_batch_size(stage.train.batch_size, processes, stage.train.grad_accum)
+            for stage in getattr(recipe, "stages", [])
+            if stage.name
+        }
+
     def layout_summary(self) -> dict[str, int]:
         """The process layout of this launch, as a checkpoint records it (processes, batch_size, grad_accum)."""
         processes, args = self.accelerator.num_processes, self.args
@@ -562,6 +572,14 @@ class Engine:
             raise UserError(
                 f"{path}: saved with a global batch of {saved['global_batch']} examples, now {self.global_batch} "
                 f"(same batch_size x processes x grad_accum needed to resume{self._batch_hint(saved['global_batch'])})"
+            )
+        now = self.stage_batches(recipe)
+        changed = [name for name, size in saved.get("stage_batches", {}).items() if now.get(name, size) != size]
+        if changed:  # a later stage would train on another global batch than the run was started with
+            name = changed[0]
+            raise UserError(
+                f"{path}: stage {name!r} was to train with a global batch of {saved['stage_batches'][name]} examples, "
+                f"now {now[name]} (same batch_size x processes x grad_accum in every stage)"
             )
         if step > self.total_steps:  # it would train nothing and report the shorter run
             raise UserError(

@@ -39,6 +39,7 @@ from roformer.files import atomic_write_text
 from roformer.logs import MAIN_ONLY
 from roformer.model.model import MaskedLM
 from roformer.model.pretrained import load_weights_from
+from roformer.model.weights import read_model_config
 from roformer.train.config import PretrainConfig, ResolvedStage
 from roformer.train.engine import Engine, ProcessLayout, RunState, to_device
 from roformer.train.evaluate import evaluate_mlm
@@ -204,6 +205,8 @@ class Pretrainer:
         if saved["data"]["vocab_hash"] != new["data"]["vocab_hash"]:
             change = f"data.vocab_hash: {saved['data']['vocab_hash']!r} -> {new['data']['vocab_hash']!r}"
             raise UserError(f"{self.out}: the data gives a different tokenizer than the run's ({change})")
+        if saved.get("stages", []) != new.get("stages", []):
+            raise UserError(f"{self.out}: stages differ from the run's (stages cannot change on resume)")
         self.run_dir.check_resume(new, saved)
         saved_tokenizer = self.out / TOKENIZER_DIR / "vocab.txt"
         vocab = self.data.tokenizer.get_vocab()
@@ -248,27 +251,42 @@ class Pretrainer:
         staged = len(self.stages) > 1 or self.config.stages
         multiplier = lr_multiplier_for(self.stages, train) if staged else None
         self.engine.setup(model, train.lr, train.max_steps, multiplier)
-        moments = Path(self.config.init or "") / MOMENTS_FILE
-        if self.config.init and moments.is_file() and not self.resumes:
-            self._continue_moments(moments)
 
-    def _continue_moments(self, path: Path) -> None:
-        """Start from the AdamW state of the stage folder this run branches off (unsharded models only)."""
+    def _continue_moments(self) -> None:
+        """Start from the AdamW state of the stage folder this run branches off, if `init` is one (unsharded models).
+
+        Every process loads it (each holds the whole optimizer state) or none does: the main process decides
+        whether the file is there, and a failure anywhere is every process's.
+
+        Raises:
+            UserError: the moments belong to q/k rows in another rotary layout than this model's.
+        """
+        path = Path(self.config.init or "") / MOMENTS_FILE
+        if not self.config.init or not broadcast_from_main(path.is_file() if self.engine.is_main_process else None):
+            return
         if is_sharded(self.engine.model):
             logger.warning("%s: not loaded under FSDP: the optimizer starts afresh", path, extra=MAIN_ONLY)
             return
-        count = load_moments(self.engine.optimizer, path)
-        logger.info("continuing the optimizer state of %s (%d parameters)", path, count)
+        _, saved = read_model_config(Path(self.config.init))
+        if saved.rotary_layout != self.config.model.rotary_layout:
+            raise UserError(
+                f"init: {path} holds moments of q/k rows in rotary_layout {saved.rotary_layout}; set "
+                f"model.rotary_layout: {saved.rotary_layout} to continue them"
+            )
+        count = agree_on_errors(lambda: load_moments(self.engine.optimizer, path))
+        logger.info("continuing the optimizer state of %s (%d parameters)", path, count, extra=MAIN_ONLY)
 
     def starting_state(self) -> RunState:
         """Load the newest complete checkpoint when resuming; the state to start from (step 0 for a fresh run).
 
         An accepted resume records its config in config.yaml (`RunDir.record`).
         """
-        if not self.run_dir.resume:
-            return RunState()
-        state = self.engine.resume(self)
-        run_on_main(lambda: self.run_dir.record(self.config.to_dict()))
+        state = RunState()
+        if self.run_dir.resume:
+            state = self.engine.resume(self)
+            run_on_main(lambda: self.run_dir.record(self.config.to_dict()))
+        if state.step == 0:  # a fresh run, or one stopped before its first checkpoint: branching starts here
+            self._continue_moments()
         return state
 
     def fit(self, state: RunState) -> RunState:

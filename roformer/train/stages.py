@@ -114,8 +114,8 @@ class StagedBatches:
         return self.batches[0].maskable(ids, labels)
 
     def epoch_of(self, step: int) -> float:
-        """Epochs of its stage's source completed at the start of `step`."""
-        return self.of(step).epoch_of(step)
+        """Epochs completed after `step` steps, of the source of the stage that trained the last of them."""
+        return self.of(max(step - 1, 0)).epoch_of(step)
 
     def steps_per_epoch(self) -> float | None:
         """Optimizer steps in one epoch: the run's without stages; None in stages (epochs of several sources)."""

@@ -105,7 +105,9 @@ def test_a_staged_run_resumes_exactly_at_a_boundary_and_inside_a_stage(
     assert all(torch.equal(first[k], second[k]) for k in first)
 
 
-def test_a_run_branches_a_decay_off_another_runs_stage_folder(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_run_branches_a_decay_off_another_runs_stage_folder(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """init: a stage folder starts from its weights and continues its AdamW moments (mmBERT's decay branches)."""
     stable = [{"name": "stable", "steps": 4, "train": {"schedule": "constant", "warmup_steps": 2}}]
     trunk = pretrain(load(PretrainConfig, staged_config(tmp_path / "a.yaml", stable)), tmp_path / "trunk")
@@ -115,6 +117,25 @@ def test_a_run_branches_a_decay_off_another_runs_stage_folder(tmp_path: Path, ca
     with caplog.at_level("INFO"):
         branch = pretrain(config, tmp_path / "branch")
     assert "continuing the optimizer state of" in caplog.text
+    interrupted_run(config, tmp_path / "cut", 2, monkeypatch)  # before its first checkpoint
+    pretrain(config, tmp_path / "cut", resume=True)
+    assert train_losses(tmp_path / "cut") == train_losses(branch)  # the moments were continued again
     lrs = [e["lr"] for e in read_metrics(branch / "metrics.jsonl") if e["event"] == "train"]
     assert lrs == pytest.approx([1e-3, 1e-3 * 2 / 3, 1e-3 / 3])
     assert roformer.load(branch / "final").config == roformer.load(trunk / "final").config
+
+
+def test_a_resume_that_changes_the_stages_or_a_stages_global_batch_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    stages = [{"name": "a", "steps": 4}, {"name": "b", "steps": 4, "train": {"batch_size": 2}}]
+    yaml = staged_config(tmp_path / "c.yaml", stages)
+    interrupted_run(load(PretrainConfig, yaml), tmp_path / "run", 6, monkeypatch)
+    resume = ["pretrain", "--config", str(yaml), "--output-dir", str(tmp_path / "run"), "--resume"]
+    assert main([*resume, "--set", "train.batch_size=2", "--set", "train.grad_accum=2"]) == 2
+    err = capsys.readouterr().err
+    assert "stage 'b' was to train with a global batch of 2 examples, now 4" in err and len(err.splitlines()) == 1
+    plain = staged_config(tmp_path / "plain.yaml", [])
+    interrupted_run(load(PretrainConfig, plain), tmp_path / "plain", 6, monkeypatch)
+    assert main(["pretrain", "--config", str(yaml), "--output-dir", str(tmp_path / "plain"), "--resume"]) == 2
+    assert "stages differ from the run's (stages cannot change on resume)" in capsys.readouterr().err

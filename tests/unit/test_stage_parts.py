@@ -75,6 +75,8 @@ def test_stages_are_refused_where_the_run_could_not_follow_them() -> None:
     with pytest.raises(ConfigError, match="stages\\[0\\].model.rotary_base: a stage changes it for .*rotary only"):
         staged([{"name": "a", "steps": 1, "model": {"rotary_base": 5e5}}], model={"position_encoding": "sinusoidal"})
     learned = {"position_encoding": "learned", "max_position_embeddings": 128}
+    with pytest.raises(ConfigError, match="^run.yaml: model.max_position_embeddings=128 is shorter than data.max_seq"):
+        staged([{"name": "a", "steps": 1, "data": {"max_seq_len": 64}}], model=learned, data={"max_seq_len": 256})
     with pytest.raises(ConfigError, match="stages\\[1\\]: model.max_position_embeddings=128 is shorter"):
         staged([{"name": "a", "steps": 1}, {"name": "b", "steps": 1, "data": {"max_seq_len": 256}}], model=learned)
 
