@@ -476,6 +476,58 @@ def _eval_mlm(args: argparse.Namespace) -> None:
     print(length_results_table(results) + f"written to {out}")
 
 
+def _probe_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, metavar="DIR", help="a model directory (e.g. runs/x/final)")
+    parser.add_argument("--probe", required=True, help="passkey, needle (embedding retrieval) or passkey-mlm")
+    parser.add_argument("--lengths", type=_positive_int, nargs="+", default=[128, 256, 512, 1024, 2048])
+    parser.add_argument("--samples", type=_positive_int, default=50, help="queries (or masked keys) per length")
+    parser.add_argument("--distances", type=_positive_int, nargs="+", help="passkey-mlm: key-to-copy distances")
+    parser.add_argument(
+        "--scaling", default="none", help="rotary context scaling: none, linear, ntk, yarn or self_extend"
+    )
+    parser.add_argument("--haystack", metavar="DIR", help="text files the filler is cut from (default: builtin)")
+    parser.add_argument("--trained-length", type=_positive_int, help="the model's training length (for --scaling)")
+    parser.add_argument("--batch-size", type=_positive_int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", metavar="FILE", help="JSON results")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing results file")
+    parser.add_argument("--device", help="e.g. cpu, cuda (default: cuda if available, else cpu)")
+
+
+def _probe(args: argparse.Namespace) -> None:
+    from roformer.study.probes import run_probe
+
+    result = run_probe(
+        args.model,
+        args.probe,
+        args.lengths,
+        samples=args.samples,
+        scaling=args.scaling,
+        haystack=args.haystack,
+        out=args.out,
+        trained_length=args.trained_length,
+        distances=args.distances,
+        batch_size=args.batch_size,
+        device=args.device,
+        seed=args.seed,
+        overwrite=args.overwrite,
+    )
+    print("| probe | length | distance | scaling | accuracy | 95% interval | samples | seconds |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in result["rows"]:
+        if "error" in row:
+            print(f"| {row['probe']} | {row['length']} | | {row['scaling']} | {row['error']} | | | |")
+            continue
+        low, high = row["interval"]
+        distance = row.get("distance", "")
+        print(
+            f"| {row['probe']} | {row['length']} | {distance} | {row['scaling']} | {row['accuracy']:.3f} | "
+            f"[{low:.3f}, {high:.3f}] | {row['samples']} | {row['seconds']:.1f} |"
+        )
+    if args.out:
+        print(f"written to {args.out}")
+
+
 def _embed_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="DIR", help="a model directory (roformer or HF)")
     parser.add_argument("--input", required=True, metavar="FILE", help="texts: .txt (a line each), csv/tsv/jsonl/...")
@@ -595,6 +647,7 @@ COMMANDS = (
     ),
     Command("eval-mlm", "masked-token loss and accuracy at several sequence lengths", _eval_mlm_arguments, _eval_mlm),
     Command("embed", "sentence vectors of a file of texts with a model's backbone", _embed_arguments, _embed),
+    Command("probe", "passkey and needle probes of long-context retrieval and MLM by length", _probe_arguments, _probe),
     Command(
         "compare",
         "compare pretraining runs (curves, steps-to-target) and GLUE results",

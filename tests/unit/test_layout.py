@@ -144,7 +144,7 @@ ROOMS = {
     ],
     "roformer.study": [
         {"outputs", "markdown", "runs", "length_eval"},
-        {"stats", "plots", "report", "suite"},
+        {"stats", "plots", "report", "suite", "probes"},
         {"compare"},
         {"experiment", "hub"},
     ],

@@ -1,0 +1,339 @@
+"""`roformer probe`: synthetic long-context probes of a pretrained model, by input length (and distance).
+
+Three probes, every input built in token ids of exactly the length asked (`[CLS] ... [SEP]`), its filler cut from a
+haystack of real text (`--haystack DIR`, default the built-in corpus) and seeded:
+
+- `passkey` and `needle`: LongEmbed's synthetic retrieval protocol (Zhu et al. 2024) for embeddings. A corpus of 100
+  candidate documents of the length, each a haystack with one fact planted at a random place (`passkey`: "the pass
+  key of NAME is NUMBER. remember it."; `needle`: "the SECRET of NAME is hidden in the PLACE."), and 50 queries that
+  ask for the fact of 50 of them ("what is the pass key of NAME?"). Query and documents are embedded with the
+  backbone (mean pooling, unit length) and the documents ranked by cosine: accuracy@1, which is nDCG@1 with one
+  relevant document.
+- `passkey-mlm`: an encoder-native probe. A one-token key ("the pass key is 7.") is planted in the haystack and its
+  masked copy ("the pass key is [MASK].") `distance` tokens after it; the MLM head must put the key first among the
+  ten candidate keys (chance 10%), by length and distance.
+
+Each row has the accuracy, its 95% Wilson interval over the samples, the sample count and the seconds it took. A
+length a learned position table cannot reach is a row that says so; `--scaling` runs a rotary model under PI, NTK,
+YaRN or SelfExtend (roformer.study.length_eval.scaled, the factor for the length) and is refused for other
+encodings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from roformer.data.builtin import generate_documents
+from roformer.data.text import expand_paths, read_documents
+from roformer.data.tokenizer import load_tokenizer
+from roformer.errors import UserError
+from roformer.files import atomic_write_text, check_output_file
+from roformer.model.model import load
+from roformer.study.length_eval import SCALING_METHODS, check_device, default_device, scaled
+from roformer.train.run_dir import pretraining_length
+
+PROBES = ("passkey", "needle", "passkey-mlm")
+CANDIDATES = 100  # LongEmbed: every query ranks the same 100 documents
+NAMES = tuple(
+    "alice bruno chen dara emil fatima goran hana ivan jonas kemal lena mateo nadia oscar priya quinn rosa sven tomas "
+    "uma victor wanda xavier yara zoran".split()
+)
+SECRETS = ("key", "map", "coin", "ring", "letter", "book", "stone", "watch")
+PLACES = ("garden", "cellar", "tower", "library", "kitchen", "harbour", "forest", "attic", "station", "chapel")
+MLM_KEYS = tuple(str(k) for k in range(10))  # single tokens in any WordPiece vocabulary with digits
+
+
+def wilson_interval(correct: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion `correct / n` (well-behaved at 0 and 1, unlike the normal one)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def haystack_documents(folder: str | None, seed: int = 0) -> list[str]:
+    """The haystack's documents: every text file under `folder`, or 2,000 of the built-in corpus.
+
+    Raises:
+        UserError: the folder holds no text.
+    """
+    if folder is None:
+        return list(generate_documents(2000, seed))
+    documents = [d for path in expand_paths([folder]) for d in read_documents(path, decode_errors="replace")]
+    if not documents:
+        raise UserError(f"--haystack {folder}: no text documents found")
+    return documents
+
+
+class Haystack:
+    """Filler token ids cut from the haystack's documents (shuffled, seeded), as much as asked."""
+
+    def __init__(self, tokenizer: Any, documents: list[str], seed: int) -> None:
+        order = list(documents)
+        random.Random(seed).shuffle(order)
+        ids = tokenizer(order[:2000], add_special_tokens=False)["input_ids"]
+        self.stream = [token for row in ids for token in row]
+        if len(self.stream) < 64:
+            raise UserError("the haystack holds fewer than 64 tokens")
+        self.rng = random.Random(seed + 1)
+
+    def take(self, n: int) -> list[int]:
+        """`n` filler tokens from a random place (wrapping round)."""
+        start = self.rng.randrange(len(self.stream))
+        return [self.stream[(start + i) % len(self.stream)] for i in range(n)]
+
+
+def framed(tokenizer: Any, body: list[int]) -> list[int]:
+    return [tokenizer.cls_token_id, *body, tokenizer.sep_token_id]
+
+
+def planted(filler: list[int], fact: list[int], rng: random.Random) -> list[int]:
+    """`fact` inserted into `filler` at a random place, the filler shortened so the length is kept."""
+    room = filler[: len(filler) - len(fact)]
+    at = rng.randrange(len(room) + 1)
+    return room[:at] + fact + room[at:]
+
+
+def retrieval_samples(
+    probe: str, tokenizer: Any, haystack: Haystack, length: int, samples: int, seed: int
+) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    """(documents, queries, the index of each query's document): LongEmbed's passkey or needle at `length` tokens.
+
+    Raises:
+        ValueError: a fact is longer than a document of `length` tokens can hold.
+    """
+    rng = random.Random(seed)
+    facts, questions = [], []
+    for i in range(CANDIDATES):
+        name = f"{NAMES[i % len(NAMES)]} {NAMES[(i // len(NAMES) + 7 * i) % len(NAMES)]}"  # 100 distinct names
+        if probe == "passkey":
+            number = rng.randrange(10000, 100000)
+            facts.append(f"the pass key of {name} is {number}. remember it. {number} is the pass key of {name}.")
+            questions.append(f"what is the pass key of {name}?")
+        else:
+            secret, place = rng.choice(SECRETS), rng.choice(PLACES)
+            facts.append(f"the {secret} of {name} is hidden in the {place}.")
+            questions.append(f"where is the {secret} of {name} hidden?")
+    fact_ids = tokenizer(facts, add_special_tokens=False)["input_ids"]
+    longest = max(map(len, fact_ids))
+    if longest > length - 2:
+        raise ValueError(f"its facts take up to {longest} tokens: a document of {length} cannot hold one")
+    documents = [framed(tokenizer, planted(haystack.take(length - 2), fact, rng)) for fact in fact_ids]
+    targets = rng.sample(range(CANDIDATES), samples)
+    asked = tokenizer([questions[t] for t in targets], add_special_tokens=False)["input_ids"]
+    queries = [framed(tokenizer, ids) for ids in asked]
+    return documents, queries, targets
+
+
+def mlm_samples(
+    tokenizer: Any, haystack: Haystack, length: int, distance: int, samples: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, list[int]] | None:
+    """(ids (S, length), the masked position of each, the key's index in MLM_KEYS) or None when it cannot fit."""
+    rng = random.Random(seed)
+    head = tokenizer("the pass key is", add_special_tokens=False)["input_ids"]
+    dot = tokenizer(".", add_special_tokens=False)["input_ids"]
+    key_ids = [tokenizer(k, add_special_tokens=False)["input_ids"] for k in MLM_KEYS]
+    if any(len(k) != 1 for k in key_ids):
+        raise UserError("passkey-mlm needs the digits 0-9 as single tokens of the vocabulary")
+    span = len(head) + 1 + len(dot)  # "the pass key is K ."
+    body = length - 2
+    if distance < span or distance + span > body:
+        return None
+    rows, masked, answers = [], [], []
+    for _ in range(samples):
+        answer = rng.randrange(len(MLM_KEYS))
+        filler = haystack.take(body)
+        at = rng.randrange(body - distance - span + 1)  # the planted key's statement starts here
+        filler[at : at + span] = [*head, key_ids[answer][0], *dot]
+        copy = at + distance
+        filler[copy : copy + span] = [*head, tokenizer.mask_token_id, *dot]
+        rows.append(framed(tokenizer, filler))
+        masked.append(1 + copy + len(head))  # after [CLS]
+        answers.append(answer)
+    return torch.tensor(rows), torch.tensor(masked), answers
+
+
+@torch.no_grad()
+def embed_rows(model: Any, rows: list[list[int]], batch_size: int, device: torch.device) -> torch.Tensor:
+    """Unit-length mean-pooled backbone vectors of token-id rows (padded per batch)."""
+    vectors = []
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        width = max(map(len, chunk))
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, row in enumerate(chunk):
+            ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
+        vectors.append(model.embed(ids.to(device), mask.to(device), pooling="mean", normalize=True).cpu())
+    return torch.cat(vectors)
+
+
+def retrieval_accuracy(
+    model: Any,
+    documents: list[list[int]],
+    queries: list[list[int]],
+    targets: list[int],
+    batch_size: int,
+    device: torch.device,
+) -> int:
+    """How many queries rank their own document first (ties by document order)."""
+    scores = embed_rows(model, queries, batch_size, device) @ embed_rows(model, documents, batch_size, device).T
+    return int((scores.argmax(dim=1) == torch.tensor(targets)).sum())
+
+
+@torch.no_grad()
+def mlm_accuracy(
+    model: Any,
+    tokenizer: Any,
+    ids: torch.Tensor,
+    masked: torch.Tensor,
+    answers: list[int],
+    batch_size: int,
+    device: torch.device,
+) -> int:
+    """How many masked copies the MLM head fills with their key, first among the ten candidate keys."""
+    keys = torch.tensor([tokenizer.convert_tokens_to_ids(k) for k in MLM_KEYS])
+    correct = 0
+    for start in range(0, len(ids), batch_size):
+        x = ids[start : start + batch_size].to(device)
+        logits = model(x).logits  # (b, T, V)
+        at = masked[start : start + batch_size].to(device)
+        picked = logits[torch.arange(len(x), device=device), at][:, keys.to(device)]  # (b, 10)
+        correct += int((picked.argmax(dim=1).cpu() == torch.tensor(answers[start : start + batch_size])).sum())
+    return correct
+
+
+def probe_rows(
+    model: Any,
+    tokenizer: Any,
+    probe: str,
+    lengths: list[int],
+    samples: int,
+    haystack: Haystack,
+    scaling: str,
+    trained_length: int | None,
+    distances: list[int] | None = None,
+    batch_size: int = 8,
+    device: torch.device | None = None,
+    seed: int = 0,
+) -> Iterator[dict[str, Any]]:
+    """One row per length (and distance, for passkey-mlm): accuracy, 95% interval, samples, seconds."""
+    device = device or torch.device("cpu")
+    config = model.config
+    for length in lengths:
+        row = {"probe": probe, "length": length, "scaling": scaling}
+        if config.position_encoding == "learned" and length > config.max_position_embeddings:
+            yield {**row, "error": f"learned positions cover {config.max_position_embeddings} tokens, not {length}"}
+            continue
+        variant = model
+        if scaling != "none":
+            variant, label = scaled(model, scaling, None, length, trained_length)
+            row["scaling"] = label
+        started = time.perf_counter()
+        if probe == "passkey-mlm":
+            for distance in distances or default_distances(length):
+                made = mlm_samples(tokenizer, haystack, length, distance, samples, seed + length * 1000 + distance)
+                if made is None:
+                    continue
+                t0 = time.perf_counter()
+                correct = mlm_accuracy(variant, tokenizer, *made, batch_size, device)
+                yield _scored({**row, "distance": distance, "chance": 1 / len(MLM_KEYS)}, correct, samples, t0)
+            continue
+        try:
+            documents, queries, targets = retrieval_samples(probe, tokenizer, haystack, length, samples, seed + length)
+        except ValueError as e:
+            yield {**row, "error": str(e)}
+            continue
+        correct = retrieval_accuracy(variant, documents, queries, targets, batch_size, device)
+        yield _scored({**row, "chance": 1 / CANDIDATES}, correct, samples, started)
+
+
+def default_distances(length: int) -> list[int]:
+    """Key-to-copy distances probed at a length: short, a quarter, half and most of it."""
+    return sorted({16, length // 4, length // 2, length - 24})
+
+
+def _scored(row: dict[str, Any], correct: int, samples: int, started: float) -> dict[str, Any]:
+    low, high = wilson_interval(correct, samples)
+    seconds = round(time.perf_counter() - started, 3)
+    return {**row, "accuracy": correct / samples, "interval": [low, high], "samples": samples, "seconds": seconds}
+
+
+def run_probe(
+    model_dir: str | Path,
+    probe: str,
+    lengths: list[int],
+    samples: int = 50,
+    scaling: str = "none",
+    haystack: str | None = None,
+    out: str | Path | None = None,
+    trained_length: int | None = None,
+    distances: list[int] | None = None,
+    batch_size: int = 8,
+    device: str | None = None,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """`roformer probe`: check the input, probe the model at every length, write the JSON (if `out`), return it.
+
+    Raises:
+        UserError: an unknown probe or scaling, a scaling of a model without rotary positions, a bad length or
+            sample count, a model that does not load, a haystack without text.
+    """
+    if out is not None:
+        check_output_file(Path(out))
+        if Path(out).exists() and not overwrite:
+            raise UserError(f"{out} exists (--overwrite replaces it)")
+    if probe not in PROBES:
+        raise UserError(f"--probe: unknown probe {probe!r} (known: {', '.join(PROBES)})")
+    if scaling not in SCALING_METHODS:
+        raise UserError(f"--scaling: unknown method {scaling!r} (known: {', '.join(SCALING_METHODS)})")
+    if not lengths or min(lengths) < 32:
+        raise UserError(f"--lengths: lengths must be >= 32, got {lengths}")
+    if probe != "passkey-mlm" and not 1 <= samples <= CANDIDATES:
+        raise UserError(f"--samples: {probe} asks 1 to {CANDIDATES} of its {CANDIDATES} documents, got {samples}")
+    if samples < 1:
+        raise UserError(f"--samples must be >= 1, got {samples}")
+    device = device or default_device()
+    check_device(device)
+    architecture = "masked_lm" if probe == "passkey-mlm" else None
+    model = load(model_dir, architecture=architecture, device=device).eval()
+    if scaling != "none":
+        if model.config.position_encoding != "rotary":
+            raise UserError(
+                f"--scaling {scaling}: {model_dir} has {model.config.position_encoding} positions, not rotary"
+            )
+        trained_length = trained_length or pretraining_length(Path(model_dir))
+        if trained_length is None:
+            raise UserError(f"--scaling: {model_dir} does not record its training length; pass --trained-length")
+    tokenizer = load_tokenizer(model_dir)
+    stack = Haystack(tokenizer, haystack_documents(haystack, seed), seed)
+    rows = probe_rows(
+        model,
+        tokenizer,
+        probe,
+        lengths,
+        samples,
+        stack,
+        scaling,
+        trained_length,
+        distances,
+        batch_size,
+        torch.device(device),
+        seed,
+    )
+    result = {"model": str(model_dir), "probe": probe, "scaling": scaling, "haystack": haystack or "builtin"}
+    result["rows"] = list(rows)
+    if out is not None:
+        atomic_write_text(Path(out), json.dumps(result, indent=2))
+    return result

@@ -1,0 +1,109 @@
+"""`roformer probe`: the inputs each probe builds, its rows and intervals, and its refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import tiny_run_config
+
+from roformer.cli import main
+from roformer.config import load
+from roformer.data.tokenizer import load_tokenizer
+from roformer.study.probes import (
+    CANDIDATES,
+    MLM_KEYS,
+    Haystack,
+    haystack_documents,
+    mlm_samples,
+    retrieval_samples,
+    wilson_interval,
+)
+from roformer.train.config import PretrainConfig
+from roformer.train.pretrain import pretrain
+from roformer.train.run_dir import FINAL_DIR
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("probe")
+    data = {"vocab_size": 400}  # room for the ten digits as tokens of their own
+    out = {}
+    for encoding in ("rotary", "learned"):
+        yaml = tiny_run_config(tmp / f"{encoding}.yaml", {"position_encoding": encoding}, data, max_steps=2)
+        out[encoding] = pretrain(load(PretrainConfig, yaml), tmp / encoding) / FINAL_DIR
+    return out
+
+
+def test_the_wilson_interval_matches_its_textbook_values() -> None:
+    low, high = wilson_interval(5, 20)  # Newcombe 1998, table I's method 3: 0.1119 to 0.4687
+    assert (round(low, 4), round(high, 4)) == (0.1119, 0.4687)
+    assert wilson_interval(0, 50)[0] == 0.0 and wilson_interval(50, 50)[1] == pytest.approx(1.0)
+
+
+def test_the_probes_build_inputs_of_the_length_asked_with_the_fact_where_they_say(models: dict[str, Path]) -> None:
+    tokenizer = load_tokenizer(models["rotary"])
+    haystack = Haystack(tokenizer, haystack_documents(None), seed=0)
+    documents, queries, targets = retrieval_samples("passkey", tokenizer, haystack, 96, 30, seed=1)
+    assert len(documents) == CANDIDATES and all(len(d) == 96 for d in documents)
+    assert len(set(targets)) == 30 and len(queries) == 30
+    key_of = tokenizer("the pass key of", add_special_tokens=False)["input_ids"]
+    for document in documents:
+        assert any(document[i : i + len(key_of)] == key_of for i in range(len(document)))  # planted once at least
+    made = mlm_samples(tokenizer, haystack, 128, 40, 25, seed=2)
+    assert made is not None
+    ids, masked, answers = made
+    assert ids.shape == (25, 128) and bool((ids[torch.arange(25), masked] == tokenizer.mask_token_id).all())
+    keys = torch.tensor([tokenizer.convert_tokens_to_ids(k) for k in MLM_KEYS])
+    planted = ids[torch.arange(25), masked - 40]  # the key, `distance` tokens before its masked copy
+    assert torch.equal(planted, keys[answers])
+    assert mlm_samples(tokenizer, haystack, 64, 60, 5, seed=3) is None  # a distance the length cannot hold
+
+
+def test_probe_rows_write_accuracy_interval_and_time(models: dict[str, Path], tmp_path: Path, capsys) -> None:
+    out = tmp_path / "passkey.json"
+    args = ["probe", "--model", str(models["learned"]), "--probe", "passkey", "--lengths", "32", "64", "128"]
+    assert main([*args, "--samples", "10", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    short, ok, beyond = result["rows"]
+    assert "a document of 32 cannot hold one" in short["error"]
+    assert ok["probe"] == "passkey" and ok["length"] == 64 and ok["samples"] == 10 and ok["scaling"] == "none"
+    assert ok["interval"][0] <= ok["accuracy"] <= ok["interval"][1] and ok["seconds"] > 0 and ok["chance"] == 0.01
+    assert "learned positions cover 64 tokens, not 128" in beyond["error"]  # a row, not a failed run
+    assert "| passkey | 64 |" in capsys.readouterr().out
+    assert main([*args, "--samples", "10", "--out", str(out)]) == 2  # kept: --overwrite replaces it
+    assert "exists (--overwrite replaces it)" in capsys.readouterr().err
+    mlm = ["probe", "--model", str(models["rotary"]), "--probe", "passkey-mlm", "--lengths", "64", "96"]
+    assert (
+        main([*mlm, "--samples", "8", "--distances", "20", "--scaling", "self_extend", "--out", str(tmp_path / "m")])
+        == 0
+    )
+    rows = json.loads((tmp_path / "m").read_text())["rows"]
+    assert [(r["length"], r["distance"], r["scaling"]) for r in rows] == [
+        (64, 20, "self_extend x1"),
+        (96, 20, "self_extend x3"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--probe", "haystack"], "unknown probe 'haystack'"),
+        (["--probe", "needle", "--scaling", "pi"], "unknown method 'pi'"),
+        (["--probe", "needle", "--samples", "101"], "asks 1 to 100 of its 100 documents"),
+        (["--probe", "needle", "--lengths", "16"], "lengths must be >= 32"),
+        (["--probe", "needle", "--haystack", "/nonexistent"], "/nonexistent"),
+    ],
+)
+def test_bad_probe_input_is_one_line(models: dict[str, Path], arguments: list[str], message: str, capsys) -> None:
+    assert main(["probe", "--model", str(models["rotary"]), "--lengths", "48", *arguments]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_scaling_is_refused_for_a_model_without_rotary_positions(models: dict[str, Path], capsys) -> None:
+    args = ["probe", "--model", str(models["learned"]), "--probe", "needle", "--lengths", "48", "--scaling", "yarn"]
+    assert main(args) == 2
+    assert "has learned positions, not rotary" in capsys.readouterr().err
