@@ -82,8 +82,8 @@ def test_probe_rows_write_accuracy_interval_and_time(models: dict[str, Path], tm
     )
     rows = json.loads((tmp_path / "m").read_text())["rows"]
     assert [(r["length"], r["distance"], r["scaling"]) for r in rows] == [
-        (64, 20, "self_extend x1"),
-        (96, 20, "self_extend x3"),
+        (64, 20, "self_extend x4"),
+        (96, 20, "self_extend x6"),
     ]
 
 
