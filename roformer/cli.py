@@ -575,7 +575,7 @@ def _compare_arguments(parser: argparse.ArgumentParser) -> None:
         "runs",
         nargs="+",
         metavar="RUN_DIR",
-        help="run directories: pretraining, fine-tuning, or a roformer glue suite folder",
+        help="run directories (pretraining, fine-tuning, a roformer glue suite folder) or roformer probe JSON files",
     )
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
     parser.add_argument("--baseline", metavar="LABEL", help="the baseline arm (default: the first non-rotary one)")

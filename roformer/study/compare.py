@@ -11,7 +11,8 @@ so the numbers are exact and reproducible from metrics.jsonl); tokens and second
 Arms trained with another tokenizer than the baseline's (`vary: [data.jieba]` in an experiment: character- against
 word-level Chinese) predict other tokens, so their MLM losses are set apart: listed, not compared. Every arm's
 vocabulary and tokens per character (its run's tokenization.json) are tabulated, and fine-tuning results compare
-all arms alike. A `roformer glue` suite folder stands for its task runs.
+all arms alike. A `roformer glue` suite folder stands for its task runs. `roformer probe` result files are tabulated
+and drawn (probes.png): accuracy by length per arm and scaling, a seed's Wilson interval or a t interval over seeds.
 
 This module computes the comparison (`summarise`: a JSON-ready dict); roformer.study.markdown renders summary.md.
 """
@@ -26,8 +27,14 @@ from typing import Any
 from roformer.errors import UserError
 from roformer.files import check_output_dir, staged_output_dir
 from roformer.study.markdown import summary_markdown
-from roformer.study.outputs import CURVES_PLOT_FILE, LENGTH_PLOT_FILE, SUMMARY_JSON_FILE, SUMMARY_MARKDOWN_FILE
-from roformer.study.plots import plot_curves, plot_lengths
+from roformer.study.outputs import (
+    CURVES_PLOT_FILE,
+    LENGTH_PLOT_FILE,
+    PROBE_PLOT_FILE,
+    SUMMARY_JSON_FILE,
+    SUMMARY_MARKDOWN_FILE,
+)
+from roformer.study.plots import plot_curves, plot_lengths, plot_probes
 from roformer.study.runs import (
     EVAL_SETUP,
     Arm,
@@ -38,9 +45,10 @@ from roformer.study.runs import (
     glue_columns,
     group_arms,
     load_runs,
+    read_probe_file,
     tokens_at,
 )
-from roformer.study.stats import glue_differences, length_differences, pretraining_differences
+from roformer.study.stats import glue_differences, length_differences, pretraining_differences, t_quantile
 from roformer.tasks.glue_metrics import seed_summary
 
 TARGET_OFFSETS = (0.5, 0.25, 0.1, 0.0)  # eval-loss levels above the baseline's final eval loss
@@ -173,6 +181,39 @@ def summarise(
             summary["glue_baseline"] = base_label
             summary["glue_differences"] = glue_differences(glue, base_label)
     return summary
+
+
+def probe_table(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Probe accuracy by arm, scaling (and distance) and length, over the seeds' files: one row each.
+
+    One file: its accuracy and Wilson interval over samples. Several seeds: their mean and 95% t interval over
+    seeds. A length no seed could run keeps its reason (`error`).
+    """
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for result in results:
+        for row in result["rows"]:
+            distance = row.get("distance")
+            key = (result.get("label", result["model"]), result["probe"], result["scaling"], distance, row["length"])
+            groups.setdefault(key, []).append(row)
+    table = []
+    for (label, probe, scaling, distance, length), rows in groups.items():
+        line = f"{label} ({scaling}" + (f", d={distance}" if distance is not None else "") + ")"
+        out = {"label": label, "probe": probe, "scaling": scaling, "distance": distance, "length": length}
+        ok = [r for r in rows if "accuracy" in r]
+        if not ok:
+            table.append({**out, "line": line, "error": rows[0].get("error", "not run")})
+            continue
+        accuracy = statistics.fmean(r["accuracy"] for r in ok)
+        if len(ok) == 1:
+            interval = ok[0]["interval"]
+        else:
+            half = t_quantile(0.975, len(ok) - 1) * statistics.stdev(r["accuracy"] for r in ok) / len(ok) ** 0.5
+            interval = [max(0.0, accuracy - half), min(1.0, accuracy + half)]
+        samples = sum(r["samples"] for r in ok)
+        table.append(
+            {**out, "line": line, "accuracy": accuracy, "interval": interval, "seeds": len(ok), "samples": samples}
+        )
+    return sorted(table, key=lambda r: (r["probe"], r["line"], r["length"]))
 
 
 def split_by_vocabulary(arms: list[Arm], base: Arm) -> tuple[list[Arm], list[Arm]]:
@@ -352,14 +393,20 @@ def compare(
             seeds used different tokenizers, a damaged results file.
     """
     check_output_dir(Path(out), overwrite)  # before reading the runs
-    runs, glue = load_runs(paths)
+    probes = {str(p): read_probe_file(Path(p)) for p in paths}
+    probe_results = [result for result in probes.values() if result is not None]
+    runs, glue = load_runs([p for p in paths if probes[str(p)] is None])
     check_one_vocabulary_per_arm(runs)
     labels = {g.label for g in glue}
     if len(labels) > 1 and not set.intersection(*({g.task for g in glue if g.label == lb} for lb in labels)):
         raise UserError("the GLUE runs share no task: nothing to compare")
-    summary = summarise(runs, glue, baseline, targets)
+    summary = summarise(runs, glue, baseline, targets) if runs or glue or not probe_results else {}
+    if probe_results:
+        summary["probes"] = probe_table(probe_results)
     summary["runs"] = [str(Path(p)) for p in paths]
     with staged_output_dir(out, overwrite) as staging:
+        if probe_results:
+            plot_probes(summary["probes"], staging / PROBE_PLOT_FILE)
         if runs:
             comparable = {a["label"] for a in summary["arms"]}  # the baseline's tokenizer
             plot_curves([a for a in group_arms(runs) if a.label in comparable], staging / CURVES_PLOT_FILE)

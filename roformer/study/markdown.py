@@ -34,7 +34,33 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         lines += _length_lines(summary)
     if "glue" in summary:
         lines += _glue_lines(summary)
+    if "probes" in summary:
+        lines += _probe_lines(summary["probes"])
     return "\n".join(lines) + "\n"
+
+
+def _probe_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """A table per probe: accuracy [95% interval] of every arm, scaling (and distance) at every length."""
+    lines = []
+    for probe in sorted({r["probe"] for r in rows}):
+        mine = [r for r in rows if r["probe"] == probe]
+        lengths = sorted({r["length"] for r in mine})
+        lines += ["", f"## Probe `{probe}` (accuracy [95% interval])", ""]
+        lines += ["| arm (scaling) | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
+        for line in dict.fromkeys(r["line"] for r in mine):
+            at = {r["length"]: r for r in mine if r["line"] == line}
+            cells = [_probe_cell(at.get(n)) for n in lengths]
+            lines.append(f"| {line} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _probe_cell(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "—"
+    if "error" in row:
+        return "cannot"
+    low, high = row["interval"]
+    return f"{row['accuracy']:.3f} [{low:.3f}, {high:.3f}]"
 
 
 def glue_suite_table(results: dict[str, dict[str, Any]]) -> str:

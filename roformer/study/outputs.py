@@ -14,6 +14,7 @@ SUMMARY_MARKDOWN_FILE = "summary.md"  # compare: the tables (roformer.study.mark
 SUMMARY_JSON_FILE = "summary.json"  # compare: the numbers (roformer.study.compare.summarise)
 CURVES_PLOT_FILE = "curves.png"  # compare: loss curves with seed bands
 LENGTH_PLOT_FILE = "length.png"  # compare: eval loss against length
+PROBE_PLOT_FILE = "probes.png"  # compare: probe accuracy against length, with interval bands
 SUITE_TABLE_FILE = "results.md"  # glue: one row per task and metric (roformer.study.markdown.glue_suite_table)
 COMPARE_DIR = "compare"  # experiment: the output of roformer compare over every run
 GLUE_DIR = "glue"  # experiment: <out>/glue/<arm>-seed<k>/<task>/, the GLUE stage's fine-tuning runs

@@ -66,6 +66,39 @@ def plot_curves(arms: list[Arm], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_probes(rows: list[dict[str, Any]], path: Path) -> None:
+    """probes.png: accuracy against length, a panel per probe, a line per arm and scaling (and distance).
+
+    Each line's 95% interval is a band around it.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    probes = sorted({r["probe"] for r in rows})
+    fig, axes = plt.subplots(1, len(probes), figsize=(6 * len(probes), 4), squeeze=False)
+    for ax, probe in zip(axes[0], probes, strict=True):
+        lines: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            if r["probe"] == probe and "accuracy" in r:
+                lines.setdefault(r["line"], []).append(r)
+        for name, points in lines.items():
+            points.sort(key=lambda r: r["length"])
+            x = [r["length"] for r in points]
+            ax.plot(x, [r["accuracy"] for r in points], marker="o", label=name)
+            ax.fill_between(x, [r["interval"][0] for r in points], [r["interval"][1] for r in points], alpha=0.15)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("input length (tokens)")
+        ax.set_ylabel("accuracy")
+        ax.set_title(probe)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_lengths(table: dict[str, list[dict[str, Any]]], path: Path) -> None:
     """length.png: eval MLM loss against sequence length per arm (lengths an arm cannot take are left out)."""
     import matplotlib

@@ -38,6 +38,7 @@ from roformer.errors import UserError
 from roformer.files import atomic_write_text, check_output_file
 from roformer.model.model import load
 from roformer.study.length_eval import SCALING_METHODS, check_device, default_device, scaled
+from roformer.study.runs import arm_label
 from roformer.train.run_dir import pretraining_length
 
 PROBES = ("passkey", "needle", "passkey-mlm")
@@ -332,7 +333,9 @@ def run_probe(
         torch.device(device),
         seed,
     )
-    result = {"model": str(model_dir), "probe": probe, "scaling": scaling, "haystack": haystack or "builtin"}
+    label, run_seed = arm_label(Path(model_dir))
+    result = {"model": str(model_dir), "label": label, "seed": run_seed, "probe": probe, "scaling": scaling}
+    result["haystack"] = haystack or "builtin"
     result["rows"] = list(rows)
     if out is not None:
         atomic_write_text(Path(out), json.dumps(result, indent=2))

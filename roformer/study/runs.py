@@ -6,6 +6,7 @@ Pretraining runs (metrics.jsonl, config.yaml, tokenization.json, eval-mlm result
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -276,3 +277,30 @@ def tokens_at(run: PretrainRun, step: int) -> float | None:
         return None
     nearest = min(events, key=lambda e: abs(e["step"] - step))
     return nearest["tokens_seen"] * step / nearest["step"]
+
+
+def arm_label(model_dir: Path) -> tuple[str, int | None]:
+    """(the arm label, the seed) of a pretraining run's `final/` (its config.yaml), else (the folder's name, None)."""
+    config = model_dir / ".." / RUN_CONFIG_FILE
+    if model_dir.name == FINAL_DIR and config.is_file():
+        saved = read_yaml(config) or {}
+        label = saved.get("label") or (saved.get("model") or {}).get("position_encoding") or model_dir.parent.name
+        return str(label), (saved.get("train") or {}).get("seed")
+    return model_dir.name, None
+
+
+def read_probe_file(path: Path) -> dict[str, Any] | None:
+    """The results `roformer probe --out` wrote, or None when `path` is not such a file (a run directory).
+
+    Raises:
+        UserError: a .json file that is damaged or not a probe's results.
+    """
+    if not (path.is_file() and path.suffix == ".json"):
+        return None
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: not readable as JSON ({e})") from None
+    if not isinstance(result, dict) or "probe" not in result or not isinstance(result.get("rows"), list):
+        raise UserError(f"{path}: not the results of roformer probe (no probe and rows)")
+    return result

@@ -107,3 +107,26 @@ def test_a_scaling_is_refused_for_a_model_without_rotary_positions(models: dict[
     args = ["probe", "--model", str(models["learned"]), "--probe", "needle", "--lengths", "48", "--scaling", "yarn"]
     assert main(args) == 2
     assert "has learned positions, not rotary" in capsys.readouterr().err
+
+
+def test_compare_draws_and_tabulates_any_set_of_probe_files(models: dict[str, Path], tmp_path: Path, capsys) -> None:
+    """Two seeds' files of one arm become a mean with a t interval; a run directory beside them is compared as ever."""
+    files = []
+    for name, model, seed in [("a", "rotary", 0), ("b", "rotary", 1), ("c", "learned", 0)]:
+        files.append(tmp_path / f"{name}.json")
+        args = ["probe", "--model", str(models[model]), "--probe", "needle", "--lengths", "48", "96"]
+        assert main([*args, "--samples", "12", "--seed", str(seed), "--out", str(files[-1])]) == 0
+    out = tmp_path / "cmp"
+    assert main(["compare", *map(str, files), str(models["rotary"].parent), "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    rows = {(r["label"], r["length"]): r for r in summary["probes"]}
+    assert rows[("rotary", 48)]["seeds"] == 2 and rows[("rotary", 48)]["samples"] == 24
+    first, second = (json.loads(f.read_text())["rows"][0]["accuracy"] for f in files[:2])
+    assert rows[("rotary", 48)]["accuracy"] == pytest.approx((first + second) / 2)
+    assert "error" in rows[("learned", 96)]  # its table ends at 64: a cell that says so
+    assert (out / "probes.png").is_file() and (out / "curves.png").is_file()
+    text = (out / "summary.md").read_text()
+    assert "## Probe `needle` (accuracy [95% interval])" in text and "| learned (none) |" in text and "cannot" in text
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["compare", str(tmp_path / "bad.json"), "--out", str(tmp_path / "cmp2")]) == 2
+    assert "not the results of roformer probe" in capsys.readouterr().err
