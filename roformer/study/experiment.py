@@ -35,15 +35,16 @@ from roformer.files import check_output_dir
 from roformer.model.config import ModelConfig, position_fields
 from roformer.model.weights import WEIGHTS_FILE
 from roformer.study.compare import compare
-from roformer.study.length_eval import default_device, evaluate_lengths, write_results
+from roformer.study.length_eval import SCALING_METHODS, default_device, evaluate_lengths, write_results
 from roformer.study.outputs import COMPARE_DIR, GLUE_DIR
+from roformer.study.probes import PROBES, run_probe
 from roformer.study.report import write_report
 from roformer.study.runs import PretrainRun, check_same_vocabulary, load_runs
 from roformer.study.suite import load_suite_config, run_suite
 from roformer.train.config import PretrainConfig
 from roformer.train.launch import process_state, run_on_main
 from roformer.train.pretrain import pretrain
-from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, RUN_CONFIG_FILE, RunDir
+from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, PROBES_DIR, RUN_CONFIG_FILE, RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +106,38 @@ class LengthStage:
             raise ConfigError(f"length.seq_lens: list lengths >= 8, got {self.seq_lens}")
 
 
+@dataclass
+class ProbeStage:
+    """Probe every final model (roformer probe) at several lengths, under several scalings.
+
+    Attributes:
+        probes: `passkey`, `needle`, `passkey-mlm` (roformer.study.probes).
+        lengths: Input lengths.
+        samples: Queries (or masked keys) per length.
+        scalings: Context scalings of rotary models (`none`, `linear`, `ntk`, `yarn`, `self_extend`); the other
+            encodings are probed as they are (`none`) only.
+        haystack: A folder of text the filler is cut from (relative to the experiment file); null = built-in.
+        distances: passkey-mlm's key-to-copy distances; empty = its defaults per length.
+    """
+
+    probes: list[str] = field(default_factory=lambda: ["passkey"])
+    lengths: list[int] = field(default_factory=lambda: [128, 256, 512, 1024])
+    samples: int = 50
+    scalings: list[str] = field(default_factory=lambda: ["none"])
+    haystack: str | None = None
+    distances: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        unknown = [p for p in self.probes if p not in PROBES] + [s for s in self.scalings if s not in SCALING_METHODS]
+        if unknown:
+            raise ConfigError(
+                f"probes: unknown probe or scaling {unknown[0]!r} (probes: {', '.join(PROBES)}; "
+                f"scalings: {', '.join(SCALING_METHODS)})"
+            )
+        if not self.lengths or min(self.lengths) < 32 or self.samples < 1:
+            raise ConfigError(f"probes: lengths >= 32 and samples >= 1, got {self.lengths} and {self.samples}")
+
+
 # The data fields that make a tokenizer: arms may differ in these alone when `vary` names them.
 TOKENIZATION_FIELDS = ("jieba", "vocab_size", "tokenizer", "lowercase", "tokenizer_documents")
 # A pretraining recipe's fields (the mask and the stages, roformer.train.config.Stage): arms may differ in these when
@@ -150,6 +183,7 @@ class ExperimentConfig:
             too: arms that train under other masks or stages, evaluated under the same fixed mask.
         glue: Optional GLUE stage (GlueStage).
         length: Optional length-evaluation stage (LengthStage).
+        probes: Optional probe stage (ProbeStage): `<run>/probes/*.json`, tabulated and drawn by the comparison.
         comparisons: Further comparisons of some arms against a baseline of their own ({name: Comparison}), each
             into `<out>/compare-<name>/` and a section of the report.
     """
@@ -162,6 +196,7 @@ class ExperimentConfig:
     vary: list[str] = field(default_factory=list)
     glue: GlueStage | None = None
     length: LengthStage | None = None
+    probes: ProbeStage | None = None
     comparisons: dict[str, Comparison] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -263,6 +298,8 @@ def run_experiment(path: str | Path, out: str | Path, overrides: list[str] | Non
     glue_dirs = finetune_runs(experiment, path, runs, out) if experiment.glue is not None else []
     if experiment.length is not None:
         run_on_main(lambda: evaluate_run_lengths(experiment.length, runs))
+    probe_files = run_on_main(lambda: probe_runs(experiment.probes, path, runs)) if experiment.probes else []
+    glue_dirs = glue_dirs + (probe_files or [])
     if not _is_main_process():
         return {}
     summary = compare(
@@ -330,6 +367,26 @@ def finetune_runs(experiment: ExperimentConfig, path: Path, runs: list[Path], ou
         )
         task_dirs += [target / task for task in results] if results else []
     return task_dirs
+
+
+def probe_runs(stage: ProbeStage, path: Path, runs: list[Path]) -> list[Path]:
+    """Probe every run's final model with each probe and scaling (`roformer probe`; a file there is kept)."""
+    haystack = str(config_path(path.parent, stage.haystack)) if stage.haystack else None
+    files = []
+    for directory in runs:
+        rotary = read_yaml(directory / RUN_CONFIG_FILE)["model"].get("position_encoding") == "rotary"
+        for probe in stage.probes:
+            for scaling in stage.scalings if rotary else ["none"]:
+                target = directory / PROBES_DIR / f"{probe}-{scaling}.json"
+                files.append(target)
+                if target.is_file():
+                    continue
+                logger.info("%s: probe %s (%s) at lengths %s", directory, probe, scaling, stage.lengths)
+                target.parent.mkdir(exist_ok=True)
+                model = directory / FINAL_DIR
+                lengths, samples, distances = stage.lengths, stage.samples, stage.distances or None
+                run_probe(model, probe, lengths, samples, scaling, haystack, target, distances=distances)
+    return files
 
 
 def evaluate_run_lengths(stage: LengthStage, runs: list[Path]) -> None:

@@ -48,6 +48,7 @@ PROGRESS_DIR = ".progress"  # fine-tuning: finished runs' records and the runnin
 PRETRAINING_FILE = "pretraining.json"  # in a pretrained model directory: the block length and vocabulary it saw
 TOKENIZATION_FILE = "tokenization.json"  # a pretraining run's training text as its tokenizer reads it (TokenStore)
 LENGTH_FILE = "length_extrapolation.json"  # written by roformer eval-mlm next to a run's final/
+PROBES_DIR = "probes"  # an experiment's probe stage: <run>/probes/<probe>-<scaling>.json (roformer probe's files)
 
 
 # What a resumed run may change in its config.yaml: one policy for every recipe, written on the fields of the run
