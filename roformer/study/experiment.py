@@ -142,7 +142,7 @@ class ProbeStage:
 TOKENIZATION_FIELDS = ("jieba", "vocab_size", "tokenizer", "lowercase", "tokenizer_documents")
 # A pretraining recipe's fields (the mask and the stages, roformer.train.config.Stage): arms may differ in these when
 # `vary` names them. The evaluation mask stays the same, so their eval losses compare.
-RECIPE_FIELDS = ("data.mask_rate", "data.mask_split", "data.whole_word_mask", "stages")
+RECIPE_FIELDS = ("data.mask_rate", "data.mask_split", "data.whole_word_mask", "data.packing", "stages")
 
 
 @dataclass
