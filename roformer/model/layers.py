@@ -575,6 +575,36 @@ class SelfAttention(nn.Module):
             y = softmax_attention(q, k, v, mask, dropout_p, ctx.causal)
         return self.proj(self.tokens_of(y.transpose(1, 2).reshape(B, T, C), ctx))  # y: (B, H, T, D)
 
+    def forward_queries(self, x: Tensor, ctx: AttentionContext, queries: QuerySubset) -> Tensor:
+        """The attention outputs (N, C) of the queries in `queries` alone; keys and values from every token of x.
+
+        x is the (B, T, C) grid. The queries of each row are laid out in a (B, M, H, D) grid (M: the most of any
+        row), so one SDPA call serves every row; a mask over queries keeps its selected rows. Softmax attention with
+        a mask or a bias (T5, ALiBi) and any rotation but SelfExtend's (`supports_query_subset`).
+        """
+        B, T, C = x.shape
+        qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_size)  # (B, T, 3, H, D)
+        rotary = ctx.rotary
+        if rotary is None:
+            q, k, v = qkv.unbind(2)
+        elif self.rotary_value:
+            q, k, v = rotary(qkv).unbind(2)
+        else:
+            q, k = rotary(qkv[:, :, :2]).unbind(2)
+            v = qkv[:, :, 2]
+        b, t, slot, width = queries.row, queries.position, queries.slot, queries.width
+        grid = q.new_zeros(B, width, self.num_heads, self.head_size)
+        grid[b, slot] = q[b, t]  # (B, M, H, D): each row's queries first, zeros after
+        mask = ctx.mask
+        if mask is not None and mask.shape[-2] > 1:  # a mask or bias per query: its selected rows
+            rows = torch.zeros(B, width, dtype=torch.long, device=x.device)
+            rows[b, slot] = t
+            mask = mask.expand(B, mask.shape[1], T, mask.shape[-1])
+            mask = mask.gather(2, rows[:, None, :, None].expand(B, mask.shape[1], width, mask.shape[-1]))
+        dropout_p = self.dropout if self.training else 0.0
+        y = softmax_attention(grid.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, dropout_p, False)
+        return self.proj(y.transpose(1, 2)[b, slot].reshape(len(b), C))  # (N, C)
+
     @staticmethod
     def tokens_of(y: Tensor, ctx: AttentionContext) -> Tensor:
         """The attention output (B, T, C) in the layout of the layer's input: as it is, or the real tokens (N, C)."""
@@ -657,3 +687,38 @@ class Block(nn.Module):
         """(B, T, C) -> (B, T, C), or the real tokens (N, C) -> (N, C); `ctx` is this layer's."""
         x = self.attn_norm(x + self.dropout(self.attn(x, ctx)))
         return self.ffn_norm(x + self.dropout(self.ffn_out(self.act(self.ffn_in(x)))))
+
+    def forward_queries(self, x: Tensor, ctx: AttentionContext, queries: QuerySubset) -> Tensor:
+        """The block's output (N, C) at the positions of `queries` alone, from the (B, T, C) grid x.
+
+        Every token is still a key and value; only the selected ones are queries and go through the FFN (a model's
+        last block under MLM, where only the masked positions are read: flash-attention's `last_layer_subset`).
+        """
+        h = x[queries.row, queries.position]  # (N, C)
+        h = self.attn_norm(h + self.dropout(self.attn.forward_queries(x, ctx, queries)))
+        return self.ffn_norm(h + self.dropout(self.ffn_out(self.act(self.ffn_in(h)))))
+
+
+@dataclass(frozen=True)
+class QuerySubset:
+    """Distinct positions of a (B, T) grid that alone are queries, laid out per row for one attention call.
+
+    Attributes:
+        row: (N,) each query's row.
+        position: (N,) its position in the row.
+        slot: (N,) its place among its row's queries.
+        width: The most queries of any row (M).
+    """
+
+    row: Tensor
+    position: Tensor
+    slot: Tensor
+    width: int
+
+    @classmethod
+    def of(cls, flat: Tensor, length: int) -> QuerySubset:
+        """The queries at distinct flat positions `flat` (sorted) of a grid with rows of `length`."""
+        row, position = flat // length, flat % length
+        first = torch.searchsorted(row, row, right=False)  # where each row's queries start in the sorted list
+        slot = torch.arange(len(flat), device=flat.device) - first
+        return cls(row, position, slot, int(slot.max()) + 1 if len(flat) else 1)

@@ -35,13 +35,20 @@ from roformer.model.layers import (
     Dropout,
     Embeddings,
     KVCache,
+    QuerySubset,
     RealTokens,
     document_index,
     document_positions,
     make_norm,
     self_attention_mask,
 )
-from roformer.model.positions import AttentionPositions, PositionTerms, RotaryEmbedding, attention_positions
+from roformer.model.positions import (
+    AttentionPositions,
+    GroupedRotation,
+    PositionTerms,
+    RotaryEmbedding,
+    attention_positions,
+)
 from roformer.model.weights import load_weights, read_model_config, read_model_dir, save_model
 
 
@@ -261,8 +268,15 @@ class Backbone(Model):
         position_ids: Tensor | None = None,
         cache: KVCache | None = None,
         document_ids: Tensor | None = None,
+        queries: Tensor | None = None,
     ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
         """(B, T) ids -> last hidden states (B, T, C), and all hidden states when asked.
+
+        `queries` (N,) flat positions into (B*T) asks for the last hidden states there alone, (N, C): the last block
+        then computes only those positions as queries and through its FFN, every token still a key and value (the
+        masked positions of MLM; `Block.forward_queries`); where that path does not apply (Shaw, linear attention,
+        SelfExtend, causal attention) the whole grid is computed and the positions taken. Not with
+        `output_hidden_states`.
 
         `position_ids` (B, T) gives every token its position (default 0..T-1, or after the cached ones): a
         left-padded row then equals itself unpadded. HF RoFormer cannot take them. `document_ids` (B, T) packs
@@ -296,7 +310,16 @@ class Backbone(Model):
         ctx = AttentionContext(terms.mask, causal, terms.rotary, cache, terms.shaw, tokens=tokens, documents=documents)
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         hidden = [x if tokens is None else tokens.grid(x)] if output_hidden_states else None
+        if queries is not None and hidden is not None:
+            raise ValueError("queries gives the last hidden states at some positions: not with output_hidden_states")
+        subset = None
+        if queries is not None and query_subset_applies(ctx, self.config):
+            distinct, order = torch.unique(queries, return_inverse=True)  # padded positions repeat
+            subset = QuerySubset.of(distinct, T)
         for i, block in enumerate(self.layers):
+            if subset is not None and i == len(self.layers) - 1:
+                grid = x if tokens is None else tokens.grid(x)  # (B, T, C): every token a key
+                return block.forward_queries(grid, replace(ctx.layer(i), tokens=None), subset)[order], None
             if recompute:  # dropout masks are replayed: the same values and gradients as without
                 # non-reentrant: the context, a dataclass holding tensors, needs no unpacking into tensor arguments
                 x = checkpoint(block, x, ctx.layer(i), use_reentrant=False)
@@ -306,6 +329,8 @@ class Backbone(Model):
                 hidden.append(x if tokens is None else tokens.grid(x))
         if tokens is not None:
             x = tokens.grid(x)  # (B, T, C)
+        if queries is not None:
+            return x.flatten(0, 1)[queries], None  # (N, C)
         return x, tuple(hidden) if hidden is not None else None
 
     def real_tokens(self, attention_mask: Tensor | None, cache: KVCache | None) -> RealTokens | None:
@@ -436,6 +461,16 @@ class MaskedLM(LanguageModel):
     """Backbone + MLM head: dense -> act -> LayerNorm -> decoder tied to the word embeddings (+ bias), as BERT."""
 
     architecture = "masked_lm"
+    last_layer_subset = False  # `set_last_layer_subset`
+
+    def set_last_layer_subset(self, enabled: bool = True) -> None:
+        """With `masked_only` and `masked_positions`, compute the last block at the masked positions alone.
+
+        They are its only queries and the only rows of its FFN (keys and values still from every token), which
+        leaves their logits as they were (flash-attention's BERT `last_layer_subset`; tests/unit/
+        test_last_layer_subset.py) and saves the rest of the last block: about 85% of it at 15% masking.
+        """
+        self.last_layer_subset = enabled
 
     def forward(
         self,
@@ -455,8 +490,19 @@ class MaskedLM(LanguageModel):
         decoder is the largest matmul of a small model and ~85% of its rows would be thrown away. Their flat indices
         into (B*T) may be given as `masked_positions` (N,), padded with positions labelled IGNORE_INDEX to a bucketed
         length (roformer.data.masking.masked_positions): a fixed shape, so torch.compile traces one graph where the
-        boolean selection would break it at every new masked-token count.
+        boolean selection would break it at every new masked-token count. With `set_last_layer_subset`, the last
+        block computes those positions alone.
         """
+        subset = masked_only and masked_positions is not None and self.last_layer_subset and not output_hidden_states
+        if subset:  # the last block computes the masked positions alone (`Backbone.encode`'s queries)
+            if labels is None:
+                raise ValueError("masked_only=True needs labels")
+            x, _ = self.backbone.encode(
+                input_ids, attention_mask, token_type_ids, False, position_ids, None, document_ids, masked_positions
+            )  # (N, C)
+            labels = labels.flatten()[masked_positions]
+            logits = self.vocabulary_logits(x)
+            return ModelOutput(logits=logits, loss=token_cross_entropy(logits, labels), hidden_states=None)
         x, hidden, pooled = self.run_backbone(
             input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids, document_ids=document_ids
         )
@@ -471,6 +517,21 @@ class MaskedLM(LanguageModel):
         logits = self.vocabulary_logits(x)  # (B, T, V) or (N, V)
         loss = token_cross_entropy(logits, labels) if labels is not None else None
         return ModelOutput(logits=logits, loss=loss, hidden_states=hidden, pooled=pooled)
+
+
+def query_subset_applies(ctx: AttentionContext, config: ModelConfig) -> bool:
+    """Whether the last block can compute a subset of queries alone (`Block.forward_queries`).
+
+    Softmax attention, bidirectional, no cache; not Shaw's per-query value terms nor SelfExtend's grouped products.
+    """
+    return (
+        config.attention == "softmax"
+        and ctx.shaw is None
+        and not ctx.causal
+        and ctx.cache is None
+        and not isinstance(ctx.rotary, GroupedRotation)
+        and config.attention_pattern == "bidirectional"
+    )
 
 
 def as_decoder(config: ModelConfig) -> ModelConfig:

@@ -205,9 +205,17 @@ class TrainConfig(TrainArgs):
 
     Attributes:
         max_steps: Optimizer steps (each of batch_size x processes x grad_accum blocks).
+        last_layer_subset: The last block computes the masked positions alone (`MaskedLM.set_last_layer_subset`:
+            the same logits, about 5% fewer FLOPs in a 12-layer model at 15% masking); null = on unless `compile`
+            (finding the positions breaks the graph). Dropout in the last block then draws masks for those rows only.
     """
 
     max_steps: int = field(default=1000, metadata=MAY_CHANGE_UNTIL_A_RUN_FINISHES)
+    last_layer_subset: bool | None = None
+
+    def last_layer_subset_on(self) -> bool:
+        """Whether the masked-only last layer is on: `last_layer_subset`, or when null, unless compiled."""
+        return not self.compile if self.last_layer_subset is None else self.last_layer_subset
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -245,6 +245,7 @@ class Pretrainer:
         train = self.config.train
         torch.manual_seed(train.seed)
         model = MaskedLM(self.config.model)
+        model.set_last_layer_subset(train.last_layer_subset_on())
         if self.config.init:
             load_weights_from(model, self.config.init)
         self.num_parameters = model.num_parameters()
