@@ -495,6 +495,7 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _probe(args: argparse.Namespace) -> None:
+    from roformer.study.markdown import probe_results_table
     from roformer.study.probes import run_probe
 
     result = run_probe(
@@ -512,18 +513,7 @@ def _probe(args: argparse.Namespace) -> None:
         seed=args.seed,
         overwrite=args.overwrite,
     )
-    print("| probe | length | distance | scaling | accuracy | 95% interval | samples | seconds |")
-    print("|---|---|---|---|---|---|---|---|")
-    for row in result["rows"]:
-        if "error" in row:
-            print(f"| {row['probe']} | {row['length']} | | {row['scaling']} | {row['error']} | | | |")
-            continue
-        low, high = row["interval"]
-        distance = row.get("distance", "")
-        print(
-            f"| {row['probe']} | {row['length']} | {distance} | {row['scaling']} | {row['accuracy']:.3f} | "
-            f"[{low:.3f}, {high:.3f}] | {row['samples']} | {row['seconds']:.1f} |"
-        )
+    print(probe_results_table(result["rows"]), end="")
     if args.out:
         print(f"written to {args.out}")
 

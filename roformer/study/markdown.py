@@ -39,6 +39,24 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def probe_results_table(rows: list[dict[str, Any]]) -> str:
+    """The table `roformer probe` prints: a row per length (and distance) with accuracy, interval, samples, time."""
+    lines = [
+        "| probe | length | distance | scaling | accuracy | 95% interval | samples | seconds |",
+        "|---|---:|---:|---|---:|---|---:|---:|",
+    ]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['probe']} | {row['length']} | | {row['scaling']} | {row['error']} | | | |")
+            continue
+        low, high = row["interval"]
+        lines.append(
+            f"| {row['probe']} | {row['length']} | {row.get('distance', '')} | {row['scaling']} | "
+            f"{row['accuracy']:.3f} | [{low:.3f}, {high:.3f}] | {row['samples']} | {row['seconds']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def _probe_lines(rows: list[dict[str, Any]]) -> list[str]:
     """A table per probe: accuracy [95% interval] of every arm, scaling (and distance) at every length."""
     lines = []
