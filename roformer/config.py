@@ -436,6 +436,10 @@ def field_keys(cls: type, name: str, value: Any = True, declared: bool = True) -
             keys.append(f.name)
         if dataclasses.is_dataclass(hints[f.name]):
             keys += [f"{f.name}.{key}" for key in field_keys(hints[f.name], name, value, declared)]
+        item = get_args(hints[f.name])[0] if get_origin(hints[f.name]) is list else None
+        if dataclasses.is_dataclass(item):  # a list of sections: `stages[].data.paths`, every item's
+            keys += [f"{f.name}[].{key}" for key in field_keys(item, name, value, declared)]
+    keys += [key for key, meta in getattr(cls, "UNTYPED_KEYS", {}).items() if meta.get(name) == value]
     for section, settings in (declared_sections(cls) if declared else {}).items():
         if not dataclasses.is_dataclass(settings):  # a declared key that is no section is a folder: a path
             keys += [section] if PATH.get(name) == value else []
@@ -463,7 +467,7 @@ def load(cls: type[T], path: str | Path, overrides: list[str] | None = None) -> 
     # paths given on the command line are relative to the working directory: made absolute now, so that the run's
     # config.yaml means the same files wherever it is read from (a resume, eval-mlm, an experiment's later stage)
     overridden = {item.partition("=")[0].strip() for item in overrides or []}
-    path_keys = [key for key in field_keys(cls, "path") if key in overridden]
+    path_keys = [key for key in field_keys(cls, "path") if any(_within(key.replace("[]", ""), o) for o in overridden)]
     resolve_paths(data, path_keys, Path.cwd(), field_keys(cls, "hub_name"))
     included = tuple((key, file) for key, file in sources.items() if file != str(path))
     origin = Origin(str(path), tuple((item.partition("=")[0].strip(), item) for item in overrides or []), included)
@@ -578,6 +582,13 @@ def resolve_paths(data: dict[str, Any], keys: list[str], base: Path, maybe_names
     start with `.` or exist under `base`.
     """
     for key in keys:
+        head, each, rest = key.partition("[].")
+        if each:  # every item of a list of sections
+            items = resolve_key(data, head)
+            for item in items if isinstance(items, list) else []:
+                if isinstance(item, dict):
+                    resolve_paths(item, [rest], base, tuple(k.partition("[].")[2] for k in maybe_names))
+            continue
         *parents, leaf = key.split(".")
         node = data
         for part in parents:
@@ -589,6 +600,13 @@ def resolve_paths(data: dict[str, Any], keys: list[str], base: Path, maybe_names
             node[leaf] = [_resolve_path(v, base, may_be_name) for v in value]
         else:
             node[leaf] = _resolve_path(value, base, may_be_name)
+
+
+def resolve_key(data: Any, key: str) -> Any:
+    """The value at dotted `key` of nested mappings, or None."""
+    for part in key.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
 
 
 def _resolve_path(value: Any, base: Path, may_be_name: bool) -> Any:

@@ -32,6 +32,7 @@ _NOT_IN_KEY = (
     "num_proc",
     "whole_word_mask",
     "packing",
+    "mixture",
     "cache",
     "cache_dir",
 )

@@ -44,6 +44,26 @@ class RateSchedule:
 
 
 @dataclass
+class MixtureSource:
+    """One corpus of a training mixture (`data.mixture`): its files and its share of the training blocks.
+
+    Attributes:
+        paths: Files, folders or globs of text (read as `source: text`, relative to the config file).
+        weight: Its share: blocks are drawn from the sources in proportion to their weights.
+    """
+
+    paths: list[str] = field(default_factory=list, metadata=PATH)
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if not self.paths:
+            raise ConfigError("mixture: every source needs paths")
+        if self.weight <= 0:
+            raise ConfigError(f"mixture: weights must be > 0, got {self.weight}")
+
+
+@dataclass
 class DataConfig:
     """Where the text comes from and how it becomes MLM blocks.
 
@@ -78,6 +98,10 @@ class DataConfig:
         max_eval_blocks: Cap on validation blocks, a random subset seeded by eval_mask_seed (null = all).
         num_proc: Processes for `datasets.map` tokenization of in-memory text (eval-mlm, streaming validation);
             null = 1. The token store build tokenizes on all cores through the tokenizer's own threads.
+        mixture: Train on several corpora in proportion to their weights (`[{paths: [...], weight: 0.7}, ...]`,
+            `MixtureSource`; a stage may change them, as mmBERT's stages change their language mix). Each is a token
+            store of its own, read with the run's tokenizer; `source`/`paths` remain the run's own corpus: its
+            tokenizer and its validation blocks. Empty: train on `source`/`paths`.
         packing: `blocks` (documents run into each other inside a block: a token attends across the [SEP] between
             documents, BERT's and RoBERTa's FULL-SENTENCES packing) or `isolated` (the same blocks, but attention
             never crosses a document's [SEP] and positions restart at 0 in every document: `block_documents`, the
@@ -121,6 +145,7 @@ class DataConfig:
     eval_mask_seed: int = 1234
     max_eval_blocks: int | None = None
     num_proc: int | None = field(default=None, metadata=MAY_CHANGE_ON_RESUME)
+    mixture: list[MixtureSource] = field(default_factory=list)
     packing: Literal["blocks", "isolated"] = "blocks"
     whole_word_mask: bool = False
     cache: bool = True

@@ -100,6 +100,85 @@ class StreamedBlocks:
         self.next_block = position
 
 
+class MixtureBlocks:
+    """Blocks drawn from several sources in proportion to their weights (`data.mixture`).
+
+    The order is laid out in windows of `window` blocks: in each, source c has its quota of slots (w_c / sum w of the
+    window, largest remainders rounded up), in a seeded random order. Position p's source and its place in that
+    source's own order follow from p alone, so a resume (and a stage that reads on) needs no state but the position;
+    each source is read in its own order, without a gap or a repeat.
+    """
+
+    def __init__(self, sources: list[BlockSource], weights: list[float], seed: int, window: int = 1000) -> None:
+        self.sources, self.seed, self.window = sources, seed, window
+        shares = [w / sum(weights) * window for w in weights]
+        quotas = [int(s) for s in shares]
+        for i in sorted(range(len(shares)), key=lambda i: quotas[i] - shares[i])[: window - sum(quotas)]:
+            quotas[i] += 1  # largest remainders first
+        self.quotas = quotas
+        self._layout: tuple[int, torch.Tensor, torch.Tensor] | None = None
+
+    def describe(self) -> str:
+        return "a mixture of " + ", ".join(
+            f"{s.describe()} ({q / self.window:.0%})" for s, q in zip(self.sources, self.quotas, strict=True)
+        )
+
+    def layout(self, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(source of each slot, its place among the window's slots of that source) of window `window`."""
+        if self._layout is None or self._layout[0] != window:
+            slots = torch.cat([torch.full((q,), c, dtype=torch.long) for c, q in enumerate(self.quotas)])
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + window + 7_777)
+            slots = slots[torch.randperm(len(slots), generator=generator)]
+            rank = torch.zeros_like(slots)
+            for c in range(len(self.quotas)):
+                mine = slots == c
+                rank[mine] = torch.arange(int(mine.sum()))
+            self._layout = (window, slots, rank)
+        return self._layout[1], self._layout[2]
+
+    def places(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(source, place in its own order) of mixture positions [start, start + count)."""
+        sources, places = [], []
+        for p in range(start, start + count):
+            window, slot = divmod(p, self.window)
+            source, rank = self.layout(window)
+            c = int(source[slot])
+            sources.append(c)
+            places.append(window * self.quotas[c] + int(rank[slot]))
+        return torch.tensor(sources), torch.tensor(places)
+
+    def take(self, start: int, count: int) -> torch.Tensor:
+        source, place = self.places(start, count)
+        rows: list[torch.Tensor | None] = [None] * count
+        for c, blocks in enumerate(self.sources):
+            mine = (source == c).nonzero().squeeze(1)
+            if len(mine):  # consecutive places of source c: one read
+                taken = blocks.take(int(place[mine[0]]), len(mine))
+                for row, block in zip(mine.tolist(), taken, strict=True):
+                    rows[row] = block
+        return torch.stack(rows)  # type: ignore[arg-type]
+
+    def epoch_at(self, position: int) -> float:
+        """Epochs of the first source (each source runs its own)."""
+        return self.sources[0].epoch_at(self.read_of(0, position))
+
+    def blocks_per_epoch(self) -> int | None:
+        return None  # each source has its own epochs
+
+    def read_of(self, c: int, position: int) -> int:
+        """Blocks of source c among mixture positions [0, position)."""
+        window, slot = divmod(position, self.window)
+        source, _ = self.layout(window)
+        return window * self.quotas[c] + int((source[:slot] == c).sum())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sources": [source.state_dict() for source in self.sources]}
+
+    def load_state_dict(self, state: dict[str, Any], position: int) -> None:
+        for c, source in enumerate(self.sources):
+            source.load_state_dict(state["sources"][c], self.read_of(c, position))
+
+
 class MLMBatches:
     """The masked global batch of every optimizer step (each process takes its rows with sampling.share).
 

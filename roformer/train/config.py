@@ -43,6 +43,7 @@ STAGE_KEYS = {
         "whole_word_mask",
         "source",
         "paths",
+        "mixture",
         "text_column",
         "decode_errors",
         "hub_name",
@@ -280,6 +281,9 @@ class Stage:
         model: `model:` keys over the run's.
         train: `train:` keys over the run's.
     """
+
+    # paths inside the untyped sections, resolved like the run's (roformer.config.field_keys)
+    UNTYPED_KEYS: ClassVar = {"data.paths": PATH, "data.mixture[].paths": PATH}
 
     name: str
     steps: int

@@ -27,7 +27,7 @@ import torch
 from roformer.config import flat_config, read_yaml
 from roformer.data.config import DataConfig
 from roformer.data.masking import IGNORE_INDEX, masked_positions
-from roformer.data.mlm import block_source, eval_batch
+from roformer.data.mlm import MixtureBlocks, block_source, eval_batch
 from roformer.data.packing import block_documents
 from roformer.data.sampling import global_batch_size, share
 from roformer.data.store import build_mlm_data
@@ -189,12 +189,19 @@ class Pretrainer:
         sources = []
         for group in range(max(groups) + 1):
             stage = self.stages[groups.index(group)]
-            same = blocks_key(stage.data) == blocks_key(self.config.data)
-            data = self.data if same else build_data(stage.data, self.data.tokenizer)
             layout = stage.train
             global_batch = global_batch_size(layout.batch_size, num_processes, layout.grad_accum)
-            sources.append(block_source(data, stage.data, seed, global_batch))
+            sources.append(self._block_source(stage.data, seed, global_batch))
         return StagedBatches(self.stages, sources, self.data.tokenizer, seed, num_processes)
+
+    def _block_source(self, data: DataConfig, seed: int, global_batch: int) -> Any:
+        """The training blocks of a data section: the run's own, another corpus's, or a mixture of corpora."""
+        if data.mixture:  # every corpus its own store and order, read with the run's tokenizer
+            parts = [replace(data, source="text", paths=list(m.paths), mixture=[]) for m in data.mixture]
+            built = [block_source(build_data(part, self.data.tokenizer), part, seed, global_batch) for part in parts]
+            return MixtureBlocks(built, [m.weight for m in data.mixture], seed)
+        same = blocks_key(data) == blocks_key(self.config.data)
+        return block_source(self.data if same else build_data(data, self.data.tokenizer), data, seed, global_batch)
 
     def _check_resumable(self) -> None:
         """The data must give the run's tokenizer; the config may change only as RunDir's policy allows."""

@@ -14,8 +14,9 @@ from safetensors.torch import load_file
 import roformer
 from roformer.cli import main
 from roformer.config import load, write_yaml
+from roformer.data.builtin import generate_documents
 from roformer.train.config import PretrainConfig
-from roformer.train.pretrain import pretrain
+from roformer.train.pretrain import Pretrainer, pretrain
 from roformer.train.run_dir import read_metrics
 
 TRAIN = {"batch_size": 4, "lr": 1e-3, "log_every": 1, "eval_every": 0, "save_every": 4, "progress": False}
@@ -139,3 +140,24 @@ def test_a_resume_that_changes_the_stages_or_a_stages_global_batch_is_refused(
     interrupted_run(load(PretrainConfig, plain), tmp_path / "plain", 6, monkeypatch)
     assert main(["pretrain", "--config", str(yaml), "--output-dir", str(tmp_path / "plain"), "--resume"]) == 2
     assert "stages differ from the run's (stages cannot change on resume)" in capsys.readouterr().err
+
+
+def test_a_mixture_whose_weights_change_in_a_stage_resumes_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    corpora = []
+    for seed in (1, 2):
+        corpora.append(tmp_path / f"corpus{seed}.txt")
+        corpora[-1].write_text("\n\n".join(generate_documents(150, seed=seed)) + "\n")
+    data = {**TINY_DATA, "source": "text", "paths": [str(c) for c in corpora]}
+    data["mixture"] = [{"paths": [str(corpora[0])], "weight": 3}, {"paths": [str(corpora[1])], "weight": 1}]
+    shift = [{"paths": [str(corpora[0])], "weight": 1}, {"paths": [str(corpora[1])], "weight": 3}]
+    stages = [{"name": "a", "steps": 4}, {"name": "b", "steps": 4, "data": {"mixture": shift}}]
+    write_yaml(tmp_path / "c.yaml", {"model": TINY_MODEL, "data": data, "train": TRAIN, "stages": stages})
+    config = load(PretrainConfig, tmp_path / "c.yaml")
+    trainer = Pretrainer(config, tmp_path / "full")
+    assert trainer.batches.describe().endswith("a mixture of 573 train blocks (25%), 581 train blocks (75%)")
+    reference = pretrain(config, tmp_path / "full", overwrite=True)
+    interrupted_run(config, tmp_path / "cut", 6, monkeypatch)
+    pretrain(config, tmp_path / "cut", resume=True)
+    assert train_losses(tmp_path / "cut") == train_losses(reference)

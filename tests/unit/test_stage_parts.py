@@ -12,9 +12,9 @@ import torch
 from helpers import TINY_MODEL
 
 import roformer
-from roformer.config import from_dict
+from roformer.config import from_dict, load, write_yaml
 from roformer.data.config import DataConfig
-from roformer.data.mlm import PackedBlocks
+from roformer.data.mlm import MixtureBlocks, PackedBlocks
 from roformer.errors import ConfigError, UserError
 from roformer.model.config import ModelConfig
 from roformer.model.model import MaskedLM
@@ -190,3 +190,34 @@ def test_blocks_differ_between_data_keys_only_by_what_decides_blocks() -> None:
         ]
     ).resolved_stages()
     assert source_groups(stages) == [0, 1] and stages[0].data != base
+
+
+def test_a_mixture_draws_each_source_in_its_share_and_its_own_order() -> None:
+    a = PackedBlocks(torch.arange(50).view(50, 1), 4, seed=1)  # source 0: ids 0..49
+    b = PackedBlocks(torch.arange(1000, 1030).view(30, 1), 4, seed=1)  # source 1: ids 1000..1029
+    mixture = MixtureBlocks([a, b], [3.0, 1.0], seed=5, window=40)
+    assert mixture.quotas == [30, 10]
+    drawn = mixture.take(0, 120)[:, 0]
+    assert int((drawn[:40] < 1000).sum()) == 30 and int((drawn[40:80] >= 1000).sum()) == 10  # every window's share
+    assert torch.equal(drawn[drawn < 1000], a.take(0, 90)[:, 0])  # source 0's own order, no gap or repeat
+    assert torch.equal(drawn[drawn >= 1000], b.take(0, 30)[:, 0])
+    assert torch.equal(torch.cat([mixture.take(0, 37), mixture.take(37, 83)]), mixture.take(0, 120))
+    assert mixture.read_of(0, 120) == 90 and mixture.read_of(1, 45) == 10 + int((drawn[40:45] >= 1000).sum())
+    assert not torch.equal(drawn[:40], MixtureBlocks([a, b], [3.0, 1.0], seed=6, window=40).take(0, 40)[:, 0])
+
+
+def test_mixture_paths_resolve_against_the_file_that_names_them(tmp_path: Path) -> None:
+    (tmp_path / "cfg").mkdir()
+    write_yaml(
+        tmp_path / "cfg" / "run.yaml",
+        {
+            "data": {"source": "text", "paths": ["a.txt"], "mixture": [{"paths": ["a.txt"], "weight": 2}]},
+            "stages": [{"name": "s", "steps": 1, "data": {"paths": ["b.txt"], "mixture": [{"paths": ["c.txt"]}]}}],
+        },
+    )
+    config = load(PretrainConfig, tmp_path / "cfg" / "run.yaml")
+    assert config.data.mixture[0].paths == [str(tmp_path / "cfg" / "a.txt")]
+    assert config.stages[0].data["paths"] == [str(tmp_path / "cfg" / "b.txt")]
+    assert config.resolved_stages()[0].data.mixture[0].paths == [str(tmp_path / "cfg" / "c.txt")]
+    with pytest.raises(ConfigError, match="weights must be > 0"):
+        from_dict(PretrainConfig, {"data": {"mixture": [{"paths": ["x"], "weight": 0}]}}, "run.yaml")
