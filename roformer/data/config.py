@@ -158,6 +158,12 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
+        total = sum(m.weight for m in self.mixture)
+        small = [m.weight for m in self.mixture if m.weight / total < 0.001]
+        if small:  # under one block in a window of 1,000 (roformer.data.mlm.MixtureBlocks): never read
+            raise ConfigError(
+                f"mixture: a weight of {small[0]} is under 0.1% of the total {total}: it would draw nothing"
+            )
         if self.source == "text" and not self.paths:
             raise ConfigError("source: text needs paths (files, folders or globs)")
         if self.source == "hub" and not self.hub_name:

@@ -48,7 +48,13 @@ from roformer.study.runs import (
     read_probe_file,
     tokens_at,
 )
-from roformer.study.stats import glue_differences, length_differences, pretraining_differences, t_quantile
+from roformer.study.stats import (
+    glue_differences,
+    length_differences,
+    pretraining_differences,
+    t_quantile,
+    wilson_interval,
+)
 from roformer.tasks.glue_metrics import seed_summary
 
 TARGET_OFFSETS = (0.5, 0.25, 0.1, 0.0)  # eval-loss levels above the baseline's final eval loss
@@ -204,12 +210,11 @@ def probe_table(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             table.append({**out, "line": line, "error": rows[0].get("error", "not run")})
             continue
         accuracy = statistics.fmean(r["accuracy"] for r in ok)
-        if len(ok) == 1:
-            interval = ok[0]["interval"]
-        else:
-            half = t_quantile(0.975, len(ok) - 1) * statistics.stdev(r["accuracy"] for r in ok) / len(ok) ** 0.5
-            interval = [max(0.0, accuracy - half), min(1.0, accuracy + half)]
         samples = sum(r["samples"] for r in ok)
+        interval = list(wilson_interval(round(sum(r["accuracy"] * r["samples"] for r in ok)), samples))
+        if len(ok) > 1:  # the seeds' spread, but never narrower than the pooled samples allow (all 0 or all 1)
+            half = t_quantile(0.975, len(ok) - 1) * statistics.stdev(r["accuracy"] for r in ok) / len(ok) ** 0.5
+            interval = [min(interval[0], max(0.0, accuracy - half)), max(interval[1], min(1.0, accuracy + half))]
         table.append(
             {**out, "line": line, "accuracy": accuracy, "interval": interval, "seeds": len(ok), "samples": samples}
         )

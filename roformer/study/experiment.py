@@ -37,7 +37,7 @@ from roformer.model.weights import WEIGHTS_FILE
 from roformer.study.compare import compare
 from roformer.study.length_eval import SCALING_METHODS, default_device, evaluate_lengths, write_results
 from roformer.study.outputs import COMPARE_DIR, GLUE_DIR
-from roformer.study.probes import PROBES, run_probe
+from roformer.study.probes import CANDIDATES, PROBES, run_probe
 from roformer.study.report import write_report
 from roformer.study.runs import PretrainRun, check_same_vocabulary, load_runs
 from roformer.study.suite import load_suite_config, run_suite
@@ -136,6 +136,10 @@ class ProbeStage:
             )
         if not self.lengths or min(self.lengths) < 32 or self.samples < 1:
             raise ConfigError(f"probes: lengths >= 32 and samples >= 1, got {self.lengths} and {self.samples}")
+        if self.samples > CANDIDATES and {"passkey", "needle"} & set(self.probes):
+            raise ConfigError(
+                f"probes: passkey and needle ask 1 to {CANDIDATES} of their documents, got {self.samples}"
+            )
 
 
 # The data fields that make a tokenizer: arms may differ in these alone when `vary` names them.
@@ -307,10 +311,15 @@ def run_experiment(path: str | Path, out: str | Path, overrides: list[str] | Non
     )
     for name, comparison in experiment.comparisons.items():
         mine = [run for run in runs if _label_of(run) in comparison.arms]
-        theirs = [task for task in glue_dirs if _label_of(task.parent) in comparison.arms]
+        theirs = [task for task in glue_dirs if _label_of(_run_of(task)) in comparison.arms]
         compare(mine + theirs, out / f"{COMPARE_DIR}-{name}", baseline=comparison.baseline, overwrite=True)
     write_report(out, path, experiment, arms, list(overrides or []))
     return summary
+
+
+def _run_of(result: Path) -> Path:
+    """The run folder a result belongs to: `<out>/glue/<run>/<task>` or `<out>/<run>/probes/<file>.json`."""
+    return result.parent.parent if result.is_file() else result.parent
 
 
 def _label_of(run: Path) -> str:

@@ -22,7 +22,6 @@ encodings.
 from __future__ import annotations
 
 import json
-import math
 import random
 import time
 from collections.abc import Iterator
@@ -37,8 +36,10 @@ from roformer.data.tokenizer import load_tokenizer
 from roformer.errors import UserError
 from roformer.files import atomic_write_text, check_output_file
 from roformer.model.model import load
+from roformer.model.weights import read_model_config
 from roformer.study.length_eval import SCALING_METHODS, check_device, default_device, scaled
 from roformer.study.runs import arm_label
+from roformer.study.stats import wilson_interval
 from roformer.train.run_dir import pretraining_length
 
 PROBES = ("passkey", "needle", "passkey-mlm")
@@ -50,16 +51,6 @@ NAMES = tuple(
 SECRETS = ("key", "map", "coin", "ring", "letter", "book", "stone", "watch")
 PLACES = ("garden", "cellar", "tower", "library", "kitchen", "harbour", "forest", "attic", "station", "chapel")
 MLM_KEYS = tuple(str(k) for k in range(10))  # single tokens in any WordPiece vocabulary with digits
-
-
-def wilson_interval(correct: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """95% Wilson score interval of a proportion `correct / n` (well-behaved at 0 and 1, unlike the normal one)."""
-    if n == 0:
-        return 0.0, 1.0
-    p = correct / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def haystack_documents(folder: str | None, seed: int = 0) -> list[str]:
@@ -86,11 +77,10 @@ class Haystack:
         self.stream = [token for row in ids for token in row]
         if len(self.stream) < 64:
             raise UserError("the haystack holds fewer than 64 tokens")
-        self.rng = random.Random(seed + 1)
 
-    def take(self, n: int) -> list[int]:
-        """`n` filler tokens from a random place (wrapping round)."""
-        start = self.rng.randrange(len(self.stream))
+    def take(self, n: int, rng: random.Random) -> list[int]:
+        """`n` filler tokens from a place `rng` draws (wrapping round): the same for every model given the same rng."""
+        start = rng.randrange(len(self.stream))
         return [self.stream[(start + i) % len(self.stream)] for i in range(n)]
 
 
@@ -129,11 +119,26 @@ def retrieval_samples(
     longest = max(map(len, fact_ids))
     if longest > length - 2:
         raise ValueError(f"its facts take up to {longest} tokens: a document of {length} cannot hold one")
-    documents = [framed(tokenizer, planted(haystack.take(length - 2), fact, rng)) for fact in fact_ids]
+    documents = [framed(tokenizer, planted(haystack.take(length - 2, rng), fact, rng)) for fact in fact_ids]
     targets = rng.sample(range(CANDIDATES), samples)
     asked = tokenizer([questions[t] for t in targets], add_special_tokens=False)["input_ids"]
     queries = [framed(tokenizer, ids) for ids in asked]
     return documents, queries, targets
+
+
+def mlm_key_ids(tokenizer: Any) -> list[list[int]]:
+    """The one-token ids of the ten keys, as the probe plants them.
+
+    Raises:
+        UserError: a digit is not one token of its own (several pieces, or [UNK]), or the tokenizer has no [MASK].
+    """
+    key_ids = [tokenizer(k, add_special_tokens=False)["input_ids"] for k in MLM_KEYS]
+    flat = [k[0] for k in key_ids if len(k) == 1]
+    if len(flat) != len(MLM_KEYS) or len(set(flat)) != len(MLM_KEYS) or tokenizer.unk_token_id in flat:
+        raise UserError("passkey-mlm needs the digits 0-9 as ten distinct single tokens of the vocabulary")
+    if tokenizer.mask_token_id is None:
+        raise UserError("passkey-mlm needs a [MASK] token in the vocabulary")
+    return key_ids
 
 
 def mlm_samples(
@@ -143,9 +148,7 @@ def mlm_samples(
     rng = random.Random(seed)
     head = tokenizer("the pass key is", add_special_tokens=False)["input_ids"]
     dot = tokenizer(".", add_special_tokens=False)["input_ids"]
-    key_ids = [tokenizer(k, add_special_tokens=False)["input_ids"] for k in MLM_KEYS]
-    if any(len(k) != 1 for k in key_ids):
-        raise UserError("passkey-mlm needs the digits 0-9 as single tokens of the vocabulary")
+    key_ids = mlm_key_ids(tokenizer)
     span = len(head) + 1 + len(dot)  # "the pass key is K ."
     body = length - 2
     if distance < span or distance + span > body:
@@ -153,7 +156,7 @@ def mlm_samples(
     rows, masked, answers = [], [], []
     for _ in range(samples):
         answer = rng.randrange(len(MLM_KEYS))
-        filler = haystack.take(body)
+        filler = haystack.take(body, rng)
         at = rng.randrange(body - distance - span + 1)  # the planted key's statement starts here
         filler[at : at + span] = [*head, key_ids[answer][0], *dot]
         copy = at + distance
@@ -203,7 +206,7 @@ def mlm_accuracy(
     device: torch.device,
 ) -> int:
     """How many masked copies the MLM head fills with their key, first among the ten candidate keys."""
-    keys = torch.tensor([tokenizer.convert_tokens_to_ids(k) for k in MLM_KEYS])
+    keys = torch.tensor([ids[0] for ids in mlm_key_ids(tokenizer)])  # as planted
     correct = 0
     for start in range(0, len(ids), batch_size):
         x = ids[start : start + batch_size].to(device)
@@ -308,6 +311,9 @@ def run_probe(
     device = device or default_device()
     check_device(device)
     architecture = "masked_lm" if probe == "passkey-mlm" else None
+    saved = read_model_config(model_dir)[0] if (Path(model_dir) / "model.yaml").is_file() else architecture
+    if architecture is not None and saved != architecture:
+        raise UserError(f"--probe passkey-mlm: {model_dir} holds a {saved} model, not a masked LM (no MLM head)")
     model = load(model_dir, architecture=architecture, device=device).eval()
     if scaling != "none":
         if model.config.position_encoding != "rotary":

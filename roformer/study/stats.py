@@ -220,3 +220,13 @@ def _beta_fraction(x: float, a: float, b: float) -> float:
         if abs(d * c - 1.0) < eps:
             break
     return h
+
+
+def wilson_interval(correct: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion `correct / n` (well-behaved at 0 and 1, unlike the normal one)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)

@@ -208,7 +208,8 @@ class TrainConfig(TrainArgs):
         max_steps: Optimizer steps (each of batch_size x processes x grad_accum blocks).
         last_layer_subset: The last block computes the masked positions alone (`MaskedLM.set_last_layer_subset`:
             the same logits, about 5% fewer FLOPs in a 12-layer model at 15% masking); null = on unless `compile`
-            (finding the positions breaks the graph). Dropout in the last block then draws masks for those rows only.
+            (finding the positions breaks the graph) and under FSDP. Dropout in the last block then draws masks for
+            those rows only.
     """
 
     max_steps: int = field(default=1000, metadata=MAY_CHANGE_UNTIL_A_RUN_FINISHES)
@@ -376,6 +377,8 @@ class PretrainConfig:
             if self.train.eval_every is None:
                 raise ConfigError("train.eval_every: null (every epoch) is not defined in stages; give a step count")
         _check_learned_length(self.model, self.data, "")  # the run's blocks: evaluation reads them
+        for index, stage in enumerate(self.stages):
+            _check_no_validation_leak(stage, self.data, f"stages[{index}].data")
         for stage in self.resolved_stages():  # every stage's sections are checked as the run's are
             _check_learned_length(stage.model, stage.data, f"stages[{stage.index}]: " if self.stages else "")
 
@@ -424,6 +427,30 @@ class PretrainConfig:
         sections = {k: asdict(getattr(self, k)) for k in ("model", "data", "train")}
         stages = {"stages": [asdict(stage) for stage in self.stages]} if self.stages else {}
         return {"label": self.label, **({"init": self.init} if self.init else {}), **sections, **stages}
+
+
+def _check_no_validation_leak(stage: Stage, data: DataConfig, where: str) -> None:
+    """A stage's corpus must not train on the run's validation documents, which another split of the files would.
+
+    The run evaluates on the validation split of its own corpus (of each part of its mixture). A stage may read other
+    corpora, or the same ones split the same way; not some of the same files split otherwise.
+    """
+    parts = sorted(sorted(m.paths) for m in data.mixture)
+    if "mixture" in stage.data:
+        mine = sorted(sorted(m["paths"] if isinstance(m, dict) else m.paths) for m in stage.data["mixture"] or [])
+        if mine != parts:
+            raise ConfigError(
+                f"{where}.mixture: a stage changes the weights of the run's data.mixture, not its corpora (the run's "
+                "validation documents come from them)"
+            )
+    if "paths" in stage.data:
+        run_files = set(data.paths) | {p for part in parts for p in part}
+        shared = set(stage.data["paths"] or []) & run_files
+        if shared and (data.mixture or set(stage.data["paths"]) != set(data.paths)):
+            raise ConfigError(
+                f"{where}.paths: shares {sorted(shared)[0]} with the run's corpus but splits it otherwise: the run's "
+                "validation documents would be trained on (use the run's paths, or corpora apart)"
+            )
 
 
 def _check_learned_length(model: ModelConfig, data: DataConfig, where: str) -> None:

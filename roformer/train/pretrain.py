@@ -28,7 +28,7 @@ from roformer.config import flat_config, read_yaml
 from roformer.data.config import DataConfig
 from roformer.data.masking import IGNORE_INDEX, masked_positions
 from roformer.data.mlm import MixtureBlocks, block_source, eval_batch
-from roformer.data.packing import block_documents
+from roformer.data.packing import block_documents, eval_subset
 from roformer.data.sampling import global_batch_size, share
 from roformer.data.store import build_mlm_data
 from roformer.data.streaming import build_streaming_mlm_data
@@ -176,9 +176,15 @@ class Pretrainer:
         if resume:
             self._check_resumable()
         self.stages = self.config.resolved_stages()  # one unnamed stage of all steps for a run without stages
+        self.mixture_parts: dict[tuple[str, ...], Any] = {}  # each corpus of a mixture, built once
         self.batches = self._staged_batches(acc.num_processes)
-        # the run's validation blocks under the one fixed mask, whatever a stage trains on
-        self.eval_ids, self.eval_labels = eval_batch(self.data.validation, self.data.tokenizer, config.data)
+        # the run's validation blocks under the one fixed mask, whatever a stage trains on: of its own corpus, or of
+        # every corpus of its mixture (whose training splits leave them out)
+        validation = self.data.validation
+        if config.data.mixture:
+            parts = [self.mixture_parts[tuple(m.paths)].validation for m in self.config.data.mixture]
+            validation = eval_subset(torch.cat(parts), config.data)
+        self.eval_ids, self.eval_labels = eval_batch(validation, self.data.tokenizer, config.data)
         sep = self.data.tokenizer.sep_token_id
         isolated = config.data.packing == "isolated"
         self.documents = partial(block_documents, sep_id=sep) if isolated else None  # of the blocks' ids
@@ -197,8 +203,12 @@ class Pretrainer:
     def _block_source(self, data: DataConfig, seed: int, global_batch: int) -> Any:
         """The training blocks of a data section: the run's own, another corpus's, or a mixture of corpora."""
         if data.mixture:  # every corpus its own store and order, read with the run's tokenizer
-            parts = [replace(data, source="text", paths=list(m.paths), mixture=[]) for m in data.mixture]
-            built = [block_source(build_data(part, self.data.tokenizer), part, seed, global_batch) for part in parts]
+            built = []
+            for m in data.mixture:
+                part = replace(data, source="text", paths=list(m.paths), mixture=[])
+                if tuple(m.paths) not in self.mixture_parts:
+                    self.mixture_parts[tuple(m.paths)] = build_data(part, self.data.tokenizer)
+                built.append(block_source(self.mixture_parts[tuple(m.paths)], part, seed, global_batch))
             return MixtureBlocks(built, [m.weight for m in data.mixture], seed)
         same = blocks_key(data) == blocks_key(self.config.data)
         return block_source(self.data if same else build_data(data, self.data.tokenizer), data, seed, global_batch)
@@ -252,13 +262,22 @@ class Pretrainer:
         train = self.config.train
         torch.manual_seed(train.seed)
         model = MaskedLM(self.config.model)
-        model.set_last_layer_subset(train.last_layer_subset_on())
+        model.set_last_layer_subset(train.last_layer_subset_on() and not self._fsdp())
         if self.config.init:
             load_weights_from(model, self.config.init)
         self.num_parameters = model.num_parameters()
         staged = len(self.stages) > 1 or self.config.stages
         multiplier = lr_multiplier_for(self.stages, train) if staged else None
         self.engine.setup(model, train.lr, train.max_steps, multiplier)
+
+    def _fsdp(self) -> bool:
+        """Whether the model is sharded with FSDP.
+
+        FSDP's hooks run on a block's `forward` alone: the masked-only last layer, another method, is off there.
+        """
+        from accelerate.utils import DistributedType
+
+        return self.engine.accelerator.distributed_type == DistributedType.FSDP
 
     def _continue_moments(self) -> None:
         """Start from the AdamW state of the stage folder this run branches off, if `init` is one (unsharded models).

@@ -11,6 +11,7 @@ from helpers import tiny_run_config
 
 from roformer.cli import main
 from roformer.config import load
+from roformer.data.builtin import generate_documents
 from roformer.data.tokenizer import load_tokenizer
 from roformer.study.probes import (
     CANDIDATES,
@@ -29,7 +30,9 @@ from roformer.train.run_dir import FINAL_DIR
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("probe")
-    data = {"vocab_size": 400}  # room for the ten digits as tokens of their own
+    corpus = tmp / "corpus.txt"  # the built-in corpus has no digits: they are the passkey-MLM probe's keys
+    corpus.write_text("\n\n".join(f"{d} {i % 10} {(i * 7) % 10}" for i, d in enumerate(generate_documents(300))))
+    data = {"vocab_size": 400, "source": "text", "paths": [str(corpus)]}
     out = {}
     for encoding in ("rotary", "learned"):
         yaml = tiny_run_config(tmp / f"{encoding}.yaml", {"position_encoding": encoding}, data, max_steps=2)
@@ -130,3 +133,22 @@ def test_compare_draws_and_tabulates_any_set_of_probe_files(models: dict[str, Pa
     (tmp_path / "bad.json").write_text("{}")
     assert main(["compare", str(tmp_path / "bad.json"), "--out", str(tmp_path / "cmp2")]) == 2
     assert "not the results of roformer probe" in capsys.readouterr().err
+
+
+def test_passkey_mlm_refuses_a_vocabulary_without_digit_tokens_and_a_model_without_an_mlm_head(
+    models: dict[str, Path], tmp_path: Path, capsys
+) -> None:
+    from roformer.data.tokenizer import train_tokenizer
+    from roformer.errors import UserError
+    from roformer.model.model import load as load_model
+    from roformer.study.probes import mlm_key_ids
+    from roformer.train.run_dir import write_model_dir
+
+    letters = train_tokenizer(["the pass key is here and there"] * 20, 40)
+    with pytest.raises(UserError, match="ten distinct single tokens"):
+        mlm_key_ids(letters)  # every digit is [UNK]
+    backbone = load_model(models["rotary"], architecture="backbone")
+    write_model_dir(backbone, load_tokenizer(models["rotary"]), tmp_path / "backbone")
+    args = ["probe", "--model", str(tmp_path / "backbone"), "--probe", "passkey-mlm", "--lengths", "64"]
+    assert main(args) == 2
+    assert "holds a backbone model, not a masked LM" in capsys.readouterr().err

@@ -157,6 +157,8 @@ def test_a_mixture_whose_weights_change_in_a_stage_resumes_exactly(
     config = load(PretrainConfig, tmp_path / "c.yaml")
     trainer = Pretrainer(config, tmp_path / "full")
     assert trainer.batches.describe().endswith("a mixture of 573 train blocks (25%), 581 train blocks (75%)")
+    # evaluated on each corpus's validation split, which its training split leaves out
+    assert len(trainer.eval_ids) == sum(len(part.validation) for part in trainer.mixture_parts.values())
     reference = pretrain(config, tmp_path / "full", overwrite=True)
     interrupted_run(config, tmp_path / "cut", 6, monkeypatch)
     pretrain(config, tmp_path / "cut", resume=True)

@@ -144,8 +144,8 @@ ROOMS = {
     ],
     "roformer.study": [
         {"outputs", "markdown", "runs", "length_eval"},
-        {"stats", "plots", "report", "suite", "probes"},
-        {"compare"},
+        {"stats", "plots", "report", "suite"},
+        {"compare", "probes"},
         {"experiment", "hub"},
     ],
 }

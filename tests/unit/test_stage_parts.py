@@ -208,16 +208,33 @@ def test_a_mixture_draws_each_source_in_its_share_and_its_own_order() -> None:
 
 def test_mixture_paths_resolve_against_the_file_that_names_them(tmp_path: Path) -> None:
     (tmp_path / "cfg").mkdir()
-    write_yaml(
-        tmp_path / "cfg" / "run.yaml",
-        {
-            "data": {"source": "text", "paths": ["a.txt"], "mixture": [{"paths": ["a.txt"], "weight": 2}]},
-            "stages": [{"name": "s", "steps": 1, "data": {"paths": ["b.txt"], "mixture": [{"paths": ["c.txt"]}]}}],
-        },
-    )
+    mixture = [{"paths": ["a.txt"], "weight": 2}, {"paths": ["b.txt"], "weight": 1}]
+    stages = [{"name": "s", "steps": 1, "data": {"mixture": [{"paths": ["b.txt"], "weight": 3}, {"paths": ["a.txt"]}]}}]
+    data = {"source": "text", "paths": ["a.txt", "b.txt"], "mixture": mixture}
+    write_yaml(tmp_path / "cfg" / "run.yaml", {"data": data, "stages": stages})
     config = load(PretrainConfig, tmp_path / "cfg" / "run.yaml")
     assert config.data.mixture[0].paths == [str(tmp_path / "cfg" / "a.txt")]
-    assert config.stages[0].data["paths"] == [str(tmp_path / "cfg" / "b.txt")]
-    assert config.resolved_stages()[0].data.mixture[0].paths == [str(tmp_path / "cfg" / "c.txt")]
+    assert config.resolved_stages()[0].data.mixture[0].paths == [str(tmp_path / "cfg" / "b.txt")]
+    other = [{"name": "s", "steps": 1, "data": {"paths": ["c.txt"]}}]
+    write_yaml(tmp_path / "cfg" / "other.yaml", {"data": {"source": "text", "paths": ["a.txt"]}, "stages": other})
+    assert load(PretrainConfig, tmp_path / "cfg" / "other.yaml").stages[0].data["paths"] == [
+        str(tmp_path / "cfg" / "c.txt")
+    ]
     with pytest.raises(ConfigError, match="weights must be > 0"):
         from_dict(PretrainConfig, {"data": {"mixture": [{"paths": ["x"], "weight": 0}]}}, "run.yaml")
+    with pytest.raises(ConfigError, match="a weight of 0.0005 is under 0.1% of the total"):
+        from_dict(PretrainConfig, {"data": {"mixture": [{"paths": ["x"]}, {"paths": ["y"], "weight": 0.0005}]}}, "r")
+
+
+def test_a_stage_may_not_train_on_the_runs_validation_documents() -> None:
+    """The run evaluates on its corpus's (its mixture's) validation split: a stage may not split those otherwise."""
+    run = {"source": "text", "paths": ["/c/a", "/c/b"]}
+    with pytest.raises(ConfigError, match="stages\\[0\\].data.paths: shares /c/a with the run's corpus but splits it"):
+        staged([{"name": "s", "steps": 1, "data": {"paths": ["/c/a"]}}], data=run)
+    staged([{"name": "s", "steps": 1, "data": {"paths": ["/d/other"]}}], data=run)  # another corpus: fine
+    staged([{"name": "s", "steps": 1, "data": {"paths": ["/c/b", "/c/a"]}}], data=run)  # the same files: fine
+    mixed = {**run, "mixture": [{"paths": ["/c/a"]}, {"paths": ["/c/b"]}]}
+    with pytest.raises(ConfigError, match="changes the weights of the run's data.mixture, not its corpora"):
+        staged([{"name": "s", "steps": 1, "data": {"mixture": [{"paths": ["/c/a"]}]}}], data=mixed)
+    with pytest.raises(ConfigError, match="data.mixture, not its corpora"):
+        staged([{"name": "s", "steps": 1, "data": {"mixture": [{"paths": ["/c/a"]}]}}], data=run)
