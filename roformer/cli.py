@@ -330,6 +330,15 @@ def pretraining_summary(run: Path) -> str:
             f"{last['step']} steps in {seconds / 60:.1f} min, {last.get('tokens_seen', 0):,} tokens "
             f"({rate:,.0f} tokens/s)"
         )
+    paces = [e for e in events if e.get("event") == "throughput"]
+    if paces:  # this session's part of the run
+        p = paces[-1]
+        parts = ("eval", "checkpoint", "log", "stage")
+        rest = ", ".join(f"{k} {p[f'{k}_sec']:.1f} s" for k in parts if p[f"{k}_sec"] >= 0.05)
+        lines.append(
+            f"the run kept {p['kept']:.1%} of its steps' {p['step_tokens_per_sec']:,.0f} tokens/s "
+            f"({p['tokens_per_sec']:,.0f} over {p['wall_sec']:.0f} s of wall time; {rest or 'nothing else'})"
+        )
     lines.append(f"model: {run / FINAL_DIR} (roformer.load, roformer convert --to-hf)")
     return "pretraining finished: " + "; ".join(lines)
 

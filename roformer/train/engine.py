@@ -44,7 +44,7 @@ from roformer.model.model import Model
 from roformer.train.checkpoints import CheckpointManager, first_problem
 from roformer.train.config import TrainArgs
 from roformer.train.faults import GracefulStop
-from roformer.train.interval import Interval, RunState, StepResult
+from roformer.train.interval import Interval, Pace, RunState, StepResult
 from roformer.train.launch import (
     agree_on_errors,
     any_process,
@@ -257,8 +257,18 @@ class Engine:
 
     # -- the loop ----------------------------------------------------------------------------------------------
 
-    def fit(self, recipe: Recipe, state: RunState, checkpoint_at_end: bool = True, desc: str | None = None) -> RunState:
+    def fit(
+        self,
+        recipe: Recipe,
+        state: RunState,
+        checkpoint_at_end: bool = True,
+        desc: str | None = None,
+        report_throughput: bool = False,
+    ) -> RunState:
         """Train from `state.step` to the last step: log, evaluate, checkpoint on schedule. Returns the final state.
+
+        `report_throughput` ends a run that reached its last step with a `throughput` event (`Pace.event`): the
+        tokens/s it kept of its own training steps' and what the rest of the wall time went to.
 
         Raises:
             Preempted: SIGTERM/SIGINT arrived; the step finished and a checkpoint was written.
@@ -273,11 +283,13 @@ class Engine:
         show = self.is_main_process and args.progress
         bar = tqdm(total=total, initial=state.step, desc=desc, disable=not show)
         interval = self.interval
+        pace = Pace()
         with GracefulStop() as stop:
             for step in range(state.step, total):
                 self._enter_stage_of(recipe, step)
                 args = self.args  # a stage may change the batch layout
                 result = self.train_step(recipe, step)
+                pace.add(result)
                 state.step, done = step + 1, step + 1
                 state.tokens_seen += result.tokens
                 state.elapsed_sec += result.step_sec
@@ -285,27 +297,33 @@ class Engine:
                 bar.update(1)
                 self._count_bad_step(result, state)
                 ended = stage_ends.get(done)
-                if done % args.log_every == 0 or done == total or ended:
-                    event = interval.event(self.accelerator.reduce, state)
-                    bar.set_postfix(loss=f"{event['loss']:.4f}", tok_s=f"{event['tokens_per_sec']:.0f}")
-                    record = {"event": "train", **self.tags, **self.stage_tags, "step": done, **event}
-                    self.log({**record, "epoch": _epoch(recipe, done)})
-                if done in evaluate_at or ended:
-                    self.evaluate(recipe, state)
-                end_event = recipe.end_stage(ended, state) if ended else None  # type: ignore[attr-defined]
+                with pace.spent("log"):
+                    if done % args.log_every == 0 or done == total or ended:
+                        event = interval.event(self.accelerator.reduce, state)
+                        bar.set_postfix(loss=f"{event['loss']:.4f}", tok_s=f"{event['tokens_per_sec']:.0f}")
+                        record = {"event": "train", **self.tags, **self.stage_tags, "step": done, **event}
+                        self.log({**record, "epoch": _epoch(recipe, done)})
+                with pace.spent("eval"):
+                    if done in evaluate_at or ended:
+                        self.evaluate(recipe, state)
+                with pace.spent("stage"):
+                    end_event = recipe.end_stage(ended, state) if ended else None  # type: ignore[attr-defined]
                 saved = (
                     (args.save_every and done % args.save_every == 0)
                     or (done == total and checkpoint_at_end)
                     or ended is not None
                 )
-                if saved:
-                    path = self.save_checkpoint(recipe, state)
+                with pace.spent("checkpoint"):
+                    if saved:
+                        path = self.save_checkpoint(recipe, state)
                 if end_event is not None:
                     where = {"checkpoint": str(path.relative_to(self.out)), **end_event}
                     self.log({"event": "stage_end", **self.tags, "stage": ended.name, "step": done, **where})
                 if any_process(stop.requested):  # every process stops after the same step
                     self._stop(recipe, state, stop.signal_name or "a signal on another process", already_saved=saved)
         bar.close()
+        if report_throughput and pace.steps and state.step == total:
+            self.log({"event": "throughput", **self.tags, "step": total, **pace.event()})
         return state
 
     def _enter_stage_of(self, recipe: Recipe, step: int, resuming: bool = False) -> None:

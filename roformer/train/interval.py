@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +45,66 @@ class StepResult:
     skipped: bool = False
     padded_tokens: int | None = None  # positions computed, padding included (None: no padding)
     mask: MaskCounts | None = None  # an MLM step's masking (None: not MLM)
+
+
+class Pace:
+    """Where a run's wall time goes, and the tokens/s it keeps of its own training steps' rate.
+
+    The steps (and the data they wait for inside them), then evaluation, checkpoints, logging and stage folders
+    between them; the rest (`other_sec`) is the loop itself.
+    """
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.tokens: list[int] = []
+        self.seconds: list[float] = []
+        self.data_sec = 0.0
+        self.between: dict[str, float] = {"eval": 0.0, "checkpoint": 0.0, "log": 0.0, "stage": 0.0}
+
+    @property
+    def steps(self) -> int:
+        return len(self.tokens)
+
+    def add(self, result: StepResult) -> None:
+        """Count one training step."""
+        self.tokens.append(result.tokens)
+        self.seconds.append(result.step_sec)
+        self.data_sec += result.data_sec
+
+    @contextlib.contextmanager
+    def spent(self, what: str) -> Iterator[None]:
+        """Time the block as `what` (eval, checkpoint, log, stage)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.between[what] += time.perf_counter() - t0
+
+    def event(self) -> dict[str, Any]:
+        """The `throughput` event: whole-run and training-step tokens/s, the share kept, where the rest went.
+
+        Also the step rates of the first and last tenth of the steps: a run whose steps slow down shows it there.
+        """
+        wall = time.perf_counter() - self.start
+        tokens, train = sum(self.tokens), sum(self.seconds)
+        tenth = max(1, self.steps // 10)
+        first = sum(self.tokens[:tenth]) / max(sum(self.seconds[:tenth]), 1e-9)
+        last = sum(self.tokens[-tenth:]) / max(sum(self.seconds[-tenth:]), 1e-9)
+        between = {f"{k}_sec": v for k, v in self.between.items()}
+        return {
+            "steps": self.steps,
+            "tokens": tokens,
+            "wall_sec": wall,
+            "train_sec": train,
+            "tokens_per_sec": tokens / max(wall, 1e-9),
+            "step_tokens_per_sec": tokens / max(train, 1e-9),
+            "kept": train / max(wall, 1e-9),
+            "data_sec": self.data_sec,
+            **between,
+            "other_sec": wall - train - sum(self.between.values()),
+            "first_tenth_tokens_per_sec": first,
+            "last_tenth_tokens_per_sec": last,
+        }
 
 
 class Interval:

@@ -331,7 +331,7 @@ class Pretrainer:
             "; ".join(shapes),
             engine.accelerator.num_processes,
         )
-        return engine.fit(self, state)
+        return engine.fit(self, state, report_throughput=True)
 
     def run(self) -> Path:
         """Every phase, then final/ (model + tokenizer). Returns the run directory.

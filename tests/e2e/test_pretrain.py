@@ -575,3 +575,19 @@ def test_a_recipe_run_logs_its_schedules_and_masks_at_what_it_asked_for(tmp_path
     mine = Pretrainer(load(PretrainConfig, yaml), tmp_path / "mine")
     assert torch.equal(mine.eval_labels, reference.eval_labels) and torch.equal(mine.eval_ids, reference.eval_ids)
     assert len(evals) == 2
+
+
+def test_a_finished_run_reports_the_throughput_it_kept(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The throughput event: whole-run against training-step tokens/s, where the rest went, the first and last tenth."""
+    yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=20, eval_every=5, save_every=10)
+    assert main(["pretrain", "--config", str(yaml), "--output-dir", str(tmp_path / "run")]) == 0
+    assert "the run kept " in capsys.readouterr().out
+    pace = [e for e in read_metrics(tmp_path / "run" / "metrics.jsonl") if e["event"] == "throughput"]
+    assert len(pace) == 1 and pace[0]["step"] == 20 and pace[0]["steps"] == 20 and pace[0]["tokens"] == 20 * 4 * 32
+    p = pace[0]
+    parts = p["train_sec"] + p["eval_sec"] + p["checkpoint_sec"] + p["log_sec"] + p["stage_sec"] + p["other_sec"]
+    assert (
+        parts == pytest.approx(p["wall_sec"]) and 0 < p["kept"] <= 1 and p["eval_sec"] > 0 and p["checkpoint_sec"] > 0
+    )
+    assert p["tokens_per_sec"] == pytest.approx(p["kept"] * p["step_tokens_per_sec"])
+    assert p["first_tenth_tokens_per_sec"] > 0 and p["last_tenth_tokens_per_sec"] > 0
