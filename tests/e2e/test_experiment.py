@@ -362,16 +362,16 @@ def test_arms_under_other_mask_recipes_and_stages_compare_against_baselines_of_t
 
 def test_a_probe_stage_probes_every_final_model_and_the_report_tabulates_it(tmp_path: Path) -> None:
     experiment_files(tmp_path, batch_size=4)
-    probes = {"probes": ["passkey-mlm"], "lengths": [48, 64], "samples": 4, "scalings": ["none", "self_extend"]}
+    probes = {"probes": ["needle"], "lengths": [64, 96], "samples": 4, "scalings": ["none", "self_extend"]}
     write_yaml(tmp_path / "exp.yaml", {**read_yaml(tmp_path / "exp.yaml"), "seeds": [0], "probes": probes})
     summary = run_experiment(tmp_path / "exp.yaml", tmp_path / "out")
     rope, bert = tmp_path / "out" / "roformer-seed0" / "probes", tmp_path / "out" / "bert-seed0" / "probes"
-    assert sorted(p.name for p in rope.iterdir()) == ["passkey-mlm-none.json", "passkey-mlm-self_extend.json"]
-    assert sorted(p.name for p in bert.iterdir()) == ["passkey-mlm-none.json"]  # no scaling without rotary
+    assert sorted(p.name for p in rope.iterdir()) == ["needle-none.json", "needle-self_extend.json"]
+    assert sorted(p.name for p in bert.iterdir()) == ["needle-none.json"]  # no scaling without rotary
     assert {(r["label"], r["scaling"]) for r in summary["probes"]} == {
         ("roformer", "none"), ("roformer", "self_extend"), ("bert", "none")
     }  # fmt: skip
-    assert "## Probe `passkey-mlm`" in (tmp_path / "out" / REPORT_FILE).read_text()
+    assert "## Probe `needle`" in (tmp_path / "out" / REPORT_FILE).read_text()
     write_yaml(tmp_path / "exp.yaml", {**read_yaml(tmp_path / "exp.yaml"), "probes": {"probes": ["haystack"]}})
     with pytest.raises(ConfigError, match="unknown probe or scaling 'haystack'"):
         load_experiment(tmp_path / "exp.yaml")
