@@ -459,13 +459,14 @@ class Engine:
         # every process writes its files (RNG states, FSDP shards) before the checkpoint is committed
         failure = failure or self._attempt(lambda: self._save_state(tmp))
         intervals = gather(self.interval.state_dict())
+        stage_batches = self.stage_batches(recipe)
         if failure is None:
 
             def commit() -> None:
                 trainer_state = {
                     **asdict(state),
                     "global_batch": self.global_batch,
-                    **({"stage_batches": self.stage_batches(recipe)} if self.stage_batches(recipe) else {}),
+                    **({"stage_batches": stage_batches} if stage_batches else {}),
                     "layout": self.layout_summary(),
                     "data_state": recipe.save_checkpoint_state(tmp),
                     "intervals": intervals,  # per process: the sums since the last train event

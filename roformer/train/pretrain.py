@@ -167,7 +167,6 @@ class Pretrainer:
     ) -> None:
         self.out = Path(output_dir)
         self.run_dir = RunDir(self.out, overwrite, resume)  # before any data work
-        self.resumes = resume
         train = config.train
         self.engine = Engine(train, self.out, train.seed, self.out / CHECKPOINTS_DIR, self.out / METRICS_FILE)
         acc = self.engine.accelerator
