@@ -23,6 +23,7 @@ device (and over the spec sheet's dense figure where the device is known).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import resource
 import statistics
@@ -37,8 +38,10 @@ import transformers
 import roformer
 from roformer.data.masking import masked_positions
 from roformer.model.flops import measure_matmul_tflops, spec_tflops, synchronize, training_flops_per_token
+from roformer.model.positions import RotaryEmbedding
 
-MODELS = ("ours-rotary", "ours-sinusoidal", "hf-roformer", "hf-bert")  # the default set; `ours-<encoding>` for any
+# the default set; `ours-<encoding>` for any, `ours-rotary-unfused` for rotary without its fused eager rotation
+MODELS = ("ours-rotary", "ours-sinusoidal", "hf-roformer", "hf-bert")
 SHAPES = {  # --shape presets: (vocab, hidden, layers, heads, ffn)
     "small": (8000, 256, 4, 4, 1024),
     "base": (30522, 768, 12, 12, 3072),  # BERT-base, the paper's shapes
@@ -56,6 +59,7 @@ DTYPES = {
 def model_config(name: str, args: argparse.Namespace, max_len: int) -> roformer.ModelConfig:
     """The shapes every model shares; the position encoding is the model's."""
     encoding = {"hf-roformer": "rotary", "hf-bert": "learned"}.get(name) or name.removeprefix("ours-")
+    encoding = encoding.removesuffix("-unfused")
     extra = {"shaw_values": True} if encoding == "shaw-values" else {}  # Shaw et al. with a^V too
     encoding = "shaw" if extra else encoding
     return roformer.ModelConfig(
@@ -75,6 +79,10 @@ def model_config(name: str, args: argparse.Namespace, max_len: int) -> roformer.
 def build(name: str, args: argparse.Namespace, max_len: int) -> torch.nn.Module:
     """The four models with the same shapes; HF ones are built from our configs through `to_hf`."""
     model = roformer.MaskedLM(model_config(name, args, max_len))
+    if name.endswith("-unfused"):  # rotary as autograd assembles it from the slice, not in one fused call
+        for module in model.modules():
+            if isinstance(module, RotaryEmbedding):
+                module.rotate_leading = functools.partial(module.rotate_leading, fused=False)
     if name.startswith("hf-"):
         model = roformer.to_hf(model)  # RoFormerForMaskedLM / BertForMaskedLM (sdpa attention)
         assert name == "hf-roformer" or model.config._attn_implementation == "sdpa"

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The GPU path end to end, on one GPU machine, in under 10 minutes per stage (stages can run in separate calls):
-#     bash scripts/gpu_check.sh [all|tests|bench|relative|pretrain|report]
+#     bash scripts/gpu_check.sh [all|tests|bench|relative|packing|pretrain|report]
 #   tests     pytest -m gpu: bf16/fp16 steps, fp16 loss scaling, flash SDPA, compile, exact bf16 resume, FSDP/DeepSpeed
 #   bench     scripts/bench_model.py at BERT-base shapes, bf16: T=128 (batch 128) and T=512 (batch 32), eager and
 #             compiled, ours vs HF RoFormer / HF BERT (sdpa): tokens/s, MFU, peak memory
 #   relative  every position encoding against rotary (bench_model.py, bf16, compiled, T=512 x 32) and the ways to
 #             compute the relative terms (bench_relative_terms.py, FlexAttention's score_mod included)
+#   packing   padded, unpadded and packed batches, with the mask and with the variable-length kernel
+#             (bench_packing.py, base shape, T=512, bf16)
 #   pretrain  both arms of configs/experiments/rope-vs-bert-base.yaml on gutenberg, bf16, compiled, ~1000 steps,
 #             held-out eval curves
 #   report    one table of all of the above (gpu-report.md)
@@ -42,6 +44,9 @@ if [ "${GPU_CHECK_SMOKE:-0}" = 1 ]; then
     device_args=()
     lease_compiled=(--shape small --seq-lens 64 --batch-sizes 4 --repeats 1 --steps 1)
     lease_compiled_short=("${lease_compiled[@]}")
+    packing_args=(--model configs/model/roformer-tiny.yaml --length 64 --documents 16 --steps 2
+        "--device=$(python -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")"
+        "--dtype=$([ "$dtype" = bf16 ] && echo bfloat16 || echo float32)")
 else
     bench_args=(--shape base --seq-lens 128,512 --batch-sizes 128,32 --repeats 3 --steps 5)
     relative_args=(--shape base --seq-lens 512 --batch-sizes 32 --repeats 3 --steps 5 --compile)
@@ -50,6 +55,9 @@ else
     device_args=(--device cuda)
     lease_compiled=(--shape base --seq-lens 512 --batch-sizes 32 --repeats 3 --steps 5)
     lease_compiled_short=(--shape base --seq-lens 128 --batch-sizes 128 --repeats 3 --steps 5)
+    # documents of 8-512 tokens: 45-50% padding a row each, the packing target's shape
+    packing_args=(--model configs/model/roformer-base.yaml --length 512 --documents 96 --steps 6 --device cuda
+        --dtype bfloat16)
 fi
 
 run_tests() {
@@ -66,9 +74,13 @@ run_bench() {
 
 run_relative() {
     python scripts/bench_model.py "${device_args[@]}" --dtype "$dtype" "${relative_args[@]}" --baseline ours-rotary \
-        --models ours-rotary,ours-sinusoidal,ours-none,ours-shaw,ours-shaw-values,ours-t5_bias,ours-alibi \
+        --models ours-rotary,ours-rotary-unfused,ours-sinusoidal,ours-none,ours-shaw,ours-shaw-values,ours-t5_bias,ours-alibi \
         --json "$out/bench-relative.json"
     python scripts/bench_relative_terms.py "${terms_args[@]}" | tee "$out/relative-terms.md"
+}
+
+run_packing() {
+    python scripts/bench_packing.py "${packing_args[@]}" | tee "$out/packing.md"
 }
 
 run_pretrain() {
@@ -110,8 +122,9 @@ run_lease() {
     wait "$tests"
     local eager_relative=()
     for arg in "${relative_args[@]}"; do [ "$arg" = --compile ] || eager_relative+=("$arg"); done
-    within 80 "${bench[@]}" "${eager_relative[@]}" --baseline ours-rotary --json "$results/bench-relative.json" \
-        --models ours-rotary,ours-sinusoidal,ours-none,ours-shaw,ours-shaw-values,ours-t5_bias,ours-alibi
+    within 90 "${bench[@]}" "${eager_relative[@]}" --baseline ours-rotary --json "$results/bench-relative.json" \
+        --models ours-rotary,ours-rotary-unfused,ours-sinusoidal,ours-none,ours-shaw,ours-shaw-values,ours-t5_bias,ours-alibi
+    within 60 bash -c "python scripts/bench_packing.py ${packing_args[*]} > $results/packing.md"
     within 40 bash -c "python scripts/bench_relative_terms.py ${terms_args[*]} > $results/relative-terms.md"
     within 200 "${bench[@]}" "${lease_compiled_short[@]}" --compile --json "$results/bench-compiled-short.json"
     python scripts/gpu_report.py "$results" --runs "$work/base" > "$results/gpu-report.md" || true
@@ -124,10 +137,11 @@ case "$stage" in
     tests) run_tests ;;
     bench) run_bench ;;
     relative) run_relative ;;
+    packing) run_packing ;;
     pretrain) run_pretrain ;;
     report) ;;
     lease) run_lease; exit 0 ;;
-    all) run_tests; run_bench; run_relative; run_pretrain ;;
-    *) echo "gpu_check.sh: unknown stage '$stage' (all, tests, bench, relative, pretrain, report, lease)" >&2; exit 2 ;;
+    all) run_tests; run_bench; run_relative; run_packing; run_pretrain ;;
+    *) echo "gpu_check.sh: unknown stage '$stage' (all, tests, bench, relative, packing, pretrain, report, lease)" >&2; exit 2 ;;
 esac
 python scripts/gpu_report.py "$out" --runs "$work/base" | tee "$out/gpu-report.md"

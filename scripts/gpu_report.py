@@ -101,6 +101,12 @@ def relative_section(out: Path) -> list[str]:
     return lines + (["", terms.read_text().strip()] if terms.is_file() else [])
 
 
+def packing_section(out: Path) -> list[str]:
+    """Packed and unpadded batches, with the mask and with the variable-length kernel (packing.md, as printed)."""
+    packing = out / "packing.md"
+    return ["", packing.read_text().strip()] if packing.is_file() else ["", "Packing: not run"]
+
+
 def pretrain_section(out: Path, runs: Path | None) -> list[str]:
     summary = out / "base-summary.json"
     if summary.is_file():
@@ -162,7 +168,7 @@ def main() -> None:
     args = parser.parse_args()
     device = args.out / "device.txt"
     lines = [f"# GPU check: {device.read_text().strip() if device.is_file() else 'device unknown'}", ""]
-    lines += tests_section(args.out) + bench_section(args.out) + relative_section(args.out)
+    lines += tests_section(args.out) + bench_section(args.out) + relative_section(args.out) + packing_section(args.out)
     lines += pretrain_section(args.out, args.runs)
     print("\n".join(lines))
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from roformer.model.config import ModelConfig
-from roformer.model.positions import GroupedRotation, Rotation, ShawTerms, SinusoidalPositions
+from roformer.model.positions import GroupedRotation, Rotation, ShawTerms, SinusoidalPositions, rotate_qkv
 
 # ----------------------------------------------------------------------------------------------------------------
 # Activations: every parameter-free name HF BERT/RoFormer configs use (config.ACTIVATION_NAMES), written out here.
@@ -191,6 +191,65 @@ class RealTokens:
         B, T = self.shape
         placed = x.new_zeros(B * T, *x.shape[1:]).index_copy(0, self.index, x)
         return placed.view(B, T, *x.shape[1:])
+
+
+@dataclass
+class Segments:
+    """The runs of real tokens that attend only among themselves, for a variable-length attention kernel.
+
+    A padded row's real tokens are one segment; with packed documents each document of a row is one. The real
+    tokens (N) are laid out one segment after another, as `RealTokens` takes them (row-major), so a kernel reads q,
+    k and v as (N, H, D) with no grid, no padding and no (B, T, T) mask.
+
+    Attributes:
+        starts: (S + 1,) int32 where each segment starts in the N tokens, and N last (flash attention's cu_seqlens).
+        longest: The longest segment's length.
+        keep: (B, T) bool, the real tokens.
+    """
+
+    starts: Tensor
+    longest: int
+    keep: Tensor
+
+    @classmethod
+    def of(cls, keep: Tensor, document_ids: Tensor | None) -> Segments | None:
+        """The segments of a (B, T) bool mask of real tokens and its documents, or None if a document is split.
+
+        A document's tokens must be one run within their row: a kernel attends within runs, and a document id that
+        comes back after another would be one document to the mask but two runs here.
+        """
+        flat = keep.reshape(-1).nonzero().squeeze(1)  # (N,) in row-major order, as RealTokens
+        row = flat // keep.shape[1]
+        if document_ids is None:
+            run = row
+        else:
+            index = document_index(document_ids)  # ids of any values -> 0..n-1
+            run = row * (int(index.max()) + 1) + index.reshape(-1)[flat]
+        new = torch.ones_like(run, dtype=torch.bool)
+        new[1:] = run[1:] != run[:-1]
+        first = new.nonzero().squeeze(1)
+        if document_ids is not None and len(first) != len(torch.unique(run)):
+            return None
+        starts = torch.cat((first, first.new_tensor([len(flat)]))).to(torch.int32)
+        return cls(starts, int((starts[1:] - starts[:-1]).max()) if len(flat) else 0, keep)
+
+
+def varlen_kernel_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether torch's variable-length flash attention runs here: CUDA, in fp16 or bf16 (flash attention's dtypes)."""
+    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+        return False
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401  (torch >= 2.9)
+    except ImportError:
+        return False
+    return True
+
+
+def varlen_kernel(q: Tensor, k: Tensor, v: Tensor, segments: Segments) -> Tensor:
+    """softmax(q k^T / sqrt(D)) v within each segment: (N, H, D) each -> (N, H, D), by flash attention."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn(q, k, v, segments.starts, segments.starts, segments.longest, segments.longest)
 
 
 class Embeddings(nn.Module):
@@ -498,6 +557,8 @@ class AttentionContext:
             (B, T, C); or None.
         documents: (B, T) each token's document in packed rows (`document_index`), which linear attention sums
             over (softmax attention reads the block-diagonal `mask`); or None.
+        segments: The segments a variable-length kernel attends within (`Segments`): inputs are then the real
+            tokens (N, C) with `tokens` set, `rotary` rotates them at their positions (1, N), no mask; or None.
     """
 
     mask: Tensor | None = None
@@ -508,6 +569,7 @@ class AttentionContext:
     index: int = 0
     tokens: RealTokens | None = None
     documents: Tensor | None = None
+    segments: Segments | None = None
 
     def layer(self, index: int) -> AttentionContext:
         """This context for layer `index`."""
@@ -542,6 +604,10 @@ class SelfAttention(nn.Module):
         With `ctx.tokens`, the real tokens alone: (N, C) -> (N, C), through the (B, T) grid for the scores.
         """
         qkv = self.qkv(x)  # (B, T, 3C), or (N, 3C)
+        if ctx.segments is not None:  # the real tokens, attending within their segments: no grid
+            N, C = x.shape
+            q, k, v = rotate_qkv(qkv.view(1, N, 3, self.num_heads, self.head_size), ctx.rotary, self.rotary_value)
+            return self.proj(varlen_kernel(q[0], k[0], v[0], ctx.segments).reshape(N, C))  # q[0]: (N, H, D)
         if ctx.tokens is not None:
             qkv = ctx.tokens.grid(qkv)  # (B, T, 3C)
         B, T, C3 = qkv.shape
@@ -558,13 +624,7 @@ class SelfAttention(nn.Module):
             dropout_p = self.dropout if self.training else 0.0
             y = grouped_attention(rotary.logits(q, k), v.transpose(1, 2), mask, dropout_p)  # (B, H, T, D)
             return self.proj(self.tokens_of(y.transpose(1, 2).reshape(B, T, C), ctx))
-        if rotary is None:
-            q, k, v = qkv.unbind(2)
-        elif self.rotary_value:
-            q, k, v = rotary(qkv).unbind(2)
-        else:
-            q, k = rotary(qkv[:, :, :2]).unbind(2)  # positions enter only through q.k (paper eq. 16)
-            v = qkv[:, :, 2]
+        q, k, v = rotate_qkv(qkv, rotary, self.rotary_value)  # (B, T, H, D) each
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
         k, v = ctx.keys_values(k, v)  # (B, H, S, D)
         dropout_p = self.dropout if self.training else 0.0
@@ -584,14 +644,7 @@ class SelfAttention(nn.Module):
         """
         B, T, C = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_size)  # (B, T, 3, H, D)
-        rotary = ctx.rotary
-        if rotary is None:
-            q, k, v = qkv.unbind(2)
-        elif self.rotary_value:
-            q, k, v = rotary(qkv).unbind(2)
-        else:
-            q, k = rotary(qkv[:, :, :2]).unbind(2)
-            v = qkv[:, :, 2]
+        q, k, v = rotate_qkv(qkv, ctx.rotary, self.rotary_value)  # (B, T, H, D) each
         b, t, slot, width = queries.row, queries.position, queries.slot, queries.width
         grid = q.new_zeros(B, width, self.num_heads, self.head_size)
         grid[b, slot] = q[b, t]  # (B, M, H, D): each row's queries first, zeros after

@@ -37,10 +37,12 @@ from roformer.model.layers import (
     KVCache,
     QuerySubset,
     RealTokens,
+    Segments,
     document_index,
     document_positions,
     make_norm,
     self_attention_mask,
+    varlen_kernel_available,
 )
 from roformer.model.positions import (
     AttentionPositions,
@@ -196,6 +198,16 @@ class Model(nn.Module):
             if isinstance(module, Backbone):
                 module.unpadding = enabled and not self.reads_padding
 
+    def set_varlen_attention(self, enabled: bool = True) -> None:
+        """Attend with a variable-length kernel where one applies (`Backbone.variable_length_segments`), or not.
+
+        On by default: on a GPU, packed documents and unpadded batches then attend within their segments, with no
+        (B, T, T) mask and no padding; elsewhere nothing changes. Off: always SDPA over the grid (benchmarks).
+        """
+        for module in self.modules():
+            if isinstance(module, Backbone):
+                module.varlen_attention = enabled
+
     def set_rotary(self, base: float, scaling: RopeScaling | None = None) -> None:
         """Rotate by another base and context scaling from now on (a pretraining stage, mmBERT's 10k -> 160k).
 
@@ -251,6 +263,7 @@ class Backbone(Model):
         # block in the backward pass; about a third more compute for activations that no longer grow with depth.
         self.gradient_checkpointing = False
         self.unpadding = False  # `set_unpadding`: off by default, so every output position equals HF's
+        self.varlen_attention = True  # `set_varlen_attention`: a variable-length kernel where it applies
         if init:  # a head owning this backbone initialises everything once
             self.init_weights()
 
@@ -302,12 +315,14 @@ class Backbone(Model):
             causal_shortcut=positions is None or not positions.adds_to_logits,
             document_ids=document_ids,
         )
-        tokens = self.real_tokens(attention_mask, cache)
+        segments = self.variable_length_segments(input_ids, attention_mask, document_ids, cache)
+        tokens = self.real_tokens(attention_mask, cache) if segments is None else RealTokens.of(segments.keep)
         x = self.embeddings(input_ids, token_type_ids, position_ids, tokens)  # (B, T, C), or (N, C)
         terms = PositionTerms(mask) if positions is None else positions.terms(mask, position_ids, cache, T, x.device)
         linear = self.config.attention == "linear"  # sums per document; softmax attention reads the mask alone
         documents = document_index(document_ids, attention_mask) if linear and document_ids is not None else None
         ctx = AttentionContext(terms.mask, causal, terms.rotary, cache, terms.shaw, tokens=tokens, documents=documents)
+        blocks_ctx = ctx if segments is None else self.variable_length_context(segments, tokens, position_ids, B, T)
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         hidden = [x if tokens is None else tokens.grid(x)] if output_hidden_states else None
         if queries is not None and hidden is not None:
@@ -322,9 +337,9 @@ class Backbone(Model):
                 return block.forward_queries(grid, replace(ctx.layer(i), tokens=None), subset)[order], None
             if recompute:  # dropout masks are replayed: the same values and gradients as without
                 # non-reentrant: the context, a dataclass holding tensors, needs no unpacking into tensor arguments
-                x = checkpoint(block, x, ctx.layer(i), use_reentrant=False)
+                x = checkpoint(block, x, blocks_ctx.layer(i), use_reentrant=False)
             else:
-                x = block(x, ctx.layer(i))
+                x = block(x, blocks_ctx.layer(i))
             if hidden is not None:
                 hidden.append(x if tokens is None else tokens.grid(x))
         if tokens is not None:
@@ -332,6 +347,51 @@ class Backbone(Model):
         if queries is not None:
             return x.flatten(0, 1)[queries], None  # (N, C)
         return x, tuple(hidden) if hidden is not None else None
+
+    def variable_length_segments(
+        self, input_ids: Tensor, attention_mask: Tensor | None, document_ids: Tensor | None, cache: KVCache | None
+    ) -> Segments | None:
+        """The segments for a variable-length attention kernel when one applies to this forward, else None.
+
+        It applies (`varlen_attention` on, eager) where it computes what the mask computes: softmax attention,
+        bidirectional, no cache, no attention dropout in training (the kernel has none), rotary (not SelfExtend),
+        absolute or no positions (no bias on the logits), on a device and dtype with the kernel
+        (`varlen_kernel_available`: CUDA in fp16/bf16), for packed documents (`document_ids`, each one run in its
+        row) or a padded batch with `unpadding` on. Chosen once per forward for every block.
+        """
+        config, positions = self.config, self.positions
+        if not self.varlen_attention or cache is not None or torch.compiler.is_compiling():
+            return None
+        if config.attention != "softmax" or config.attention_pattern != "bidirectional":
+            return None
+        if positions is not None and not (isinstance(positions, RotaryEmbedding) and not positions.groups_positions):
+            return None
+        if (self.training and config.attention_dropout > 0) or not varlen_kernel_available(
+            input_ids.device, self.compute_dtype(input_ids.device)
+        ):
+            return None
+        padded = attention_mask is not None and not bool(attention_mask.all())
+        if (padded and not self.unpadding) or (document_ids is None and not padded):
+            return None  # padding's outputs stay as HF computes them; a full batch is SDPA's flash path already
+        keep = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+        return Segments.of(keep, document_ids)
+
+    def variable_length_context(
+        self, segments: Segments, tokens: RealTokens, position_ids: Tensor | None, B: int, T: int
+    ) -> AttentionContext:
+        """What the blocks read under a variable-length kernel: the real tokens, rotated at their positions (1, N)."""
+        rotary = None
+        if self.positions is not None:
+            if position_ids is None:
+                position_ids = torch.arange(T, device=segments.starts.device).expand(B, T)
+            rotary = self.positions.terms(None, tokens.take(position_ids)[None], None, T, position_ids.device).rotary
+        return AttentionContext(rotary=rotary, tokens=tokens, segments=segments)
+
+    def compute_dtype(self, device: torch.device) -> torch.dtype:
+        """The dtype attention computes in: autocast's on `device` when on, else the weights'."""
+        if torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+        return self.layers[0].attn.qkv.weight.dtype
 
     def real_tokens(self, attention_mask: Tensor | None, cache: KVCache | None) -> RealTokens | None:
         """The batch's real tokens when the blocks are to compute on them alone, else None.

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import ClassVar, Protocol
 
 import torch
@@ -214,6 +213,11 @@ class RotaryEmbedding(TablesFollowTheModule):
         self._real_cache: tuple[Tensor, Tensor] | None = None
         self.cos_sin(512, device or torch.device("cpu"))
 
+    @property
+    def groups_positions(self) -> bool:
+        """Whether attention reads grouped positions (SelfExtend), not one rotation per token."""
+        return self.scaling is not None and self.scaling.type == "self_extend"
+
     def rotations(self, length: int, device: torch.device) -> Tensor:
         """complex64 table magnitude * e^{i m theta_i} of shape (length, dim // 2) on `device`."""
         if self._cache is None or self._cache.shape[0] < length or self._cache.device != device:
@@ -247,6 +251,24 @@ class RotaryEmbedding(TablesFollowTheModule):
         table = self.rotations(length, x.device)
         return apply_rotary(x, table if positions is None else table[positions], self.layout)
 
+    def rotate_leading(
+        self, x: Tensor, count: int, positions: Tensor | None = None, fused: bool = True
+    ) -> tuple[Tensor, ...]:
+        """The slices of `x` (B, T, n, H, D) along dim 2, the first `count` of them rotated by position.
+
+        Rotating q and k of a fused (B, T, 3, H, D) projection: in eager mode one `RotateLeading` call, whose
+        backward writes the projection's gradient once (see there); compiled, in another layout, with partial
+        rotary or with `fused` False (benchmarks, tests), the rotation of the slice, which inductor fuses or
+        autograd assembles.
+        """
+        if not fused or torch.compiler.is_compiling() or self.layout != "interleaved" or self.dim < x.shape[-1]:
+            rotated = self(x[:, :, :count], positions).unbind(2)
+            return (*rotated, *x[:, :, count:].unbind(2))
+        length = x.shape[1] if positions is None else int(positions.max()) + 1
+        table = self.rotations(length, x.device)
+        table = table if positions is None else table[positions]
+        return RotateLeading.apply(x, table.view(_broadcastable(table, x)), count)
+
     def terms(
         self,
         mask: Tensor | None,
@@ -256,11 +278,89 @@ class RotaryEmbedding(TablesFollowTheModule):
         device: torch.device,
     ) -> PositionTerms:
         """The rotation of this forward's tokens, at `position_ids` when given (see `AttentionPositions.terms`)."""
-        if self.scaling is not None and self.scaling.type == "self_extend":
+        if self.groups_positions:
             if cache is not None:
                 raise ValueError("rope_scaling self_extend is for encoding whole sequences, not a cached decode")
             return PositionTerms(mask, rotary=GroupedRotation(self, position_ids, *self_extend_sizes(self.scaling)))
-        return PositionTerms(mask, rotary=self if position_ids is None else partial(self, positions=position_ids))
+        return PositionTerms(mask, rotary=self if position_ids is None else AtPositions(self, position_ids))
+
+
+@dataclass
+class AtPositions:
+    """A `RotaryEmbedding` at given positions (B, T): left padding, packed documents, a cached decode's new tokens."""
+
+    rotary: RotaryEmbedding
+    positions: Tensor
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.rotary(x, self.positions)
+
+    def rotate_leading(self, x: Tensor, count: int) -> tuple[Tensor, ...]:
+        """`RotaryEmbedding.rotate_leading` at these positions."""
+        return self.rotary.rotate_leading(x, count, self.positions)
+
+
+class RotateLeading(torch.autograd.Function):
+    """Eager RoPE on a fused projection: slices of x (B, T, n, H, D) along dim 2, the first `count` rotated.
+
+    Through autograd, rotating the slice `qkv[:, :, :2]` and reading v as `qkv[:, :, 2]` costs in the backward a
+    zero-filled gradient for each of the two (slice and select backward), their sum, the stack of q's and k's
+    gradients and, in bf16, two casts: about five passes over the projection's gradient besides the rotation
+    (rotary cost 14.5% of sinusoidal's tokens/s eager on an H200, 4.4% compiled, docs/speed.md). Here the forward is
+    the complex product of the slice (paper eq. 34) and the backward writes each gradient once into one buffer:
+    q's and k's rotated back (times the conjugate table: the rotation is orthogonal, times yarn's magnitude), v's
+    copied. The outputs equal the unfused rotation exactly; used once per layer, never differentiated twice.
+    """
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: Tensor, table: Tensor, count: int) -> tuple[Tensor, ...]:
+        """Rotate x (B, T, n, H, D) by `table`: complex64, broadcastable to (B, T, count, H, D/2)."""
+        ctx.save_for_backward(table)
+        ctx.shape, ctx.dtype, ctx.count = x.shape, x.dtype, count
+        leading = x[:, :, :count]
+        leading = leading.float() if x.element_size() < 4 else leading
+        rotated = torch.view_as_real(_as_complex(leading) * table).flatten(-2).to(x.dtype)  # (B, T, count, H, D)
+        return (*rotated.unbind(2), *x[:, :, count:].unbind(2))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: torch.autograd.function.FunctionCtx, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+        (table,) = ctx.saved_tensors
+        grad = torch.empty(ctx.shape, dtype=ctx.dtype, device=table.device)  # (B, T, n, H, D)
+        back = table.conj().resolve_conj()
+        for index, slice_grad in enumerate(grads):
+            into = grad[:, :, index]
+            if slice_grad is None:
+                into.zero_()
+            elif index >= ctx.count:
+                into.copy_(slice_grad)
+            elif into.element_size() >= 4:  # float32/64 straight into its slot, no temporary
+                torch.mul(_as_complex(slice_grad), back[:, :, 0], out=_as_complex(into))
+            else:
+                into.copy_(torch.view_as_real(_as_complex(slice_grad.float()) * back[:, :, 0]).flatten(-2))
+        return grad, None, None
+
+
+def _as_complex(x: Tensor) -> Tensor:
+    """The pairs of x (..., D) float32/64 as a complex (..., D/2) view; copied first if its strides do not allow one."""
+    strides_allow = x.stride(-1) == 1 and all(s % 2 == 0 for s in x.stride()[:-1]) and x.storage_offset() % 2 == 0
+    return torch.view_as_complex((x if strides_allow else x.contiguous()).unflatten(-1, (-1, 2)))
+
+
+def rotate_qkv(qkv: Tensor, rotary: Rotation | None, rotate_values: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k and v (B, T, H, D) of a fused projection (B, T, 3, H, D): q and k rotated by position, v if asked.
+
+    Positions enter only through q.k (paper eq. 16); `rotate_values` also rotates v (an ablation). A rotation
+    with `rotate_leading` (RoPE, at positions or not) does it in one fused call.
+    """
+    if rotary is None:
+        return qkv.unbind(2)
+    count = 3 if rotate_values else 2
+    fused = getattr(rotary, "rotate_leading", None)
+    if fused is not None:
+        return fused(qkv, count)
+    rotated = rotary(qkv[:, :, :count]).unbind(2)
+    return (*rotated, *qkv[:, :, count:].unbind(2))
 
 
 def self_extend_sizes(scaling: RopeScaling) -> tuple[int, int]:

@@ -3,6 +3,7 @@
 - bf16 and fp16 pretraining steps have finite, falling losses; fp16 runs through a loss scaler, whose skipped
   steps count towards max_bad_steps;
 - the flash SDPA backend accepts a pretraining batch (no mask) in bf16, forward and backward, for every encoding;
+- torch's variable-length flash kernel (packed documents, unpadded batches) equals SDPA with the mask;
 - a compiled bf16 run matches eager and compiles few graphs; a resumed bf16 run repeats the uninterrupted one;
 - FSDP and DeepSpeed pretraining and fine-tuning: every process runs the same number of evaluation forwards (an FSDP
   collective each), fine-tuning gathers its best weights on every process, the DeepSpeed config gets its
@@ -89,6 +90,48 @@ def test_flash_attention_accepts_a_pretraining_batch(encoding: str) -> None:
     loss.backward()
     assert math.isfinite(loss.item())
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+@pytest.mark.parametrize("encoding", ["rotary", "sinusoidal", "none"])
+def test_the_variable_length_kernel_equals_the_mask(encoding: str, layout: str) -> None:
+    """torch's varlen flash kernel for packed documents (4 per row) and an unpadded batch (40% padding) against SDPA
+    over the grid with the block-diagonal or padding mask: bf16 logits and gradients alike, and the kernel taken."""
+    import roformer.model.layers as layers
+
+    config = roformer.ModelConfig(
+        vocab_size=1000, hidden_size=256, num_layers=2, num_heads=4, intermediate_size=512, hidden_dropout=0.0,
+        attention_dropout=0.0, position_encoding=encoding,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = roformer.MaskedLM(config).cuda().train()
+    model.set_unpadding(True)
+    ids = torch.randint(5, 1000, (8, 512), device="cuda")
+    batch = {"input_ids": ids}
+    if layout == "packed":
+        batch["document_ids"] = torch.arange(512, device="cuda").div(128, rounding_mode="floor").expand(8, 512)
+    else:
+        lengths = torch.randint(100, 512, (8,), device="cuda")
+        batch["attention_mask"] = (torch.arange(512, device="cuda") < lengths[:, None]).long()
+    keep = batch.get("attention_mask", torch.ones_like(ids)).bool()
+    results, calls, kernel = [], [], layers.varlen_kernel
+    layers.varlen_kernel = lambda *args: calls.append(1) or kernel(*args)
+    try:
+        for varlen in (True, False):
+            model.set_varlen_attention(varlen)
+            model.zero_grad()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = model(**batch).logits[keep].float()
+            logits.square().mean().backward()
+            results.append(
+                (logits.detach(), [p.grad.float().clone() for p in model.parameters() if p.grad is not None])
+            )
+    finally:
+        layers.varlen_kernel = kernel
+    assert len(calls) == config.num_layers
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=2e-2, atol=2e-2)
+    for varlen_grad, mask_grad in zip(results[0][1], results[1][1], strict=True):
+        assert (varlen_grad - mask_grad).norm() <= 2e-2 * mask_grad.norm() + 1e-6
 
 
 @pytest.mark.parametrize("encoding", ["shaw", "shaw-values", "t5_bias", "alibi"])

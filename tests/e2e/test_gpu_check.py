@@ -29,6 +29,7 @@ def test_gpu_check_smoke_run_prints_one_report(tmp_path: Path) -> None:
     report = (tmp_path / "out" / "gpu-report.md").read_text()
     assert "GPU tests: " in report and "| eager | 64 x 4 | ours-rotary |" in report
     assert "| 64 x 4 | alibi |" in report and "| Shaw: distinct rows + gather (ours) |" in report
+    assert "| 64 x 4 | rotary-unfused |" in report and "| packed, isolated documents (mask) |" in report
     rows = [line.split("|") for line in report.splitlines() if line.startswith(("| roformer |", "| bert |"))]
     assert len(rows) == 2 and all(row[-2].strip() == "0" for row in rows), report  # no non-finite loss
     assert {p.name for p in (tmp_path / "out").iterdir()} >= {"device.txt", "bench-eager.json", "base-summary.json"}

@@ -153,3 +153,82 @@ def test_a_model_moved_to_the_meta_device_builds_its_tables_again_when_materiali
     assert rotary._real_cache is None
     cos, _ = rotary.cos_sin(8, torch.device("cpu"))
     assert cos.device.type == "cpu" and torch.isfinite(cos).all()
+
+
+# --- the fused eager rotation of a (B, T, 3, H, D) projection -----------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("count", [2, 3])
+@pytest.mark.parametrize("at_positions", [False, True])
+def test_fused_rotation_equals_the_unfused_one_forward_and_backward(
+    dtype: torch.dtype, count: int, at_positions: bool
+) -> None:
+    """q and k (and v) rotated in one call: the same outputs and the same gradient of the projection, bit for bit."""
+    from roformer.model.config import RopeScaling
+
+    g = torch.Generator().manual_seed(count)
+    rotary = RotaryEmbedding(16, scaling=RopeScaling(type="yarn", factor=4.0, original_max_position=8))  # magnitude
+    x = torch.randn(2, 12, 3, 4, 16, generator=g).to(dtype).requires_grad_()
+    weights = torch.randn(3, 2, 12, 4, 16, generator=g).to(dtype)
+    positions = torch.randint(0, 40, (2, 12), generator=g) if at_positions else None
+    grads, outputs = [], []
+    for fused in (True, False):
+        out = rotary.rotate_leading(x, count, positions, fused=fused)
+        sum((o.float() * w.float()).sum() for o, w in zip(out, weights, strict=True)).backward()
+        outputs.append(out)
+        grads.append(x.grad)
+        x.grad = None
+    for fused_out, plain_out in zip(*outputs, strict=True):
+        assert_close(fused_out, plain_out, rtol=0, atol=0)
+    assert_close(grads[0], grads[1], rtol=0, atol=0)
+
+
+def test_fused_rotation_passes_gradcheck_and_leaves_unused_slices_at_zero() -> None:
+    from roformer.model.positions import RotateLeading
+
+    rotary = RotaryEmbedding(8)
+    x = torch.randn(2, 5, 3, 2, 8, dtype=torch.float64, requires_grad=True)
+    table = rotary.rotations(5, x.device).to(torch.complex128).view(5, 1, 1, 4)
+    assert torch.autograd.gradcheck(lambda x: RotateLeading.apply(x, table, 2), (x,))
+    q, _, _ = rotary.rotate_leading(x, 2)  # k and v unused: their gradients are None inside, zero outside
+    q.sum().backward()
+    assert x.grad[:, :, 1:].abs().max() == 0 and x.grad[:, :, 0].abs().min() > 0
+
+
+@pytest.mark.parametrize("encoding_fields", [{}, {"rotary_value": True}, {"rotary_dim": 4}])
+def test_a_rotary_model_trains_the_same_with_the_fused_and_the_real_rotation(
+    encoding_fields: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loss and every gradient of a left-padded rotary MLM: the fused eager rotation against the real-arithmetic one
+    that torch.compile takes (with partial rotary both take the slice path)."""
+    from helpers import padded_batch, tiny_config
+
+    torch.manual_seed(0)
+    model = roformer.MaskedLM(tiny_config(position_encoding="rotary", **encoding_fields))
+    batch = padded_batch()
+    batch["attention_mask"] = batch["attention_mask"].flip(-1)  # left padding: rotation at position ids
+    batch["input_ids"] = batch["input_ids"].flip(-1)
+    batch["token_type_ids"] = batch["token_type_ids"].flip(-1)
+    batch["position_ids"] = (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    labels = torch.where(batch["attention_mask"].bool(), batch["input_ids"], -100)
+
+    def loss_and_grads() -> tuple[torch.Tensor, dict]:
+        model.zero_grad()
+        loss = model(**batch, labels=labels).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    from roformer.model.positions import RotateLeading
+
+    calls, fused = [], RotateLeading.apply
+    monkeypatch.setattr(RotateLeading, "apply", lambda *args: calls.append(args) or fused(*args))
+    fused_loss, fused_grads = loss_and_grads()
+    assert len(calls) == (0 if "rotary_dim" in encoding_fields else 2)  # one per layer where it applies
+    with monkeypatch.context() as m:
+        m.setattr(torch.compiler, "is_compiling", lambda: True)
+        real_loss, real_grads = loss_and_grads()
+    assert_close(fused_loss, real_loss)
+    assert fused_grads.keys() == real_grads.keys()
+    for name, grad in fused_grads.items():
+        assert_close(grad, real_grads[name], msg=name)
