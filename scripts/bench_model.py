@@ -268,7 +268,8 @@ def main() -> None:
     p.add_argument(
         "--models",
         default=",".join(MODELS),
-        help="comma list: hf-roformer, hf-bert, ours-<encoding> (ours-shaw-values: Shaw with a^V)",
+        help="comma list: hf-roformer, hf-bert, ours-<encoding> (ours-shaw-values: Shaw with a^V; ours-rotary-unfused: "
+        "rotary without its fused eager rotation)",
     )
     p.add_argument("--baseline", help="the model the ratios divide by (default hf-roformer, else the first)")
     p.add_argument("--json", help="also write the results here")

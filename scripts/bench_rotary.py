@@ -1,6 +1,9 @@
-"""Micro-benchmark of the rotation alone: our complex-multiply RoPE vs HF RoFormer's stack-and-flatten form.
+"""Micro-benchmark of the rotation alone: our complex-multiply RoPE vs HF RoFormer's stack-and-flatten form, and
+the fused rotation of a (B, T, 3, H, D) qkv projection against autograd's assembly of it.
 
-Forward + backward on q and k of shape (B, T, 2, H, D), median of repeats, same process.
+Forward + backward on q and k of shape (B, T, 2, H, D), median of repeats, same process. Then on a qkv projection:
+q and k rotated, v passed through, the gradient flowing back into the projection, in one `RotateLeading` call
+(fused) or through the slice and autograd (unfused); in float32 and bfloat16.
 
     python scripts/bench_rotary.py [--batch 16 --length 128 --heads 4 --head-size 64]
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -54,6 +58,19 @@ def main() -> None:
     hf = time_it(lambda t: hf_style(t, pos), x, args.repeats)
     torch.testing.assert_close(rope(x), hf_style(x, pos))
     print(f"B{B} T{T} H{H} D{D}, forward+backward: ours {ours:.2f} ms, HF-style {hf:.2f} ms, ratio {hf / ours:.2f}x")
+    for dtype in (torch.float32, torch.bfloat16):
+        qkv = torch.randn(B, T, 3, H, D, dtype=dtype, requires_grad=True)
+        weights = torch.randn(3, B, T, H, D, dtype=dtype)
+
+        def projection(fused: bool, weights: torch.Tensor = weights) -> Callable[[torch.Tensor], torch.Tensor]:
+            # q, k and v each weighted: dense gradients, as attention's backward gives, flow back into the projection
+            return lambda t: sum(o * w for o, w in zip(rope.rotate_leading(t, 2, fused=fused), weights, strict=True))
+
+        fused, unfused = (time_it(projection(f), qkv, args.repeats) for f in (True, False))
+        print(
+            f"qkv (B{B} T{T} 3 H{H} D{D}) {str(dtype).removeprefix('torch.')}, forward+backward: fused {fused:.2f} ms, "
+            f"unfused {unfused:.2f} ms, ratio {unfused / fused:.2f}x"
+        )
 
 
 if __name__ == "__main__":

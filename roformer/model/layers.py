@@ -204,12 +204,12 @@ class Segments:
     Attributes:
         starts: (S + 1,) int32 where each segment starts in the N tokens, and N last (flash attention's cu_seqlens).
         longest: The longest segment's length.
-        keep: (B, T) bool, the real tokens.
+        tokens: The real tokens.
     """
 
     starts: Tensor
     longest: int
-    keep: Tensor
+    tokens: RealTokens
 
     @classmethod
     def of(cls, keep: Tensor, document_ids: Tensor | None) -> Segments | None:
@@ -218,20 +218,20 @@ class Segments:
         A document's tokens must be one run within their row: a kernel attends within runs, and a document id that
         comes back after another would be one document to the mask but two runs here.
         """
-        flat = keep.reshape(-1).nonzero().squeeze(1)  # (N,) in row-major order, as RealTokens
-        row = flat // keep.shape[1]
+        tokens = RealTokens.of(keep)
+        row = tokens.index // keep.shape[1]  # (N,)
         if document_ids is None:
             run = row
         else:
             index = document_index(document_ids)  # ids of any values -> 0..n-1
-            run = row * (int(index.max()) + 1) + index.reshape(-1)[flat]
+            run = row * (int(index.max()) + 1) + index.reshape(-1)[tokens.index]
         new = torch.ones_like(run, dtype=torch.bool)
         new[1:] = run[1:] != run[:-1]
         first = new.nonzero().squeeze(1)
         if document_ids is not None and len(first) != len(torch.unique(run)):
             return None
-        starts = torch.cat((first, first.new_tensor([len(flat)]))).to(torch.int32)
-        return cls(starts, int((starts[1:] - starts[:-1]).max()) if len(flat) else 0, keep)
+        starts = torch.cat((first, first.new_tensor([len(run)]))).to(torch.int32)
+        return cls(starts, int((starts[1:] - starts[:-1]).max()) if len(run) else 0, tokens)
 
 
 def varlen_kernel_available(device: torch.device, dtype: torch.dtype) -> bool:

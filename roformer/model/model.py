@@ -316,7 +316,7 @@ class Backbone(Model):
             document_ids=document_ids,
         )
         segments = self.variable_length_segments(input_ids, attention_mask, document_ids, cache)
-        tokens = self.real_tokens(attention_mask, cache) if segments is None else RealTokens.of(segments.keep)
+        tokens = self.real_tokens(attention_mask, cache) if segments is None else segments.tokens
         x = self.embeddings(input_ids, token_type_ids, position_ids, tokens)  # (B, T, C), or (N, C)
         terms = PositionTerms(mask) if positions is None else positions.terms(mask, position_ids, cache, T, x.device)
         linear = self.config.attention == "linear"  # sums per document; softmax attention reads the mask alone

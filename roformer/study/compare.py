@@ -189,25 +189,29 @@ def summarise(
     return summary
 
 
-def probe_table(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def probe_table(results: list[dict[str, Any]], pool_distances: bool = False) -> list[dict[str, Any]]:
     """Probe accuracy by arm, scaling (and distance) and length, over the seeds' files: one row each.
 
     One file: its accuracy and Wilson interval over samples. Several seeds: their mean and 95% t interval over
-    seeds. A length no seed could run keeps its reason (`error`).
+    seeds. A length no seed could run keeps its reason (`error`). With `pool_distances`, passkey-MLM's distances at
+    a length count as one row (each file's samples over all of them), as the plot draws them.
     """
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for result in results:
+    groups: dict[tuple, dict[int, list[dict[str, Any]]]] = {}  # row key -> file -> its rows
+    for number, result in enumerate(results):
         for row in result["rows"]:
-            distance = row.get("distance")
+            distance = None if pool_distances else row.get("distance")
             key = (result.get("label", result["model"]), result["probe"], result["scaling"], distance, row["length"])
-            groups.setdefault(key, []).append(row)
+            groups.setdefault(key, {}).setdefault(number, []).append(row)
     table = []
-    for (label, probe, scaling, distance, length), rows in groups.items():
+    for (label, probe, scaling, distance, length), files in groups.items():
         line = f"{label} ({scaling}" + (f", d={distance}" if distance is not None else "") + ")"
         out = {"label": label, "probe": probe, "scaling": scaling, "distance": distance, "length": length}
-        ok = [r for r in rows if "accuracy" in r]
+        chance = next((r["chance"] for rows in files.values() for r in rows if "chance" in r), None)
+        out |= {"chance": chance} if chance is not None else {}
+        ok = [pooled(rows) for rows in files.values() if any("accuracy" in r for r in rows)]
         if not ok:
-            table.append({**out, "line": line, "error": rows[0].get("error", "not run")})
+            first = next(iter(files.values()))[0]
+            table.append({**out, "line": line, "error": first.get("error", "not run")})
             continue
         accuracy = statistics.fmean(r["accuracy"] for r in ok)
         samples = sum(r["samples"] for r in ok)
@@ -219,6 +223,13 @@ def probe_table(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             {**out, "line": line, "accuracy": accuracy, "interval": interval, "seeds": len(ok), "samples": samples}
         )
     return sorted(table, key=lambda r: (r["probe"], r["line"], r["length"]))
+
+
+def pooled(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One file's rows at one length (its distances) as one: the accuracy over all their samples."""
+    ok = [r for r in rows if "accuracy" in r]
+    samples = sum(r["samples"] for r in ok)
+    return {"accuracy": sum(r["accuracy"] * r["samples"] for r in ok) / samples, "samples": samples}
 
 
 def split_by_vocabulary(arms: list[Arm], base: Arm) -> tuple[list[Arm], list[Arm]]:
@@ -411,7 +422,7 @@ def compare(
     summary["runs"] = [str(Path(p)) for p in paths]
     with staged_output_dir(out, overwrite) as staging:
         if probe_results:
-            plot_probes(summary["probes"], staging / PROBE_PLOT_FILE)
+            plot_probes(probe_table(probe_results, pool_distances=True), staging / PROBE_PLOT_FILE)
         if runs:
             comparable = {a["label"] for a in summary["arms"]}  # the baseline's tokenizer
             plot_curves([a for a in group_arms(runs) if a.label in comparable], staging / CURVES_PLOT_FILE)

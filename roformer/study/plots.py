@@ -1,7 +1,11 @@
-"""The pictures of a comparison: loss curves with seed bands (curves.png) and loss against length (length.png)."""
+"""The pictures of a comparison: curves.png, length.png and probes.png.
+
+Loss curves with seed bands, loss against length, and probe accuracy against length.
+"""
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -67,36 +71,58 @@ def plot_curves(arms: list[Arm], path: Path) -> None:
 
 
 def plot_probes(rows: list[dict[str, Any]], path: Path) -> None:
-    """probes.png: accuracy against length, a panel per probe, a line per arm and scaling (and distance).
+    """probes.png: accuracy against length, a panel per probe, a line per arm and scaling.
 
-    Each line's 95% interval is a band around it.
+    An arm is a colour and a scaling a line style, named once each in a legend below the panels, so that two dozen
+    lines stay legible; each line's 95% interval is a faint band around it, chance a grey dashed line. Rows of
+    several distances at one length (passkey-MLM) should come pooled (`probe_table(..., pool_distances=True)`); the
+    summary's table keeps them apart.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     probes = sorted({r["probe"] for r in rows})
-    fig, axes = plt.subplots(1, len(probes), figsize=(6 * len(probes), 4), squeeze=False)
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    scalings = list(dict.fromkeys(r["scaling"] for r in rows))
+    colours = plt.get_cmap("tab20" if len(labels) > 10 else "tab10")
+    colour = {label: colours(i % colours.N) for i, label in enumerate(labels)}
+    style = {scaling: STYLES[i % len(STYLES)] for i, scaling in enumerate(scalings)}
+    fig, axes = plt.subplots(1, len(probes), figsize=(5.5 * len(probes), 4.2), squeeze=False)
     for ax, probe in zip(axes[0], probes, strict=True):
-        lines: dict[str, list[dict[str, Any]]] = {}
+        lines: dict[tuple[str, str, Any], list[dict[str, Any]]] = {}
         for r in rows:
             if r["probe"] == probe and "accuracy" in r:
-                lines.setdefault(r["line"], []).append(r)
-        for name, points in lines.items():
+                lines.setdefault((r["label"], r["scaling"], r.get("distance")), []).append(r)
+        for (label, scaling, _), points in lines.items():
             points.sort(key=lambda r: r["length"])
             x = [r["length"] for r in points]
-            ax.plot(x, [r["accuracy"] for r in points], marker="o", label=name)
-            ax.fill_between(x, [r["interval"][0] for r in points], [r["interval"][1] for r in points], alpha=0.15)
+            ax.plot(x, [r["accuracy"] for r in points], color=colour[label], linestyle=style[scaling], marker=".")
+            low, high = [r["interval"][0] for r in points], [r["interval"][1] for r in points]
+            ax.fill_between(x, low, high, color=colour[label], alpha=0.06, linewidth=0)
+        chance = next((r["chance"] for r in rows if r["probe"] == probe and "chance" in r), None)
+        if chance is not None:
+            ax.axhline(chance, color="grey", linestyle=(0, (2, 2)), linewidth=1)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("input length (tokens)")
         ax.set_ylabel("accuracy")
         ax.set_title(probe)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+    handles = [Line2D([], [], color=colour[label], label=label) for label in labels]
+    if len(scalings) > 1 or scalings != ["none"]:
+        handles += [Line2D([], [], color="black", linestyle=style[s], label=f"scaling: {s}") for s in scalings]
+    if any("chance" in r for r in rows):
+        handles.append(Line2D([], [], color="grey", linestyle=(0, (2, 2)), linewidth=1, label="chance"))
+    columns = min(len(handles), 6)
+    fig.legend(handles=handles, loc="lower center", ncol=columns, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.05 * math.ceil(len(handles) / columns), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))  # a line style per scaling
 
 
 def plot_lengths(table: dict[str, list[dict[str, Any]]], path: Path) -> None:

@@ -411,3 +411,32 @@ def test_a_suite_folder_reads_the_tasks_its_results_name(tmp_path: Path, capsys:
     assert main(["compare", str(suite), str(other), "--out", str(tmp_path / "o3")]) == 2
     err = capsys.readouterr().err
     assert f"{suite / 'rte' / RESULTS_FILE}: expected a JSON object, got list" in err and "Traceback" not in err
+
+
+def probe_file(seed: int, accuracies: dict[int, float]) -> dict:
+    """One passkey-MLM result file at length 128: an accuracy per distance, 50 samples each."""
+    rows = [
+        {"probe": "passkey-mlm", "length": 128, "scaling": "none", "distance": d, "chance": 0.1, "accuracy": a,
+         "interval": [0.0, 1.0], "samples": 50}
+        for d, a in accuracies.items()
+    ]  # fmt: skip
+    return {"model": "m", "label": "rotary", "seed": seed, "probe": "passkey-mlm", "scaling": "none", "rows": rows}
+
+
+def test_probe_rows_by_distance_or_pooled_over_distances_per_seed(tmp_path: Path) -> None:
+    """Per distance: the seeds' mean at each. Pooled (the plot): each seed's samples over all distances, then the mean
+    over seeds; chance travels with the rows and the plot draws them."""
+    from roformer.study.compare import probe_table
+    from roformer.study.plots import plot_probes
+
+    files = [probe_file(0, {16: 0.2, 64: 0.4}), probe_file(1, {16: 0.0, 64: 0.2})]
+    by_distance = {r["distance"]: r for r in probe_table(files)}
+    assert by_distance[16]["accuracy"] == pytest.approx(0.1) and by_distance[64]["accuracy"] == pytest.approx(0.3)
+    assert by_distance[16]["seeds"] == 2 and by_distance[16]["samples"] == 100
+    (pooled,) = probe_table(files, pool_distances=True)
+    assert pooled["accuracy"] == pytest.approx(0.2) and pooled["samples"] == 200 and pooled["seeds"] == 2
+    assert pooled["distance"] is None and pooled["line"] == "rotary (none)" and pooled["chance"] == 0.1
+    low, high = pooled["interval"]
+    assert low < 0.2 < high
+    plot_probes([pooled], tmp_path / "probes.png")
+    assert (tmp_path / "probes.png").stat().st_size > 1000
