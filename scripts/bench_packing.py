@@ -114,7 +114,7 @@ def main() -> None:
         "padded, unpadded blocks": (pads, True, False),
         "packed, isolated documents (mask)": (packs, False, False),
     }
-    if varlen_kernel_available(torch.device(args.device), dtype):
+    if varlen_kernel_available(torch.device(args.device), dtype, config.head_size):
         layouts["padded, unpadded, varlen attention"] = (pads, True, True)
         layouts["packed, isolated documents, varlen attention"] = (packs, True, True)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{torch.get_num_threads()} threads"

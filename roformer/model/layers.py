@@ -234,12 +234,18 @@ class Segments:
         return cls(starts, int((starts[1:] - starts[:-1]).max()) if len(run) else 0, tokens)
 
 
-def varlen_kernel_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether torch's variable-length flash attention runs here: CUDA, in fp16 or bf16 (flash attention's dtypes)."""
-    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+def varlen_kernel_available(device: torch.device, dtype: torch.dtype, head_size: int) -> bool:
+    """Whether torch's variable-length flash attention runs here.
+
+    CUDA on an Ampere or newer card, fp16 or bf16, a head size that is a multiple of 8 up to 256 (flash attention's
+    limits: SDPA would pad the head or take another kernel; the variable-length kernel raises instead), torch >= 2.9.
+    """
+    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16) or head_size % 8 or head_size > 256:
+        return False
+    if torch.cuda.get_device_capability(device) < (8, 0):
         return False
     try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401  (torch >= 2.9)
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
     except ImportError:
         return False
     return True

@@ -304,25 +304,17 @@ class Backbone(Model):
             position_ids = torch.arange(cache.length, cache.length + T, device=input_ids.device).expand(B, T)
         if document_ids is not None and position_ids is None:
             position_ids = document_positions(document_ids)  # (B, T): every document from 0
-        positions = self.positions
-        mask, causal = self_attention_mask(
-            self.config.attention_pattern,
-            attention_mask,
-            token_type_ids,
-            cache,
-            (B, T),
-            input_ids.device,
-            causal_shortcut=positions is None or not positions.adds_to_logits,
-            document_ids=document_ids,
-        )
         segments = self.variable_length_segments(input_ids, attention_mask, document_ids, cache)
         tokens = self.real_tokens(attention_mask, cache) if segments is None else segments.tokens
         x = self.embeddings(input_ids, token_type_ids, position_ids, tokens)  # (B, T, C), or (N, C)
-        terms = PositionTerms(mask) if positions is None else positions.terms(mask, position_ids, cache, T, x.device)
-        linear = self.config.attention == "linear"  # sums per document; softmax attention reads the mask alone
-        documents = document_index(document_ids, attention_mask) if linear and document_ids is not None else None
-        ctx = AttentionContext(terms.mask, causal, terms.rotary, cache, terms.shaw, tokens=tokens, documents=documents)
-        blocks_ctx = ctx if segments is None else self.variable_length_context(segments, tokens, position_ids, B, T)
+        blocks_ctx = None if segments is None else self.variable_length_context(segments, position_ids, B, T)
+        ctx = blocks_ctx
+        if ctx is None or queries is not None:  # attention over the grid: every block's or the masked-only last one's
+            ctx = self.grid_context(
+                input_ids, attention_mask, token_type_ids, position_ids, cache, document_ids, tokens
+            )
+        if blocks_ctx is None:
+            blocks_ctx = ctx
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         hidden = [x if tokens is None else tokens.grid(x)] if output_hidden_states else None
         if queries is not None and hidden is not None:
@@ -348,6 +340,35 @@ class Backbone(Model):
             return x.flatten(0, 1)[queries], None  # (N, C)
         return x, tuple(hidden) if hidden is not None else None
 
+    def grid_context(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None,
+        token_type_ids: Tensor | None,
+        position_ids: Tensor | None,
+        cache: KVCache | None,
+        document_ids: Tensor | None,
+        tokens: RealTokens | None,
+    ) -> AttentionContext:
+        """What attention over the (B, T) grid reads: the mask (padding, pattern, documents) and the position terms."""
+        B, T = input_ids.shape
+        positions = self.positions
+        mask, causal = self_attention_mask(
+            self.config.attention_pattern,
+            attention_mask,
+            token_type_ids,
+            cache,
+            (B, T),
+            input_ids.device,
+            causal_shortcut=positions is None or not positions.adds_to_logits,
+            document_ids=document_ids,
+        )
+        device = input_ids.device
+        terms = PositionTerms(mask) if positions is None else positions.terms(mask, position_ids, cache, T, device)
+        linear = self.config.attention == "linear"  # sums per document; softmax attention reads the mask alone
+        documents = document_index(document_ids, attention_mask) if linear and document_ids is not None else None
+        return AttentionContext(terms.mask, causal, terms.rotary, cache, terms.shaw, tokens=tokens, documents=documents)
+
     def variable_length_segments(
         self, input_ids: Tensor, attention_mask: Tensor | None, document_ids: Tensor | None, cache: KVCache | None
     ) -> Segments | None:
@@ -367,20 +388,25 @@ class Backbone(Model):
         if positions is not None and not (isinstance(positions, RotaryEmbedding) and not positions.groups_positions):
             return None
         if (self.training and config.attention_dropout > 0) or not varlen_kernel_available(
-            input_ids.device, self.compute_dtype(input_ids.device)
+            input_ids.device, self.compute_dtype(input_ids.device), config.head_size
         ):
             return None
         padded = attention_mask is not None and not bool(attention_mask.all())
         if (padded and not self.unpadding) or (document_ids is None and not padded):
             return None  # padding's outputs stay as HF computes them; a full batch is SDPA's flash path already
         keep = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+        if not bool(keep.any()):
+            return None  # no real token: no segment to attend within
         return Segments.of(keep, document_ids)
 
     def variable_length_context(
-        self, segments: Segments, tokens: RealTokens, position_ids: Tensor | None, B: int, T: int
+        self, segments: Segments, position_ids: Tensor | None, B: int, T: int
     ) -> AttentionContext:
-        """What the blocks read under a variable-length kernel: the real tokens, rotated at their positions (1, N)."""
-        rotary = None
+        """What the blocks read under a variable-length kernel: the real tokens, rotated at their positions (1, N).
+
+        No mask: the segments say which keys each token sees.
+        """
+        tokens, rotary = segments.tokens, None
         if self.positions is not None:
             if position_ids is None:
                 position_ids = torch.arange(T, device=segments.starts.device).expand(B, T)

@@ -251,22 +251,35 @@ class RotaryEmbedding(TablesFollowTheModule):
         table = self.rotations(length, x.device)
         return apply_rotary(x, table if positions is None else table[positions], self.layout)
 
+    def rotations_at(self, positions: Tensor) -> Tensor:
+        """The complex64 rotations at `positions` (B, T): (B, T, dim // 2), on their device.
+
+        Reads the longest position back from the device (a host sync): once per forward when `AtPositions` keeps it.
+        """
+        if positions.numel() == 0:
+            return torch.empty(*positions.shape, self.dim // 2, dtype=torch.complex64, device=positions.device)
+        return self.rotations(int(positions.max()) + 1, positions.device)[positions]
+
     def rotate_leading(
-        self, x: Tensor, count: int, positions: Tensor | None = None, fused: bool = True
+        self,
+        x: Tensor,
+        count: int,
+        positions: Tensor | None = None,
+        fused: bool = True,
+        table: Tensor | None = None,
     ) -> tuple[Tensor, ...]:
         """The slices of `x` (B, T, n, H, D) along dim 2, the first `count` of them rotated by position.
 
         Rotating q and k of a fused (B, T, 3, H, D) projection: in eager mode one `RotateLeading` call, whose
-        backward writes the projection's gradient once (see there); compiled, in another layout, with partial
-        rotary or with `fused` False (benchmarks, tests), the rotation of the slice, which inductor fuses or
-        autograd assembles.
+        backward writes the projection's gradient once (see there), with `table` (`rotations_at(positions)`) when
+        the caller has it; compiled, in another layout, with partial rotary or with `fused` False (benchmarks,
+        tests), the rotation of the slice, which inductor fuses or autograd assembles.
         """
         if not fused or torch.compiler.is_compiling() or self.layout != "interleaved" or self.dim < x.shape[-1]:
             rotated = self(x[:, :, :count], positions).unbind(2)
             return (*rotated, *x[:, :, count:].unbind(2))
-        length = x.shape[1] if positions is None else int(positions.max()) + 1
-        table = self.rotations(length, x.device)
-        table = table if positions is None else table[positions]
+        if table is None:
+            table = self.rotations(x.shape[1], x.device) if positions is None else self.rotations_at(positions)
         return RotateLeading.apply(x, table.view(_broadcastable(table, x)), count)
 
     def terms(
@@ -282,22 +295,35 @@ class RotaryEmbedding(TablesFollowTheModule):
             if cache is not None:
                 raise ValueError("rope_scaling self_extend is for encoding whole sequences, not a cached decode")
             return PositionTerms(mask, rotary=GroupedRotation(self, position_ids, *self_extend_sizes(self.scaling)))
-        return PositionTerms(mask, rotary=self if position_ids is None else AtPositions(self, position_ids))
+        return PositionTerms(mask, rotary=self if position_ids is None else AtPositions.of(self, position_ids))
 
 
 @dataclass
 class AtPositions:
-    """A `RotaryEmbedding` at given positions (B, T): left padding, packed documents, a cached decode's new tokens."""
+    """A `RotaryEmbedding` at given positions (B, T): left padding, packed documents, a cached decode's new tokens.
+
+    In eager mode the rotations at the positions are gathered once per forward (`table`), not in every layer: one
+    host sync for the longest position instead of one a layer. Compiled, the rotary module's real path reads them.
+    """
 
     rotary: RotaryEmbedding
     positions: Tensor
+    table: Tensor | None = None  # (B, T, dim // 2) complex64, or None
+
+    @classmethod
+    def of(cls, rotary: RotaryEmbedding, positions: Tensor) -> AtPositions:
+        """`rotary` at `positions`, its table gathered now where the eager complex path will read it."""
+        eager = not torch.compiler.is_compiling() and rotary.layout == "interleaved"
+        return cls(rotary, positions, rotary.rotations_at(positions) if eager else None)
 
     def __call__(self, x: Tensor) -> Tensor:
+        if self.table is not None and self.rotary.dim == x.shape[-1]:
+            return apply_rotary(x, self.table, self.rotary.layout)
         return self.rotary(x, self.positions)
 
     def rotate_leading(self, x: Tensor, count: int) -> tuple[Tensor, ...]:
         """`RotaryEmbedding.rotate_leading` at these positions."""
-        return self.rotary.rotate_leading(x, count, self.positions)
+        return self.rotary.rotate_leading(x, count, self.positions, table=self.table)
 
 
 class RotateLeading(torch.autograd.Function):
@@ -317,6 +343,7 @@ class RotateLeading(torch.autograd.Function):
         """Rotate x (B, T, n, H, D) by `table`: complex64, broadcastable to (B, T, count, H, D/2)."""
         ctx.save_for_backward(table)
         ctx.shape, ctx.dtype, ctx.count = x.shape, x.dtype, count
+        ctx.set_materialize_grads(False)  # an unused slice's gradient stays None: zero-filled once, in place
         leading = x[:, :, :count]
         leading = leading.float() if x.element_size() < 4 else leading
         rotated = torch.view_as_real(_as_complex(leading) * table).flatten(-2).to(x.dtype)  # (B, T, count, H, D)
@@ -334,17 +361,21 @@ class RotateLeading(torch.autograd.Function):
                 into.zero_()
             elif index >= ctx.count:
                 into.copy_(slice_grad)
-            elif into.element_size() >= 4:  # float32/64 straight into its slot, no temporary
+            elif into.element_size() >= 4 and _pairs_viewable(into):  # float32/64 straight into its slot
                 torch.mul(_as_complex(slice_grad), back[:, :, 0], out=_as_complex(into))
             else:
                 into.copy_(torch.view_as_real(_as_complex(slice_grad.float()) * back[:, :, 0]).flatten(-2))
         return grad, None, None
 
 
+def _pairs_viewable(x: Tensor) -> bool:
+    """Whether the pairs of x's last dim can be viewed as complex numbers in place (strides and offset even)."""
+    return x.stride(-1) == 1 and all(s % 2 == 0 for s in x.stride()[:-1]) and x.storage_offset() % 2 == 0
+
+
 def _as_complex(x: Tensor) -> Tensor:
     """The pairs of x (..., D) float32/64 as a complex (..., D/2) view; copied first if its strides do not allow one."""
-    strides_allow = x.stride(-1) == 1 and all(s % 2 == 0 for s in x.stride()[:-1]) and x.storage_offset() % 2 == 0
-    return torch.view_as_complex((x if strides_allow else x.contiguous()).unflatten(-1, (-1, 2)))
+    return torch.view_as_complex((x if _pairs_viewable(x) else x.contiguous()).unflatten(-1, (-1, 2)))
 
 
 def rotate_qkv(qkv: Tensor, rotary: Rotation | None, rotate_values: bool = False) -> tuple[Tensor, Tensor, Tensor]:
@@ -441,11 +472,11 @@ def apply_rotary_real(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interl
 
 
 def _broadcastable(table: Tensor, x: Tensor) -> tuple[int, ...]:
-    """The shape of a (T, D/2) or (B, T, D/2) table that broadcasts over the batch and head dims of x (B, T, *, D).
+    """The shape of a (T, D/2) or (B or 1, T, D/2) table that broadcasts over the batch and head dims of x (B, T, *, D).
 
     A table already shaped to broadcast (e.g. (1, T, 1, D/2)) keeps its shape.
     """
-    if table.dim() == 2 or (table.dim() == 3 and tuple(table.shape[:2]) == tuple(x.shape[:2])):
+    if table.dim() == 2 or (table.dim() == 3 and table.shape[1] == x.shape[1] and table.shape[0] in (1, x.shape[0])):
         return tuple(table.shape[:-1]) + (1,) * (x.dim() - 3) + (table.shape[-1],)  # (T, 1.., D/2) / (B, T, 1.., D/2)
     return tuple(table.shape)
 

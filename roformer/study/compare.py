@@ -208,7 +208,7 @@ def probe_table(results: list[dict[str, Any]], pool_distances: bool = False) -> 
         out = {"label": label, "probe": probe, "scaling": scaling, "distance": distance, "length": length}
         chance = next((r["chance"] for rows in files.values() for r in rows if "chance" in r), None)
         out |= {"chance": chance} if chance is not None else {}
-        ok = [pooled(rows) for rows in files.values() if any("accuracy" in r for r in rows)]
+        ok = [pooled(rows) for rows in files.values() if any("accuracy" in r and r["samples"] for r in rows)]
         if not ok:
             first = next(iter(files.values()))[0]
             table.append({**out, "line": line, "error": first.get("error", "not run")})
@@ -227,7 +227,7 @@ def probe_table(results: list[dict[str, Any]], pool_distances: bool = False) -> 
 
 def pooled(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """One file's rows at one length (its distances) as one: the accuracy over all their samples."""
-    ok = [r for r in rows if "accuracy" in r]
+    ok = [r for r in rows if "accuracy" in r and r["samples"]]
     samples = sum(r["samples"] for r in ok)
     return {"accuracy": sum(r["accuracy"] * r["samples"] for r in ok) / samples, "samples": samples}
 

@@ -232,3 +232,16 @@ def test_a_rotary_model_trains_the_same_with_the_fused_and_the_real_rotation(
     assert fused_grads.keys() == real_grads.keys()
     for name, grad in fused_grads.items():
         assert_close(grad, real_grads[name], msg=name)
+
+
+def test_positions_of_one_row_apply_to_every_row() -> None:
+    """position_ids (1, T), as HF users pass them, equal the same positions given for each row."""
+    torch.manual_seed(0)
+    model = roformer.Backbone(roformer.ModelConfig(vocab_size=50, hidden_size=32, num_layers=1, num_heads=2,
+                                                   intermediate_size=64)).eval()  # fmt: skip
+    ids = torch.randint(1, 50, (3, 7))
+    positions = torch.arange(7)[None] + 5
+    with torch.no_grad():
+        one, _ = model.encode(ids, position_ids=positions)
+        every, _ = model.encode(ids, position_ids=positions.expand(3, 7))
+    assert_close(one, every)

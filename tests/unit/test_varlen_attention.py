@@ -44,7 +44,7 @@ def reference_kernel(calls: list) -> Callable:
 def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list:
     """The reference kernel in place of torch's, available on this CPU; the list of its calls."""
     calls: list = []
-    monkeypatch.setattr(model_module, "varlen_kernel_available", lambda device, dtype: True)
+    monkeypatch.setattr(model_module, "varlen_kernel_available", lambda device, dtype, head_size: True)
     monkeypatch.setattr(layers, "varlen_kernel", reference_kernel(calls))
     return calls
 
@@ -165,9 +165,40 @@ def test_the_kernel_is_not_taken_for_full_rows_padding_kept_or_a_split_document(
     assert kernel_calls == []
 
 
-def test_torch_kernel_is_available_only_on_cuda_in_half_precision() -> None:
-    assert not layers.varlen_kernel_available(torch.device("cpu"), torch.bfloat16)
-    assert not layers.varlen_kernel_available(torch.device("cuda"), torch.float32)
+def test_torch_kernel_is_available_only_on_cuda_in_half_precision_for_flash_head_sizes() -> None:
+    assert not layers.varlen_kernel_available(torch.device("cpu"), torch.bfloat16, 64)
+    assert not layers.varlen_kernel_available(torch.device("cuda"), torch.float32, 64)
+    assert not layers.varlen_kernel_available(torch.device("cuda"), torch.bfloat16, 26)  # 312 / 12: not a multiple of 8
+    assert not layers.varlen_kernel_available(torch.device("cuda"), torch.bfloat16, 512)
+
+
+def test_a_batch_of_padding_alone_keeps_the_mask(kernel_calls: list) -> None:
+    model = model_of("rotary")
+    model.set_unpadding(True)
+    batch = packed_rows(pad=2)
+    batch["attention_mask"] = torch.zeros_like(batch["attention_mask"])
+    assert torch.isfinite(model(**batch).logits).all()
+    assert kernel_calls == []
+
+
+def test_the_kernel_path_builds_no_mask_and_gathers_the_rotations_once(
+    kernel_calls: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No (B, T, T) mask beside the kernel (unless the masked-only last block reads it), and the rotations at the
+    tokens' positions gathered once a forward, not once a layer (a host sync each)."""
+    from roformer.model.positions import RotaryEmbedding
+
+    masks, gathers = [], []
+    mask_of, rotations_at = model_module.self_attention_mask, RotaryEmbedding.rotations_at
+    monkeypatch.setattr(model_module, "self_attention_mask", lambda *a, **k: masks.append(1) or mask_of(*a, **k))
+    monkeypatch.setattr(RotaryEmbedding, "rotations_at", lambda self, p: gathers.append(1) or rotations_at(self, p))
+    model = model_of("rotary")
+    model.set_unpadding(True)
+    model(**packed_rows(pad=2))
+    assert len(kernel_calls) == TINY_MODEL["num_layers"] and masks == [] and len(gathers) == 1
+    model.set_varlen_attention(False)
+    model(**packed_rows(pad=2))
+    assert masks == [1] and len(gathers) == 2
 
 
 def test_segments_of_real_tokens_and_documents() -> None:
