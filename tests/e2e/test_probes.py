@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_run_config
+from helpers import REPO, run_python, tiny_run_config
 
 from roformer.cli import main
 from roformer.config import load
@@ -152,3 +153,21 @@ def test_passkey_mlm_refuses_a_vocabulary_without_digit_tokens_and_a_model_witho
     args = ["probe", "--model", str(tmp_path / "backbone"), "--probe", "passkey-mlm", "--lengths", "64"]
     assert main(args) == 2
     assert "holds a backbone model, not a masked LM" in capsys.readouterr().err
+
+
+def test_the_passkey_corpus_plants_one_key_twice_in_every_document(tmp_path: Path) -> None:
+    """scripts/passkey_corpus.py: JSON lines a text corpus reads, each the probe's statement twice with one key."""
+    (tmp_path / "filler").mkdir()
+    (tmp_path / "filler" / "a.txt").write_text(" ".join(f"word{i}" for i in range(2000)))
+    done = run_python([str(REPO / "scripts/passkey_corpus.py"), "--filler", str(tmp_path / "filler"), "--out",
+                       str(tmp_path / "out"), "--documents", "40", "--words", "5", "20"])  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = (tmp_path / "out" / "passkey.jsonl").read_text().splitlines()
+    assert len(lines) == 40
+    for line in lines:
+        text = json.loads(line)["text"]
+        keys = re.findall(r"the pass key is (\d)\.", text)
+        assert len(keys) == 2 and keys[0] == keys[1], text
+        assert 5 <= len(re.sub(r"the pass key is \d\.", "", text).split()) <= 20
+    keys = {re.search(r"is (\d)\.", json.loads(line)["text"]).group(1) for line in lines}
+    assert len(keys) > 3  # keys drawn, not one
