@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,10 +14,11 @@ from helpers import REPO, run_python, tiny_run_config
 from roformer.cli import main
 from roformer.config import load
 from roformer.data.builtin import generate_documents
-from roformer.data.tokenizer import load_tokenizer
+from roformer.data.tokenizer import load_tokenizer, train_tokenizer
 from roformer.study.probes import (
     CANDIDATES,
     MLM_KEYS,
+    NAMES,
     Haystack,
     haystack_documents,
     mlm_samples,
@@ -171,3 +173,53 @@ def test_the_passkey_corpus_plants_one_key_twice_in_every_document(tmp_path: Pat
         assert 5 <= len(re.sub(r"the pass key is \d\.", "", text).split()) <= 20
     keys = {re.search(r"is (\d)\.", json.loads(line)["text"]).group(1) for line in lines}
     assert len(keys) > 3  # keys drawn, not one
+
+
+class CopyingMLM(torch.nn.Module):
+    """An MLM that fills every position with the token `look_back` before it: one that copies a key perfectly."""
+
+    def __init__(self, vocab_size: int, look_back: int) -> None:
+        super().__init__()
+        self.config = SimpleNamespace(position_encoding="none")
+        self.vocab_size, self.look_back = vocab_size, look_back
+
+    def forward(self, ids: torch.Tensor) -> SimpleNamespace:
+        return SimpleNamespace(logits=torch.nn.functional.one_hot(ids.roll(self.look_back, dims=1), self.vocab_size))
+
+
+class NameEmbedder:
+    """Embeds a text by the two tokens after its first "pass key of" (a name): a retriever that finds the fact."""
+
+    config = SimpleNamespace(position_encoding="none")
+
+    def __init__(self, tokenizer) -> None:
+        self.key_of = tokenizer("pass key of", add_special_tokens=False)["input_ids"]
+        self.vocab_size = len(tokenizer)
+
+    def embed(self, ids: torch.Tensor, mask: torch.Tensor, pooling: str, normalize: bool) -> torch.Tensor:
+        vectors = torch.zeros(len(ids), self.vocab_size**2)
+        for row, seq in enumerate(ids.tolist()):
+            at = next(i for i in range(len(seq)) if seq[i : i + len(self.key_of)] == self.key_of) + len(self.key_of)
+            vectors[row, seq[at] * self.vocab_size + seq[at + 1]] = 1.0
+        return vectors
+
+
+def test_the_probes_score_a_model_that_has_the_skill_perfectly_and_one_one_token_off_at_chance(
+    models: dict[str, Path],
+) -> None:
+    """The scoring, not only the inputs: a copier looking back exactly the key's distance fills every masked copy,
+    one looking one token further is at chance; a retriever keyed on the name finds every passkey document."""
+    from roformer.study.probes import probe_rows
+
+    def accuracy(model, tokenizer, probe: str, **options) -> float:
+        haystack = Haystack(tokenizer, haystack_documents(None), seed=0)
+        (row,) = probe_rows(model, tokenizer, probe, [128], 60, haystack, "none", None, **options)
+        return row["accuracy"]
+
+    tokenizer = load_tokenizer(models["rotary"])
+    vocab = len(tokenizer)
+    assert accuracy(CopyingMLM(vocab, 40), tokenizer, "passkey-mlm", distances=[40]) == 1.0
+    assert accuracy(CopyingMLM(vocab, 41), tokenizer, "passkey-mlm", distances=[40]) < 0.3  # the key's "is"
+    # a vocabulary that keeps the 100 names apart (the tiny one gives some names the same pieces)
+    tokenizer = train_tokenizer([*generate_documents(200), *[" ".join(NAMES)] * 20, "pass key of"] * 2, 600)
+    assert accuracy(NameEmbedder(tokenizer), tokenizer, "passkey") == 1.0
