@@ -12,9 +12,9 @@
 #             held-out eval curves
 #   report    one table of all of the above (gpu-report.md)
 #   lease     all of it inside one device call of GPU_CHECK_SECONDS (default 560): the stages in order of what the
-#             GPU issue needs most (eager bench; compiled bench at T=512; base pretraining with the GPU tests beside
-#             it; every encoding, eager; compiled bench at T=128 if time is left), each cut at the deadline, results
-#             packed every 20 s into $OUT/results.tgz (the device tool returns at most 8 files)
+#             GPU issues need most (eager bench; compiled bench at T=512; packing; base pretraining with the GPU
+#             tests beside it; every encoding, eager; compiled bench at T=128 if time is left), each cut at the
+#             deadline, results packed every 20 s into $OUT/results.tgz (the device tool returns at most 8 files)
 # Results go to $OUT (the device tool's folder) or runs/gpu-check; run data to /tmp/gpu-check. Prepare .gpu/ first
 # with scripts/gpu_prepare.sh (wheels and data for a machine without network). GPU_CHECK_SMOKE=1 runs every stage at
 # toy sizes (also on a CPU, in fp32 there) to check the plumbing; GPU_CHECK_MODES="eager" skips the compiled bench.
@@ -114,6 +114,7 @@ run_lease() {
     local bench=(python scripts/bench_model.py "${device_args[@]}" --dtype "$dtype")
     within 100 env GPU_CHECK_MODES=eager OUT="$results" bash "$0" bench
     within 200 "${bench[@]}" "${lease_compiled[@]}" --compile --json "$results/bench-compiled.json"
+    within 60 bash -c "python scripts/bench_packing.py ${packing_args[*]} > $results/packing.md"
     # the GPU tests beside the pretraining: neither is a timing (the pretraining's tokens/s are shared with them)
     (within 240 python -m pytest -q -m gpu tests/e2e/test_gpu.py -p no:cacheprovider \
         --junitxml "$results/gpu-tests.xml" > "$results/gpu-tests.log" 2>&1) &
@@ -124,7 +125,6 @@ run_lease() {
     for arg in "${relative_args[@]}"; do [ "$arg" = --compile ] || eager_relative+=("$arg"); done
     within 90 "${bench[@]}" "${eager_relative[@]}" --baseline ours-rotary --json "$results/bench-relative.json" \
         --models ours-rotary,ours-rotary-unfused,ours-sinusoidal,ours-none,ours-shaw,ours-shaw-values,ours-t5_bias,ours-alibi
-    within 60 bash -c "python scripts/bench_packing.py ${packing_args[*]} > $results/packing.md"
     within 40 bash -c "python scripts/bench_relative_terms.py ${terms_args[*]} > $results/relative-terms.md"
     within 200 "${bench[@]}" "${lease_compiled_short[@]}" --compile --json "$results/bench-compiled-short.json"
     python scripts/gpu_report.py "$results" --runs "$work/base" > "$results/gpu-report.md" || true
