@@ -20,6 +20,7 @@ import pytest
 from helpers import launch_processes, stop_after, task_config, tiny_run_config, write_wrapper
 
 from roformer.cli import main
+from roformer.config import read_yaml, write_yaml
 from roformer.data.builtin import generate_documents
 from roformer.train.checkpoints import CheckpointManager
 from roformer.train.engine import Engine
@@ -282,3 +283,32 @@ def test_a_damaged_shard_is_a_damaged_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "sharded" / "__0_0.distcp").write_bytes(b"\0" * 16)
     with pytest.raises(RuntimeError, match=r"sharded: rank 0: "):
         load_sharded_state(model, optimizer, tmp_path / "sharded")
+
+
+def test_pretraining_in_stages_stopped_on_two_processes_inside_its_second_stage_finishes_on_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Named stages under a two-process launch: 4 steps at 32 tokens (global batch 4 = 2 x 2 processes, then 2 x 1 x
+    grad_accum 2), then 4 at 64 tokens with batch_size 1 (global 2). Stopped on 2 processes after step 6, inside the
+    second stage, resumed on 1: the logged losses and evaluations are the uninterrupted one-process run's, dropout on,
+    and both runs leave each stage's folder."""
+    yaml = tiny_run_config(tmp_path / "c.yaml", model=DROPOUT, batch_size=2, save_every=0, eval_every=4)
+    config = read_yaml(yaml)
+    config["train"].pop("max_steps")
+    config["stages"] = [
+        {"name": "short", "steps": 4},
+        {"name": "long", "steps": 4, "data": {"max_seq_len": 64}, "train": {"batch_size": 1}},
+    ]
+    write_yaml(yaml, config)
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert main(["pretrain", "--config", str(yaml), "--output-dir", str(full), "--set", "train.grad_accum=2"]) == 0
+    launch(2, stop_after(tmp_path / "stop6.py", 6), ["pretrain", "--config", str(yaml), "--output-dir", str(cut)], 75)
+    capsys.readouterr()
+    assert main(["pretrain", "--output-dir", str(cut), "--resume", "--set", "train.grad_accum=2"]) == 0
+    assert "another layout" not in capsys.readouterr().err
+    assert [e["step"] for e in read_metrics(cut / "metrics.jsonl") if e["event"] == "stopped"] == [6]
+    assert [e["stage"] for e in events(cut) if e["event"] == "train"] == ["short"] * 4 + ["long"] * 4
+    assert assert_same_events(cut, full) < 1e-5
+    for run in (full, cut):
+        assert (run / "stages" / "short" / "model.safetensors").is_file()
+        assert (run / "stages" / "long" / "model.safetensors").is_file()
