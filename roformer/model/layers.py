@@ -646,7 +646,7 @@ class SelfAttention(nn.Module):
 
         x is the (B, T, C) grid. The queries of each row are laid out in a (B, M, H, D) grid (M: the most of any
         row), so one SDPA call serves every row; a mask over queries keeps its selected rows. Softmax attention with
-        a mask or a bias (T5, ALiBi) and any rotation but SelfExtend's (`supports_query_subset`).
+        a mask or a bias (T5, ALiBi) and any rotation but SelfExtend's (`model.query_subset_applies`).
         """
         B, T, C = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_size)  # (B, T, 3, H, D)
@@ -745,6 +745,10 @@ class Block(nn.Module):
     def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:
         """(B, T, C) -> (B, T, C), or the real tokens (N, C) -> (N, C); `ctx` is this layer's."""
         x = self.attn_norm(x + self.dropout(self.attn(x, ctx)))
+        return self.feed_forward(x)
+
+    def feed_forward(self, x: Tensor) -> Tensor:
+        """The block's second half: x = LN(x + FFN(x)), on (..., C)."""
         return self.ffn_norm(x + self.dropout(self.ffn_out(self.act(self.ffn_in(x)))))
 
     def forward_queries(self, x: Tensor, ctx: AttentionContext, queries: QuerySubset) -> Tensor:
@@ -755,7 +759,7 @@ class Block(nn.Module):
         """
         h = x[queries.row, queries.position]  # (N, C)
         h = self.attn_norm(h + self.dropout(self.attn.forward_queries(x, ctx, queries)))
-        return self.ffn_norm(h + self.dropout(self.ffn_out(self.act(self.ffn_in(h)))))
+        return self.feed_forward(h)
 
 
 @dataclass(frozen=True)

@@ -308,25 +308,25 @@ class Backbone(Model):
         tokens = self.real_tokens(attention_mask, cache) if segments is None else segments.tokens
         x = self.embeddings(input_ids, token_type_ids, position_ids, tokens)  # (B, T, C), or (N, C)
         blocks_ctx = None if segments is None else self.variable_length_context(segments, position_ids, B, T)
-        ctx = blocks_ctx
-        if ctx is None or queries is not None:  # attention over the grid: every block's or the masked-only last one's
-            ctx = self.grid_context(
+        grid_ctx = None  # attention over the grid: every block's, or the masked-only last one's
+        if blocks_ctx is None or queries is not None:
+            grid_ctx = self.grid_context(
                 input_ids, attention_mask, token_type_ids, position_ids, cache, document_ids, tokens
             )
         if blocks_ctx is None:
-            blocks_ctx = ctx
+            blocks_ctx = grid_ctx
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         hidden = [x if tokens is None else tokens.grid(x)] if output_hidden_states else None
         if queries is not None and hidden is not None:
             raise ValueError("queries gives the last hidden states at some positions: not with output_hidden_states")
         subset = None
-        if queries is not None and query_subset_applies(ctx, self.config):
+        if queries is not None and query_subset_applies(grid_ctx, self.config):
             distinct, order = torch.unique(queries, return_inverse=True)  # padded positions repeat
             subset = QuerySubset.of(distinct, T)
         for i, block in enumerate(self.layers):
             if subset is not None and i == len(self.layers) - 1:
                 grid = x if tokens is None else tokens.grid(x)  # (B, T, C): every token a key
-                return block.forward_queries(grid, replace(ctx.layer(i), tokens=None), subset)[order], None
+                return block.forward_queries(grid, replace(grid_ctx.layer(i), tokens=None), subset)[order], None
             if recompute:  # dropout masks are replayed: the same values and gradients as without
                 # non-reentrant: the context, a dataclass holding tensors, needs no unpacking into tensor arguments
                 x = checkpoint(block, x, blocks_ctx.layer(i), use_reentrant=False)
@@ -579,22 +579,19 @@ class MaskedLM(LanguageModel):
         boolean selection would break it at every new masked-token count. With `set_last_layer_subset`, the last
         block computes those positions alone.
         """
+        if masked_only and labels is None:
+            raise ValueError("masked_only=True needs labels")
         subset = masked_only and masked_positions is not None and self.last_layer_subset and not output_hidden_states
         if subset:  # the last block computes the masked positions alone (`Backbone.encode`'s queries)
-            if labels is None:
-                raise ValueError("masked_only=True needs labels")
             x, _ = self.backbone.encode(
                 input_ids, attention_mask, token_type_ids, False, position_ids, None, document_ids, masked_positions
             )  # (N, C)
-            labels = labels.flatten()[masked_positions]
-            logits = self.vocabulary_logits(x)
-            return ModelOutput(logits=logits, loss=token_cross_entropy(logits, labels), hidden_states=None)
-        x, hidden, pooled = self.run_backbone(
-            input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids, document_ids=document_ids
-        )
-        if masked_only:
-            if labels is None:
-                raise ValueError("masked_only=True needs labels")
+            labels, hidden, pooled = labels.flatten()[masked_positions], None, None
+        else:
+            x, hidden, pooled = self.run_backbone(
+                input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids, document_ids=document_ids
+            )
+        if masked_only and not subset:
             if masked_positions is None:
                 selected = labels != IGNORE_INDEX  # (B, T)
                 x, labels = x[selected], labels[selected]  # (N, C), (N,)

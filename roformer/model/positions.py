@@ -248,8 +248,11 @@ class RotaryEmbedding(TablesFollowTheModule):
             if positions is not None:
                 cos, sin = cos[positions], sin[positions]  # (B, T, D/2)
             return apply_rotary_real(x, cos, sin, self.layout)
-        table = self.rotations(length, x.device)
-        return apply_rotary(x, table if positions is None else table[positions], self.layout)
+        return apply_rotary(x, self.rotations_of(x, positions), self.layout)
+
+    def rotations_of(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """The complex64 rotations of x's (B, T, ...) tokens: (T, dim // 2), or (B, T, dim // 2) at `positions`."""
+        return self.rotations(x.shape[1], x.device) if positions is None else self.rotations_at(positions)
 
     def rotations_at(self, positions: Tensor) -> Tensor:
         """The complex64 rotations at `positions` (B, T): (B, T, dim // 2), on their device.
@@ -278,8 +281,7 @@ class RotaryEmbedding(TablesFollowTheModule):
         if not fused or torch.compiler.is_compiling() or self.layout != "interleaved" or self.dim < x.shape[-1]:
             rotated = self(x[:, :, :count], positions).unbind(2)
             return (*rotated, *x[:, :, count:].unbind(2))
-        if table is None:
-            table = self.rotations(x.shape[1], x.device) if positions is None else self.rotations_at(positions)
+        table = self.rotations_of(x, positions) if table is None else table
         return RotateLeading.apply(x, table.view(_broadcastable(table, x)), count)
 
     def terms(
@@ -344,9 +346,7 @@ class RotateLeading(torch.autograd.Function):
         ctx.save_for_backward(table)
         ctx.shape, ctx.dtype, ctx.count = x.shape, x.dtype, count
         ctx.set_materialize_grads(False)  # an unused slice's gradient stays None: zero-filled once, in place
-        leading = x[:, :, :count]
-        leading = leading.float() if x.element_size() < 4 else leading
-        rotated = torch.view_as_real(_as_complex(leading) * table).flatten(-2).to(x.dtype)  # (B, T, count, H, D)
+        rotated = apply_rotary(x[:, :, :count], table)  # (B, T, count, H, D)
         return (*rotated.unbind(2), *x[:, :, count:].unbind(2))
 
     @staticmethod
@@ -363,8 +363,8 @@ class RotateLeading(torch.autograd.Function):
                 into.copy_(slice_grad)
             elif into.element_size() >= 4 and _pairs_viewable(into):  # float32/64 straight into its slot
                 torch.mul(_as_complex(slice_grad), back[:, :, 0], out=_as_complex(into))
-            else:
-                into.copy_(torch.view_as_real(_as_complex(slice_grad.float()) * back[:, :, 0]).flatten(-2))
+            else:  # rotated in float32 (apply_rotary), cast into its slot
+                into.copy_(apply_rotary(slice_grad, back[:, :, 0]))
         return grad, None, None
 
 
@@ -449,10 +449,7 @@ def apply_rotary(x: Tensor, rotations: Tensor, layout: str = "interleaved") -> T
         return apply_rotary_real(x, rotations.real, rotations.imag, layout)
     rotations = rotations.view(_broadcastable(rotations, x))
     xf = x.float() if x.element_size() < 4 else x  # bf16/fp16 are rotated in float32 and cast back
-    if xf.stride(-1) != 1:
-        xf = xf.contiguous()
-    rotated = torch.view_as_real(torch.view_as_complex(xf.unflatten(-1, (-1, 2))) * rotations)
-    return rotated.flatten(-2).to(x.dtype)
+    return torch.view_as_real(_as_complex(xf) * rotations).flatten(-2).to(x.dtype)
 
 
 def apply_rotary_real(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved") -> Tensor:

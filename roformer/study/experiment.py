@@ -303,15 +303,15 @@ def run_experiment(path: str | Path, out: str | Path, overrides: list[str] | Non
     if experiment.length is not None:
         run_on_main(lambda: evaluate_run_lengths(experiment.length, runs))
     probe_files = run_on_main(lambda: probe_runs(experiment.probes, path, runs)) if experiment.probes else []
-    glue_dirs = glue_dirs + (probe_files or [])
+    results = glue_dirs + (probe_files or [])  # each run's fine-tuning folders and probe files
     if not _is_main_process():
         return {}
     summary = compare(
-        runs + glue_dirs, out / COMPARE_DIR, baseline=experiment.baseline, targets=experiment.targets, overwrite=True
+        runs + results, out / COMPARE_DIR, baseline=experiment.baseline, targets=experiment.targets, overwrite=True
     )
     for name, comparison in experiment.comparisons.items():
         mine = [run for run in runs if _label_of(run) in comparison.arms]
-        theirs = [task for task in glue_dirs if _label_of(_run_of(task)) in comparison.arms]
+        theirs = [result for result in results if _label_of(_run_of(result)) in comparison.arms]
         compare(mine + theirs, out / f"{COMPARE_DIR}-{name}", baseline=comparison.baseline, overwrite=True)
     write_report(out, path, experiment, arms, list(overrides or []))
     return summary

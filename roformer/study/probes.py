@@ -36,7 +36,7 @@ from roformer.data.tokenizer import load_tokenizer
 from roformer.errors import UserError
 from roformer.files import atomic_write_text, check_output_file
 from roformer.model.model import load
-from roformer.model.weights import read_model_config
+from roformer.model.weights import MODEL_CONFIG_FILE, read_model_config
 from roformer.study.length_eval import SCALING_METHODS, check_device, default_device, scaled
 from roformer.study.runs import arm_label
 from roformer.study.stats import wilson_interval
@@ -311,7 +311,7 @@ def run_probe(
     device = device or default_device()
     check_device(device)
     architecture = "masked_lm" if probe == "passkey-mlm" else None
-    saved = read_model_config(model_dir)[0] if (Path(model_dir) / "model.yaml").is_file() else architecture
+    saved = read_model_config(model_dir)[0] if (Path(model_dir) / MODEL_CONFIG_FILE).is_file() else architecture
     if architecture is not None and saved != architecture:
         raise UserError(f"--probe passkey-mlm: {model_dir} holds a {saved} model, not a masked LM (no MLM head)")
     model = load(model_dir, architecture=architecture, device=device).eval()
