@@ -19,9 +19,12 @@ import argparse
 import json
 import random
 import re
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 from roformer.data.text import expand_paths, read_documents
+from roformer.errors import UserError
 from roformer.study.probes import MLM_KEYS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,6 +49,12 @@ def passkey_document(words: list[str], low: int, high: int, rng: random.Random) 
     return " ".join([*body[:first], statement, *body[first:second], statement, *body[second:]])
 
 
+def fail(message: str) -> NoReturn:
+    """Bad input: one line on stderr, exit code 2."""
+    print(f"passkey_corpus.py: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--filler", type=Path, default=REPO.parent / "shared/data/corpus/gutenberg")
@@ -54,9 +63,12 @@ def main() -> None:
     parser.add_argument("--words", type=int, nargs=2, default=(10, 70), metavar=("LOW", "HIGH"))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    words = filler_words(args.filler)
+    try:
+        words = filler_words(args.filler)
+    except UserError as e:
+        fail(f"--filler: {e}")
     if len(words) < 10 * args.words[1]:
-        parser.error(f"--filler {args.filler}: {len(words)} words, too few for documents of {args.words[1]}")
+        fail(f"--filler {args.filler}: {len(words)} words, too few for documents of {args.words[1]}")
     rng = random.Random(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     target = args.out / "passkey.jsonl"

@@ -173,6 +173,13 @@ def test_the_passkey_corpus_plants_one_key_twice_in_every_document(tmp_path: Pat
         assert 5 <= len(re.sub(r"the pass key is \d\.", "", text).split()) <= 20
     keys = {re.search(r"is (\d)\.", json.loads(line)["text"]).group(1) for line in lines}
     assert len(keys) > 3  # keys drawn, not one
+    script = str(REPO / "scripts/passkey_corpus.py")
+    missing = run_python([script, "--filler", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")])
+    too_few = run_python([script, "--filler", str(tmp_path / "filler"), "--out", str(tmp_path / "y"),
+                          "--words", "5", "500"])  # fmt: skip
+    for bad, message in [(missing, "no such file or folder"), (too_few, "2000 words, too few")]:
+        assert bad.returncode == 2 and message in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
 class CopyingMLM(torch.nn.Module):
