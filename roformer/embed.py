@@ -23,7 +23,7 @@ import torch
 
 from roformer.data.tokenizer import check_fits, jieba_presegmenter, load_tokenizer, segmentation, word_vocabulary
 from roformer.errors import UserError
-from roformer.files import atomic_write, check_output_file, read_json, stop_on_write_failure
+from roformer.files import atomic_write, check_output_file, read_json
 from roformer.logs import quiet_loggers
 from roformer.model.config import POOLINGS, ModelConfig
 from roformer.model.model import Backbone, Model
@@ -284,7 +284,7 @@ def check_vectors_path(path: str | Path, overwrite: bool) -> Path:
 def write_vectors(path: str | Path, vectors: np.ndarray) -> None:
     """Write the (N, C) vectors all or nothing: .npy (numpy.load) or .safetensors (one tensor, `embeddings`).
 
-    The file's folder is made if missing (`check_vectors_path` has checked that it can be, before the work).
+    The file's folder is made if missing (by `atomic_write`; `check_vectors_path` has checked that it can be).
 
     Raises:
         WriteFailed: the disk is full or read-only (exit code 74), naming `path`.
@@ -293,8 +293,6 @@ def write_vectors(path: str | Path, vectors: np.ndarray) -> None:
     """
     path = Path(path)
     try:
-        with stop_on_write_failure(path):
-            path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, vector_writer(path, vectors))
     except OSError as e:
         reason = e.strerror or str(e)

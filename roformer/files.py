@@ -110,19 +110,32 @@ def staged_output_dir(
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
     """Call `write(tmp)` on a temporary sibling of `path`, then rename it over `path` (all or nothing).
 
+    The file's folder is made if it is missing: every command that takes `--out FILE` writes through here after its
+    work, so a new folder must not cost the work (`check_output_file` has checked before it that it can be made).
+
     Raises:
         WriteFailed: the write failed (disk full, read-only, no permission), naming `path`; `path` is as it was.
-        UserError: `path` cannot be replaced by a file (a folder is there), naming it; nothing is left behind.
+        UserError: `path` cannot be replaced by a file (a folder is there, or a file where its folder goes), naming
+            it; nothing is left behind.
     """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with stop_on_write_failure(path):
+            _make_folder(path)
             write(tmp)
             _replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _make_folder(path: Path) -> None:
+    """The folder `path` is written in, made if missing; a file in its way is the user's to move (exit 2)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:
+        raise UserError(f"{path}: cannot make its folder ({e.strerror}: {e.filename})") from None
 
 
 def _replace(tmp: Path, path: Path) -> None:
