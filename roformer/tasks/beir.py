@@ -6,15 +6,18 @@ The folder (`data.beir_dir`) holds, as BEIR (Thakur et al. 2021) and MTEB distri
     queries.jsonl       {"_id": ..., "text": ...} per query
     qrels/train.tsv     query-id <tab> corpus-id <tab> score, after a header line; also dev.tsv and test.tsv
 
-A judgment with score > 0 marks a relevant document (graded scores count as relevant, as sentence-transformers'
-evaluator reads them); a score of 0 marks a judged non-relevant one (the retrieval type's hard negatives). A document
+A judgment with score > 0 marks a relevant document of that grade (graded nDCG reads the grade, the other metrics only
+that it is relevant); a score of 0 or below marks a judged non-relevant one (the retrieval type's hard negatives). A document
 is read as its title and text joined by a space, as sentence-transformers' BEIR examples do. Every problem is an error
-naming the file and line: a missing file, a line that is not JSON, an id given twice, a judgment of an unknown query
-or document, a score that is not an integer.
+naming the file and line: a missing file, a line that is not JSON, an id that is not a string or an integer, an id
+given twice, a judgment of an unknown query or document, a score that is not an integer, the same query and document
+judged twice (pytrec_eval and sentence-transformers key judgments by both), a test split that judges nothing relevant.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from roformer.errors import UserError
 from roformer.tasks.records import read_text
 
 SPLITS = ("train", "dev", "test")
+INTEGER = re.compile(r"-?[0-9]+")  # ASCII digits only: str.isdigit also takes "²", which int() refuses
 QRELS_HEADER = ("query-id", "corpus-id", "score")
 
 
@@ -40,9 +44,9 @@ class Beir:
     queries: dict[str, str]
     qrels: dict[str, dict[str, dict[str, int]]]
 
-    def relevant(self, split: str, query: str) -> set[str]:
-        """The documents judged relevant (score > 0) to `query` in `split`."""
-        return {doc for doc, score in self.qrels[split][query].items() if score > 0}
+    def relevant(self, split: str, query: str) -> dict[str, int]:
+        """The documents judged relevant (score > 0) to `query` in `split`, with their grades."""
+        return {doc: score for doc, score in self.qrels[split][query].items() if score > 0}
 
     def judged_queries(self, split: str) -> list[str]:
         """The queries of `split` with at least one relevant document, in qrels order (the ones scored)."""
@@ -73,6 +77,8 @@ def _records(path: Path, document: bool) -> dict[str, str]:
         where = f"{path}:{number}"
         if not isinstance(record, dict) or "_id" not in record or not isinstance(record.get("text"), str):
             raise UserError(f"{where}: expected an object with `_id` and a `text` string")
+        if isinstance(record["_id"], bool) or not isinstance(record["_id"], (str, int)):
+            raise UserError(f"{where}: `_id` must be a string or an integer, got {json.dumps(record['_id'])}")
         key = str(record["_id"])
         if not key or any(c.isspace() for c in key):  # a TREC run file's columns are separated by whitespace
             raise UserError(f"{where}: id {key!r} is empty or holds whitespace")
@@ -103,7 +109,12 @@ def _qrels(path: Path, queries: dict[str, str], corpus: dict[str, str]) -> dict[
             raise UserError(f"{where}: query {query!r} is not in queries.jsonl")
         if doc not in corpus:
             raise UserError(f"{where}: document {doc!r} is not in corpus.jsonl")
-        if not score.lstrip("-").isdigit():
+        if not INTEGER.fullmatch(score):
             raise UserError(f"{where}: score {score!r} is not an integer")
-        out.setdefault(query, {})[doc] = int(score)
+        judged = out.setdefault(query, {})
+        if doc in judged:
+            raise UserError(f"{where}: query {query!r} and document {doc!r} are judged twice in this file")
+        judged[doc] = int(score)
+    if path.name == "test.tsv" and not any(score > 0 for judged in out.values() for score in judged.values()):
+        raise UserError(f"{path}: judges no document relevant (every score is 0 or below), so no query can be scored")
     return out

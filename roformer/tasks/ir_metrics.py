@@ -1,30 +1,34 @@
-"""A corpus ranked by cosine, and retrieval metrics as sentence-transformers' InformationRetrievalEvaluator has them.
+"""A corpus ranked by cosine, and retrieval metrics as BEIR, MTEB and sentence-transformers compute them.
 
 `rank_by_cosine` orders every document for each query by the cosine of their vectors (normalised, then one matrix
 product in float32, as `sentence_transformers.util.cos_sim`), equal scores by ascending document id as text (the
-evaluator's total order, so `d10` comes before `d9`). `ranking_metrics` scores rankings against binary relevance (a
-qrels score above 0 is relevant; graded scores count as 1, as the evaluator reads them):
+evaluator's total order, so `d10` comes before `d9`). `ranking_metrics` scores rankings against a query's judged
+relevant documents (a qrels score above 0) and their grades:
 
-- nDCG@k: sum over the top k of rel_i / log2(i + 2), over the same sum of an ideal ranking of the relevant documents;
+- nDCG@k (`ndcg@k`): graded, as BEIR and MTEB report it through pytrec_eval (trec_eval's `ndcg_cut`): the sum over
+  the top k of grade_i / log2(i + 2), over the same sum of the ideal ranking (the judged grades, highest first);
+- nDCG@k with binary relevance (`ndcg_binary@k`): every relevant document's grade read as 1, as sentence-transformers'
+  InformationRetrievalEvaluator computes it; the two are equal on binary qrels;
 - MRR@k: 1 / rank of the first relevant document in the top k (0 if none);
 - Recall@k: relevant documents in the top k / relevant documents;
 - MAP@k: the mean of precision at each relevant document's rank in the top k, over min(k, relevant documents);
 - Accuracy@k: whether any relevant document is in the top k.
 
-Each is averaged over the queries that have a relevant document (tests/unit/test_retrieval.py checks them against the
-evaluator's own output on the same vectors: scripts/ir_metrics_golden.py).
+Each is averaged over the queries that have a relevant document. tests/unit/test_retrieval.py checks them against the
+evaluator's own output on the same vectors (scripts/ir_metrics_golden.py) and graded nDCG against pytrec_eval's on
+graded judgments (scripts/ndcg_golden.py).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-METRICS = ("ndcg@10", "mrr@10", "recall@1", "recall@10", "recall@100", "map@100", "accuracy@1", "accuracy@10")
+METRICS = ("ndcg@10", "ndcg_binary@10", "mrr@10", "recall@1", "recall@10", "recall@100", "map@100", "accuracy@1", "accuracy@10")
 DEFAULT_METRICS = ("ndcg@10",)  # BEIR's and MTEB's headline number
 DEPTH = 100  # documents ranked per query: Recall@100 and the TREC run files
 
@@ -57,13 +61,14 @@ def rank_by_cosine(
 
 
 def ranking_metrics(
-    rankings: Sequence[Sequence[str]], relevant: Sequence[set[str]], names: Sequence[str]
+    rankings: Sequence[Sequence[str]], relevant: Sequence[Mapping[str, int]], names: Sequence[str]
 ) -> dict[str, float]:
-    """The named metrics (`ndcg@10`, `mrr@10`, `recall@100`, `map@100`, `accuracy@1`, ...) averaged over queries.
+    """The named metrics (`ndcg@10`, `ndcg_binary@10`, `mrr@10`, `recall@100`, ...) averaged over queries.
 
     Args:
         rankings: Each query's ranked document ids, best first.
-        relevant: Each query's relevant document ids (a query without any is left out of every mean).
+        relevant: Each query's relevant documents and their grades (> 0); a query without any is left out of every
+            mean.
         names: Metric names, `<metric>@<k>`.
     """
     judged = [(ranked, gold) for ranked, gold in zip(rankings, relevant, strict=True) if gold]
@@ -75,21 +80,28 @@ def ranking_metrics(
     return out
 
 
-def _ndcg(top: list[str], gold: set[str], k: int) -> float:
-    dcg = sum(1 / math.log2(i + 2) for i, doc in enumerate(top) if doc in gold)
-    ideal = sum(1 / math.log2(i + 2) for i in range(min(len(gold), k)))
-    return dcg / ideal
+def _dcg(grades: Iterable[float]) -> float:
+    return sum(grade / math.log2(i + 2) for i, grade in enumerate(grades))
 
 
-def _mrr(top: list[str], gold: set[str], k: int) -> float:
+def _ndcg(top: list[str], gold: Mapping[str, int], k: int) -> float:
+    ideal = sorted(gold.values(), reverse=True)[:k]
+    return _dcg(gold.get(doc, 0) for doc in top) / _dcg(ideal)
+
+
+def _ndcg_binary(top: list[str], gold: Mapping[str, int], k: int) -> float:
+    return _ndcg(top, dict.fromkeys(gold, 1), k)
+
+
+def _mrr(top: list[str], gold: Mapping[str, int], k: int) -> float:
     return next((1 / (i + 1) for i, doc in enumerate(top) if doc in gold), 0.0)
 
 
-def _recall(top: list[str], gold: set[str], k: int) -> float:
+def _recall(top: list[str], gold: Mapping[str, int], k: int) -> float:
     return sum(doc in gold for doc in top) / len(gold)
 
 
-def _map(top: list[str], gold: set[str], k: int) -> float:
+def _map(top: list[str], gold: Mapping[str, int], k: int) -> float:
     hits, total = 0, 0.0
     for i, doc in enumerate(top):
         if doc in gold:
@@ -98,8 +110,8 @@ def _map(top: list[str], gold: set[str], k: int) -> float:
     return total / min(k, len(gold))
 
 
-def _accuracy(top: list[str], gold: set[str], k: int) -> float:
+def _accuracy(top: list[str], gold: Mapping[str, int], k: int) -> float:
     return float(any(doc in gold for doc in top))
 
 
-_METRIC = {"ndcg": _ndcg, "mrr": _mrr, "recall": _recall, "map": _map, "accuracy": _accuracy}
+_METRIC = {"ndcg": _ndcg, "ndcg_binary": _ndcg_binary, "mrr": _mrr, "recall": _recall, "map": _map, "accuracy": _accuracy}

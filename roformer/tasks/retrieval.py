@@ -20,6 +20,7 @@ reads, with its pooling in `best/sentence.json`.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 
 RUN_FILE = "{split}.trec"
 RUN_TAG = "roformer"  # the TREC run file's last column
+RANK = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit also takes "²", which int() refuses
 TRAIN_QUERIES = "train_queries"  # the training queries ranked (`rank_train`): judged by qrels/train.tsv
 
 
@@ -101,7 +103,7 @@ class RankingRows(TokenRows):
     ids: list[list[int]]
     query_ids: list[str]
     doc_ids: list[str]
-    relevant: list[set[str]]
+    relevant: list[dict[str, int]]
     labelled = True  # its queries have judgments: every split is scored
 
     def vectors(self, predictions: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -270,15 +272,24 @@ def read_run(path: Path, documents: dict[str, Any] | None = None) -> dict[str, l
     if not path.is_file():
         raise UserError(f"{path}: no TREC run file (a retrieval run's submission/ holds <split>.trec)")
     ranked: dict[str, list[tuple[int, str]]] = {}
+    first_line: dict[tuple[str, str], int] = {}
     for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
         if not line.strip():
             continue
         cells = line.split()
-        if len(cells) != 6 or not cells[3].isdigit():
-            raise UserError(f"{path}:{number}: expected `qid Q0 docid rank score tag`, got {line!r}")
-        if documents is not None and cells[2] not in documents:
-            raise UserError(f"{path}:{number}: document {cells[2]!r} is not in corpus.jsonl (a run of another corpus?)")
-        ranked.setdefault(cells[0], []).append((int(cells[3]), cells[2]))
+        where = f"{path}:{number}"
+        if len(cells) != 6 or not RANK.fullmatch(cells[3]):
+            raise UserError(f"{where}: expected `qid Q0 docid rank score tag`, got {line!r}")
+        query, doc = cells[0], cells[2]
+        if documents is not None and doc not in documents:
+            raise UserError(f"{where}: document {doc!r} is not in corpus.jsonl (a run of another corpus?)")
+        if (query, doc) in first_line:  # pytrec_eval and sentence-transformers key a run by query and document
+            raise UserError(
+                f"{where}: document {doc!r} is ranked twice for query {query!r} (first on line "
+                f"{first_line[query, doc]})"
+            )
+        first_line[query, doc] = number
+        ranked.setdefault(query, []).append((int(cells[3]), doc))
     return {query: [doc for _, doc in sorted(hits)] for query, hits in ranked.items()}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -27,10 +28,12 @@ def test_metrics_equal_sentence_transformers_information_retrieval_evaluator() -
     queries, corpus, qrels = GOLDEN["queries"], GOLDEN["corpus"], GOLDEN["qrels"]
     ranked = rank_by_cosine(torch.tensor(list(queries.values())), torch.tensor(list(corpus.values())), list(corpus))
     names = [n for n in GOLDEN["metrics"] if "@" in n and not n.startswith("precision")]
-    assert set(METRICS) <= set(names) | {"accuracy@1", "accuracy@10"}
-    ours = ranking_metrics([[d for d, _ in hits] for hits in ranked], [set(qrels[q]) for q in queries], names)
+    assert set(METRICS) <= set(names) | {"accuracy@1", "accuracy@10", "ndcg_binary@10"}
+    gold = [dict.fromkeys(qrels[q], 1) for q in queries]
+    ours = ranking_metrics([[d for d, _ in hits] for hits in ranked], gold, [*names, "ndcg_binary@10"])
     for name in names:
         assert ours[name] == pytest.approx(GOLDEN["metrics"][name], abs=1e-6), name
+    assert ours["ndcg_binary@10"] == pytest.approx(GOLDEN["metrics"]["ndcg@10"], abs=1e-6)  # the evaluator's reading
     first = [d for d, _ in ranked[0]]
     assert first.index("d10") + 1 == first.index("d9")  # a tie: ascending id as text, as the evaluator orders it
     chunked = rank_by_cosine(torch.tensor(list(queries.values())), torch.tensor(list(corpus.values())), list(corpus),
@@ -38,22 +41,64 @@ def test_metrics_equal_sentence_transformers_information_retrieval_evaluator() -
     assert [[d for d, _ in hits] for hits in chunked] == [[d for d, _ in hits] for hits in ranked]  # queries in chunks
 
 
+def test_graded_ndcg_equals_pytrec_eval_as_beir_reports_it() -> None:
+    """scripts/ndcg_golden.py: trec_eval's ndcg_cut_10 on graded judgments (grades 0-3), per query and the mean."""
+    golden = json.loads((REPO / "tests" / "golden" / "ndcg_graded.json").read_text())
+    queries = list(golden["rankings"])
+    gold = [{doc: grade for doc, grade in golden["qrels"][q].items() if grade > 0} for q in queries]
+    for query, relevant in zip(queries, gold):
+        ours = ranking_metrics([golden["rankings"][query]], [relevant], ["ndcg@10"])["ndcg@10"]
+        assert ours == pytest.approx(golden["ndcg_cut_10"][query], abs=1e-6), query
+    mean = ranking_metrics([golden["rankings"][q] for q in queries], gold, ["ndcg@10", "ndcg_binary@10"])
+    assert mean["ndcg@10"] == pytest.approx(golden["mean"], abs=1e-6)
+    assert abs(mean["ndcg_binary@10"] - golden["mean"]) > 0.01  # graded judgments: the binary reading is another number
+
+
+def test_graded_ndcg_equals_pytrec_eval_on_random_judgments() -> None:
+    """The live reference where pytrec_eval installs (the dev extra); the golden file above holds everywhere."""
+    pytrec_eval = pytest.importorskip("pytrec_eval")
+    rng = torch.Generator().manual_seed(3)
+    docs = [f"d{i}" for i in range(40)]
+    qrels, rankings = {}, {}
+    for q in range(30):
+        picked = torch.randperm(40, generator=rng)[:12].tolist()
+        grades = torch.randint(0, 4, (6,), generator=rng).tolist()
+        qrels[f"q{q}"] = {docs[i]: g for i, g in zip(picked[:6], grades)} | {docs[picked[0]]: 2}
+        rankings[f"q{q}"] = [docs[i] for i in picked[3:]]
+    run = {q: {doc: float(len(r) - i) for i, doc in enumerate(r)} for q, r in rankings.items()}
+    reference = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10"}).evaluate(run)
+    for q, ranked in rankings.items():
+        relevant = {doc: g for doc, g in qrels[q].items() if g > 0}
+        ours = ranking_metrics([ranked], [relevant], ["ndcg@10"])["ndcg@10"]
+        assert ours == pytest.approx(reference[q]["ndcg_cut_10"], abs=1e-6), q
+
+
 def test_metric_definitions_on_a_hand_ranking() -> None:
-    ranking, gold = [["a", "b", "c", "d"]], [{"b", "d", "z"}]
+    ranking, gold = [["a", "b", "c", "d"]], [{"b": 1, "d": 1, "z": 1}]
     out = ranking_metrics(ranking, gold, ["ndcg@10", "mrr@10", "recall@1", "recall@10", "map@100", "accuracy@1"])
     ideal = 1 + 1 / torch.log2(torch.tensor(3.0)).item() + 0.5
     dcg = 1 / torch.log2(torch.tensor(3.0)).item() + 1 / torch.log2(torch.tensor(5.0)).item()
     assert out["ndcg@10"] == pytest.approx(dcg / ideal)
     assert (out["mrr@10"], out["recall@1"], out["recall@10"], out["accuracy@1"]) == (0.5, 0.0, pytest.approx(2 / 3), 0)
     assert out["map@100"] == pytest.approx((1 / 2 + 2 / 4) / 3)
-    assert ranking_metrics([["a"], ["b"]], [{"a"}, set()], ["recall@1"]) == {"recall@1": 1.0}  # unjudged: left out
+    assert ranking_metrics([["a"], ["b"]], [{"a": 1}, {}], ["recall@1"]) == {"recall@1": 1.0}  # unjudged: left out
+
+
+def test_graded_and_binary_ndcg_on_a_hand_ranking() -> None:
+    ranking, gold = [["a", "b", "c"]], [{"b": 2, "c": 1}]
+    out = ranking_metrics(ranking, gold, ["ndcg@10", "ndcg_binary@10"])
+    log2 = [torch.log2(torch.tensor(float(i + 2))).item() for i in range(3)]
+    assert out["ndcg@10"] == pytest.approx((2 / log2[1] + 1 / log2[2]) / (2 / log2[0] + 1 / log2[1]))
+    assert out["ndcg_binary@10"] == pytest.approx((1 / log2[1] + 1 / log2[2]) / (1 / log2[0] + 1 / log2[1]))
+    binary = [{"b": 1, "c": 1}]  # on binary judgments the two are one number
+    assert ranking_metrics(ranking, binary, ["ndcg@10"])["ndcg@10"] == out["ndcg_binary@10"]
 
 
 def test_the_beir_reader_names_the_file_and_line_of_every_problem(tmp_path: Path) -> None:
     folder = small_beir(tmp_path / "beir")
     beir = read_beir(folder)
     assert len(beir.corpus) == 60 and set(beir.qrels) == {"train", "dev", "test"}
-    assert len(beir.judged_queries("train")) == 80 and beir.relevant("train", "q0") == {"d0"}
+    assert len(beir.judged_queries("train")) == 80 and beir.relevant("train", "q0") == {"d0": 1}
     qrels = folder / "qrels" / "dev.tsv"
     good = qrels.read_text()
     for bad, message in [
@@ -62,6 +107,9 @@ def test_the_beir_reader_names_the_file_and_line_of_every_problem(tmp_path: Path
         (good + "nope\td1\t1\n", r"dev.tsv:22: query 'nope' is not in queries.jsonl"),
         (good + "q80\td1\thigh\n", r"dev.tsv:22: score 'high' is not an integer"),
         (good + "q80\td1\n", r"dev.tsv:22: expected query-id, corpus-id and score"),
+        (good + "q80\td1\t--1\n", r"dev.tsv:22: score '--1' is not an integer"),
+        (good + "q80\td1\t\u00b2\n", r"dev.tsv:22: score '\u00b2' is not an integer"),
+        (good + "q80\td1\t1\nq80\td1\t2\n", r"dev.tsv:23: query 'q80' and document 'd1' are judged twice"),
     ]:
         qrels.write_text(bad)
         with pytest.raises(UserError, match=message):
@@ -71,6 +119,10 @@ def test_the_beir_reader_names_the_file_and_line_of_every_problem(tmp_path: Path
     corpus.write_text(corpus.read_text() + '{"_id": "d0", "text": "again"}\n')
     with pytest.raises(UserError, match=r"corpus.jsonl:61: id 'd0' is given twice"):
         read_beir(folder)
+    for bad_id in ("null", "true", "1.5", '["d0"]'):
+        corpus.write_text(f'{{"_id": {bad_id}, "text": "t"}}\n')
+        with pytest.raises(UserError, match=rf"corpus.jsonl:1: `_id` must be a string or an integer, got {re.escape(bad_id)}"):
+            read_beir(folder)
     corpus.write_text('{"_id": "d0"}\n')
     with pytest.raises(UserError, match=r"corpus.jsonl:1: expected an object with `_id` and a `text` string"):
         read_beir(folder)
@@ -92,9 +144,22 @@ def test_trec_run_files_round_trip(tmp_path: Path) -> None:
     write_run(path, ["q1", "q2"], [[("d2", 0.9), ("d1", 0.5)], [("d1", 0.7)]])
     assert path.read_text().splitlines()[0] == "q1 Q0 d2 1 0.900000 roformer"
     assert read_run(path) == {"q1": ["d2", "d1"], "q2": ["d1"]}
-    path.write_text("q1 Q0 d2 one 0.9 x\n")
-    with pytest.raises(UserError, match=r"dev.trec:1: expected `qid Q0 docid rank score tag`"):
+    for bad in ("q1 Q0 d2 one 0.9 x\n", "q1 Q0 d2 \u00b2 0.9 x\n", "q1 Q0 d2 -1 0.9 x\n"):
+        path.write_text(bad)
+        with pytest.raises(UserError, match=r"dev.trec:1: expected `qid Q0 docid rank score tag`"):
+            read_run(path)
+    path.write_text("q1 Q0 d2 1 0.9 x\nq2 Q0 d2 1 0.9 x\nq1 Q0 d2 2 0.8 x\n")  # a query's document listed twice
+    with pytest.raises(UserError, match=r"dev.trec:3: document 'd2' is ranked twice for query 'q1' \(first on line 1\)"):
         read_run(path)
+
+
+def test_a_test_split_that_judges_nothing_relevant_is_refused(tmp_path: Path) -> None:
+    folder = small_beir(tmp_path / "beir")
+    test = folder / "qrels" / "test.tsv"
+    lines = test.read_text().splitlines()
+    test.write_text("\n".join([lines[0], *(line.rsplit("\t", 1)[0] + "\t0" for line in lines[1:])]) + "\n")
+    with pytest.raises(UserError, match=r"test.tsv: judges no document relevant"):
+        read_beir(folder)
 
 
 def test_retrieval_configs_read_a_beir_folder_and_nothing_else(tmp_path: Path) -> None:
