@@ -22,9 +22,10 @@ import time
 
 import torch
 
+from roformer.model.attention import AttentionContext, SelfAttention
 from roformer.model.config import ModelConfig
-from roformer.model.layers import AttentionContext, SelfAttention
-from roformer.model.positions import RotaryEmbedding
+from roformer.model.plan import grid_kernel
+from roformer.model.rotary import RotaryEmbedding
 
 VARIANTS = {"softmax": ("softmax", 0.0), "softmax-dropout": ("softmax", 0.1), "linear": ("linear", 0.0)}
 
@@ -41,10 +42,11 @@ def child(variant: str, length: int, args: argparse.Namespace) -> dict[str, floa
     device = torch.device(args.device)
     layer = SelfAttention(config).to(device).train()
     rotary = RotaryEmbedding(config.head_size)
+    ctx = AttentionContext(rotary=rotary, kernel=grid_kernel(config, rotary))  # linear, or softmax by SDPA
     x = torch.randn(1, length, args.hidden, device=device, requires_grad=True)
 
     def step() -> None:
-        layer(x, AttentionContext(rotary=rotary)).sum().backward()
+        layer(x, ctx).sum().backward()
         if device.type == "cuda":
             torch.cuda.synchronize()
 

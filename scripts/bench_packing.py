@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 
 from roformer.config import load
+from roformer.model.attention import varlen_kernel_available
 from roformer.model.config import ModelConfig
 from roformer.model.flops import synchronize
-from roformer.model.layers import varlen_kernel_available
 from roformer.model.model import MaskedLM
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from roformer.model.config import ModelConfig
-from roformer.model.layers import KVCache
+from roformer.model.masks import KVCache
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from roformer.errors import CheckpointError
 from roformer.model.model import Model
-from roformer.model.positions import RotaryEmbedding
+from roformer.model.rotary import RotaryEmbedding
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 ONNX_FILE = "model.onnx"

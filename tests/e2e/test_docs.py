@@ -146,7 +146,7 @@ def roformer_names(code: str, modules: dict[str, str]) -> set[str]:
     """The dotted roformer names a python block uses, found in its syntax tree: nothing is run.
 
     `from roformer.x import A` uses `roformer.x.A`; `import roformer.x` uses `roformer.x`; an attribute chain on a
-    name bound to a roformer module (`roformer.CausalLM`, `roformer.model.layers.KVCache`) uses the whole chain.
+    name bound to a roformer module (`roformer.CausalLM`, `roformer.model.masks.KVCache`) uses the whole chain.
     `modules` maps a local name to the module `import` bound it to; an earlier block of the page fills it (a page
     is one namespace), and `roformer` itself is always known.
     """

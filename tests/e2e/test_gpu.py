@@ -97,9 +97,9 @@ def test_flash_attention_accepts_a_pretraining_batch(encoding: str) -> None:
 def test_the_variable_length_kernel_equals_the_mask(encoding: str, layout: str) -> None:
     """torch's varlen flash kernel for packed documents (4 per row) and an unpadded batch (40% padding) against SDPA
     over the grid with the block-diagonal or padding mask: bf16 logits and gradients alike, and the kernel taken."""
-    import roformer.model.layers as layers
+    import roformer.model.attention as attention
 
-    if not layers.varlen_kernel_available(torch.device("cuda"), torch.bfloat16, 64):
+    if not attention.varlen_kernel_available(torch.device("cuda"), torch.bfloat16, 64):
         pytest.skip("torch's variable-length flash kernel does not run on this GPU (Ampere or newer, torch >= 2.9)")
     config = roformer.ModelConfig(
         vocab_size=1000, hidden_size=256, num_layers=2, num_heads=4, intermediate_size=512, hidden_dropout=0.0,
@@ -116,8 +116,8 @@ def test_the_variable_length_kernel_equals_the_mask(encoding: str, layout: str) 
         lengths = torch.randint(100, 512, (8,), device="cuda")
         batch["attention_mask"] = (torch.arange(512, device="cuda") < lengths[:, None]).long()
     keep = batch.get("attention_mask", torch.ones_like(ids)).bool()
-    results, calls, kernel = [], [], layers.varlen_kernel
-    layers.varlen_kernel = lambda *args: calls.append(1) or kernel(*args)
+    results, calls, kernel = [], [], attention.varlen_kernel
+    attention.varlen_kernel = lambda *args: calls.append(1) or kernel(*args)
     try:
         for varlen in (True, False):
             model.set_varlen_attention(varlen)
@@ -129,7 +129,7 @@ def test_the_variable_length_kernel_equals_the_mask(encoding: str, layout: str) 
                 (logits.detach(), [p.grad.float().clone() for p in model.parameters() if p.grad is not None])
             )
     finally:
-        layers.varlen_kernel = kernel
+        attention.varlen_kernel = kernel
     assert len(calls) == config.num_layers
     torch.testing.assert_close(results[0][0], results[1][0], rtol=2e-2, atol=2e-2)
     for varlen_grad, mask_grad in zip(results[0][1], results[1][1], strict=True):

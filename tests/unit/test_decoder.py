@@ -13,7 +13,8 @@ from torch.testing import assert_close
 
 import roformer
 from roformer.model.generation import Sampling, choose_next
-from roformer.model.layers import KVCache, RMSNorm, self_attention_mask
+from roformer.model.layers import RMSNorm
+from roformer.model.masks import KVCache, self_attention_mask
 from roformer.model.model import CausalLM
 
 HF_CAUSAL = {"roformer": transformers.RoFormerForCausalLM, "bert": transformers.BertLMHeadModel}

@@ -10,7 +10,7 @@ from torch.testing import assert_close
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import roformer
-from roformer.model.layers import LINEAR_ATTENTION_EPS, linear_attention
+from roformer.model.attention import LINEAR_ATTENTION_EPS, linear_attention
 from roformer.model.positions import RotaryEmbedding
 
 

@@ -14,7 +14,7 @@ import roformer
 from roformer.data import masking
 from roformer.errors import CheckpointError
 from roformer.model.config import RELATIVE_ENCODINGS, position_fields
-from roformer.model.layers import KVCache
+from roformer.model.masks import KVCache
 from roformer.model.model import IGNORE_INDEX
 from roformer.model.positions import attention_positions
 

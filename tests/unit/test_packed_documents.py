@@ -10,7 +10,7 @@ import torch
 from helpers import TINY_MODEL
 
 from roformer.model.config import ModelConfig
-from roformer.model.layers import document_positions
+from roformer.model.layouts import document_positions
 from roformer.model.model import Backbone, MaskedLM, MultipleChoice
 
 ENCODINGS = ["rotary", "sinusoidal", "learned", "shaw", "t5_bias", "alibi", "none"]
@@ -77,7 +77,7 @@ def test_positions_restart_in_every_document_and_a_cache_is_refused() -> None:
     document_ids = torch.tensor([[7, 7, 7, 3, 3, 9, 9, 9, 9], [1, 1, 1, 1, 1, 1, 1, 1, 1]])
     expected = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3], list(range(9))])
     assert torch.equal(document_positions(document_ids), expected)
-    from roformer.model.layers import KVCache
+    from roformer.model.masks import KVCache
 
     model = model_of("rotary", "softmax")
     with pytest.raises(ValueError, match="document_ids cannot be combined with a cache"):

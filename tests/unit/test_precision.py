@@ -6,7 +6,7 @@ import torch
 from helpers import padded_batch, tiny_config
 
 import roformer
-from roformer.model.positions import RotaryEmbedding, rotary_angles
+from roformer.model.rotary import RotaryEmbedding, rotary_angles
 
 
 def test_layernorm_and_loss_stay_float32_under_bf16_autocast() -> None:
@@ -48,7 +48,7 @@ def test_rotary_scores_at_long_positions_match_float32_under_bf16() -> None:
     assert (ours - reference).abs().max() < 0.1  # bf16 rounding of q and k only
     angles = rotary_angles(positions, head).to(torch.bfloat16).double()  # the bug class: angles rounded to bf16
     bad_rotations = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
-    from roformer.model.positions import apply_rotary
+    from roformer.model.rotary import apply_rotary
 
     bad = scores(apply_rotary(q, bad_rotations), apply_rotary(k, bad_rotations))
     assert (bad - reference).abs().max() > 10 * (ours - reference).abs().max()

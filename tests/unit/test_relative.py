@@ -15,10 +15,10 @@ from helpers import RELATIVE, assert_checkpointing_changes_nothing, padded_batch
 from torch.testing import assert_close
 
 import roformer
+from roformer.model.attention import AttentionContext
 from roformer.model.config import PositionEncoding
-from roformer.model.layers import AttentionContext
 from roformer.model.model import CausalLM
-from roformer.model.positions import ShawEmbeddings, alibi_slopes, relative_distances, t5_buckets
+from roformer.model.relative import ShawEmbeddings, alibi_slopes, relative_distances, t5_buckets
 
 
 @pytest.mark.parametrize("bidirectional", [True, False])
@@ -105,7 +105,7 @@ def test_shaw_attention_is_the_papers_equation_in_float64(values: bool) -> None:
     layer = model.layers[0].attn
     shaw = model.shaw.for_layers(relative_distances(torch.arange(T), torch.arange(T)), 1 - T, T - 1)
     with torch.no_grad():
-        got = layer(x, AttentionContext(mask.bool()[:, None, None, :], shaw=shaw))
+        got = layer(x, AttentionContext(mask.bool()[:, None, None, :], shaw=shaw, kernel="biased"))
         for b in range(2):
             keys = model.shaw.keys[0].weight
             value_table = model.shaw.values[0].weight if values else None
@@ -165,7 +165,7 @@ def test_cached_decoding_equals_recomputing(encoding: str) -> None:
     torch.manual_seed(0)
     model = CausalLM(short_range(encoding)).eval()
     ids = torch.randint(1, 101, (2, 20), generator=torch.Generator().manual_seed(2))
-    cache = roformer.model.layers.KVCache(capacity=4)
+    cache = roformer.model.masks.KVCache(capacity=4)
     with torch.no_grad():
         pieces = [model(ids[:, i : i + 3], cache=cache).logits for i in range(0, 20, 3)]
         assert_close(torch.cat(pieces, dim=1), model(ids).logits)
@@ -220,7 +220,7 @@ def test_shaw_values_on_a_row_of_padding_only_is_finite() -> None:
     keep[1] = False  # no key at all
     layer = backbone.layers[0].attn
     shaw = backbone.shaw.for_layers(relative_distances(torch.arange(T), torch.arange(T)), 1 - T, T - 1)
-    y = layer(x, AttentionContext(keep[:, None, None, :], shaw=shaw))  # (B, T, C)
+    y = layer(x, AttentionContext(keep[:, None, None, :], shaw=shaw, kernel="biased"))  # (B, T, C)
     assert_close(y[1], layer.proj.bias.expand(T, -1))  # attention gives 0, projected
     y.sum().backward()
     assert x.grad.isfinite().all()
@@ -246,7 +246,7 @@ def test_a_row_of_padding_only_attends_as_if_unpadded_and_changes_no_other_row(e
 
 def test_an_unpadded_causal_mask_is_not_per_row() -> None:
     """A bias is added to it: a (1, 1, T, T) mask keeps the (1, H, T, T) bias from growing B times."""
-    from roformer.model.layers import self_attention_mask
+    from roformer.model.masks import self_attention_mask
 
     mask, shortcut = self_attention_mask("causal", None, None, None, (5, 7), torch.device("cpu"), False)
     assert not shortcut and mask.shape == (1, 1, 7, 7) and torch.equal(mask[0, 0], torch.ones(7, 7).tril().bool())

@@ -18,7 +18,7 @@ from transformers.modeling_rope_utils import (
 import roformer
 from roformer.errors import CheckpointError, ConfigError
 from roformer.model.config import ModelConfig, RopeScaling
-from roformer.model.positions import RotaryEmbedding, rotary_frequencies
+from roformer.model.rotary import RotaryEmbedding, rotary_frequencies
 
 HEAD = 64
 

@@ -11,7 +11,8 @@ from torch.testing import assert_close
 
 import roformer
 from roformer.model.model import rotary_permutation
-from roformer.model.positions import RotaryEmbedding, SinusoidalPositions, apply_rotary
+from roformer.model.positions import SinusoidalPositions
+from roformer.model.rotary import RotaryEmbedding, apply_rotary
 
 
 def rotate_at(x: torch.Tensor, positions: list[int], layout: str = "interleaved") -> torch.Tensor:
@@ -121,7 +122,7 @@ def test_apply_rotary_half_layout_matches_neox_formula() -> None:
 
 def test_compiled_rotary_matches_eager(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under torch.compile the rotation takes a real-arithmetic path; it must equal the complex one in both layouts."""
-    from roformer.model.positions import RotaryEmbedding
+    from roformer.model.rotary import RotaryEmbedding
 
     for layout in ("interleaved", "half"):
         rotary = RotaryEmbedding(16, layout=layout)
@@ -185,7 +186,7 @@ def test_fused_rotation_equals_the_unfused_one_forward_and_backward(
 
 
 def test_fused_rotation_passes_gradcheck_and_leaves_unused_slices_at_zero() -> None:
-    from roformer.model.positions import RotateLeading
+    from roformer.model.rotary import RotateLeading
 
     rotary = RotaryEmbedding(8)
     x = torch.randn(2, 5, 3, 2, 8, dtype=torch.float64, requires_grad=True)
@@ -219,7 +220,7 @@ def test_a_rotary_model_trains_the_same_with_the_fused_and_the_real_rotation(
         loss.backward()
         return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
-    from roformer.model.positions import RotateLeading
+    from roformer.model.rotary import RotateLeading
 
     calls, fused = [], RotateLeading.apply
     monkeypatch.setattr(RotateLeading, "apply", lambda *args: calls.append(args) or fused(*args))

@@ -12,7 +12,7 @@ from helpers import TINY_MODEL
 from roformer.errors import ConfigError
 from roformer.model.config import ModelConfig, RopeScaling
 from roformer.model.model import Backbone
-from roformer.model.positions import GroupedRotation, RotaryEmbedding
+from roformer.model.rotary import GroupedRotation, RotaryEmbedding
 from roformer.study.length_eval import default_factor, parse_rope_scalings
 
 

@@ -12,7 +12,9 @@ from helpers import assert_checkpointing_changes_nothing, padded_batch, short_ra
 from torch.testing import assert_close
 
 import roformer
-from roformer.model.layers import RealTokens, dropout, dropout_mask, softmax_attention
+from roformer.model.attention import softmax_attention
+from roformer.model.dropout import dropout, dropout_mask
+from roformer.model.layouts import RealTokens
 from roformer.model.model import ARCHITECTURES, IGNORE_INDEX
 from roformer.train.config import TrainConfig
 
@@ -224,11 +226,11 @@ def test_cpu_attention_with_dropout_is_sdpa_with_the_same_mask(mask_kind: str, m
     }[mask_kind]
     causal = mask_kind == "causal"
     keep_all = torch.zeros(2, 3, 5, 5, dtype=torch.bool)
-    monkeypatch.setattr("roformer.model.layers.dropout_mask", lambda x, p: (keep_all, 1.0))
+    monkeypatch.setattr("roformer.model.attention.dropout_mask", lambda x, p: (keep_all, 1.0))
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     assert_close(softmax_attention(q, k, v, mask, 0.1, causal), expected)
     drop = torch.rand(2, 3, 5, 5) < 0.3
-    monkeypatch.setattr("roformer.model.layers.dropout_mask", lambda x, p: (drop, 1 / 0.7))
+    monkeypatch.setattr("roformer.model.attention.dropout_mask", lambda x, p: (drop, 1 / 0.7))
     logits = q @ k.transpose(-1, -2) / 2.0
     if mask_kind == "bool":
         logits = logits.masked_fill(~mask, float("-inf"))

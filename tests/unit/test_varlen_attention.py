@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from helpers import TINY_MODEL, padded_batch
 
-import roformer.model.layers as layers
-import roformer.model.model as model_module
+import roformer.model.attention as attention
+import roformer.model.plan as plan
 from roformer.data.masking import masked_positions
 from roformer.model.config import ModelConfig, RopeScaling
-from roformer.model.layers import Segments
+from roformer.model.layouts import Segments
 from roformer.model.model import MaskedLM
 
 VARLEN_ENCODINGS = ["rotary", "sinusoidal", "learned", "none"]
@@ -44,8 +44,8 @@ def reference_kernel(calls: list) -> Callable:
 def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list:
     """The reference kernel in place of torch's, available on this CPU; the list of its calls."""
     calls: list = []
-    monkeypatch.setattr(model_module, "varlen_kernel_available", lambda device, dtype, head_size: True)
-    monkeypatch.setattr(layers, "varlen_kernel", reference_kernel(calls))
+    monkeypatch.setattr(plan, "varlen_kernel_available", lambda device, dtype, head_size: True)
+    monkeypatch.setattr(attention, "varlen_kernel", reference_kernel(calls))
     return calls
 
 
@@ -166,10 +166,11 @@ def test_the_kernel_is_not_taken_for_full_rows_padding_kept_or_a_split_document(
 
 
 def test_torch_kernel_is_available_only_on_cuda_in_half_precision_for_flash_head_sizes() -> None:
-    assert not layers.varlen_kernel_available(torch.device("cpu"), torch.bfloat16, 64)
-    assert not layers.varlen_kernel_available(torch.device("cuda"), torch.float32, 64)
-    assert not layers.varlen_kernel_available(torch.device("cuda"), torch.bfloat16, 26)  # 312 / 12: not a multiple of 8
-    assert not layers.varlen_kernel_available(torch.device("cuda"), torch.bfloat16, 512)
+    available = attention.varlen_kernel_available
+    assert not available(torch.device("cpu"), torch.bfloat16, 64)
+    assert not available(torch.device("cuda"), torch.float32, 64)
+    assert not available(torch.device("cuda"), torch.bfloat16, 26)  # 312 / 12: not a multiple of 8
+    assert not available(torch.device("cuda"), torch.bfloat16, 512)
 
 
 def test_a_batch_of_padding_alone_keeps_the_mask(kernel_calls: list) -> None:
@@ -186,11 +187,11 @@ def test_the_kernel_path_builds_no_mask_and_gathers_the_rotations_once(
 ) -> None:
     """No (B, T, T) mask beside the kernel (unless the masked-only last block reads it), and the rotations at the
     tokens' positions gathered once a forward, not once a layer (a host sync each)."""
-    from roformer.model.positions import RotaryEmbedding
+    from roformer.model.rotary import RotaryEmbedding
 
     masks, gathers = [], []
-    mask_of, rotations_at = model_module.self_attention_mask, RotaryEmbedding.rotations_at
-    monkeypatch.setattr(model_module, "self_attention_mask", lambda *a, **k: masks.append(1) or mask_of(*a, **k))
+    mask_of, rotations_at = plan.self_attention_mask, RotaryEmbedding.rotations_at
+    monkeypatch.setattr(plan, "self_attention_mask", lambda *a, **k: masks.append(1) or mask_of(*a, **k))
     monkeypatch.setattr(RotaryEmbedding, "rotations_at", lambda self, p: gathers.append(1) or rotations_at(self, p))
     model = model_of("rotary")
     model.set_unpadding(True)

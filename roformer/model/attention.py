@@ -1,0 +1,377 @@
+"""Attention: what a forward gives every layer (ForwardInputs, AttentionContext), the kernels, and the layer.
+
+`SelfAttention.forward` is the projection, the rotation, the kernel the forward plan chose and the output
+projection; it asks nothing about the model or the position encoding. The kernels are the entries of one table,
+`ATTENTION_KERNELS`, by name:
+
+    sdpa      softmax over the (B, T) grid with the context's mask (bool, or T5's / ALiBi's bias folded into it)
+              and the decoder's KV cache: torch's SDPA, written out for dropout on CPU
+    biased    softmax with terms of each layer's own queries added to the logits (Shaw: q . a^K, and a^V)
+    grouped   softmax of SelfExtend's logits: q and k rotated at grouped positions beyond the neighbour window
+    linear    the paper's linear attention with RoPE in the numerator (eq. 19), O(T) memory
+    varlen    softmax within segments of real tokens (packed documents, unpadded rows) by torch's variable-length
+              flash kernel: no grid, no mask, no padding
+
+Which one runs, and on which layout of the tokens, is decided once per forward (`roformer.model.plan`).
+
+References:
+    Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding", arXiv 2104.09864 ("paper").
+    Katharopoulos et al. 2020 (linear attention); Shaw et al. 2018; Jin et al. 2024 (SelfExtend).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TypedDict
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from roformer.model.config import ModelConfig
+from roformer.model.dropout import cheaper_mask_applies, dropout, dropout_mask
+from roformer.model.layouts import QuerySubset, RealTokens, Segments
+from roformer.model.masks import KVCache
+from roformer.model.rotary import rotate_qkv
+from roformer.model.terms import Rotation, ShawTerms
+
+# ----------------------------------------------------------------------------------------------------------------
+# What a forward gives every layer
+
+
+class ForwardInputs(TypedDict, total=False):
+    """The optional inputs of one forward beside the ids, the attention mask, the token types and the labels.
+
+    Every head takes them as `**inputs: Unpack[ForwardInputs]` and hands them to the backbone unread; the forward
+    plan resolves them once (`roformer.model.plan`), and every layer's attention context carries them
+    (`AttentionContext.inputs`). A new per-forward input (a decoder's encoder states for cross-attention) is a key
+    here, not a parameter of every head.
+
+    Attributes:
+        position_ids: (B, T) every token's position; default 0..T-1, after the cached ones with a cache, from 0 in
+            every document with `document_ids`. A left-padded row then equals itself unpadded (HF RoFormer cannot
+            take them).
+        document_ids: (B, T) documents packed into rows: a token attends to its own document's tokens only (a
+            block-diagonal mask; linear attention sums per document) and positions restart at 0 in each, so that
+            every document's outputs are those of the document alone, for every position encoding. Not with a cache.
+        output_hidden_states: Also return the embedding output and every block's output, each (B, T, C).
+        cache: A decoder's `KVCache`: the new tokens' keys and values are added to it and the cached ones attended.
+    """
+
+    position_ids: Tensor | None
+    document_ids: Tensor | None
+    output_hidden_states: bool
+    cache: KVCache | None
+
+
+@dataclass
+class AttentionContext:
+    """What every layer's attention reads besides its input: built once per forward by the forward plan.
+
+    One object, not arguments threaded by hand through `Block.forward`, `SelfAttention.forward` and the checkpoint
+    call: a new per-forward input is a field here (or a key of `inputs`) and nowhere else. The cache is in it too,
+    not a buffer on each attention module as in litgpt: one `KVCache` holds every layer's keys and values along with
+    the per-slot padding, ranks and positions that the mask and the relative encodings read, so the layers keep no
+    state between calls and the same model serves a cached decode and a plain forward. `layer(i)` names the layer
+    whose cache and Shaw tables its attention uses.
+
+    Attributes:
+        mask: Over the S keys (cached ones first): (B, 1, 1 or T, S) bool, True = attend; or a float bias
+            (1 or B, H, T, S) added to the logits, -inf where not attended (T5 bias, ALiBi); or None. For a query
+            subset, its queries' rows (B, 1 or H, M, S).
+        causal: Attend to earlier positions only, by SDPA's own causal path (no cache, no mask).
+        rotary: Rotates (B, T, ..., D) by the new tokens' positions, or None. The kernels that place positions
+            themselves read it too (linear attention, SelfExtend's `GroupedRotation`).
+        shaw: Shaw et al.'s relative embeddings of a layer, by layer index, or None.
+        kernel: The attention kernel, a key of `ATTENTION_KERNELS`.
+        index: The layer this context is for.
+        tokens: The real tokens when the layers compute on them alone (`RealTokens`): inputs are (N, C), not
+            (B, T, C); or None.
+        segments: The segments the `varlen` kernel attends within (`Segments`): inputs are then the real tokens
+            (N, C) with `tokens` set, `rotary` rotates them at their positions (1, N), no mask; or None.
+        queries: The positions that alone are queries (`QuerySubset`): the input is the (B, T, C) grid, the output
+            theirs (N, C); or None.
+        documents: (B, T) each token's document in packed rows (`document_index`), which linear attention sums
+            over (softmax attention reads the block-diagonal `mask`); or None.
+        inputs: The forward's `ForwardInputs`, as the plan resolved them (the cache is read from here).
+    """
+
+    mask: Tensor | None = None
+    causal: bool = False
+    rotary: Rotation | None = None
+    shaw: Callable[[int], ShawTerms] | None = None
+    kernel: str = "sdpa"
+    index: int = 0
+    tokens: RealTokens | None = None
+    segments: Segments | None = None
+    queries: QuerySubset | None = None
+    documents: Tensor | None = None
+    inputs: ForwardInputs = field(default_factory=ForwardInputs)
+
+    @property
+    def cache(self) -> KVCache | None:
+        """The decoder's KV cache (the new keys and values are stored, all of them attended), or None."""
+        return self.inputs.get("cache")
+
+    def layer(self, index: int) -> AttentionContext:
+        """This context for layer `index`."""
+        return replace(self, index=index)
+
+    def keys_values(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """This layer's keys and values (B, H, S, D): the new ones (B, H, T, D) after the cached ones, if any."""
+        return (k, v) if self.cache is None else self.cache.update(self.index, k, v)
+
+    def shaw_terms(self) -> ShawTerms | None:
+        """This layer's Shaw terms, or None."""
+        return None if self.shaw is None else self.shaw(self.index)
+
+    def to_attention(self, qkv: Tensor, num_heads: int, head_size: int) -> Tensor:
+        """A layer's fused projection (B, T, 3C) or (N, 3C) in the layout attention reads: (B, T, 3, H, D).
+
+        Within segments the real tokens are one row, (1, N, 3, H, D); on the real tokens alone they are put back
+        into the grid first.
+        """
+        if self.segments is not None:
+            return qkv.view(1, qkv.shape[0], 3, num_heads, head_size)
+        if self.tokens is not None:
+            qkv = self.tokens.grid(qkv)  # (B, T, 3C)
+        return qkv.view(*qkv.shape[:2], 3, num_heads, head_size)
+
+    def queries_of(self, q: Tensor) -> Tensor:
+        """The queries a kernel attends with: q (B, T, H, D) itself, or the query subset's (B, M, H, D)."""
+        return q if self.queries is None else self.queries.grid(q)
+
+    def from_attention(self, y: Tensor) -> Tensor:
+        """A kernel's output (B, T, H, D) in the layout of the layer's input.
+
+        (B, T, C) over the grid; (N, C) for the real tokens, the segments' tokens or the query subset.
+        """
+        y = y.reshape(*y.shape[:2], -1)  # (B, T, C)
+        if self.queries is not None:
+            return self.queries.of_grid(y)
+        if self.segments is not None:
+            return y[0]
+        return y if self.tokens is None else self.tokens.take(y)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The kernels
+
+
+def softmax_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, causal: bool) -> Tensor:
+    """softmax(q k^T / sqrt(D) + mask) v: (B, H, T, D) q, (B, H, S, D) k and v -> (B, H, T, D).
+
+    Through SDPA, but for dropout on CPU: SDPA's CPU kernel then takes its math path anyway (logits, softmax, a
+    dropout mask from torch's slow per-element draw, then v), so the same math is written out here with `dropout`'s
+    cheaper mask.
+    """
+    if mask is not None and mask.is_floating_point() and mask.dtype != q.dtype:
+        mask = mask.to(q.dtype)  # SDPA takes a float mask in the query's dtype (autocast)
+    if dropout_p == 0.0 or not cheaper_mask_applies(q):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
+    logits = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-1, -2)  # (B, H, T, S)
+    if causal:  # SDPA's is_causal: query i sees keys 0..i (no cache here, so T == S)
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    if mask is not None:  # added in place: the product's backward needs q and k, not its output
+        logits.add_(
+            mask if mask.is_floating_point() else torch.zeros_like(mask, dtype=q.dtype).masked_fill(~mask, -math.inf)
+        )
+    # Every row has a key to see (a padding query sees itself: `self_attention_mask`), so no row is all -inf.
+    probs = logits.float().softmax(dim=-1).to(q.dtype)
+    drop, scale = dropout_mask(probs, dropout_p)
+    return (torch.where(drop, 0.0, probs) @ v) * scale  # scaled after the product: (B, H, T, D), not (B, H, T, S)
+
+
+def masked_softmax(logits: Tensor) -> Tensor:
+    """Softmax over the last dimension; a row with no key at all (every logit -inf) gets 0, not NaN.
+
+    As SDPA gives it, and without NaN gradients.
+    """
+    empty = logits.amax(dim=-1, keepdim=True) == float("-inf")  # (..., 1)
+    return logits.masked_fill(empty, 0.0).softmax(dim=-1).masked_fill(empty, 0.0)
+
+
+def grouped_attention(logits: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> Tensor:
+    """softmax(logits / sqrt(D) + mask) v for q.k `logits` (B, H, T, S) made elsewhere (SelfExtend): (B, H, T, D)."""
+    logits = logits.float() / math.sqrt(v.shape[-1])
+    if mask is not None:
+        logits = logits + mask if mask.is_floating_point() else logits.masked_fill(~mask, float("-inf"))
+    probs = dropout(masked_softmax(logits), dropout_p)  # float32
+    return (probs.to(v.dtype) @ v).to(v.dtype)
+
+
+def shaw_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, shaw: ShawTerms, dropout_p: float) -> Tensor:
+    """Softmax attention with Shaw et al.'s relative terms (eq. 3-5). (B, H, T, D) q, (B, H, S, D) k and v.
+
+    Keys only: q . a^K enters as an additive float mask, so SDPA still does the rest (its flash kernel cannot take
+    one; the memory-efficient one can). With values the probabilities themselves are needed, so it is written out.
+    """
+    bias = shaw.logits(q) / math.sqrt(q.shape[-1])  # (B, H, T, S) float32, scaled like q . k
+    if mask is not None:
+        bias = bias.masked_fill(~mask, float("-inf"))
+    if shaw.values is None:
+        return softmax_attention(q, k, v, bias, dropout_p, causal=False)
+    logits = (q @ k.transpose(-1, -2)).float() / math.sqrt(q.shape[-1]) + bias  # (B, H, T, S)
+    probs = dropout(masked_softmax(logits), dropout_p)  # float32
+    # summed per distance in float32: in bf16 a clipped distance's total over 512 keys is off by ~3%
+    return probs.to(q.dtype) @ v + shaw.value_terms(probs).to(q.dtype)
+
+
+LINEAR_ATTENTION_EPS = 1e-6  # as Katharopoulos et al.'s reference implementation: a denominator that underflows
+
+
+def linear_attention(
+    q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, rotary: Rotation | None, documents: Tensor | None = None
+) -> Tensor:
+    """Bidirectional linear attention with RoPE (paper sec. 3.3, eq. 19), O(T) memory: no T x T matrix.
+
+        out_m = sum_n (R_m phi(q_m))^T (R_n phi(k_n)) v_n / sum_n phi(q_m)^T phi(k_n),   phi = elu + 1
+
+    phi is the non-negative feature map of Katharopoulos et al. 2020 (the paper's reference). The rotation enters the
+    numerator only: rotated features can have negative inner products, and a denominator that may cross zero would
+    make the weights unbounded (paper, below eq. 19), so it keeps the unrotated, positive ones. Sums run in float32.
+
+    Args:
+        q: (B, T, H, D) queries.
+        k: (B, T, H, D) keys.
+        v: (B, T, H, D) values.
+        keep: (B, T) bool, True for real tokens (padded keys enter neither sum), or None.
+        rotary: The rotation, or None for the other position encodings (plain linear attention).
+        documents: (B, T) each token's document as 0..n-1 (`document_index`; -1 for padding) in packed rows: the
+            sums run over a query's own document, or None.
+
+    Returns:
+        (B, T, H, D) in the input dtype.
+    """
+    with torch.autocast(q.device.type, enabled=False):
+        phi_q, phi_k = F.elu(q.float()) + 1.0, F.elu(k.float()) + 1.0  # (B, T, H, D), > 0
+        if keep is not None:
+            phi_k = phi_k * keep[:, :, None, None]
+        rot_q, rot_k = rotary(torch.stack((phi_q, phi_k), dim=2)).unbind(2) if rotary is not None else (phi_q, phi_k)
+        if documents is None:
+            return _linear_sums(phi_q, phi_k, rot_q, rot_k, v.float()).to(q.dtype)
+        out = torch.zeros_like(v, dtype=torch.float32)
+        for d in range(int(documents.max()) + 1):  # each document's own sums: no query sees another's keys
+            mine = (documents == d)[:, :, None, None]  # (B, T, 1, 1)
+            sums = _linear_sums(phi_q, phi_k * mine, rot_q, rot_k * mine, v.float())
+            out = torch.where(mine, sums, out)
+        return out.to(q.dtype)
+
+
+def _linear_sums(phi_q: Tensor, phi_k: Tensor, rot_q: Tensor, rot_k: Tensor, v: Tensor) -> Tensor:
+    """Eq. 19 over the keys given (zeros elsewhere): (B, T, H, D) features and values -> (B, T, H, D) float32."""
+    kv = torch.einsum("bnhd,bnhe->bhde", rot_k, v)  # (B, H, D, D): sum_n R_n phi(k_n) v_n^T
+    numerator = torch.einsum("bmhd,bhde->bmhe", rot_q, kv)  # (B, T, H, D)
+    denominator = torch.einsum("bmhd,bhd->bmh", phi_q, phi_k.sum(dim=1))  # (B, T, H)
+    return numerator / (denominator[..., None] + LINEAR_ATTENTION_EPS)
+
+
+def varlen_kernel_available(device: torch.device, dtype: torch.dtype, head_size: int) -> bool:
+    """Whether torch's variable-length flash attention runs here.
+
+    CUDA on an Ampere or newer card, fp16 or bf16, a head size that is a multiple of 8 up to 256 (flash attention's
+    limits: SDPA would pad the head or take another kernel; the variable-length kernel raises instead), torch >= 2.9.
+    """
+    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16) or head_size % 8 or head_size > 256:
+        return False
+    if torch.cuda.get_device_capability(device) < (8, 0):
+        return False
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def varlen_kernel(q: Tensor, k: Tensor, v: Tensor, segments: Segments) -> Tensor:
+    """softmax(q k^T / sqrt(D)) v within each segment: (N, H, D) each -> (N, H, D), by flash attention."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn(q, k, v, segments.starts, segments.starts, segments.longest, segments.longest)
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """An entry of `ATTENTION_KERNELS`.
+
+    Attributes:
+        attend: (q, k, v, ctx, dropout_p) -> the output. q (B, T, H, D), or (B, M, H, D) for a query subset; k and v
+            (B, T, H, D), or all three (1, N, H, D) within segments; the output has q's shape.
+        rotated: q and k (and v with `rotary_value`) reach it rotated by position. False: it places the positions
+            itself, from `ctx.rotary` (linear attention on the feature maps of the numerator; SelfExtend's grouped
+            positions).
+    """
+
+    attend: Callable[[Tensor, Tensor, Tensor, AttentionContext, float], Tensor]
+    rotated: bool = True
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+    k, v = ctx.keys_values(k, v)  # (B, H, S, D)
+    return softmax_attention(q, k, v, ctx.mask, dropout_p, ctx.causal).transpose(1, 2)
+
+
+def _biased(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+    k, v = ctx.keys_values(k, v)  # (B, H, S, D)
+    return shaw_attention(q, k, v, ctx.mask, ctx.shaw_terms(), dropout_p).transpose(1, 2)
+
+
+def _grouped(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
+    # q and k unrotated: `GroupedRotation.logits` rotates them at the positions of each (query, key) pair
+    return grouped_attention(ctx.rotary.logits(q, k), v.transpose(1, 2), ctx.mask, dropout_p).transpose(1, 2)
+
+
+def _linear(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
+    # No attention dropout: there are no probabilities to drop (config: attention_dropout does not apply).
+    documents, mask = ctx.documents, ctx.mask  # (B, T) with -1 at padding, or None
+    keep = (documents >= 0) if documents is not None else None if mask is None else mask[:, 0, 0, :]  # (B, T)
+    return linear_attention(q, k, v, keep, ctx.rotary, documents)  # RoPE goes on the feature-mapped q and k
+
+
+def _varlen(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
+    # The plan takes this kernel only without attention dropout (in training): the flash kernel's own is not ours.
+    return varlen_kernel(q[0], k[0], v[0], ctx.segments)[None]  # q[0]: (N, H, D)
+
+
+ATTENTION_KERNELS: dict[str, AttentionKernel] = {
+    "sdpa": AttentionKernel(_sdpa),
+    "biased": AttentionKernel(_biased),
+    "grouped": AttentionKernel(_grouped, rotated=False),
+    "linear": AttentionKernel(_linear, rotated=False),
+    "varlen": AttentionKernel(_varlen),
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The layer
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with RoPE on q and k (and v if asked), by the kernel the forward plan chose."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.head_size = config.head_size
+        self.rotary_value = config.rotary_value
+        self.dropout = config.attention_dropout
+        # One fused projection: a single GEMM, and rotating q and k together is one kernel.
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.use_bias)
+        self.proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
+
+    def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:
+        """The new tokens' hidden states (B, T, C) -> (B, T, C), attending as `ctx` says (kernel, mask, positions).
+
+        On the real tokens alone (`ctx.tokens`), (N, C) -> (N, C); for a query subset, the grid (B, T, C) -> the
+        queries' (N, C).
+        """
+        kernel = ATTENTION_KERNELS[ctx.kernel]
+        qkv = ctx.to_attention(self.qkv(x), self.num_heads, self.head_size)  # (B, T, 3, H, D)
+        q, k, v = rotate_qkv(qkv, ctx.rotary if kernel.rotated else None, self.rotary_value)  # (B, T, H, D) each
+        dropout_p = self.dropout if self.training else 0.0
+        y = kernel.attend(ctx.queries_of(q), k, v, ctx, dropout_p)  # (B, T, H, D)
+        return self.proj(ctx.from_attention(y))

@@ -1,0 +1,176 @@
+"""Which keys each new token attends to: the decoder's KV cache and the boolean mask of every pattern.
+
+`self_attention_mask` builds the one mask a forward's attention over the (B, T) grid reads (padding, the attention
+pattern: bidirectional, causal or UniLM, and packed documents' block diagonal); `KVCache` is a decoder's memory of
+every earlier position's keys and values, with the per-slot padding, ranks and positions the mask and the relative
+encodings read.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class KVCache:
+    """A decoder's memory: the keys and values of every position seen so far, in every layer.
+
+    Generation then computes q, k and v for the new tokens only. Keys are stored rotated (a key's rotation depends on
+    its own position alone), so nothing is recomputed. Each layer's tensors are (B, H, capacity, D), allocated at
+    the first write and doubled when full; `length` slots are filled. Beside them, per slot: whether it is a real
+    token (the padding mask) and its attention rank (see `attention_ranks`), which later queries are masked by.
+    """
+
+    def __init__(self, capacity: int = 0) -> None:
+        self.capacity = capacity
+        self.length = 0
+        self.keys: list[Tensor] = []
+        self.values: list[Tensor] = []
+        self.keep: Tensor | None = None  # (B, capacity) bool: a real token
+        self.ranks: Tensor | None = None  # (B, capacity) long: attention rank
+        self.positions: Tensor | None = None  # (B, capacity) long: position (relative encodings read it)
+
+    def last_rank(self) -> Tensor | int:
+        """(B, 1) rank of the last filled slot (0 when empty)."""
+        return 0 if self.length == 0 or self.ranks is None else self.ranks[:, self.length - 1 : self.length]
+
+    def add_tokens(self, keep: Tensor, ranks: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Record T new slots ((B, T) padding mask and ranks); returns both for all slots so far, (B, S)."""
+        B, T = keep.shape
+        start, self.length = self.length, self.length + T
+        if self.keep is None or self.keep.shape[1] < self.length:
+            self.capacity = max(self.capacity, self.length, 2 * (0 if self.keep is None else self.keep.shape[1]))
+            self.keep = _grown(self.keep, (B, self.capacity), torch.bool, keep.device, dim=1)
+            self.ranks = _grown(self.ranks, (B, self.capacity), torch.long, keep.device, dim=1)
+        self.keep[:, start : self.length] = keep
+        if ranks is not None:
+            self.ranks[:, start : self.length] = ranks
+        return self.keep[:, : self.length], None if ranks is None else self.ranks[:, : self.length]
+
+    def add_positions(self, positions: Tensor) -> Tensor:
+        """Record the positions (B, T) of the slots just added (by `add_tokens`); returns those of all slots (B, S)."""
+        B, T = positions.shape
+        if self.positions is None or self.positions.shape[1] != self.capacity:
+            self.positions = _grown(self.positions, (B, self.capacity), torch.long, positions.device, dim=1)
+        self.positions[:, self.length - T : self.length] = positions
+        return self.positions[:, : self.length]
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write layer `layer`'s k, v (B, H, T, D) of the slots just added; returns those of all slots (B, H, S, D)."""
+        B, H, T, D = k.shape
+        if layer == len(self.keys):
+            self.keys.append(torch.empty(0, device=k.device, dtype=k.dtype))
+            self.values.append(torch.empty(0, device=k.device, dtype=k.dtype))
+        if self.keys[layer].shape[-2:-1] != (self.capacity,):
+            self.keys[layer] = _grown(self.keys[layer], (B, H, self.capacity, D), k.dtype, k.device, dim=2)
+            self.values[layer] = _grown(self.values[layer], (B, H, self.capacity, D), v.dtype, v.device, dim=2)
+        start = self.length - T
+        self.keys[layer][:, :, start : self.length] = k
+        self.values[layer][:, :, start : self.length] = v
+        return self.keys[layer][:, :, : self.length], self.values[layer][:, :, : self.length]
+
+
+def _grown(old: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, dim: int) -> Tensor:
+    """A zero tensor of `shape` holding `old` at the start of dimension `dim`."""
+    new = torch.zeros(shape, dtype=dtype, device=device)
+    if old is not None and old.numel():
+        new.narrow(dim, 0, old.shape[dim]).copy_(old)
+    return new
+
+
+def attention_ranks(
+    pattern: str, token_type_ids: Tensor | None, shape: tuple[int, int], device: torch.device
+) -> Tensor:
+    """Ranks (B, T) for a causal or UniLM pattern: a query attends to exactly the keys of lower or equal rank.
+
+    UniLM's mask (Dong et al. 2019, as in bert4keras) is the cumulative sum of the segment ids: segment A (type 0)
+    shares rank 0, so it sees itself and none of B; each B token (type 1) ranks one above the token before it, so
+    it sees A and the B tokens up to itself. A causal decoder is the same with every token in segment B.
+    """
+    if pattern == "causal":
+        return torch.arange(1, shape[1] + 1, device=device).expand(shape)
+    if token_type_ids is None:  # all of it segment A (token type 0, the default everywhere)
+        return torch.zeros(shape, dtype=torch.long, device=device)
+    return token_type_ids.long().cumsum(dim=1)
+
+
+def self_attention_mask(
+    pattern: str,
+    attention_mask: Tensor | None,
+    token_type_ids: Tensor | None,
+    cache: KVCache | None,
+    shape: tuple[int, int],
+    device: torch.device,
+    causal_shortcut: bool = True,
+    document_ids: Tensor | None = None,
+) -> tuple[Tensor | None, bool]:
+    """The boolean mask every layer's attention uses, and whether SDPA's causal path replaces it.
+
+    Every query sees at least one key: a row of padding only attends to all of its tokens (bidirectional) or a padding
+    query to itself (causal, UniLM), so that no softmax, SDPA's or an exported graph's, has a row of -inf.
+
+    Args:
+        pattern: `bidirectional`, `causal` or `unilm` (ModelConfig.attention_pattern).
+        attention_mask: (B, T) 1 for real tokens, 0 for padding, or None; with a cache it may also cover the
+            cached slots (B, S), as in HF, which the cache already knows.
+        token_type_ids: (B, T) segments (the UniLM pattern reads them), or None.
+        cache: The decoder's KVCache (the new slots are recorded in it), or None.
+        shape: (B, T) of the new tokens.
+        device: Where the mask lives.
+        causal_shortcut: Leave an unpadded causal mask to SDPA (False when a position bias will be added to it).
+        document_ids: (B, T) the document of every token (packed rows): a token attends to its own document's
+            tokens only (a block-diagonal mask); no cache.
+
+    Returns:
+        (B, 1, 1, S) or (B, 1, T, S) bool (True = attend) or None, and True when no mask is needed but causality.
+    """
+    B, T = shape
+    keep = None if attention_mask is None else attention_mask.bool()  # (B, T), or (B, S) covering a cache
+    if keep is not None and keep.shape[1] != T:  # not sliced when equal: torch 2.11's export cannot size x[:, -T:]
+        cached = 0 if cache is None else cache.length
+        if keep.shape[1] != cached + T:  # ids and mask out of step would mask the wrong tokens
+            raise ValueError(
+                f"attention_mask covers {keep.shape[1]} positions; expected the {T} new tokens"
+                + (f" or them and the {cached} cached ones" if cached else "")
+            )
+        keep = keep[:, -T:]
+    ranks = None if pattern == "bidirectional" else attention_ranks(pattern, token_type_ids, shape, device)
+    if document_ids is not None:
+        if cache is not None:
+            raise ValueError("document_ids cannot be combined with a cache (documents are packed rows, not a decode)")
+        allowed = document_ids[:, :, None] == document_ids[:, None, :]  # (B, T, T): within a document only
+        if ranks is not None:
+            allowed = allowed & (ranks[:, None, :] <= ranks[:, :, None])
+        if keep is not None:
+            allowed = allowed & keep[:, None, :]
+        # every query sees itself (a padding query too): no row without a key, in any runtime
+        allowed = allowed | torch.eye(T, dtype=torch.bool, device=device)
+        return allowed[:, None], False  # (B, 1, T, T)
+    ranks_all = ranks
+    if cache is not None:
+        if ranks is not None:
+            ranks = ranks + cache.last_rank()  # continue after the cached tokens
+        keep, ranks_all = cache.add_tokens(
+            keep if keep is not None else torch.ones(shape, dtype=torch.bool, device=device), ranks
+        )
+    if ranks is None:
+        if keep is None:
+            return None, False
+        # A row of padding only (a static batch's filler row, a padded choice) has no key to attend. SDPA gives it 0,
+        # but an exported graph's softmax gives NaN where a bias made the row all -inf (T5, ALiBi, Shaw), or a mean
+        # over every key where the mask is boolean. Such a row attends to all of its tokens instead, as if unpadded:
+        # the same finite output in every runtime, and nothing changes for a row with a real token.
+        keep = keep | ~keep.any(dim=1, keepdim=True)  # (B, S)
+        return keep[:, None, None, :], False  # (B, 1, 1, S)
+    if keep is None and pattern == "causal" and causal_shortcut:
+        return None, True  # SDPA's own causal path (no cache here: with one, keep is set)
+    allowed = ranks_all[:, None, :] <= ranks[:, :, None]  # (B, T, S)
+    if keep is None and pattern == "causal":
+        allowed = allowed[:1]  # every row alike: a (1, 1, T, S) mask, so that a bias added to it is not B times larger
+    if keep is not None:
+        allowed = allowed & keep[:, None, :]
+        S = allowed.shape[-1]
+        # A padding query may see no key at all, and a row with no key is NaN in SDPA; it sees itself instead
+        # (its output is never read, and no real token attends to it).
+        allowed[:, torch.arange(T, device=device), torch.arange(S - T, S, device=device)] = True
+    return allowed[:, None], False  # (B, 1, T, S)

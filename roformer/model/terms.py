@@ -1,0 +1,115 @@
+"""What attention reads of a position encoding: the contract every encoding that acts inside attention keeps.
+
+An encoding that acts inside attention (rotary, T5's bias, ALiBi, Shaw) is a module with an `attribute` (where the
+backbone registers it), the `kernel` its attention needs, whether it `adds_to_logits`, and `terms(...)`: once per
+forward, the `PositionTerms` every layer reads (Shaw's, per layer: `ShawTerms`). The encodings themselves are one
+room up (`roformer.model.rotary`, `roformer.model.relative`), and `roformer.model.positions` picks one from the config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+Rotation = Callable[[Tensor], Tensor]  # rotates (B, T, ..., D) by position: RotaryEmbedding, or it at position_ids
+
+
+@dataclass
+class PositionTerms:
+    """What every layer's attention reads of the position encoding in one forward.
+
+    Attributes:
+        mask: The attention mask over the S keys: the one given (bool, True = attend), or for T5 and ALiBi their
+            float32 bias (1 or B, H, T, S) with the mask folded in as -inf (cast to the autocast dtype), or None.
+        rotary: Rotates (B, T, ..., D) by the new tokens' positions (RoPE), or None.
+        shaw: Shaw's terms of a layer, by layer index, or None.
+    """
+
+    mask: Tensor | None
+    rotary: Rotation | None = None
+    shaw: Callable[[int], ShawTerms] | None = None
+
+
+@dataclass
+class ShawTerms:
+    """One layer's relative embeddings (Shaw et al. 2018) and where each (query, key) pair reads them.
+
+    Attributes:
+        keys: (R, D) embeddings a^K of the R clipped distances this forward contains.
+        values: (R, D) embeddings a^V, or None (keys only).
+        index: (T, S) or (B, T, S) long: the row of `keys` / `values` of each pair.
+    """
+
+    keys: Tensor
+    values: Tensor | None
+    index: Tensor
+
+    def logits(self, q: Tensor) -> Tensor:
+        """q_i . a^K_ij for every pair: (B, H, T, D) -> (B, H, T, S) float32.
+
+        q . a^K for the R distinct distances first, (B, H, T, R), then each pair picks its own: a (T, S, D) gather
+        of the embeddings would cost S / R times the memory and as much more arithmetic (Shaw et al. sec. 3.3).
+        """
+        per_distance = q @ self.keys.to(q.dtype).T  # (B, H, T, R)
+        return per_distance.float().gather(-1, self._index(q.shape))
+
+    def value_terms(self, probs: Tensor) -> Tensor:
+        """sum_j probs_ij a^V_ij: the probabilities summed per distance, then one (R, D) product. -> (B, H, T, D)."""
+        per_distance = torch.zeros(*probs.shape[:-1], self.values.shape[0], dtype=probs.dtype, device=probs.device)
+        per_distance.scatter_add_(-1, self._index(probs.shape), probs)  # (B, H, T, R), summed in probs' dtype
+        return per_distance @ self.values.to(probs.dtype)
+
+    def _index(self, shape: torch.Size) -> Tensor:
+        B, H, T = shape[:3]
+        index = self.index if self.index.dim() == 3 else self.index[None]
+        return index[:, None].expand(B, H, T, index.shape[-1])  # (B, H, T, S), a view
+
+
+class PositionRecord(Protocol):
+    """What a relative encoding needs of a decoder's KV cache (`masks.KVCache`): every cached key's position."""
+
+    def add_positions(self, positions: Tensor) -> Tensor:
+        """Record the new tokens' positions (B, T); returns those of every key so far (B, S)."""
+        ...
+
+
+class AttentionPositions(Protocol):
+    """An encoding that acts inside attention (rotary, T5's bias, ALiBi, Shaw), as `Backbone` uses it.
+
+    Attributes:
+        attribute: The backbone attribute it is registered under: its parameters' checkpoint keys start with it
+            (`relative_bias.buckets.weight`, `shaw.keys.0.weight`), so it never changes.
+        kernel: The attention kernel its terms need, a key of `roformer.model.attention.ATTENTION_KERNELS`:
+            `sdpa` when they are a rotation or a bias folded into the mask, `biased` when each layer adds terms of
+            its own queries to the logits (Shaw), `grouped` when the logits are made at grouped positions
+            (SelfExtend). The forward plan reads it; no layer asks which encoding it has.
+        adds_to_logits: It adds to the attention logits, so an unpadded causal mask must stay a tensor for the sum
+            (SDPA's own causal path takes no mask), and a variable-length kernel, which takes no bias, cannot serve.
+    """
+
+    attribute: str
+    kernel: str
+    adds_to_logits: bool
+
+    def terms(
+        self,
+        mask: Tensor | None,
+        position_ids: Tensor | None,
+        cache: PositionRecord | None,
+        length: int,
+        device: torch.device,
+    ) -> PositionTerms:
+        """The terms of one forward of `length` new tokens.
+
+        Args:
+            mask: The attention mask (B, 1, 1 or T, S) bool, True = attend, or None.
+            position_ids: (B, T) positions of the new tokens, or None: 0..T-1 in every row.
+            cache: The decoder's KV cache (it keeps every slot's position), or None.
+            length: T, the number of new tokens.
+            device: Where the hidden states are.
+        """
+        ...
