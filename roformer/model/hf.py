@@ -8,7 +8,6 @@ to HF BERT with the scaled table written into `position_embeddings`, exact up to
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import replace
@@ -19,6 +18,7 @@ import torch
 
 from roformer.errors import CheckpointError
 from roformer.model.config import ACTIVATION_NAMES, ModelConfig
+from roformer.model.hf_files import checkpoint_directory, read_hf_checkpoint, read_hf_config, read_hf_weights
 from roformer.model.model import ARCHITECTURES, Model, convert_rotary_layout
 from roformer.model.weights import load_weights, report_fresh
 
@@ -208,82 +208,13 @@ def _check_only_the_output_layer_changes(model: Model, new: Model, overrides: di
         )
 
 
-def read_hf_checkpoint(path: str) -> tuple[Any, dict[str, torch.Tensor]]:
-    """(transformers config, state dict) of a `save_pretrained` directory or a hub name, without building a model.
-
-    Weights come from model.safetensors or pytorch_model.bin (sharded or not); a hub name is downloaded first.
-    """
-    directory = _local(path)
-    return _read_config(str(directory)), _read_weights(directory)
-
-
-def _local(path: str) -> Path:
-    """A checkpoint directory: `path` itself, or a hub name's download."""
-    directory = Path(path)
-    return directory if directory.is_dir() else _download(path)
-
-
-def _download(name: str) -> Path:
-    from huggingface_hub import snapshot_download
-
-    patterns = ["*.json", "*.safetensors", "*.bin", "*.txt", "*.model"]
-    try:
-        return Path(snapshot_download(name, allow_patterns=patterns))
-    except Exception as e:  # noqa: BLE001 - the hub raises many types; the user needs one line
-        raise CheckpointError(f"{name}: not a directory, and the hub download failed ({_first_line(e)})") from None
-
-
-def _read_config(path: str) -> Any:
-    import transformers
-
-    try:
-        return transformers.AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: cannot read an HF config ({_first_line(e)})") from None
-
-
-def _first_line(error: Exception) -> str:
-    return (str(error).splitlines() or [type(error).__name__])[0]
-
-
-def _weight_files(directory: Path) -> list[Path]:
-    """The files holding a checkpoint's weights: model.safetensors, else pytorch_model.bin, or their shards."""
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        index = directory / f"{name}.index.json"
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else [name]
-        if all((directory / f).is_file() for f in files):
-            return [directory / f for f in files]
-    raise CheckpointError(f"{directory}: no model.safetensors or pytorch_model.bin")
-
-
-def _read_weights(directory: Path, names_only: bool = False) -> dict[str, Any]:
-    """The state dict of a checkpoint directory; with `names_only`, its tensor names (safetensors: no data read)."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    files = _weight_files(directory)
-    state: dict[str, Any] = {}
-    try:
-        for f in files:
-            if f.suffix != ".safetensors":
-                state.update(torch.load(f, map_location="cpu", weights_only=True))
-            elif names_only:
-                with safe_open(f, "pt") as opened:
-                    state.update(dict.fromkeys(opened.keys()))
-            else:
-                state.update(load_file(f))
-    except Exception as e:  # noqa: BLE001 - a corrupt file raises whatever its reader raises
-        raise CheckpointError(f"{directory}: cannot read {files[0].name} ({_first_line(e)})") from None
-    return state
-
-
 def hf_model_config(path: str, architecture: str | None = None) -> ModelConfig:
     """Our ModelConfig of an HF checkpoint loaded as `architecture`, as `from_hf` gives it.
 
     Read from config.json and the tensor names: a safetensors checkpoint's weights are not read.
     """
-    directory = _local(path)
-    hf_config, keys = _read_config(str(directory)), _read_weights(directory, names_only=True)
+    directory = checkpoint_directory(path)
+    hf_config, keys = read_hf_config(str(directory)), read_hf_weights(directory, names_only=True)
     family, arch = _checkpoint_kind(hf_config, keys, path)
     target = architecture or arch
     if target not in ARCHITECTURES:

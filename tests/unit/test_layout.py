@@ -101,7 +101,7 @@ def test_imports_run_down_the_floors_only() -> None:
 ROOMS = {
     "roformer.model": [
         {"config"},
-        {"weights", "flops"},
+        {"weights", "flops", "hf_files"},
         {"terms"},
         {"rotary", "relative"},
         {"positions"},

@@ -1,0 +1,234 @@
+"""The forward plan (roformer.model.plan): every `ForwardInputs` field reaches every layer's attention through every
+head, the plan picks the documented kernel in every (encoding x attention x pattern x device) cell, and a new
+encoding is what positions.py's recipe says: a class that declares its kernel, and nothing else to touch."""
+
+from __future__ import annotations
+
+from typing import ClassVar, get_args
+
+import pytest
+import torch
+from helpers import RELATIVE, padded_batch, short_range, tiny_config
+
+import roformer
+import roformer.model.backbone as backbone_module
+from roformer.errors import ConfigError
+from roformer.model.attention import ATTENTION_KERNELS, ForwardInputs, SelfAttention
+from roformer.model.config import PositionEncoding, RopeScaling
+from roformer.model.masks import KVCache
+from roformer.model.model import ARCHITECTURES
+from roformer.model.plan import blocks_kernel, grid_kernel
+from roformer.model.positions import attention_positions
+from roformer.model.terms import PositionTerms
+
+# --- every ForwardInputs field reaches the attention context, through every head -------------------------------------
+
+
+def given_inputs(batch: dict[str, torch.Tensor]) -> dict[str, object]:
+    """A value of every ForwardInputs field for `batch`, each one that a default could not be mistaken for."""
+    B, T = batch["input_ids"].shape
+    return {
+        "position_ids": torch.arange(T).expand(B, T) + 3,
+        "document_ids": (torch.arange(T) >= T // 2).long().expand(B, T) + 7,
+        "output_hidden_states": True,
+        "cache": KVCache(),
+    }
+
+
+def test_the_guard_covers_every_forward_input() -> None:
+    """A new ForwardInputs field (a decoder's encoder states) needs a value above before this file passes."""
+    assert set(given_inputs(padded_batch())) == ForwardInputs.__optional_keys__
+
+
+@pytest.mark.parametrize("field", sorted(ForwardInputs.__optional_keys__))
+@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
+def test_every_forward_input_reaches_the_attention_context(
+    architecture: str, field: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = []
+    forward = SelfAttention.forward
+    monkeypatch.setattr(SelfAttention, "forward", lambda self, x, ctx: seen.append(ctx) or forward(self, x, ctx))
+    model = ARCHITECTURES[architecture](tiny_config(num_labels=2)).eval()
+    batch = padded_batch()
+    value = given_inputs(batch)[field]
+    expected = value
+    if architecture == "multiple_choice":  # K = 2 choices of each row; the choices reach attention as rows
+        batch = {name: t[:, None].expand(-1, 2, -1) for name, t in batch.items()}
+        if isinstance(value, torch.Tensor):
+            value = value[:, None].expand(-1, 2, -1)
+            expected = value.reshape(-1, value.shape[-1])
+    with torch.no_grad():
+        model(**batch, **{field: value})
+    assert len(seen) == model.config.num_layers  # every block's attention
+    for ctx in seen:
+        got = ctx.inputs[field]
+        assert torch.equal(got, expected) if isinstance(expected, torch.Tensor) else got is expected, (ctx.index, field)
+    if field == "cache":
+        assert all(ctx.cache is value for ctx in seen) and value.length == batch["input_ids"].shape[-1]
+
+
+@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
+def test_a_misspelt_forward_input_is_refused_by_every_head(architecture: str) -> None:
+    model = ARCHITECTURES[architecture](tiny_config(num_labels=2))
+    batch = padded_batch()
+    if architecture == "multiple_choice":
+        batch = {name: t[:, None] for name, t in batch.items()}
+    with pytest.raises(TypeError, match=r"unexpected forward inputs \['document_id'\]"):
+        model(**batch, document_id=batch["input_ids"])
+
+
+# --- the kernel: every (encoding x attention x pattern x device) cell -------------------------------------------------
+
+ENCODINGS = [*get_args(PositionEncoding), "self_extend"]  # SelfExtend: rotary with rope_scaling self_extend
+DEVICES = [
+    ("cpu", torch.float32),
+    ("cpu", torch.bfloat16),
+    ("cuda", torch.float32),
+    ("cuda", torch.bfloat16),
+    ("cuda", torch.float16),
+]
+
+
+def config_of(encoding: str, attention: str, pattern: str, **fields) -> roformer.ModelConfig:
+    """The tiny config of a cell (ConfigError for the combinations the config refuses)."""
+    if encoding == "self_extend":
+        fields["rope_scaling"] = RopeScaling(type="self_extend", factor=2, window=4)
+    return short_range(
+        "rotary" if encoding == "self_extend" else encoding, attention=attention, attention_pattern=pattern, **fields
+    )
+
+
+def documented_kernel(encoding: str, attention: str, pattern: str, device: str, dtype: torch.dtype) -> str:
+    """roformer/model/plan.py's table, written out again: the first rule that holds."""
+    if attention == "linear":
+        return "linear"
+    if encoding == "shaw":
+        return "biased"
+    if encoding == "self_extend":
+        return "grouped"
+    if encoding in ("t5_bias", "alibi"):  # a bias on the logits: folded into the mask, over the grid
+        return "sdpa"
+    if pattern == "bidirectional" and device == "cuda" and dtype in (torch.float16, torch.bfloat16):
+        return "varlen"
+    return "sdpa"
+
+
+@pytest.fixture
+def ampere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA device that has torch's variable-length kernel, as far as `varlen_kernel_available` asks."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+
+
+CELLS = [
+    (encoding, attention, pattern)
+    for encoding in ENCODINGS
+    for attention in ("softmax", "linear")
+    for pattern in ("bidirectional", "causal", "unilm")
+]
+
+
+def test_the_cells_the_config_allows() -> None:
+    """The grid below tests every cell a config can be built for: linear attention is bidirectional, unbiased and
+    not SelfExtend; everything else is allowed."""
+    allowed = []
+    for cell in CELLS:
+        try:
+            config_of(*cell)
+            allowed.append(cell)
+        except ConfigError:
+            pass
+    refused = {cell for cell in CELLS if cell not in allowed}
+    assert refused == {
+        (encoding, "linear", pattern)
+        for encoding in ENCODINGS
+        for pattern in ("bidirectional", "causal", "unilm")
+        if pattern != "bidirectional" or encoding in (*RELATIVE, "self_extend")
+    }
+
+
+@pytest.mark.parametrize(("device", "dtype"), DEVICES, ids=[f"{d}-{str(t).split('.')[1]}" for d, t in DEVICES])
+@pytest.mark.parametrize(("encoding", "attention", "pattern"), CELLS, ids=["-".join(cell) for cell in CELLS])
+def test_the_plan_picks_the_documented_kernel(
+    encoding: str, attention: str, pattern: str, device: str, dtype: torch.dtype, ampere: None
+) -> None:
+    try:
+        config = config_of(encoding, attention, pattern)
+    except ConfigError:
+        pytest.skip("a combination the config refuses (test_the_cells_the_config_allows)")
+    positions = attention_positions(config)
+    kernel = blocks_kernel(config, positions, torch.device(device), dtype)
+    assert kernel == documented_kernel(encoding, attention, pattern, device, dtype)
+    assert kernel in ATTENTION_KERNELS
+    # over the grid (no segments in the batch, or the masked-only last block) varlen gives way to SDPA
+    assert grid_kernel(config, positions) == ("sdpa" if kernel == "varlen" else kernel)
+    # what a variable-length kernel cannot compute keeps the grid's kernel on the GPU too: attention dropout in
+    # training, a cache, the switch off
+    dropout = config_of(encoding, attention, pattern, attention_dropout=0.1)
+    for reason in ({"training": True}, {"cached": True}, {"varlen": False}):
+        got = blocks_kernel(dropout, attention_positions(dropout), torch.device(device), dtype, **reason)
+        assert got == grid_kernel(config, positions), reason
+
+
+@pytest.mark.parametrize(("encoding", "attention", "pattern"), CELLS, ids=["-".join(cell) for cell in CELLS])
+def test_every_layer_attends_with_the_planned_kernel(
+    encoding: str, attention: str, pattern: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On this CPU: the plan of a real forward, the kernel every block's attention reads, and the masked-only last
+    block, which computes its queries alone where the grid's kernel is sdpa, bidirectional, without a cache."""
+    try:
+        config = config_of(encoding, attention, pattern)
+    except ConfigError:
+        pytest.skip("a combination the config refuses (test_the_cells_the_config_allows)")
+    expected = documented_kernel(encoding, attention, pattern, "cpu", torch.float32)
+    model = roformer.MaskedLM(config).eval()
+    batch = padded_batch()
+    queries = torch.tensor([1, 4, 4, 20, 38])  # flat positions into (B * T), one asked for twice
+    plan = model.backbone.plan(**batch, queries=queries)
+    assert plan.kernel == expected
+    subset = expected == "sdpa" and pattern == "bidirectional"
+    assert (plan.last is not None) == subset
+    if subset:
+        assert plan.last.kernel == "sdpa" and plan.last.queries.row.tolist() == [0, 0, 1, 2]
+    seen = []
+    forward = SelfAttention.forward
+    monkeypatch.setattr(SelfAttention, "forward", lambda self, x, ctx: seen.append(ctx.kernel) or forward(self, x, ctx))
+    with torch.no_grad():
+        x, _ = model.backbone.encode(**batch, queries=queries)
+    assert seen == [expected] * config.num_layers and x.shape == (len(queries), config.hidden_size)
+
+
+# --- a new encoding is a class that declares its kernel --------------------------------------------------------------
+
+
+class ZeroBias(torch.nn.Module):
+    """A bias-on-the-logits encoding that adds nothing (what a new one, FIRE or xPos, would look like to the plan)."""
+
+    attribute: ClassVar[str] = "zero_bias"
+    kernel: ClassVar[str] = "sdpa"
+    adds_to_logits: ClassVar[bool] = True
+
+    def terms(
+        self, mask: torch.Tensor | None, position_ids: None, cache: None, length: int, device: torch.device
+    ) -> PositionTerms:
+        B = 1 if mask is None else mask.shape[0]
+        bias = torch.zeros(B, 1, length, length, device=device)
+        return PositionTerms(bias if mask is None else bias.masked_fill(~mask, float("-inf")))
+
+
+def test_a_new_encoding_needs_its_class_and_a_line_in_attention_positions(
+    monkeypatch: pytest.MonkeyPatch, ampere: None
+) -> None:
+    config = tiny_config(position_encoding="none")
+    torch.manual_seed(0)
+    plain = roformer.MaskedLM(config).eval()
+    monkeypatch.setattr(backbone_module, "attention_positions", lambda config: ZeroBias())  # "a line" of the recipe
+    model = roformer.MaskedLM(config).eval()
+    model.load_state_dict(plain.state_dict())
+    batch = padded_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(model(**batch).logits, plain(**batch).logits)
+    assert model.backbone.positions.attribute == "zero_bias"
+    assert model.backbone.plan(**batch).kernel == "sdpa"
+    # it adds to the logits, so no variable-length kernel even on a GPU that has one
+    assert blocks_kernel(config, model.backbone.positions, torch.device("cuda"), torch.bfloat16) == "sdpa"
+    assert blocks_kernel(config, None, torch.device("cuda"), torch.bfloat16) == "varlen"
