@@ -5,8 +5,23 @@ fix their input, not our code.
 """
 
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
 class UserError(Exception):
     """Something the user gave us is wrong; the message says what and where."""
+
+
+@contextmanager
+def naming(where: str) -> Iterator[None]:
+    """A bad-input error raised inside, said of `where` (a stage, a corpus) that the inner message does not name."""
+    try:
+        yield
+    except RunStopped:
+        raise
+    except UserError as e:
+        raise type(e)(f"{where}: {e}") from None
 
 
 class ConfigError(UserError, ValueError):

@@ -156,6 +156,15 @@ class DataConfig:
     shuffle_buffer: int = 10_000
     vocab_hash: str | None = None
 
+    @property
+    def corpus_name(self) -> str:
+        """What the corpus is, in a message: its files, its hub dataset, or the built-in corpus."""
+        if self.source == "text":
+            return ", ".join(map(str, self.paths)) or "(no paths)"
+        if self.source == "hub":
+            return f"hub:{self.hub_name}" + (f"/{self.hub_config}" if self.hub_config else "")
+        return "builtin"
+
     def __post_init__(self) -> None:
         check_types(self)
         total = sum(m.weight for m in self.mixture)
