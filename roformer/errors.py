@@ -4,7 +4,6 @@ The CLI turns a `UserError` into one line on stderr and exit code 2, without a t
 fix their input, not our code.
 """
 
-
 from collections.abc import Iterator
 from contextlib import contextmanager
 

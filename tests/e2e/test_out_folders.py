@@ -6,11 +6,15 @@ import argparse
 from pathlib import Path
 
 import pytest
+
 from roformer.cli import COMMANDS, main
 
 # `--out` of each command below `new` (inputs made in `work`); what the command must have written there
 OUT_CASES = {
-    "convert": lambda model, work, new: (["convert", "--to-hf", str(model), "--out", str(new / "hf")], new / "hf/config.json"),
+    "convert": lambda model, work, new: (
+        ["convert", "--to-hf", str(model), "--out", str(new / "hf")],
+        new / "hf/config.json",
+    ),
     "export": lambda model, work, new: (
         ["export", "--model", str(model), "--format", "sentence-transformers", "--out", str(new / "st")],
         new / "st/modules.json",

@@ -168,7 +168,9 @@ def test_a_mixture_whose_weights_change_in_a_stage_resumes_exactly(
 def test_a_damaged_stage_folder_moments_file_is_one_line_before_the_run_folder_exists(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    trunk = pretrain(load(PretrainConfig, staged_config(tmp_path / "a.yaml", [{"name": "s", "steps": 2}])), tmp_path / "t")
+    trunk = pretrain(
+        load(PretrainConfig, staged_config(tmp_path / "a.yaml", [{"name": "s", "steps": 2}])), tmp_path / "t"
+    )
     moments = trunk / "stages" / "s" / "optimizer.pt"
     good = moments.read_bytes()
     yaml = staged_config(tmp_path / "b.yaml", [])
@@ -205,7 +207,9 @@ def test_a_bad_stage_is_one_line_that_blames_where_it_was_written(
     stages: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     yaml = staged_config(tmp_path / "c.yaml", [])
-    assert main(["pretrain", "--config", str(yaml), "--output-dir", str(tmp_path / "o"), "--set", f"stages={stages}"]) == 2
+    assert (
+        main(["pretrain", "--config", str(yaml), "--output-dir", str(tmp_path / "o"), "--set", f"stages={stages}"]) == 2
+    )
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
     written = yaml.read_text().replace("stages: []", "stages: " + stages)
