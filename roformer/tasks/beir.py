@@ -8,10 +8,11 @@ The folder (`data.beir_dir`) holds, as BEIR (Thakur et al. 2021) and MTEB distri
 
 A judgment with score > 0 marks a relevant document of that grade (graded nDCG reads the grade, the other metrics
 only that it is relevant); a score of 0 or below marks a judged non-relevant one (the retrieval type's hard
-negatives). A document is read as its title and text joined by a space, as sentence-transformers' BEIR examples do. Every problem is an error
-naming the file and line: a missing file, a line that is not JSON, an id that is not a string or an integer, an id
-given twice, a judgment of an unknown query or document, a score that is not an integer, the same query and document
-judged twice (pytrec_eval and sentence-transformers key judgments by both), a test split that judges nothing relevant.
+negatives). A document is read as its title and text joined by a space, as sentence-transformers' BEIR examples
+do. Every problem is an error naming the file and line: a missing file, a line that is not JSON, an id that is not a
+string or an integer, an id given twice, a judgment of an unknown query or document, a score that is not an integer,
+the same query and document judged twice (pytrec_eval and sentence-transformers key judgments by both), a test split
+that judges nothing relevant.
 """
 
 from __future__ import annotations
