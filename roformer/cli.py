@@ -584,7 +584,7 @@ def _compare_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _compare(args: argparse.Namespace) -> None:
     from roformer.study.compare import compare
-    from roformer.study.outputs import CURVES_PLOT_FILE, SUMMARY_JSON_FILE, SUMMARY_MARKDOWN_FILE
+    from roformer.study.outputs import SUMMARY_MARKDOWN_FILE
 
     targets = None
     if args.targets:
@@ -593,7 +593,7 @@ def _compare(args: argparse.Namespace) -> None:
         except ValueError:
             raise UserError(f"--targets: expected comma-separated numbers, got {args.targets!r}") from None
     compare(args.runs, args.out, baseline=args.baseline, targets=targets, overwrite=args.overwrite)
-    written = f"{CURVES_PLOT_FILE}, {SUMMARY_MARKDOWN_FILE}, {SUMMARY_JSON_FILE}"
+    written = ", ".join(sorted(path.name for path in Path(args.out).iterdir()))  # what this comparison drew
     print((Path(args.out) / SUMMARY_MARKDOWN_FILE).read_text() + f"\nwritten to {args.out} ({written})")
 
 

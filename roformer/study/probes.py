@@ -143,8 +143,12 @@ def mlm_key_ids(tokenizer: Any) -> list[list[int]]:
 
 def mlm_samples(
     tokenizer: Any, haystack: Haystack, length: int, distance: int, samples: int, seed: int
-) -> tuple[torch.Tensor, torch.Tensor, list[int]] | None:
-    """(ids (S, length), the masked position of each, the key's index in MLM_KEYS) or None when it cannot fit."""
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """(ids (S, length), the masked position of each, the key's index in MLM_KEYS).
+
+    Raises:
+        ValueError: the distance does not fit the length (saying which distances do), for the probe's row.
+    """
     rng = random.Random(seed)
     head = tokenizer("the pass key is", add_special_tokens=False)["input_ids"]
     dot = tokenizer(".", add_special_tokens=False)["input_ids"]
@@ -152,7 +156,7 @@ def mlm_samples(
     span = len(head) + 1 + len(dot)  # "the pass key is K ."
     body = length - 2
     if distance < span or distance + span > body:
-        return None
+        raise ValueError(f"distance {distance} does not fit {length} tokens (distances {span} to {body - span} do)")
     rows, masked, answers = [], [], []
     for _ in range(samples):
         answer = rng.randrange(len(MLM_KEYS))
@@ -246,8 +250,10 @@ def probe_rows(
         started = time.perf_counter()
         if probe == "passkey-mlm":
             for distance in distances or default_distances(length):
-                made = mlm_samples(tokenizer, haystack, length, distance, samples, seed + length * 1000 + distance)
-                if made is None:
+                try:
+                    made = mlm_samples(tokenizer, haystack, length, distance, samples, seed + length * 1000 + distance)
+                except ValueError as e:  # a row that says so, as for a length a model cannot reach
+                    yield {**row, "distance": distance, "error": str(e)}
                     continue
                 t0 = time.perf_counter()
                 correct = mlm_accuracy(variant, tokenizer, *made, batch_size, device)

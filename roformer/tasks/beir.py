@@ -18,16 +18,14 @@ that judges nothing relevant.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from roformer.data.text import json_lines
 from roformer.errors import UserError
-from roformer.tasks.records import read_text
+from roformer.tasks.records import is_integer_text, read_text
 
 SPLITS = ("train", "dev", "test")
-INTEGER = re.compile(r"-?[0-9]+")  # ASCII digits only: str.isdigit also takes "²", which int() refuses
 QRELS_HEADER = ("query-id", "corpus-id", "score")
 
 
@@ -110,7 +108,7 @@ def _qrels(path: Path, queries: dict[str, str], corpus: dict[str, str]) -> dict[
             raise UserError(f"{where}: query {query!r} is not in queries.jsonl")
         if doc not in corpus:
             raise UserError(f"{where}: document {doc!r} is not in corpus.jsonl")
-        if not INTEGER.fullmatch(score):
+        if not is_integer_text(score):
             raise UserError(f"{where}: score {score!r} is not an integer")
         judged = out.setdefault(query, {})
         if doc in judged:

@@ -38,7 +38,7 @@ from roformer.files import atomic_copy, atomic_write_text
 from roformer.tasks.base import HeadOutputs, TaskSpec, cut_to_limits, pad_rows
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.glue_metrics import compute
-from roformer.tasks.records import Record, example_id, field, read_split_records, text_field
+from roformer.tasks.records import Record, example_id, field, is_integer_text, read_split_records, text_field
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
@@ -137,8 +137,8 @@ def parse_label(value: Any, choices: tuple[str, ...], where: str) -> int:
     """
     if isinstance(value, float) and value.is_integer():
         value = int(value)  # parquet and pandas-written files may hold 2.0
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value.strip())
+    if is_integer_text(value):
+        value = int(value)
     if isinstance(value, int) and not isinstance(value, bool):
         if not 0 <= value < len(choices):
             raise UserError(f"{where}: label {value} is out of range ({len(choices)} candidates: 0-{len(choices) - 1})")

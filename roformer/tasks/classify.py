@@ -28,7 +28,7 @@ from roformer.errors import UserError
 from roformer.tasks.base import Encoded, HeadOutputs, TaskSpec, pad_rows
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.glue_metrics import METRICS, compute
-from roformer.tasks.records import Record, read_split_records
+from roformer.tasks.records import Record, is_integer_text, read_split_records
 from roformer.tasks.texts import (
     PREDICTIONS_FILE,
     LabelKind,
@@ -66,7 +66,7 @@ def label_list(value: Any, where: str) -> list[str]:
 
 def sorted_labels(labels: set[str]) -> list[str]:
     """The label set in id order: numerically when every label is an integer (TNEWS's 100..116), else by text."""
-    if all(label.lstrip("-").isdigit() for label in labels):
+    if all(is_integer_text(label) for label in labels):
         return sorted(labels, key=int)
     return sorted(labels)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from roformer.errors import UserError
+from roformer.tasks.records import is_integer_text
 
 logger = logging.getLogger(__name__)
 
@@ -352,7 +353,7 @@ def read_files(
 
 
 def _maybe_int(value: Any) -> Any:
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if is_integer_text(value):
         return int(value)
     return value
 

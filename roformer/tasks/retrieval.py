@@ -20,7 +20,6 @@ reads, with its pooling in `best/sentence.json`.
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +36,7 @@ from roformer.tasks.beir import Beir, read_beir
 from roformer.tasks.config import FinetuneDataConfig, Pooling
 from roformer.tasks.ir_metrics import DEFAULT_METRICS, DEPTH, METRICS, rank_by_cosine, ranking_metrics
 from roformer.tasks.objectives import in_batch_negatives_loss
+from roformer.tasks.records import is_integer_text
 from roformer.tasks.similarity import PairRows, pair_batch, pair_vectors
 from roformer.tasks.texts import copy_predictions, segmented
 
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 
 RUN_FILE = "{split}.trec"
 RUN_TAG = "roformer"  # the TREC run file's last column
-RANK = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit also takes "²", which int() refuses
 TRAIN_QUERIES = "train_queries"  # the training queries ranked (`rank_train`): judged by qrels/train.tsv
 
 
@@ -278,7 +277,7 @@ def read_run(path: Path, documents: dict[str, Any] | None = None) -> dict[str, l
             continue
         cells = line.split()
         where = f"{path}:{number}"
-        if len(cells) != 6 or not RANK.fullmatch(cells[3]):
+        if len(cells) != 6 or not (is_integer_text(cells[3]) and int(cells[3]) >= 0):
             raise UserError(f"{where}: expected `qid Q0 docid rank score tag`, got {line!r}")
         query, doc = cells[0], cells[2]
         if documents is not None and doc not in documents:

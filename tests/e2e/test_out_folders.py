@@ -75,9 +75,11 @@ def test_out_into_a_folder_that_does_not_exist(
 ) -> None:
     args, written = OUT_CASES[command](pretrained, tmp_path, tmp_path / "new" / "deeper")
     code = main(args)
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert code == 0, err
     assert written.is_file()
+    if command == "compare":  # it says what it drew: probes.png for probe files, not the curves of runs
+        assert "(probes.png, summary.json, summary.md)" in out
 
 
 @pytest.mark.parametrize("command", sorted(OUT_CASES))
