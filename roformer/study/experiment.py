@@ -30,20 +30,21 @@ from pathlib import Path
 from typing import Any
 
 from roformer.config import check_seed, check_types, config_path, load, read_yaml
-from roformer.errors import ConfigError
+from roformer.errors import ConfigError, naming
 from roformer.files import check_output_dir
 from roformer.model.config import ModelConfig, position_fields
 from roformer.model.weights import WEIGHTS_FILE
 from roformer.study.compare import compare
 from roformer.study.length_eval import SCALING_METHODS, default_device, evaluate_lengths, write_results
 from roformer.study.outputs import COMPARE_DIR, GLUE_DIR
-from roformer.study.probes import CANDIDATES, PROBES, run_probe
+from roformer.study.probes import CANDIDATES, PROBES, haystack_documents, mlm_key_ids, run_probe
 from roformer.study.report import write_report
 from roformer.study.runs import PretrainRun, check_same_vocabulary, load_runs
-from roformer.study.suite import load_suite_config, run_suite
+from roformer.study.suite import load_suite, run_suite
+from roformer.tasks.registry import make_task
 from roformer.train.config import PretrainConfig
-from roformer.train.launch import process_state, run_on_main
-from roformer.train.pretrain import pretrain
+from roformer.train.launch import check_run_settings, process_state, run_on_main
+from roformer.train.pretrain import build_data, pretrain
 from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, PROBES_DIR, RUN_CONFIG_FILE, RunDir
 
 logger = logging.getLogger(__name__)
@@ -295,8 +296,7 @@ def run_experiment(path: str | Path, out: str | Path, overrides: list[str] | Non
     path, out = Path(path), Path(out)
     check_output_dir(out, overwrite=False, resume=True)  # an experiment continues what its directory holds
     experiment, arms = load_experiment(path, overrides)
-    if experiment.glue is not None:  # every task config must load before hours of pretraining
-        load_suite_config(config_path(path.parent, experiment.glue.suite))
+    check_stage_inputs(experiment, path, arms)  # before hours of pretraining
     out.mkdir(parents=True, exist_ok=True)
     runs = pretrain_arms(experiment, arms, out)
     glue_dirs = finetune_runs(experiment, path, runs, out) if experiment.glue is not None else []
@@ -315,6 +315,38 @@ def run_experiment(path: str | Path, out: str | Path, overrides: list[str] | Non
         compare(mine + theirs, out / f"{COMPARE_DIR}-{name}", baseline=comparison.baseline, overwrite=True)
     write_report(out, path, experiment, arms, list(overrides or []))
     return summary
+
+
+def check_stage_inputs(experiment: ExperimentConfig, path: Path, arms: dict[str, PretrainConfig]) -> None:
+    """What the stages after pretraining read, checked before the first arm trains instead of after hours of it.
+
+    GLUE: every task config loads with the stage's overrides, its run settings are accepted and its data files are
+    read and checked as its run will read them (tokenizing waits for the pretrained tokenizer). Probes: the haystack
+    folder holds text, and passkey-mlm's ten digits are tokens of every arm's tokenizer (made now as the first run of
+    that tokenization makes it; its run then finds it in the data cache).
+
+    Raises:
+        UserError: naming the stage, and the task, file or arm at fault.
+    """
+    if experiment.glue is not None:
+        stage = experiment.glue
+        extra = [f"data.glue_dir={config_path(path.parent, stage.glue_dir)}"] if stage.glue_dir is not None else []
+        _, configs = load_suite(config_path(path.parent, stage.suite), stage.overrides + extra)
+        for config in configs:
+            with naming(f"glue: task {config.data.task}"):
+                check_run_settings(config.train)
+                make_task(replace(config.data, jieba=bool(config.data.jieba)))
+    if experiment.probes is not None:
+        stage = experiment.probes
+        with naming("probes.haystack"):
+            haystack_documents(str(config_path(path.parent, stage.haystack)) if stage.haystack else None)
+        if "passkey-mlm" in stage.probes:
+            tokenizations: dict[tuple, tuple[str, PretrainConfig]] = {}  # the first arm of each tokenization
+            for label, arm in arms.items():
+                tokenizations.setdefault(tuple(getattr(arm.data, f) for f in TOKENIZATION_FIELDS), (label, arm))
+            for label, arm in tokenizations.values():
+                with naming(f"probes: passkey-mlm on arm {label!r}"):
+                    mlm_key_ids(build_data(arm.data).tokenizer)
 
 
 def _run_of(result: Path) -> Path:
