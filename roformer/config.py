@@ -426,6 +426,11 @@ MAY_CHANGE_ON_RESUME = {"resume": "may_change"}  # only watches or keeps the run
 MAY_CHANGE_ON_RESUME_QUIETLY = {"resume": "may_change", "resume_warning": False}  # display only: not worth a warning
 MAY_CHANGE_UNTIL_A_RUN_FINISHES = {"resume": "until_a_run_finishes"}  # where a run ends and what it selects
 
+# what a pretraining stage may set over the run's sections (roformer.train.config.Stage); the rest is the run's
+STAGE = {"stage": True}
+STAGE_LR_PHASE = {"stage": True, "lr_phase": True}  # one of these in a stage runs a learning-rate phase of its own
+MASKS_ONLY = {"stage": True, "masks_only": True}  # decides the masks, not the blocks: stages differing in it share them
+
 INCLUDE_KEY = "include"  # the top-level key of a file that starts from another (classes with INCLUDE_FILE = True)
 
 

@@ -21,9 +21,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from roformer.data.text import json_lines
+from roformer.data.text import is_integer_text, json_lines
 from roformer.errors import UserError
-from roformer.tasks.records import is_integer_text, read_text
+from roformer.tasks.records import read_text
 
 SPLITS = ("train", "dev", "test")
 QRELS_HEADER = ("query-id", "corpus-id", "score")

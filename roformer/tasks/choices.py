@@ -32,13 +32,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from roformer.config import check_types
+from roformer.data.text import is_integer_text
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_copy, atomic_write_text
 from roformer.tasks.base import HeadOutputs, TaskSpec, cut_to_limits, pad_rows
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.glue_metrics import compute
-from roformer.tasks.records import Record, example_id, field, is_integer_text, read_split_records, text_field
+from roformer.tasks.records import Record, example_id, field, read_split_records, text_field
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer

@@ -23,12 +23,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
+from roformer.data.text import is_integer_text
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import UserError
 from roformer.tasks.base import Encoded, HeadOutputs, TaskSpec, pad_rows
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.glue_metrics import METRICS, compute
-from roformer.tasks.records import Record, is_integer_text, read_split_records
+from roformer.tasks.records import Record, read_split_records
 from roformer.tasks.texts import (
     PREDICTIONS_FILE,
     LabelKind,

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from roformer.data.text import is_integer_text
 from roformer.errors import UserError
-from roformer.tasks.records import is_integer_text
 
 logger = logging.getLogger(__name__)
 

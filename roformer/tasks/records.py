@@ -36,14 +36,6 @@ class Record:
     where: str
 
 
-INTEGER = re.compile(r"\s*-?[0-9]+\s*")  # ASCII digits: str.isdigit also takes "²", which int() refuses
-
-
-def is_integer_text(value: Any) -> bool:
-    """Whether `value` is a string that int() reads: an optional minus and ASCII digits (spaces around allowed)."""
-    return isinstance(value, str) and INTEGER.fullmatch(value) is not None
-
-
 def file_format(path: Path, format: str = "auto") -> str:
     """The format of `path`: `format` unless `auto`, else from the suffix (.txt and unknown suffixes: an error).
 

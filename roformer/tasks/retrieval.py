@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from roformer.config import check_types
+from roformer.data.text import is_integer_text
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_write_text
@@ -36,7 +37,6 @@ from roformer.tasks.beir import Beir, read_beir
 from roformer.tasks.config import FinetuneDataConfig, Pooling
 from roformer.tasks.ir_metrics import DEFAULT_METRICS, DEPTH, METRICS, rank_by_cosine, ranking_metrics
 from roformer.tasks.objectives import in_batch_negatives_loss
-from roformer.tasks.records import is_integer_text
 from roformer.tasks.similarity import PairRows, pair_batch, pair_vectors
 from roformer.tasks.texts import copy_predictions, segmented
 

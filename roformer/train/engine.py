@@ -29,7 +29,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,7 +42,7 @@ from roformer.files import describe_write_error, read_json, write_errors
 from roformer.logs import MAIN_ONLY
 from roformer.model.model import Model
 from roformer.train.checkpoints import CheckpointManager, first_problem
-from roformer.train.config import TrainArgs
+from roformer.train.config import ResolvedStage, TrainArgs
 from roformer.train.faults import GracefulStop
 from roformer.train.interval import Interval, Pace, RunState, StepResult
 from roformer.train.launch import (
@@ -104,7 +104,15 @@ class StepPlan(Protocol):
 
 
 class Recipe(Protocol):
-    """What a recipe (pretraining, one fine-tuning run) gives the engine."""
+    """What a recipe (pretraining, one fine-tuning run) gives the engine.
+
+    `stages` lists the recipe's stages in order (pretraining's `stages:`, each with its own batch layout; one unnamed
+    stage for a run without them), or none (fine-tuning: `Unstaged`). The engine enters a stage before its first step
+    (and before a resumed step inside it), evaluates and checkpoints at every named stage's end, and tags train and
+    eval events with the stage's name.
+    """
+
+    stages: Sequence[ResolvedStage]
 
     def plan(self, step: int) -> StepPlan:
         """The data of optimizer step `step`."""
@@ -131,22 +139,25 @@ class Recipe(Protocol):
         batch_size examples give the same steps however they are spread, but another batch_size gives other steps.
         """
 
-
-class StagedRecipe(Recipe, Protocol):
-    """A recipe whose steps run in stages (pretraining's `stages:`), each with its own batch layout.
-
-    `stages` lists them in order (roformer.train.config.ResolvedStage; one unnamed stage for a run without stages).
-    The engine enters a stage before its first step (and before a resumed step inside it), evaluates and checkpoints
-    at every named stage's end, and tags train and eval events with the stage's name.
-    """
-
-    stages: list[Any]
-
-    def enter_stage(self, stage: Any) -> None:
+    def enter_stage(self, stage: ResolvedStage) -> None:
         """Make the model compute as `stage` trains (e.g. its rotary base)."""
 
-    def end_stage(self, stage: Any, state: RunState) -> dict[str, Any]:
+    def end_stage(self, stage: ResolvedStage, state: RunState) -> dict[str, Any]:
         """Write what a stage leaves behind (its model folder) after its last step; the fields of its end event."""
+
+
+class Unstaged:
+    """The stage part of a recipe whose steps are one phase (fine-tuning): no stages, so nothing to enter or end."""
+
+    stages: Sequence[ResolvedStage] = ()
+
+    def enter_stage(self, stage: ResolvedStage) -> None:
+        """Never called: the engine enters the stages a recipe lists."""
+        raise AssertionError(f"{type(self).__name__} has no stages")
+
+    def end_stage(self, stage: ResolvedStage, state: RunState) -> dict[str, Any]:
+        """Never called: the engine ends the stages a recipe lists."""
+        raise AssertionError(f"{type(self).__name__} has no stages")
 
 
 class Engine:
@@ -180,7 +191,7 @@ class Engine:
         self.metrics_path = metrics
         self.metrics: MetricsWriter | None = None
         self.tracker_prefix = ""
-        self.stage: Any = None  # the stage being trained (a StagedRecipe's), None before the first
+        self.stage: ResolvedStage | None = None  # the stage being trained, None before the first (or without stages)
         self.stage_tags: dict[str, Any] = {}  # its name, in train and eval events (not a run tag: resume ignores it)
 
     # -- set-up ------------------------------------------------------------------------------------------------
@@ -279,7 +290,7 @@ class Engine:
 
         args, total = self.args, self.total_steps
         evaluate_at = self.eval_points(recipe)
-        stage_ends = {stage.end: stage for stage in getattr(recipe, "stages", []) if stage.name}
+        stage_ends = {stage.end: stage for stage in recipe.stages if stage.name}
         show = self.is_main_process and args.progress
         bar = tqdm(total=total, initial=state.step, desc=desc, disable=not show)
         interval = self.interval
@@ -307,7 +318,7 @@ class Engine:
                     if done in evaluate_at or ended:
                         self.evaluate(recipe, state)
                 with pace.spent("stage"):
-                    end_event = recipe.end_stage(ended, state) if ended else None  # type: ignore[attr-defined]
+                    end_event = recipe.end_stage(ended, state) if ended else None
                 saved = (
                     (args.save_every and done % args.save_every == 0)
                     or (done == total and checkpoint_at_end)
@@ -327,15 +338,14 @@ class Engine:
         return state
 
     def _enter_stage_of(self, recipe: Recipe, step: int, resuming: bool = False) -> None:
-        """Train `step` as its stage says (a StagedRecipe's; nothing for other recipes): batch layout, model, tags.
+        """Train `step` as its stage says (nothing for a recipe without stages): batch layout, model, tags.
 
         Entering a named stage at its first step logs its `stage` event; `resuming` enters without one (the
         checkpoint's layout, to check the global batch it was written with).
         """
-        stages = getattr(recipe, "stages", None)
-        if not stages:
+        if not recipe.stages:
             return
-        stage = stages[stage_index(stages, step)]
+        stage = recipe.stages[stage_index(recipe.stages, step)]
         if stage is self.stage:
             return
         t0 = time.perf_counter()
@@ -344,7 +354,7 @@ class Engine:
         self.args = replace(self.args, batch_size=layout.batch_size, grad_accum=layout.grad_accum)
         self.accelerator.gradient_accumulation_steps = layout.grad_accum
         self.accelerator.step = 0  # micro-steps counted anew: the next step's last micro-batch is its update
-        recipe.enter_stage(stage)  # type: ignore[attr-defined]
+        recipe.enter_stage(stage)
         self.stage_tags = {"stage": stage.name} if stage.name else {}
         if stage.name and step == stage.start and not resuming:
             switch = {"switch_sec": time.perf_counter() - t0}  # what entering cost (its data was built at the start)
@@ -535,11 +545,11 @@ class Engine:
         return ProcessLayout(acc.process_index, acc.num_processes, args.batch_size, args.grad_accum, acc.device)
 
     def stage_batches(self, recipe: Recipe) -> dict[str, int]:
-        """Each named stage's global batch under this launch (a StagedRecipe's; empty for others)."""
+        """Each named stage's global batch under this launch (empty for a recipe without stages)."""
         processes = self.accelerator.num_processes
         return {
             stage.name: global_batch_size(stage.train.batch_size, processes, stage.train.grad_accum)
-            for stage in getattr(recipe, "stages", [])
+            for stage in recipe.stages
             if stage.name
         }
 

@@ -59,7 +59,7 @@ from roformer.tasks.base import EncodedSplit, FinetuneTask
 from roformer.tasks.glue_metrics import ranked, seed_summary
 from roformer.tasks.registry import make_task
 from roformer.train.config import FinetuneConfig
-from roformer.train.engine import Engine, ProcessLayout, RunState, to_device
+from roformer.train.engine import Engine, ProcessLayout, RunState, Unstaged, to_device
 from roformer.train.evaluate import eval_chunks
 from roformer.train.launch import check_run_settings, process_state, run_on_main
 from roformer.train.run_dir import (
@@ -165,7 +165,7 @@ class _FinetuneStep:
         return loss, loss.detach().float() / self.layout.grad_accum / self.layout.num_processes
 
 
-class FinetuneRun:
+class FinetuneRun(Unstaged):
     """The batches, evaluation and best-checkpoint keeping of one fine-tuning run.
 
     Args:
