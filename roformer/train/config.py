@@ -2,7 +2,7 @@
 
 `TrainArgs` holds every field that pretraining and fine-tuning share, with one meaning in both; `TrainConfig`
 (pretraining) and `FinetuneTrainConfig` (fine-tuning) add their own fields and their own defaults. `PretrainConfig`
-(`roformer pretrain`, the studies) and `FinetuneConfig` (`roformer finetune`, `roformer glue`) are whole run
+(`roformer pretrain`, the studies) and `FinetuneConfig` (`roformer finetune`, `roformer suite`) are whole run
 configs, read with `roformer.config.load(PretrainConfig, path, overrides)`; the `data:` sections are in
 roformer.data.config, the `model:` section is roformer.model.config.ModelConfig.
 

@@ -1,4 +1,4 @@
-"""Fine-tuning: `roformer finetune --config configs/glue/<task>.yaml` (the suite `roformer glue` is in study).
+"""Fine-tuning one task of any type: `roformer finetune --config TASK.yaml` (several tasks: `roformer suite`, in study).
 
 One config fine-tunes one task for every learning rate of `train.lrs` (or `train.lr`), every seed of `train.seeds`
 (or `train.seed`) and, for a cross-validated task (`triplet.folds`), every held-out fold, keeping each run's best dev
