@@ -467,20 +467,18 @@ def _eval_mlm_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _eval_mlm(args: argparse.Namespace) -> None:
-    from roformer.study.length_eval import run_length_eval
+    from roformer.study.length_eval import LengthEvalSettings, parse_lengths, parse_rope_scalings, run_length_eval
     from roformer.study.markdown import length_results_table
 
-    results, out = run_length_eval(
-        args.model,
-        args.data,
-        args.seq_lens,
-        out=args.out,
-        overwrite=args.overwrite,
-        rope_scaling=args.rope_scaling,
+    settings = LengthEvalSettings(
+        seq_lens=parse_lengths(args.seq_lens),
         max_tokens=args.max_tokens,
         batch_size=args.batch_size,
-        device=args.device,
+        rope_scalings=parse_rope_scalings(args.rope_scaling) if args.rope_scaling else None,
         trained_length=args.trained_length,
+    )
+    results, out = run_length_eval(
+        args.model, args.data, settings, out=args.out, overwrite=args.overwrite, device=args.device
     )
     print(length_results_table(results) + f"written to {out}")
 
@@ -505,23 +503,20 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _probe(args: argparse.Namespace) -> None:
     from roformer.study.markdown import probe_results_table
-    from roformer.study.probes import run_probe
+    from roformer.study.probes import ProbeSettings, run_probe
 
-    result = run_probe(
-        args.model,
-        args.probe,
-        args.lengths,
+    settings = ProbeSettings(
+        probe=args.probe,
+        lengths=args.lengths,
         samples=args.samples,
         scaling=args.scaling,
-        haystack=args.haystack,
-        out=args.out,
-        trained_length=args.trained_length,
         distances=args.distances,
+        haystack=args.haystack,
+        trained_length=args.trained_length,
         batch_size=args.batch_size,
-        device=args.device,
         seed=args.seed,
-        overwrite=args.overwrite,
     )
+    result = run_probe(args.model, settings, out=args.out, device=args.device, overwrite=args.overwrite)
     print(probe_results_table(result["rows"]), end="")
     if args.out:
         print(f"written to {args.out}")

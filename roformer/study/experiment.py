@@ -35,9 +35,9 @@ from roformer.files import check_output_dir
 from roformer.model.config import ModelConfig, position_fields
 from roformer.model.weights import WEIGHTS_FILE
 from roformer.study.compare import compare
-from roformer.study.length_eval import SCALING_METHODS, default_device, evaluate_lengths, write_results
+from roformer.study.length_eval import LengthEvalSettings, default_device, evaluate_lengths, write_results
 from roformer.study.outputs import COMPARE_DIR, GLUE_DIR
-from roformer.study.probes import CANDIDATES, PROBES, haystack_documents, mlm_key_ids, run_probe
+from roformer.study.probes import ProbeSettings, haystack_documents, mlm_key_ids, run_probe
 from roformer.study.report import write_report
 from roformer.study.runs import PretrainRun, check_same_vocabulary, load_runs
 from roformer.study.suite import load_suite, run_suite
@@ -103,8 +103,11 @@ class LengthStage:
     batch_size: int = 8
 
     def __post_init__(self) -> None:
-        if not self.seq_lens or any(n < 8 for n in self.seq_lens):
-            raise ConfigError(f"length.seq_lens: list lengths >= 8, got {self.seq_lens}")
+        self.settings()  # checked where the command checks it
+
+    def settings(self) -> LengthEvalSettings:
+        """What eval-mlm measures for every final model."""
+        return LengthEvalSettings(tuple(self.seq_lens), self.max_tokens, self.batch_size)
 
 
 @dataclass
@@ -129,18 +132,16 @@ class ProbeStage:
     distances: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        unknown = [p for p in self.probes if p not in PROBES] + [s for s in self.scalings if s not in SCALING_METHODS]
-        if unknown:
-            raise ConfigError(
-                f"probes: unknown probe or scaling {unknown[0]!r} (probes: {', '.join(PROBES)}; "
-                f"scalings: {', '.join(SCALING_METHODS)})"
-            )
-        if not self.lengths or min(self.lengths) < 32 or self.samples < 1:
-            raise ConfigError(f"probes: lengths >= 32 and samples >= 1, got {self.lengths} and {self.samples}")
-        if self.samples > CANDIDATES and {"passkey", "needle"} & set(self.probes):
-            raise ConfigError(
-                f"probes: passkey and needle ask 1 to {CANDIDATES} of their documents, got {self.samples}"
-            )
+        if not self.probes or not self.scalings:
+            raise ConfigError(f"probes: name probes and scalings, got {self.probes} and {self.scalings}")
+        for probe in self.probes:  # each file's settings, checked where the command checks them
+            for scaling in self.scalings:
+                self.settings(probe, scaling, haystack=None)
+
+    def settings(self, probe: str, scaling: str, haystack: str | None) -> ProbeSettings:
+        """The settings of one probe file: `probe` under `scaling`, the filler cut from `haystack` (resolved)."""
+        distances = self.distances or None
+        return ProbeSettings(probe, self.lengths, self.samples, scaling, distances, haystack)
 
 
 # The data fields that make a tokenizer: arms may differ in these alone when `vary` names them.
@@ -424,9 +425,7 @@ def probe_runs(stage: ProbeStage, path: Path, runs: list[Path]) -> list[Path]:
                     continue
                 logger.info("%s: probe %s (%s) at lengths %s", directory, probe, scaling, stage.lengths)
                 target.parent.mkdir(exist_ok=True)
-                model = directory / FINAL_DIR
-                lengths, samples, distances = stage.lengths, stage.samples, stage.distances or None
-                run_probe(model, probe, lengths, samples, scaling, haystack, target, distances=distances)
+                run_probe(directory / FINAL_DIR, stage.settings(probe, scaling, haystack), target)
     return files
 
 
@@ -438,9 +437,7 @@ def evaluate_run_lengths(stage: LengthStage, runs: list[Path]) -> None:
         if target.is_file():
             continue
         logger.info("%s: evaluating at lengths %s", directory, stage.seq_lens)
-        results = evaluate_lengths(
-            directory / FINAL_DIR, directory, stage.seq_lens, stage.max_tokens, stage.batch_size, device
-        )
+        results = evaluate_lengths(directory / FINAL_DIR, directory, stage.settings(), device)
         write_results(target, directory / FINAL_DIR, results)
 
 

@@ -373,7 +373,7 @@ def test_a_probe_stage_probes_every_final_model_and_the_report_tabulates_it(tmp_
     }  # fmt: skip
     assert "## Probe `needle`" in (tmp_path / "out" / REPORT_FILE).read_text()
     write_yaml(tmp_path / "exp.yaml", {**read_yaml(tmp_path / "exp.yaml"), "probes": {"probes": ["haystack"]}})
-    with pytest.raises(ConfigError, match="unknown probe or scaling 'haystack'"):
+    with pytest.raises(ConfigError, match=r"probes: probe: unknown probe 'haystack'"):
         load_experiment(tmp_path / "exp.yaml")
 
 

@@ -227,11 +227,11 @@ def test_the_probes_score_a_model_that_has_the_skill_perfectly_and_one_one_token
 ) -> None:
     """The scoring, not only the inputs: a copier looking back exactly the key's distance fills every masked copy,
     one looking one token further is at chance; a retriever keyed on the name finds every passkey document."""
-    from roformer.study.probes import probe_rows
+    from roformer.study.probes import ProbeSettings, probe_rows
 
     def accuracy(model, tokenizer, probe: str, **options) -> float:
         haystack = Haystack(tokenizer, haystack_documents(None), seed=0)
-        (row,) = probe_rows(model, tokenizer, probe, [128], 60, haystack, "none", None, **options)
+        (row,) = probe_rows(model, tokenizer, ProbeSettings(probe, [128], 60, **options), haystack)
         return row["accuracy"]
 
     tokenizer = load_tokenizer(models["rotary"])
