@@ -59,9 +59,11 @@ from roformer.tasks.base import EncodedSplit, FinetuneTask
 from roformer.tasks.glue_metrics import ranked, seed_summary
 from roformer.tasks.registry import make_task
 from roformer.train.config import FinetuneConfig
-from roformer.train.engine import Engine, ProcessLayout, RunState, Unstaged, to_device
+from roformer.train.engine import Engine
 from roformer.train.evaluate import eval_chunks
+from roformer.train.interval import RunState
 from roformer.train.launch import check_run_settings, process_state, run_on_main
+from roformer.train.recipe import ProcessLayout, Unstaged, to_device
 from roformer.train.run_dir import (
     BEST_DIR,
     CANDIDATES_DIR,

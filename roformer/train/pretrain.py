@@ -41,11 +41,12 @@ from roformer.model.model import MaskedLM
 from roformer.model.pretrained import load_weights_from
 from roformer.model.weights import read_model_config
 from roformer.train.config import PretrainConfig, ResolvedStage
-from roformer.train.engine import Engine, ProcessLayout, RunState, to_device
+from roformer.train.engine import Engine
 from roformer.train.evaluate import evaluate_mlm
-from roformer.train.interval import MaskCounts
+from roformer.train.interval import MaskCounts, RunState
 from roformer.train.launch import agree_on_errors, broadcast_from_main, process_state, run_on_main
 from roformer.train.optim import MOMENTS_FILE, apply_moments, read_moments, save_moments
+from roformer.train.recipe import ProcessLayout, to_device
 from roformer.train.run_dir import (
     CHECKPOINTS_DIR,
     FINAL_DIR,
