@@ -163,8 +163,13 @@ class Origin:
         return self.file
 
     def of_section(self, prefix: str, message: str) -> str:
-        """For a section's own check (a `__post_init__`): the --set, else the file, of a field the message names."""
+        """For a section's own check (a `__post_init__`): the --set, else the file, of a field the message names.
+
+        A section given whole on the command line (`--set stages=[...]`, `--set data.mixture=[...]`) is that --set's.
+        """
         for overridden, item in reversed(self.overrides):
+            if prefix and _within(prefix.rstrip("."), overridden):
+                return f"--set {item}"
             if overridden.startswith(prefix) and _names(message, overridden.removeprefix(prefix)):
                 return f"--set {item}"
         for included, file in self.included:
@@ -229,11 +234,23 @@ def from_dict(cls: type[T], data: Any, source: str | Origin = "<dict>", prefix: 
             kwargs[key] = coerce(value, hints[key], source, f"{prefix}{key}")
     if holder is not None:
         kwargs[holder] = sections
+    for missing in _required_fields(cls) - set(kwargs):
+        where = _named(source, f"{prefix}{missing}")
+        raise ConfigError(f"{where}: {section}missing key '{prefix}{missing}' (it has no default)")
     try:
         return cls(**kwargs)
     except ConfigError as e:
         where = source.of_section(prefix, str(e)) if isinstance(source, Origin) else source
         raise ConfigError(f"{where}: {section}{e}") from None
+
+
+def _required_fields(cls: type) -> set[str]:
+    """The fields of dataclass `cls` that a mapping must give (no default, no default factory)."""
+    return {
+        f.name
+        for f in fields(cls)
+        if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
 
 
 def coerce(value: Any, tp: Any, source: str | Origin, key: str) -> Any:
@@ -408,6 +425,11 @@ INCLUDE = {"include": True}  # a section that may instead name a YAML file (its 
 MAY_CHANGE_ON_RESUME = {"resume": "may_change"}  # only watches or keeps the run: a warning says it changed
 MAY_CHANGE_ON_RESUME_QUIETLY = {"resume": "may_change", "resume_warning": False}  # display only: not worth a warning
 MAY_CHANGE_UNTIL_A_RUN_FINISHES = {"resume": "until_a_run_finishes"}  # where a run ends and what it selects
+
+# what a pretraining stage may set over the run's sections (roformer.train.config.Stage); the rest is the run's
+STAGE = {"stage": True}
+STAGE_LR_PHASE = {"stage": True, "lr_phase": True}  # one of these in a stage runs a learning-rate phase of its own
+MASKS_ONLY = {"stage": True, "masks_only": True}  # decides the masks, not the blocks: stages differing in it share them
 
 INCLUDE_KEY = "include"  # the top-level key of a file that starts from another (classes with INCLUDE_FILE = True)
 

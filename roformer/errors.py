@@ -4,9 +4,23 @@ The CLI turns a `UserError` into one line on stderr and exit code 2, without a t
 fix their input, not our code.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class UserError(Exception):
     """Something the user gave us is wrong; the message says what and where."""
+
+
+@contextmanager
+def naming(where: str) -> Iterator[None]:
+    """A bad-input error raised inside, said of `where` (a stage, a corpus) that the inner message does not name."""
+    try:
+        yield
+    except RunStopped:
+        raise
+    except UserError as e:
+        raise type(e)(f"{where}: {e}") from None
 
 
 class ConfigError(UserError, ValueError):

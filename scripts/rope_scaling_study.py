@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from roformer.config import load
-from roformer.study.length_eval import evaluate_lengths, parse_rope_scalings
+from roformer.study.length_eval import LengthEvalSettings, evaluate_lengths, parse_rope_scalings
 from roformer.study.markdown import length_results_table
 from roformer.train.config import PretrainConfig
 from roformer.train.pretrain import pretrain
@@ -67,7 +67,9 @@ def main() -> None:
         pretrain(load(PretrainConfig, args.config, ["train.progress=false"]), base, overwrite=base.exists())
     args.trained = load(PretrainConfig, base / "config.yaml").data.max_seq_len
     scalings = parse_rope_scalings(",".join(METHODS))
-    zero_shot = evaluate_lengths(base / "final", base, lengths, max_tokens=args.max_tokens, rope_scalings=scalings)
+    zero_shot = evaluate_lengths(
+        base / "final", base, LengthEvalSettings(lengths, args.max_tokens, rope_scalings=scalings)
+    )
     tables = [
         f"Trained at {args.trained} tokens, evaluated with each method (factor = length / {args.trained}):\n",
         length_results_table(zero_shot),
@@ -76,7 +78,7 @@ def main() -> None:
     factor = args.long / args.trained
     for method in METHODS:
         run = continued(args, base, method, factor)
-        results = evaluate_lengths(run / "final", base, lengths, max_tokens=args.max_tokens)
+        results = evaluate_lengths(run / "final", base, LengthEvalSettings(lengths, args.max_tokens))
         rows.append((method, results))
     header = "| method | " + " | ".join(str(n) for n in lengths) + " |"
     tables += [

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from roformer.config import MAY_CHANGE_ON_RESUME, PATH, check_seed, check_types
+from roformer.config import MASKS_ONLY, MAY_CHANGE_ON_RESUME, PATH, STAGE, check_seed, check_types
 from roformer.errors import ConfigError
 
 
@@ -121,40 +121,49 @@ class DataConfig:
             and `compare` check it.
     """
 
-    source: Literal["builtin", "text", "hub"] = "builtin"
-    paths: list[str] = field(default_factory=list, metadata=PATH)
+    source: Literal["builtin", "text", "hub"] = field(default="builtin", metadata=STAGE)
+    paths: list[str] = field(default_factory=list, metadata={**PATH, **STAGE})
     validation_paths: list[str] = field(default_factory=list, metadata=PATH)
     validation_fraction: float = 0.05
     split_seed: int = 0
-    text_column: str = "text"
-    decode_errors: Literal["strict", "replace"] = "strict"
-    hub_name: str | None = None
-    hub_config: str | None = None
-    hub_split: str = "train"
-    hub_revision: str | None = None
-    builtin_documents: int = 20000
-    builtin_seed: int = 0
+    text_column: str = field(default="text", metadata=STAGE)
+    decode_errors: Literal["strict", "replace"] = field(default="strict", metadata=STAGE)
+    hub_name: str | None = field(default=None, metadata=STAGE)
+    hub_config: str | None = field(default=None, metadata=STAGE)
+    hub_split: str = field(default="train", metadata=STAGE)
+    hub_revision: str | None = field(default=None, metadata=STAGE)
+    builtin_documents: int = field(default=20000, metadata=STAGE)
+    builtin_seed: int = field(default=0, metadata=STAGE)
     tokenizer: str | None = field(default=None, metadata=PATH)
     vocab_size: int = 8000
     lowercase: bool = True
     jieba: bool = False
-    max_seq_len: int = 128
-    mask_rate: float | RateSchedule = 0.15
-    mask_split: list[float] = field(default_factory=lambda: [0.8, 0.1, 0.1])
+    max_seq_len: int = field(default=128, metadata=STAGE)
+    mask_rate: float | RateSchedule = field(default=0.15, metadata=MASKS_ONLY)
+    mask_split: list[float] = field(default_factory=lambda: [0.8, 0.1, 0.1], metadata=MASKS_ONLY)
     eval_mask_rate: float = 0.15
     eval_mask_seed: int = 1234
     max_eval_blocks: int | None = None
     num_proc: int | None = field(default=None, metadata=MAY_CHANGE_ON_RESUME)
-    mixture: list[MixtureSource] = field(default_factory=list)
+    mixture: list[MixtureSource] = field(default_factory=list, metadata=STAGE)
     packing: Literal["blocks", "isolated"] = "blocks"
-    whole_word_mask: bool = False
+    whole_word_mask: bool = field(default=False, metadata=MASKS_ONLY)
     cache: bool = True
     cache_dir: str | None = field(default=None, metadata=MAY_CHANGE_ON_RESUME)
     streaming: bool = False
     stream_validation_documents: int = 1000
     tokenizer_documents: int = 100_000
-    shuffle_buffer: int = 10_000
+    shuffle_buffer: int = field(default=10_000, metadata=STAGE)
     vocab_hash: str | None = None
+
+    @property
+    def corpus_name(self) -> str:
+        """What the corpus is, in a message: its files, its hub dataset, or the built-in corpus."""
+        if self.source == "text":
+            return ", ".join(map(str, self.paths)) or "(no paths)"
+        if self.source == "hub":
+            return f"hub:{self.hub_name}" + (f"/{self.hub_config}" if self.hub_config else "")
+        return "builtin"
 
     def __post_init__(self) -> None:
         check_types(self)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import glob
 import json
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from roformer.errors import UserError
 
@@ -158,3 +160,11 @@ def _read_table(path: Path, text_column: str) -> Iterator[str]:
     for value in table[text_column]:
         if value is not None and str(value).strip():
             yield str(value)
+
+
+INTEGER = re.compile(r"\s*-?[0-9]+\s*")  # ASCII digits: str.isdigit also takes "²", which int() refuses
+
+
+def is_integer_text(value: Any) -> bool:
+    """Whether `value` is a string that int() reads: an optional minus and ASCII digits (spaces around allowed)."""
+    return isinstance(value, str) and INTEGER.fullmatch(value) is not None

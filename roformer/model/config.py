@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from roformer.config import check_types, from_dict, read_yaml, write_yaml
+from roformer.config import STAGE, check_types, from_dict, read_yaml, write_yaml
 from roformer.errors import ConfigError
 
 # Activation names accepted in `hidden_act`: every parameter-free activation that HF BERT/RoFormer configs use.
@@ -206,11 +206,11 @@ class ModelConfig:
     initializer_range: float = 0.02
     position_encoding: PositionEncoding = field(default="rotary", metadata=POSITION)
     max_position_embeddings: int = field(default=512, metadata=POSITION)
-    rotary_base: float = field(default=10000.0, metadata=POSITION)
+    rotary_base: float = field(default=10000.0, metadata={**POSITION, **STAGE})
     rotary_layout: Literal["interleaved", "half"] = field(default="interleaved", metadata=POSITION)
     rotary_value: bool = field(default=False, metadata=POSITION)
     rotary_dim: int | None = field(default=None, metadata=POSITION)
-    rope_scaling: RopeScaling | None = field(default=None, metadata=POSITION)
+    rope_scaling: RopeScaling | None = field(default=None, metadata={**POSITION, **STAGE})
     relative_max_distance: int = field(default=128, metadata=POSITION)
     relative_num_buckets: int = field(default=32, metadata=POSITION)
     shaw_values: bool = field(default=False, metadata=POSITION)

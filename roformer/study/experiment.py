@@ -30,20 +30,21 @@ from pathlib import Path
 from typing import Any
 
 from roformer.config import check_seed, check_types, config_path, load, read_yaml
-from roformer.errors import ConfigError
+from roformer.errors import ConfigError, naming
 from roformer.files import check_output_dir
 from roformer.model.config import ModelConfig, position_fields
 from roformer.model.weights import WEIGHTS_FILE
 from roformer.study.compare import compare
-from roformer.study.length_eval import SCALING_METHODS, default_device, evaluate_lengths, write_results
+from roformer.study.length_eval import LengthEvalSettings, default_device, evaluate_lengths, write_results
 from roformer.study.outputs import COMPARE_DIR, GLUE_DIR
-from roformer.study.probes import CANDIDATES, PROBES, run_probe
+from roformer.study.probes import ProbeSettings, haystack_documents, mlm_key_ids, run_probe
 from roformer.study.report import write_report
 from roformer.study.runs import PretrainRun, check_same_vocabulary, load_runs
-from roformer.study.suite import load_suite_config, run_suite
+from roformer.study.suite import load_suite, run_suite
+from roformer.tasks.registry import make_task
 from roformer.train.config import PretrainConfig
-from roformer.train.launch import process_state, run_on_main
-from roformer.train.pretrain import pretrain
+from roformer.train.launch import check_run_settings, process_state, run_on_main
+from roformer.train.pretrain import build_data, pretrain
 from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, PROBES_DIR, RUN_CONFIG_FILE, RunDir
 
 logger = logging.getLogger(__name__)
@@ -102,8 +103,11 @@ class LengthStage:
     batch_size: int = 8
 
     def __post_init__(self) -> None:
-        if not self.seq_lens or any(n < 8 for n in self.seq_lens):
-            raise ConfigError(f"length.seq_lens: list lengths >= 8, got {self.seq_lens}")
+        self.settings()  # checked where the command checks it
+
+    def settings(self) -> LengthEvalSettings:
+        """What eval-mlm measures for every final model."""
+        return LengthEvalSettings(tuple(self.seq_lens), self.max_tokens, self.batch_size)
 
 
 @dataclass
@@ -128,18 +132,16 @@ class ProbeStage:
     distances: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        unknown = [p for p in self.probes if p not in PROBES] + [s for s in self.scalings if s not in SCALING_METHODS]
-        if unknown:
-            raise ConfigError(
-                f"probes: unknown probe or scaling {unknown[0]!r} (probes: {', '.join(PROBES)}; "
-                f"scalings: {', '.join(SCALING_METHODS)})"
-            )
-        if not self.lengths or min(self.lengths) < 32 or self.samples < 1:
-            raise ConfigError(f"probes: lengths >= 32 and samples >= 1, got {self.lengths} and {self.samples}")
-        if self.samples > CANDIDATES and {"passkey", "needle"} & set(self.probes):
-            raise ConfigError(
-                f"probes: passkey and needle ask 1 to {CANDIDATES} of their documents, got {self.samples}"
-            )
+        if not self.probes or not self.scalings:
+            raise ConfigError(f"probes: name probes and scalings, got {self.probes} and {self.scalings}")
+        for probe in self.probes:  # each file's settings, checked where the command checks them
+            for scaling in self.scalings:
+                self.settings(probe, scaling, haystack=None)
+
+    def settings(self, probe: str, scaling: str, haystack: str | None) -> ProbeSettings:
+        """The settings of one probe file: `probe` under `scaling`, the filler cut from `haystack` (resolved)."""
+        distances = self.distances or None
+        return ProbeSettings(probe, self.lengths, self.samples, scaling, distances, haystack)
 
 
 # The data fields that make a tokenizer: arms may differ in these alone when `vary` names them.
@@ -295,8 +297,7 @@ def run_experiment(path: str | Path, out: str | Path, overrides: list[str] | Non
     path, out = Path(path), Path(out)
     check_output_dir(out, overwrite=False, resume=True)  # an experiment continues what its directory holds
     experiment, arms = load_experiment(path, overrides)
-    if experiment.glue is not None:  # every task config must load before hours of pretraining
-        load_suite_config(config_path(path.parent, experiment.glue.suite))
+    check_stage_inputs(experiment, path, arms)  # before hours of pretraining
     out.mkdir(parents=True, exist_ok=True)
     runs = pretrain_arms(experiment, arms, out)
     glue_dirs = finetune_runs(experiment, path, runs, out) if experiment.glue is not None else []
@@ -315,6 +316,38 @@ def run_experiment(path: str | Path, out: str | Path, overrides: list[str] | Non
         compare(mine + theirs, out / f"{COMPARE_DIR}-{name}", baseline=comparison.baseline, overwrite=True)
     write_report(out, path, experiment, arms, list(overrides or []))
     return summary
+
+
+def check_stage_inputs(experiment: ExperimentConfig, path: Path, arms: dict[str, PretrainConfig]) -> None:
+    """What the stages after pretraining read, checked before the first arm trains instead of after hours of it.
+
+    GLUE: every task config loads with the stage's overrides, its run settings are accepted and its data files are
+    read and checked as its run will read them (tokenizing waits for the pretrained tokenizer). Probes: the haystack
+    folder holds text, and passkey-mlm's ten digits are tokens of every arm's tokenizer (made now as the first run of
+    that tokenization makes it; its run then finds it in the data cache).
+
+    Raises:
+        UserError: naming the stage, and the task, file or arm at fault.
+    """
+    if experiment.glue is not None:
+        stage = experiment.glue
+        extra = [f"data.glue_dir={config_path(path.parent, stage.glue_dir)}"] if stage.glue_dir is not None else []
+        _, configs = load_suite(config_path(path.parent, stage.suite), stage.overrides + extra)
+        for config in configs:
+            with naming(f"glue: task {config.data.task}"):
+                check_run_settings(config.train)
+                make_task(replace(config.data, jieba=bool(config.data.jieba)))
+    if experiment.probes is not None:
+        stage = experiment.probes
+        with naming("probes.haystack"):
+            haystack_documents(str(config_path(path.parent, stage.haystack)) if stage.haystack else None)
+        if "passkey-mlm" in stage.probes:
+            tokenizations: dict[tuple, tuple[str, PretrainConfig]] = {}  # the first arm of each tokenization
+            for label, arm in arms.items():
+                tokenizations.setdefault(tuple(getattr(arm.data, f) for f in TOKENIZATION_FIELDS), (label, arm))
+            for label, arm in tokenizations.values():
+                with naming(f"probes: passkey-mlm on arm {label!r}"):
+                    mlm_key_ids(build_data(arm.data).tokenizer)
 
 
 def _run_of(result: Path) -> Path:
@@ -392,9 +425,7 @@ def probe_runs(stage: ProbeStage, path: Path, runs: list[Path]) -> list[Path]:
                     continue
                 logger.info("%s: probe %s (%s) at lengths %s", directory, probe, scaling, stage.lengths)
                 target.parent.mkdir(exist_ok=True)
-                model = directory / FINAL_DIR
-                lengths, samples, distances = stage.lengths, stage.samples, stage.distances or None
-                run_probe(model, probe, lengths, samples, scaling, haystack, target, distances=distances)
+                run_probe(directory / FINAL_DIR, stage.settings(probe, scaling, haystack), target)
     return files
 
 
@@ -406,9 +437,7 @@ def evaluate_run_lengths(stage: LengthStage, runs: list[Path]) -> None:
         if target.is_file():
             continue
         logger.info("%s: evaluating at lengths %s", directory, stage.seq_lens)
-        results = evaluate_lengths(
-            directory / FINAL_DIR, directory, stage.seq_lens, stage.max_tokens, stage.batch_size, device
-        )
+        results = evaluate_lengths(directory / FINAL_DIR, directory, stage.settings(), device)
         write_results(target, directory / FINAL_DIR, results)
 
 

@@ -141,15 +141,44 @@ def same_tables(a: ModelConfig, b: ModelConfig) -> bool:
     return scale_a == scale_b and torch.equal(freq_a, freq_b)
 
 
+@dataclasses.dataclass(frozen=True)
+class LengthEvalSettings:
+    """What eval-mlm measures, checked on construction (the command's flags and an experiment's `length:`).
+
+    Attributes:
+        seq_lens: Block lengths (>= 8).
+        max_tokens: Tokens scored at every length.
+        batch_size: Blocks per forward.
+        rope_scalings: (method, factor) pairs (`parse_rope_scalings`; factor None: length / trained length); None =
+            the model as saved.
+        trained_length: The length the model was trained at, for the factors (None: its pretraining.json).
+    """
+
+    seq_lens: tuple[int, ...]
+    max_tokens: int = 65536
+    batch_size: int = 8
+    rope_scalings: tuple[tuple[str, float | None], ...] | None = None
+    trained_length: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seq_lens", tuple(self.seq_lens))  # lists from YAML and the parsers: fixed
+        if self.rope_scalings is not None:
+            object.__setattr__(self, "rope_scalings", tuple((m, f) for m, f in self.rope_scalings))
+        if not self.seq_lens or min(self.seq_lens) < 8:
+            raise ConfigError(f"seq_lens: lengths must be >= 8, got {list(self.seq_lens)}")
+        if self.max_tokens < 1 or self.batch_size < 1:
+            raise ConfigError(f"max_tokens and batch_size must be >= 1, got {self.max_tokens}, {self.batch_size}")
+        for method, factor in self.rope_scalings or ():
+            if method not in SCALING_METHODS:
+                raise ConfigError(f"rope_scaling: unknown method {method!r} (known: {', '.join(SCALING_METHODS)})")
+            if factor is not None and (factor < 1 or method == "none"):
+                raise ConfigError(f"rope_scaling: {method}:{factor}: a factor >= 1 goes with a scaling method")
+        if self.trained_length is not None and self.trained_length < 1:
+            raise ConfigError(f"trained_length must be >= 1, got {self.trained_length}")
+
+
 def evaluate_lengths(
-    model_dir: str | Path,
-    data_source: str | Path,
-    seq_lens: list[int],
-    max_tokens: int = 65536,
-    batch_size: int = 8,
-    device: str = "cpu",
-    rope_scalings: list[tuple[str, float | None]] | None = None,
-    trained_length: int | None = None,
+    model_dir: str | Path, data_source: str | Path, settings: LengthEvalSettings, device: str = "cpu"
 ) -> list[dict[str, Any]]:
     """One result per length (and scaling method): eval_loss, eval_accuracy, blocks and masked tokens.
 
@@ -158,22 +187,17 @@ def evaluate_lengths(
     Args:
         model_dir: The model to evaluate.
         data_source: A pretraining config or run directory whose validation split is scored.
-        seq_lens: Block lengths.
-        max_tokens: Tokens scored at every length.
-        batch_size: Blocks per forward.
+        settings: The lengths, token budget, batch size and scalings.
         device: Where to run (checked first: `check_device`).
-        rope_scalings: (method, factor) pairs from `parse_rope_scalings`; None = the model as saved.
-        trained_length: The length the model was trained at (default: its pretraining.json), for the factors.
 
     Raises:
-        UserError: a bad model, data source, length list, or scaling of a model without rotary positions.
+        UserError: a bad model, data source, or scaling of a model without rotary positions.
     """
-    if not seq_lens or any(n < 8 for n in seq_lens):
-        raise UserError(f"--seq-lens: lengths must be >= 8, got {seq_lens}")
     check_device(device)
     model_dir = Path(model_dir)
     model = load(model_dir, architecture="masked_lm", device=device)
-    if rope_scalings is not None:
+    trained_length = settings.trained_length
+    if settings.rope_scalings is not None:
         if model.config.position_encoding != "rotary":
             raise UserError(f"--rope-scaling: {model_dir} has {model.config.position_encoding} positions, not rotary")
         trained_length = trained_length or pretraining_length(model_dir)
@@ -186,7 +210,7 @@ def evaluate_lengths(
     token_lists = tokenize_documents(validation_documents(data), tokenizer, data.num_proc, transform)
     packed: dict[int, Any] = {}  # length -> its blocks, or the reason it cannot be scored
     config = model.config
-    for length in seq_lens:
+    for length in settings.seq_lens:
         if config.position_encoding == "learned" and length > config.max_position_embeddings:
             message = f"learned positions cover {config.max_position_embeddings} tokens; cannot evaluate {length}"
             logger.warning("%s: %s", model_dir, message)
@@ -199,21 +223,21 @@ def evaluate_lengths(
     # one budget for every length: max_tokens, or what the validation text fills at every length when it is shorter
     # (its tail would otherwise be scored at the short lengths only)
     filled = [len(blocks) * length for length, blocks in packed.items() if not isinstance(blocks, str)]
-    budget = min([max_tokens, *filled])
+    budget = min([settings.max_tokens, *filled])
     results = []
-    for length in seq_lens:
+    for length in settings.seq_lens:
         if isinstance(packed[length], str):
             results.append({"seq_len": length, "error": packed[length]})
             continue
         blocks = packed[length][: max(1, budget // length)]
         ids, labels = eval_batch(blocks, tokenizer, data)
-        if rope_scalings is None:
-            scores = evaluate_mlm(model, ids, labels, batch_size, torch.device(device))
+        if settings.rope_scalings is None:
+            scores = evaluate_mlm(model, ids, labels, settings.batch_size, torch.device(device))
             results.append({"seq_len": length, "blocks": len(blocks), **scores})
             continue
-        for method, factor in rope_scalings:
+        for method, factor in settings.rope_scalings:
             variant, label = scaled(model, method, factor, length, trained_length)
-            scores = evaluate_mlm(variant, ids, labels, batch_size, torch.device(device))
+            scores = evaluate_mlm(variant, ids, labels, settings.batch_size, torch.device(device))
             as_trained = same_tables(variant.config, model.config)  # what compare reads as the model
             row = {"seq_len": length, "rope_scaling": label, "as_trained": as_trained, "blocks": len(blocks)}
             row["column"] = method if factor is None else label  # the printed table's column
@@ -237,32 +261,24 @@ def write_results(path: Path, model_dir: str | Path, results: list[dict[str, Any
 def run_length_eval(
     model_dir: str | Path,
     data: str | None,
-    seq_lens: str,
+    settings: LengthEvalSettings,
     out: str | Path | None = None,
     overwrite: bool = False,
-    rope_scaling: str | None = None,
-    max_tokens: int = 65536,
-    batch_size: int = 8,
     device: str | None = None,
-    trained_length: int | None = None,
 ) -> tuple[list[dict[str, Any]], Path]:
     """`roformer eval-mlm`: check the request, evaluate every length, write the results file.
 
     Everything that can be checked without the model is checked before it is loaded: the model directory, the
-    results file (writable, not replaced unless `overwrite`), the data source, the lengths and scaling methods.
+    results file (writable, not replaced unless `overwrite`) and the data source (the settings check themselves).
 
     Args:
         model_dir: The model to evaluate.
         data: A pretraining config (a path or a shipped config's name) or run directory; None = the model's own run
             when `model_dir` is a run's final/.
-        seq_lens: Comma-separated block lengths, as given to --seq-lens.
+        settings: The lengths, token budget, batch size and scalings.
         out: The results JSON; None = `default_output(model_dir)`.
         overwrite: Replace an existing results file.
-        rope_scaling: Comma-separated scaling methods, as given to --rope-scaling (`parse_rope_scalings`).
-        max_tokens: Tokens scored at every length.
-        batch_size: Blocks per forward.
         device: Where to run; None = `default_device()`.
-        trained_length: The model's training length (default: its pretraining.json).
 
     Returns:
         The results (`evaluate_lengths`) and the file they were written to.
@@ -276,20 +292,9 @@ def run_length_eval(
     out = Path(out) if out else default_output(model_dir)
     check_output_file(out)  # before evaluating
     source = data_source_of(data, model_dir)
-    lengths = parse_lengths(seq_lens)
-    scalings = parse_rope_scalings(rope_scaling) if rope_scaling else None
     if out.exists() and not overwrite:  # earlier results (e.g. at other lengths) are not replaced unasked
         raise UserError(f"{out}: exists (pass --overwrite to replace it)")
-    results = evaluate_lengths(
-        model_dir,
-        source,
-        lengths,
-        max_tokens=max_tokens,
-        batch_size=batch_size,
-        device=device or default_device(),
-        rope_scalings=scalings,
-        trained_length=trained_length,
-    )
+    results = evaluate_lengths(model_dir, source, settings, device or default_device())
     if all("error" in r for r in results):  # nothing evaluated: not a result to write
         raise UserError(f"{model_dir}: no requested length could be evaluated ({results[0]['error']})")
     write_results(out, model_dir, results)

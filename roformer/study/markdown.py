@@ -47,7 +47,8 @@ def probe_results_table(rows: list[dict[str, Any]]) -> str:
     ]
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['probe']} | {row['length']} | | {row['scaling']} | {row['error']} | | | |")
+            distance = row.get("distance", "")
+            lines.append(f"| {row['probe']} | {row['length']} | {distance} | {row['scaling']} | {row['error']} | | | |")
             continue
         low, high = row["interval"]
         lines.append(

@@ -25,6 +25,7 @@ import json
 import random
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ import torch
 from roformer.data.builtin import generate_documents
 from roformer.data.text import expand_paths, read_documents
 from roformer.data.tokenizer import load_tokenizer
-from roformer.errors import UserError
+from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_write_text, check_output_file
 from roformer.model.model import load
 from roformer.model.weights import MODEL_CONFIG_FILE, read_model_config
@@ -51,6 +52,56 @@ NAMES = tuple(
 SECRETS = ("key", "map", "coin", "ring", "letter", "book", "stone", "watch")
 PLACES = ("garden", "cellar", "tower", "library", "kitchen", "harbour", "forest", "attic", "station", "chapel")
 MLM_KEYS = tuple(str(k) for k in range(10))  # single tokens in any WordPiece vocabulary with digits
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """What one probe file measures, checked on construction (the command's flags and an experiment's `probes:`).
+
+    Attributes:
+        probe: `passkey`, `needle` or `passkey-mlm`.
+        lengths: Input lengths (>= 32).
+        samples: Queries (or masked keys) per length; retrieval asks 1 to CANDIDATES of its documents.
+        scaling: Rotary context scaling: `none`, `linear`, `ntk`, `yarn` or `self_extend` (the factor per length).
+        distances: passkey-mlm's key-to-copy distances; None = `default_distances` of each length.
+        haystack: A folder of text the filler is cut from; None = the built-in corpus.
+        trained_length: The model's training length, for a scaling (None: the model's pretraining.json).
+        batch_size: Inputs per forward.
+        seed: Seed of the haystack's order, the planted facts and the keys.
+    """
+
+    probe: str
+    lengths: tuple[int, ...] = (128, 256, 512, 1024, 2048)
+    samples: int = 50
+    scaling: str = "none"
+    distances: tuple[int, ...] | None = None
+    haystack: str | None = None
+    trained_length: int | None = None
+    batch_size: int = 8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lengths", tuple(self.lengths))  # lists from YAML and argparse: hashable, fixed
+        if self.distances is not None:
+            object.__setattr__(self, "distances", tuple(self.distances) or None)
+        if self.probe not in PROBES:
+            raise ConfigError(f"probe: unknown probe {self.probe!r} (known: {', '.join(PROBES)})")
+        if self.scaling not in SCALING_METHODS:
+            raise ConfigError(f"scaling: unknown method {self.scaling!r} (known: {', '.join(SCALING_METHODS)})")
+        if not self.lengths or min(self.lengths) < 32:
+            raise ConfigError(f"lengths: lengths must be >= 32, got {list(self.lengths)}")
+        if self.samples < 1:
+            raise ConfigError(f"samples must be >= 1, got {self.samples}")
+        if self.probe != "passkey-mlm" and self.samples > CANDIDATES:
+            raise ConfigError(
+                f"samples: {self.probe} asks 1 to {CANDIDATES} of its {CANDIDATES} documents, got {self.samples}"
+            )
+        if self.distances is not None and min(self.distances) < 1:
+            raise ConfigError(f"distances must be >= 1, got {list(self.distances)}")
+        if self.batch_size < 1 or (self.trained_length is not None and self.trained_length < 1):
+            raise ConfigError(
+                f"batch_size and trained_length must be >= 1, got {self.batch_size}, {self.trained_length}"
+            )
 
 
 def haystack_documents(folder: str | None, seed: int = 0) -> list[str]:
@@ -143,8 +194,12 @@ def mlm_key_ids(tokenizer: Any) -> list[list[int]]:
 
 def mlm_samples(
     tokenizer: Any, haystack: Haystack, length: int, distance: int, samples: int, seed: int
-) -> tuple[torch.Tensor, torch.Tensor, list[int]] | None:
-    """(ids (S, length), the masked position of each, the key's index in MLM_KEYS) or None when it cannot fit."""
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """(ids (S, length), the masked position of each, the key's index in MLM_KEYS).
+
+    Raises:
+        ValueError: the distance does not fit the length (saying which distances do), for the probe's row.
+    """
     rng = random.Random(seed)
     head = tokenizer("the pass key is", add_special_tokens=False)["input_ids"]
     dot = tokenizer(".", add_special_tokens=False)["input_ids"]
@@ -152,7 +207,7 @@ def mlm_samples(
     span = len(head) + 1 + len(dot)  # "the pass key is K ."
     body = length - 2
     if distance < span or distance + span > body:
-        return None
+        raise ValueError(f"distance {distance} does not fit {length} tokens (distances {span} to {body - span} do)")
     rows, masked, answers = [], [], []
     for _ in range(samples):
         answer = rng.randrange(len(MLM_KEYS))
@@ -218,36 +273,28 @@ def mlm_accuracy(
 
 
 def probe_rows(
-    model: Any,
-    tokenizer: Any,
-    probe: str,
-    lengths: list[int],
-    samples: int,
-    haystack: Haystack,
-    scaling: str,
-    trained_length: int | None,
-    distances: list[int] | None = None,
-    batch_size: int = 8,
-    device: torch.device | None = None,
-    seed: int = 0,
+    model: Any, tokenizer: Any, settings: ProbeSettings, haystack: Haystack, device: torch.device | None = None
 ) -> Iterator[dict[str, Any]]:
     """One row per length (and distance, for passkey-mlm): accuracy, 95% interval, samples, seconds."""
     device = device or torch.device("cpu")
     config = model.config
-    for length in lengths:
-        row = {"probe": probe, "length": length, "scaling": scaling}
+    probe, samples, seed, batch_size = settings.probe, settings.samples, settings.seed, settings.batch_size
+    for length in settings.lengths:
+        row = {"probe": probe, "length": length, "scaling": settings.scaling}
         if config.position_encoding == "learned" and length > config.max_position_embeddings:
             yield {**row, "error": f"learned positions cover {config.max_position_embeddings} tokens, not {length}"}
             continue
         variant = model
-        if scaling != "none":
-            variant, label = scaled(model, scaling, None, length, trained_length)
+        if settings.scaling != "none":
+            variant, label = scaled(model, settings.scaling, None, length, settings.trained_length)
             row["scaling"] = label
         started = time.perf_counter()
         if probe == "passkey-mlm":
-            for distance in distances or default_distances(length):
-                made = mlm_samples(tokenizer, haystack, length, distance, samples, seed + length * 1000 + distance)
-                if made is None:
+            for distance in settings.distances or default_distances(length):
+                try:
+                    made = mlm_samples(tokenizer, haystack, length, distance, samples, seed + length * 1000 + distance)
+                except ValueError as e:  # a row that says so, as for a length a model cannot reach
+                    yield {**row, "distance": distance, "error": str(e)}
                     continue
                 t0 = time.perf_counter()
                 correct = mlm_accuracy(variant, tokenizer, *made, batch_size, device)
@@ -275,73 +322,43 @@ def _scored(row: dict[str, Any], correct: int, samples: int, started: float) -> 
 
 def run_probe(
     model_dir: str | Path,
-    probe: str,
-    lengths: list[int],
-    samples: int = 50,
-    scaling: str = "none",
-    haystack: str | None = None,
+    settings: ProbeSettings,
     out: str | Path | None = None,
-    trained_length: int | None = None,
-    distances: list[int] | None = None,
-    batch_size: int = 8,
     device: str | None = None,
-    seed: int = 0,
     overwrite: bool = False,
 ) -> dict[str, Any]:
-    """`roformer probe`: check the input, probe the model at every length, write the JSON (if `out`), return it.
+    """`roformer probe`: check the output and the model, probe it at every length, write the JSON (if `out`).
 
     Raises:
-        UserError: an unknown probe or scaling, a scaling of a model without rotary positions, a bad length or
-            sample count, a model that does not load, a haystack without text.
+        UserError: a scaling of a model without rotary positions (or without a recorded training length), a model
+            that does not load or has no MLM head for passkey-mlm, a haystack without text, an output in the way.
     """
     if out is not None:
         check_output_file(Path(out))
         if Path(out).exists() and not overwrite:
             raise UserError(f"{out} exists (--overwrite replaces it)")
-    if probe not in PROBES:
-        raise UserError(f"--probe: unknown probe {probe!r} (known: {', '.join(PROBES)})")
-    if scaling not in SCALING_METHODS:
-        raise UserError(f"--scaling: unknown method {scaling!r} (known: {', '.join(SCALING_METHODS)})")
-    if not lengths or min(lengths) < 32:
-        raise UserError(f"--lengths: lengths must be >= 32, got {lengths}")
-    if probe != "passkey-mlm" and not 1 <= samples <= CANDIDATES:
-        raise UserError(f"--samples: {probe} asks 1 to {CANDIDATES} of its {CANDIDATES} documents, got {samples}")
-    if samples < 1:
-        raise UserError(f"--samples must be >= 1, got {samples}")
     device = device or default_device()
     check_device(device)
-    architecture = "masked_lm" if probe == "passkey-mlm" else None
+    architecture = "masked_lm" if settings.probe == "passkey-mlm" else None
     saved = read_model_config(model_dir)[0] if (Path(model_dir) / MODEL_CONFIG_FILE).is_file() else architecture
     if architecture is not None and saved != architecture:
         raise UserError(f"--probe passkey-mlm: {model_dir} holds a {saved} model, not a masked LM (no MLM head)")
     model = load(model_dir, architecture=architecture, device=device).eval()
-    if scaling != "none":
+    if settings.scaling != "none":
         if model.config.position_encoding != "rotary":
             raise UserError(
-                f"--scaling {scaling}: {model_dir} has {model.config.position_encoding} positions, not rotary"
+                f"--scaling {settings.scaling}: {model_dir} has {model.config.position_encoding} positions, not rotary"
             )
-        trained_length = trained_length or pretraining_length(Path(model_dir))
+        trained_length = settings.trained_length or pretraining_length(Path(model_dir))
         if trained_length is None:
             raise UserError(f"--scaling: {model_dir} does not record its training length; pass --trained-length")
+        settings = replace(settings, trained_length=trained_length)
     tokenizer = load_tokenizer(model_dir)
-    stack = Haystack(tokenizer, haystack_documents(haystack, seed), seed)
-    rows = probe_rows(
-        model,
-        tokenizer,
-        probe,
-        lengths,
-        samples,
-        stack,
-        scaling,
-        trained_length,
-        distances,
-        batch_size,
-        torch.device(device),
-        seed,
-    )
+    stack = Haystack(tokenizer, haystack_documents(settings.haystack, settings.seed), settings.seed)
+    rows = probe_rows(model, tokenizer, settings, stack, torch.device(device))
     label, run_seed = arm_label(Path(model_dir))
-    result = {"model": str(model_dir), "label": label, "seed": run_seed, "probe": probe, "scaling": scaling}
-    result["haystack"] = haystack or "builtin"
+    result = {"model": str(model_dir), "label": label, "seed": run_seed, "probe": settings.probe}
+    result |= {"scaling": settings.scaling, "haystack": settings.haystack or "builtin"}
     result["rows"] = list(rows)
     if out is not None:
         atomic_write_text(Path(out), json.dumps(result, indent=2))

@@ -1,4 +1,4 @@
-"""`roformer glue`: several tasks (GLUE's, or any fine-tuning config) fine-tuned one after another into one table."""
+"""`roformer suite` (`roformer glue`): several tasks of any type fine-tuned one after another into one table."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class SuiteTask:
 
 @dataclass
 class SuiteConfig:
-    """`roformer glue`: task configs run one after another, with shared overrides, into one table.
+    """`roformer suite`: task configs run one after another, with shared overrides, into one table.
 
     Attributes:
         tasks: Task config files (relative to the suite file), e.g. [cola.yaml, sst2.yaml], or `{config: YAML, set:

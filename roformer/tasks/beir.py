@@ -6,27 +6,26 @@ The folder (`data.beir_dir`) holds, as BEIR (Thakur et al. 2021) and MTEB distri
     queries.jsonl       {"_id": ..., "text": ...} per query
     qrels/train.tsv     query-id <tab> corpus-id <tab> score, after a header line; also dev.tsv and test.tsv
 
-A judgment with score > 0 marks a relevant document of that grade (graded nDCG reads the grade, the other metrics only
-that it is relevant); a score of 0 or below marks a judged non-relevant one (the retrieval type's hard negatives). A document
-is read as its title and text joined by a space, as sentence-transformers' BEIR examples do. Every problem is an error
-naming the file and line: a missing file, a line that is not JSON, an id that is not a string or an integer, an id
-given twice, a judgment of an unknown query or document, a score that is not an integer, the same query and document
-judged twice (pytrec_eval and sentence-transformers key judgments by both), a test split that judges nothing relevant.
+A judgment with score > 0 marks a relevant document of that grade (graded nDCG reads the grade, the other metrics
+only that it is relevant); a score of 0 or below marks a judged non-relevant one (the retrieval type's hard
+negatives). A document is read as its title and text joined by a space, as sentence-transformers' BEIR examples
+do. Every problem is an error naming the file and line: a missing file, a line that is not JSON, an id that is not a
+string or an integer, an id given twice, a judgment of an unknown query or document, a score that is not an integer,
+the same query and document judged twice (pytrec_eval and sentence-transformers key judgments by both), a test split
+that judges nothing relevant.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from roformer.data.text import json_lines
+from roformer.data.text import is_integer_text, json_lines
 from roformer.errors import UserError
 from roformer.tasks.records import read_text
 
 SPLITS = ("train", "dev", "test")
-INTEGER = re.compile(r"-?[0-9]+")  # ASCII digits only: str.isdigit also takes "²", which int() refuses
 QRELS_HEADER = ("query-id", "corpus-id", "score")
 
 
@@ -109,7 +108,7 @@ def _qrels(path: Path, queries: dict[str, str], corpus: dict[str, str]) -> dict[
             raise UserError(f"{where}: query {query!r} is not in queries.jsonl")
         if doc not in corpus:
             raise UserError(f"{where}: document {doc!r} is not in corpus.jsonl")
-        if not INTEGER.fullmatch(score):
+        if not is_integer_text(score):
             raise UserError(f"{where}: score {score!r} is not an integer")
         judged = out.setdefault(query, {})
         if doc in judged:

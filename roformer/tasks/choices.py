@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from roformer.config import check_types
+from roformer.data.text import is_integer_text
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_copy, atomic_write_text
@@ -137,8 +138,8 @@ def parse_label(value: Any, choices: tuple[str, ...], where: str) -> int:
     """
     if isinstance(value, float) and value.is_integer():
         value = int(value)  # parquet and pandas-written files may hold 2.0
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value.strip())
+    if is_integer_text(value):
+        value = int(value)
     if isinstance(value, int) and not isinstance(value, bool):
         if not 0 <= value < len(choices):
             raise UserError(f"{where}: label {value} is out of range ({len(choices)} candidates: 0-{len(choices) - 1})")

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
+from roformer.data.text import is_integer_text
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import UserError
 from roformer.tasks.base import Encoded, HeadOutputs, TaskSpec, pad_rows
@@ -66,7 +67,7 @@ def label_list(value: Any, where: str) -> list[str]:
 
 def sorted_labels(labels: set[str]) -> list[str]:
     """The label set in id order: numerically when every label is an integer (TNEWS's 100..116), else by text."""
-    if all(label.lstrip("-").isdigit() for label in labels):
+    if all(is_integer_text(label) for label in labels):
         return sorted(labels, key=int)
     return sorted(labels)
 

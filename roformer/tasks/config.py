@@ -7,14 +7,15 @@ resume policy read what their field metadata says (roformer.config: PATH, MAY_CH
 from __future__ import annotations
 
 from dataclasses import dataclass, field, is_dataclass
-from types import ModuleType
 from typing import Any, Literal
 
 from roformer.config import PATH, check_types, from_dict
 from roformer.errors import ConfigError
+from roformer.model.config import POOLINGS
+from roformer.tasks import registry  # the types' modules are imported when a config first asks for them
 from roformer.tasks.glue_tasks import get_task
 
-Pooling = Literal["cls", "mean", "pooler", "last"]  # roformer.model.config.POOLINGS (tested equal)
+Pooling = Literal[POOLINGS]  # how a text's vector is read: roformer.model.config.POOLINGS, one list
 SECTIONS = "sections"  # the field holding the task types' settings sections (roformer.config reads its metadata)
 
 
@@ -111,7 +112,7 @@ class FinetuneDataConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        self.spec = _registry().spec_of(self.type)
+        self.spec = registry.spec_of(self.type)
         if self.source is None:
             self.source = self._default_source()
         if self.type == "glue":
@@ -183,7 +184,7 @@ class FinetuneDataConfig:
             if section not in declared:
                 raise ConfigError(f"{section}: unknown section (known: {', '.join(declared)})")
             if value is not None and section != self.spec.section and section not in self.spec.folders:
-                owners = [s.name for s in _registry().specs().values() if section in (s.section, *s.folders)]
+                owners = [s.name for s in registry.specs().values() if section in (s.section, *s.folders)]
                 raise ConfigError(f"{section}: is for type: {' or '.join(owners)} (this task is type: {self.type})")
             if isinstance(value, dict) and is_dataclass(declared[section]):  # a mapping from Python: checked as YAML
                 self.sections[section] = from_dict(declared[section], value, prefix=f"{section}.")
@@ -230,12 +231,5 @@ def _init_with_sections(self: FinetuneDataConfig, *args: Any, **kwargs: Any) -> 
 FinetuneDataConfig.__init__ = _init_with_sections  # type: ignore[method-assign]
 
 
-def _registry() -> ModuleType:
-    """roformer.tasks.registry, imported when a fine-tuning config is built (it imports the types' modules)."""
-    from roformer.tasks import registry
-
-    return registry
-
-
 def _declared_sections() -> dict[str, type]:
-    return _registry().settings_sections()
+    return registry.settings_sections()

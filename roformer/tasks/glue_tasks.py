@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from roformer.data.text import is_integer_text
 from roformer.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -352,7 +353,7 @@ def read_files(
 
 
 def _maybe_int(value: Any) -> Any:
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if is_integer_text(value):
         return int(value)
     return value
 

@@ -28,7 +28,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-METRICS = ("ndcg@10", "ndcg_binary@10", "mrr@10", "recall@1", "recall@10", "recall@100", "map@100", "accuracy@1", "accuracy@10")
+METRICS = (
+    "ndcg@10",
+    "ndcg_binary@10",
+    "mrr@10",
+    "recall@1",
+    "recall@10",
+    "recall@100",
+    "map@100",
+    "accuracy@1",
+    "accuracy@10",
+)
 DEFAULT_METRICS = ("ndcg@10",)  # BEIR's and MTEB's headline number
 DEPTH = 100  # documents ranked per query: Recall@100 and the TREC run files
 
@@ -114,4 +124,11 @@ def _accuracy(top: list[str], gold: Mapping[str, int], k: int) -> float:
     return float(any(doc in gold for doc in top))
 
 
-_METRIC = {"ndcg": _ndcg, "ndcg_binary": _ndcg_binary, "mrr": _mrr, "recall": _recall, "map": _map, "accuracy": _accuracy}
+_METRIC = {
+    "ndcg": _ndcg,
+    "ndcg_binary": _ndcg_binary,
+    "mrr": _mrr,
+    "recall": _recall,
+    "map": _map,
+    "accuracy": _accuracy,
+}

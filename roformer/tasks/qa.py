@@ -52,14 +52,13 @@ from roformer.files import atomic_copy, atomic_write_text
 from roformer.tasks import qa_metrics
 from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, cut_to_limits, pad_rows, with_score
 from roformer.tasks.config import FinetuneDataConfig
-from roformer.tasks.records import Record, read_hub_split, read_text
+from roformer.tasks.records import HUB_SPLITS, Record, read_hub_split, read_text
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
-HUB_SPLITS = {"train": "train", "dev": "validation"}
 PREDICTIONS_FILE = "{split}_predictions.json"
 NBEST_FILE = "{split}_nbest.json"
 NBEST_WRITTEN = 5  # answers per question in <split>_nbest.json
@@ -291,8 +290,9 @@ def load_splits(data: FinetuneDataConfig) -> dict[str, list[Question]]:
     version_2 = data.qa.version_2 if data.qa else False
     stripped = data.qa is not None and data.qa.metric == "cmrc2018"  # SQuAD's scripts take the ids as they are
     if data.source == "hub":
-        sources = {split: f"{data.hub_name}:{hub}" for split, hub in HUB_SPLITS.items()}
-        read = {split: read_hub_questions(data.hub_name, data.hub_config, hub) for split, hub in HUB_SPLITS.items()}
+        hub_splits = {split: HUB_SPLITS[split] for split in ("train", "dev")}  # a hub QA set's test has no answers
+        sources = {split: f"{data.hub_name}:{hub}" for split, hub in hub_splits.items()}
+        read = {split: read_hub_questions(data.hub_name, data.hub_config, hub) for split, hub in hub_splits.items()}
     else:
         files = {"train": data.train_file, "dev": data.validation_file, "test": data.test_file}
         sources = {split: str(path) for split, path in files.items() if path}

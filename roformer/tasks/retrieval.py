@@ -20,7 +20,6 @@ reads, with its pooling in `best/sentence.json`.
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 
 from roformer.config import check_types
+from roformer.data.text import is_integer_text
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_write_text
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 
 RUN_FILE = "{split}.trec"
 RUN_TAG = "roformer"  # the TREC run file's last column
-RANK = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit also takes "²", which int() refuses
 TRAIN_QUERIES = "train_queries"  # the training queries ranked (`rank_train`): judged by qrels/train.tsv
 
 
@@ -278,7 +277,7 @@ def read_run(path: Path, documents: dict[str, Any] | None = None) -> dict[str, l
             continue
         cells = line.split()
         where = f"{path}:{number}"
-        if len(cells) != 6 or not RANK.fullmatch(cells[3]):
+        if len(cells) != 6 or not (is_integer_text(cells[3]) and int(cells[3]) >= 0):
             raise UserError(f"{where}: expected `qid Q0 docid rank score tag`, got {line!r}")
         query, doc = cells[0], cells[2]
         if documents is not None and doc not in documents:

@@ -64,11 +64,15 @@ def score_of(raw: Any, where: str) -> float:
 
 
 def is_missing(raw: Any) -> bool:
-    """Whether a label field holds no label: absent or JSON null, an empty (or blank) cell, or a float NaN."""
+    """Whether a label field holds no label: absent or JSON null, an empty (or blank) cell, or a NaN.
+
+    A NaN is a float NaN (parquet, pandas, JSON's NaN) or a cell that spells one (`NaN`, `nan`: what pandas writes for
+    a missing value in a CSV file, and what float() reads as NaN), never a class of its own.
+    """
     if raw is None:
         return True
     if isinstance(raw, str):
-        return not raw.strip()
+        return not raw.strip() or raw.strip().lstrip("+-").lower() == "nan"
     return isinstance(raw, float) and math.isnan(raw)
 
 

@@ -2,7 +2,7 @@
 
 `TrainArgs` holds every field that pretraining and fine-tuning share, with one meaning in both; `TrainConfig`
 (pretraining) and `FinetuneTrainConfig` (fine-tuning) add their own fields and their own defaults. `PretrainConfig`
-(`roformer pretrain`, the studies) and `FinetuneConfig` (`roformer finetune`, `roformer glue`) are whole run
+(`roformer pretrain`, the studies) and `FinetuneConfig` (`roformer finetune`, `roformer suite`) are whole run
 configs, read with `roformer.config.load(PretrainConfig, path, overrides)`; the `data:` sections are in
 roformer.data.config, the `model:` section is roformer.model.config.ModelConfig.
 
@@ -22,8 +22,11 @@ from roformer.config import (
     MAY_CHANGE_UNTIL_A_RUN_FINISHES,
     PATH,
     PATH_OR_NAME,
+    STAGE,
+    STAGE_LR_PHASE,
     check_seed,
     check_types,
+    field_keys,
 )
 from roformer.data.config import DataConfig
 from roformer.errors import ConfigError
@@ -32,46 +35,6 @@ from roformer.tasks.config import SECTIONS, FinetuneDataConfig
 
 SCHEDULES = ("linear", "cosine", "constant", "wsd")
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
-
-# What a pretraining stage may change, per section, and why the rest may not (`Stage`). The evaluation set, the
-# tokenizer and the model's shapes are the run's: curves stay comparable and one checkpoint continues the next stage.
-STAGE_KEYS = {
-    "data": (
-        "max_seq_len",
-        "mask_rate",
-        "mask_split",
-        "whole_word_mask",
-        "source",
-        "paths",
-        "mixture",
-        "text_column",
-        "decode_errors",
-        "hub_name",
-        "hub_config",
-        "hub_split",
-        "hub_revision",
-        "builtin_documents",
-        "builtin_seed",
-        "shuffle_buffer",
-    ),
-    "model": ("rotary_base", "rope_scaling"),
-    "train": (
-        "batch_size",
-        "grad_accum",
-        "lr",
-        "schedule",
-        "warmup_steps",
-        "warmup_fraction",
-        "decay_fraction",
-        "decay_shape",
-    ),
-}
-STAGE_LR_KEYS = ("lr", "schedule", "warmup_steps", "warmup_fraction", "decay_fraction", "decay_shape")
-_STAGE_REFUSAL = {
-    "data": "the tokenizer, the evaluation set and how the corpus is read are the run's",
-    "model": "the architecture and vocabulary are the run's: one checkpoint continues the next stage",
-    "train": "one optimizer and seed per run",
-}
 
 
 @dataclass
@@ -120,17 +83,17 @@ class TrainArgs:
     """
 
     seed: int = 0
-    lr: float = 5e-4
+    lr: float = field(default=5e-4, metadata=STAGE_LR_PHASE)
     # the process layout, under the same global batch (batch_size x processes x grad_accum): the checkpoint and every
     # finished run's record carry it, and a resume under another one is refused (roformer.train.engine)
-    batch_size: int = field(default=32, metadata=MAY_CHANGE_ON_RESUME)
-    grad_accum: int = field(default=1, metadata=MAY_CHANGE_ON_RESUME)
+    batch_size: int = field(default=32, metadata={**MAY_CHANGE_ON_RESUME, **STAGE})
+    grad_accum: int = field(default=1, metadata={**MAY_CHANGE_ON_RESUME, **STAGE})
     mixed_precision: Literal["no", "bf16", "fp16"] | None = None
-    schedule: Literal["linear", "cosine", "constant", "wsd"] = "linear"
-    warmup_steps: int | None = None
-    warmup_fraction: float = 0.06
-    decay_fraction: float = 0.2
-    decay_shape: Literal["linear", "cosine", "1-sqrt"] = "1-sqrt"
+    schedule: Literal["linear", "cosine", "constant", "wsd"] = field(default="linear", metadata=STAGE_LR_PHASE)
+    warmup_steps: int | None = field(default=None, metadata=STAGE_LR_PHASE)
+    warmup_fraction: float = field(default=0.06, metadata=STAGE_LR_PHASE)
+    decay_fraction: float = field(default=0.2, metadata=STAGE_LR_PHASE)
+    decay_shape: Literal["linear", "cosine", "1-sqrt"] = field(default="1-sqrt", metadata=STAGE_LR_PHASE)
     weight_decay: float = 0.01
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
@@ -239,8 +202,8 @@ class FinetuneTrainConfig(TrainArgs):
         seeds: One fine-tune per seed (head init, data order, dropout; empty: `seed` alone).
     """
 
-    lr: float = 2e-5
-    warmup_fraction: float = 0.1
+    lr: float = field(default=2e-5, metadata=STAGE_LR_PHASE)  # the metadata of TrainArgs' fields, kept
+    warmup_fraction: float = field(default=0.1, metadata=STAGE_LR_PHASE)
     log_every: int = field(default=50, metadata=MAY_CHANGE_ON_RESUME)
     eval_every: int | None = field(default=None, metadata=MAY_CHANGE_UNTIL_A_RUN_FINISHES)
     save_every: int = field(default=0, metadata=MAY_CHANGE_ON_RESUME)
@@ -264,6 +227,22 @@ class FinetuneTrainConfig(TrainArgs):
     def grid(self) -> list[tuple[float, int]]:
         """(peak lr, seed) of every run, in order."""
         return [(lr, seed) for lr in (self.lrs or [self.lr]) for seed in (self.seeds or [self.seed])]
+
+
+# What a pretraining stage may change, per section: the fields marked STAGE (roformer.config), and why the rest may
+# not (`Stage`). The evaluation set, the tokenizer and the model's shapes are the run's: curves stay comparable and one
+# checkpoint continues the next stage.
+STAGE_KEYS = {
+    "data": field_keys(DataConfig, "stage", declared=False),
+    "model": field_keys(ModelConfig, "stage", declared=False),
+    "train": field_keys(TrainConfig, "stage", declared=False),
+}
+STAGE_LR_KEYS = field_keys(TrainConfig, "lr_phase", declared=False)
+_STAGE_REFUSAL = {
+    "data": "the tokenizer, the evaluation set and how the corpus is read are the run's",
+    "model": "the architecture and vocabulary are the run's: one checkpoint continues the next stage",
+    "train": "one optimizer and seed per run",
+}
 
 
 @dataclass

@@ -1,9 +1,10 @@
 """The one training engine: accelerate set-up, the optimizer, the loop, evaluation points, checkpoints, metrics.
 
 Pretraining and fine-tuning are recipes of this engine (roformer.train.pretrain, roformer.train.finetune): a recipe
-says what a step trains on and how its loss is computed (`StepPlan`), how to evaluate, and what else a checkpoint
-must hold; everything else is written once here, so determinism, exact resume, metrics, progress and the accelerate
-calls (`prepare`, `accumulate`, `save_state`/`load_state`, `reduce`) behave the same in both.
+(roformer.train.recipe: `Recipe`) says what a step trains on and how its loss is computed (`StepPlan`), how to
+evaluate, and what else a checkpoint must hold; everything else is written once here, so determinism, exact resume,
+metrics, progress and the accelerate calls (`prepare`, `accumulate`, `save_state`/`load_state`, `reduce`) behave the
+same in both.
 
 Determinism (what makes `--resume` exact and launches interchangeable): the data of step `s` is a function of
 (seed, step) alone (the recipe's plan), never of the process layout; each process takes its rows of it
@@ -30,9 +31,9 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -42,7 +43,7 @@ from roformer.files import describe_write_error, read_json, write_errors
 from roformer.logs import MAIN_ONLY
 from roformer.model.model import Model
 from roformer.train.checkpoints import CheckpointManager, first_problem
-from roformer.train.config import TrainArgs
+from roformer.train.config import ResolvedStage, TrainArgs
 from roformer.train.faults import GracefulStop
 from roformer.train.interval import Interval, Pace, RunState, StepResult
 from roformer.train.launch import (
@@ -55,6 +56,14 @@ from roformer.train.launch import (
     set_torch_flags,
 )
 from roformer.train.optim import finish_micro_step, make_optimizer
+from roformer.train.recipe import (
+    ProcessLayout,
+    Recipe,
+    dropout_seed,
+    interval_of,
+    layout_notice,
+    saved_layout,
+)
 from roformer.train.run_dir import TRAINER_STATE_FILE, MetricsWriter, keep_metrics
 from roformer.train.sharded import SHARDED_DIR, is_sharded, load_sharded_state, save_sharded_state
 from roformer.train.stages import stage_event, stage_index
@@ -77,76 +86,6 @@ def load_full_state(model: torch.nn.Module, state: dict[str, torch.Tensor], shar
 
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(model, dict(state), options=options)
-
-
-@dataclass(frozen=True)
-class ProcessLayout:
-    """Where this process stands in a step: what a step plan needs to take its share of the global batch."""
-
-    rank: int
-    num_processes: int
-    batch_size: int  # examples per process and micro-batch
-    grad_accum: int  # micro-batches per step
-    device: torch.device
-
-
-class StepPlan(Protocol):
-    """One optimizer step's data, prepared by a recipe for this process: a value, holding no reference to its maker."""
-
-    tokens: int  # real tokens of the global batch (for tokens_seen and tokens/s)
-    padded_tokens: int | None  # positions computed over the global batch, padding included; None: no padding
-
-    def micro(self, micro: int) -> Any:
-        """This process's inputs of micro-batch `micro`, on the device."""
-
-    def loss(self, model: torch.nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the loss to back-propagate, this process's share of the step's loss: the shares sum to it)."""
-
-
-class Recipe(Protocol):
-    """What a recipe (pretraining, one fine-tuning run) gives the engine."""
-
-    def plan(self, step: int) -> StepPlan:
-        """The data of optimizer step `step`."""
-
-    def evaluate(self, step: int) -> list[dict[str, Any]]:
-        """Evaluation events (metrics) after `step` steps, computed by all processes."""
-
-    def epoch_of(self, step: int) -> float:
-        """Epochs completed after `step` steps."""
-
-    def steps_per_epoch(self) -> float | None:
-        """Optimizer steps in one epoch (None: unknown, e.g. a stream)."""
-
-    def save_checkpoint_state(self, directory: Path) -> dict[str, Any]:
-        """Write what a checkpoint needs beyond model, optimizer and RNG (main process); returns its JSON state."""
-
-    def load_checkpoint_state(self, directory: Path, state: dict[str, Any], step: int) -> None:
-        """Restore what `save_checkpoint_state` wrote, to continue after `step` steps."""
-
-    def micro_batch_loss(self) -> str | None:
-        """Why a micro-batch's loss depends on which examples share it; None when it does not.
-
-        None: the loss is a sum or mean of per-example terms over the global batch. Otherwise the same chunks of
-        batch_size examples give the same steps however they are spread, but another batch_size gives other steps.
-        """
-
-
-class StagedRecipe(Recipe, Protocol):
-    """A recipe whose steps run in stages (pretraining's `stages:`), each with its own batch layout.
-
-    `stages` lists them in order (roformer.train.config.ResolvedStage; one unnamed stage for a run without stages).
-    The engine enters a stage before its first step (and before a resumed step inside it), evaluates and checkpoints
-    at every named stage's end, and tags train and eval events with the stage's name.
-    """
-
-    stages: list[Any]
-
-    def enter_stage(self, stage: Any) -> None:
-        """Make the model compute as `stage` trains (e.g. its rotary base)."""
-
-    def end_stage(self, stage: Any, state: RunState) -> dict[str, Any]:
-        """Write what a stage leaves behind (its model folder) after its last step; the fields of its end event."""
 
 
 class Engine:
@@ -180,7 +119,7 @@ class Engine:
         self.metrics_path = metrics
         self.metrics: MetricsWriter | None = None
         self.tracker_prefix = ""
-        self.stage: Any = None  # the stage being trained (a StagedRecipe's), None before the first
+        self.stage: ResolvedStage | None = None  # the stage being trained, None before the first (or without stages)
         self.stage_tags: dict[str, Any] = {}  # its name, in train and eval events (not a run tag: resume ignores it)
 
     # -- set-up ------------------------------------------------------------------------------------------------
@@ -279,7 +218,7 @@ class Engine:
 
         args, total = self.args, self.total_steps
         evaluate_at = self.eval_points(recipe)
-        stage_ends = {stage.end: stage for stage in getattr(recipe, "stages", []) if stage.name}
+        stage_ends = {stage.end: stage for stage in recipe.stages if stage.name}
         show = self.is_main_process and args.progress
         bar = tqdm(total=total, initial=state.step, desc=desc, disable=not show)
         interval = self.interval
@@ -307,7 +246,7 @@ class Engine:
                     if done in evaluate_at or ended:
                         self.evaluate(recipe, state)
                 with pace.spent("stage"):
-                    end_event = recipe.end_stage(ended, state) if ended else None  # type: ignore[attr-defined]
+                    end_event = recipe.end_stage(ended, state) if ended else None
                 saved = (
                     (args.save_every and done % args.save_every == 0)
                     or (done == total and checkpoint_at_end)
@@ -327,15 +266,14 @@ class Engine:
         return state
 
     def _enter_stage_of(self, recipe: Recipe, step: int, resuming: bool = False) -> None:
-        """Train `step` as its stage says (a StagedRecipe's; nothing for other recipes): batch layout, model, tags.
+        """Train `step` as its stage says (nothing for a recipe without stages): batch layout, model, tags.
 
         Entering a named stage at its first step logs its `stage` event; `resuming` enters without one (the
         checkpoint's layout, to check the global batch it was written with).
         """
-        stages = getattr(recipe, "stages", None)
-        if not stages:
+        if not recipe.stages:
             return
-        stage = stages[stage_index(stages, step)]
+        stage = recipe.stages[stage_index(recipe.stages, step)]
         if stage is self.stage:
             return
         t0 = time.perf_counter()
@@ -344,7 +282,7 @@ class Engine:
         self.args = replace(self.args, batch_size=layout.batch_size, grad_accum=layout.grad_accum)
         self.accelerator.gradient_accumulation_steps = layout.grad_accum
         self.accelerator.step = 0  # micro-steps counted anew: the next step's last micro-batch is its update
-        recipe.enter_stage(stage)  # type: ignore[attr-defined]
+        recipe.enter_stage(stage)
         self.stage_tags = {"stage": stage.name} if stage.name else {}
         if stage.name and step == stage.start and not resuming:
             switch = {"switch_sec": time.perf_counter() - t0}  # what entering cost (its data was built at the start)
@@ -535,11 +473,11 @@ class Engine:
         return ProcessLayout(acc.process_index, acc.num_processes, args.batch_size, args.grad_accum, acc.device)
 
     def stage_batches(self, recipe: Recipe) -> dict[str, int]:
-        """Each named stage's global batch under this launch (a StagedRecipe's; empty for others)."""
+        """Each named stage's global batch under this launch (empty for a recipe without stages)."""
         processes = self.accelerator.num_processes
         return {
             stage.name: global_batch_size(stage.train.batch_size, processes, stage.train.grad_accum)
-            for stage in getattr(recipe, "stages", [])
+            for stage in recipe.stages
             if stage.name
         }
 
@@ -611,11 +549,11 @@ class Engine:
         # from 2 processes x grad_accum 1 at step 5 onto 1 process x grad_accum 2)
         self.accelerator.step = step * self.args.grad_accum
         logger.info("resumed from %s (step %d)", path, step)
-        notice = layout_notice(_saved_layout(saved), self.layout_summary(), self._draws_dropout(), recipe)
+        notice = layout_notice(saved_layout(saved), self.layout_summary(), self._draws_dropout(), recipe)
         if notice:
             logger.warning("%s: %s", path, notice, extra=MAIN_ONLY)
         if saved.get("intervals"):
-            mine = _interval_of(saved["intervals"], self.accelerator.process_index, self.accelerator.num_processes)
+            mine = interval_of(saved["intervals"], self.accelerator.process_index, self.accelerator.num_processes)
             self.interval.load_state_dict(mine, self.accelerator.device)
         counters = {k: saved[k] for k in ("tokens_seen", "elapsed_sec", "skipped_steps", "bad_steps") if k in saved}
         return RunState(step=step, **counters)
@@ -636,69 +574,5 @@ class Engine:
         return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
 
 
-def dropout_seed(seed: int, step: int, chunk: int) -> int:
-    """The seed of the dropout masks of chunk `chunk` (batch_size examples) of step `step`'s global batch.
-
-    Micro-batch m of process r is chunk m x processes + r (roformer.data.sampling.share): the same examples get the
-    same masks however the chunks are spread over processes and micro-batches. With one micro-batch per step the
-    chunk is the rank, as the seed was before chunks had one of their own.
-    """
-    return (seed << 32) + step * 4096 + chunk
-
-
-def _saved_layout(saved: dict[str, Any]) -> dict[str, int]:
-    """The layout a checkpoint was written under; of one written before checkpoints recorded it, the process count."""
-    if isinstance(saved.get("layout"), dict):
-        return saved["layout"]
-    return {"processes": len(saved["intervals"])} if saved.get("intervals") else {}
-
-
-def layout_notice(saved: dict[str, int], now: dict[str, int], dropout: bool, recipe: Recipe) -> str | None:
-    """What a resume under another process layout cannot carry over, in one line; None when it continues exactly.
-
-    The data, masks, schedule and loss normalisation are the step's; a checkpoint's RNG streams are not needed (the
-    RNG is reseeded per micro-batch). What depends on the chunks of batch_size examples is redrawn or recomputed when
-    batch_size changes (or is unknown, in a checkpoint that did not record it): dropout masks, and a recipe's loss
-    over a micro-batch (`Recipe.micro_batch_loss`).
-    """
-    changed = [f"{k} {saved[k]} -> {now[k]}" for k in now if k in saved and saved[k] != now[k]]
-    if not changed:
-        return None
-    if saved.get("batch_size") == now["batch_size"]:
-        return None  # the same chunks, spread over other processes and micro-batches: exact
-    reasons = ["dropout masks are drawn per micro-batch of batch_size examples"] if dropout else []
-    loss = recipe.micro_batch_loss()
-    if loss:
-        reasons.append(loss)
-    if not reasons:
-        return None
-    keep = f"train.batch_size={saved['batch_size']}" if "batch_size" in saved else "the batch_size it was written with"
-    return (
-        f"resumed under another layout ({', '.join(changed)}): the data order, schedule and optimizer state carry "
-        f"over, but {' and '.join(reasons)}, so from here on they differ from the uninterrupted run's (keep {keep} "
-        "and set grad_accum to continue exactly)"
-    )
-
-
-def _interval_of(saved: list[dict[str, Any]], rank: int, num_processes: int) -> dict[str, Any]:
-    """This process's interval sums from a checkpoint's (one entry per process that wrote it).
-
-    Under another process layout (same global batch) the loss shares are summed onto rank 0 and the others start
-    from zero: the event's loss, a sum over processes, is the same.
-    """
-    if len(saved) == num_processes:
-        return saved[rank]
-    losses = [entry["loss"] for entry in saved if entry["loss"] is not None]
-    total = sum(losses) if losses else None
-    return {**saved[0], "loss": total if rank == 0 or total is None else 0.0}
-
-
 def _epoch(recipe: Recipe, step: int) -> float:
     return round(recipe.epoch_of(step), 4)
-
-
-def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`tensor` on `device`; on a GPU copied from pinned host memory without blocking the host."""
-    if device.type == "cuda":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)

@@ -1,4 +1,4 @@
-"""Fine-tuning: `roformer finetune --config configs/glue/<task>.yaml` (the suite `roformer glue` is in study).
+"""Fine-tuning one task of any type: `roformer finetune --config TASK.yaml` (several tasks: `roformer suite`, in study).
 
 One config fine-tunes one task for every learning rate of `train.lrs` (or `train.lr`), every seed of `train.seeds`
 (or `train.seed`) and, for a cross-validated task (`triplet.folds`), every held-out fold, keeping each run's best dev
@@ -59,9 +59,11 @@ from roformer.tasks.base import EncodedSplit, FinetuneTask
 from roformer.tasks.glue_metrics import ranked, seed_summary
 from roformer.tasks.registry import make_task
 from roformer.train.config import FinetuneConfig
-from roformer.train.engine import Engine, ProcessLayout, RunState, to_device
+from roformer.train.engine import Engine
 from roformer.train.evaluate import eval_chunks
+from roformer.train.interval import RunState
 from roformer.train.launch import check_run_settings, process_state, run_on_main
+from roformer.train.recipe import ProcessLayout, Unstaged, to_device
 from roformer.train.run_dir import (
     BEST_DIR,
     CANDIDATES_DIR,
@@ -165,7 +167,7 @@ class _FinetuneStep:
         return loss, loss.detach().float() / self.layout.grad_accum / self.layout.num_processes
 
 
-class FinetuneRun:
+class FinetuneRun(Unstaged):
     """The batches, evaluation and best-checkpoint keeping of one fine-tuning run.
 
     Args:

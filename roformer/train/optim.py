@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from roformer.errors import UserError
+from roformer.errors import CheckpointError, UserError
 from roformer.train.config import DECAY_SHAPES, SCHEDULES
 
 
@@ -66,24 +66,44 @@ def save_moments(optimizer: torch.optim.Optimizer, path: Path) -> None:
     torch.save({"state": optimizer.state_dict()["state"]}, path)
 
 
-def load_moments(optimizer: torch.optim.Optimizer, path: Path) -> int:
-    """Continue the per-parameter state `save_moments` wrote, under this optimizer's own hyperparameters.
-
-    The learning rate, betas and weight decay stay this run's: only the moments and step counts carry over (a decay
-    branched off another run's stage continues its AdamW state). Returns how many parameters' states were loaded.
+def read_moments(optimizer: torch.optim.Optimizer, path: Path) -> dict[int, dict[str, Any]]:
+    """The per-parameter state `save_moments` wrote, checked against this optimizer's parameters (not yet loaded).
 
     Raises:
+        CheckpointError: the file is damaged or is not an optimizer state, naming it.
         UserError: the saved state does not fit the parameters (another model's file).
     """
-    saved = torch.load(path, map_location="cpu", weights_only=True)["state"]
-    current = optimizer.state_dict()
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)["state"]
+    except Exception as e:  # a truncated zip, a pickle torch refuses, another object: the file is not usable
+        raise CheckpointError(f"{path}: damaged or not an optimizer state (torch.load: {type(e).__name__})") from None
+    if not isinstance(saved, dict) or not all(isinstance(i, int) and isinstance(v, dict) for i, v in saved.items()):
+        raise CheckpointError(f"{path}: not an optimizer state (expected a state per parameter index)")
     params = [p for group in optimizer.param_groups for p in group["params"]]
     for index, state in saved.items():
         shape = state.get("exp_avg", torch.empty(0)).shape
         if index >= len(params) or (shape and shape != params[index].shape):
             raise UserError(f"{path}: the optimizer state does not fit this model's parameters (parameter {index})")
-    optimizer.load_state_dict({"state": saved, "param_groups": current["param_groups"]})
+    return saved
+
+
+def apply_moments(optimizer: torch.optim.Optimizer, saved: dict[int, dict[str, Any]]) -> int:
+    """Continue the moments `read_moments` returned, under this optimizer's own hyperparameters.
+
+    The learning rate, betas and weight decay stay this run's: only the moments and step counts carry over (a decay
+    branched off another run's stage continues its AdamW state). Returns how many parameters' states were loaded.
+    """
+    optimizer.load_state_dict({"state": saved, "param_groups": optimizer.state_dict()["param_groups"]})
     return len(saved)
+
+
+def load_moments(optimizer: torch.optim.Optimizer, path: Path) -> int:
+    """`read_moments` then `apply_moments`: returns how many parameters' states were loaded.
+
+    Raises:
+        CheckpointError: a damaged file. UserError: a state that does not fit the parameters.
+    """
+    return apply_moments(optimizer, read_moments(optimizer, path))
 
 
 def finish_micro_step(

@@ -34,18 +34,19 @@ from roformer.data.store import build_mlm_data
 from roformer.data.streaming import build_streaming_mlm_data
 from roformer.data.token_store import BlockView
 from roformer.data.tokenizer import Tokenizer, save_tokenizer, tokenizer_from_json, tokenizer_to_json, vocab_hash
-from roformer.errors import UserError, WriteFailed
+from roformer.errors import UserError, WriteFailed, naming
 from roformer.files import atomic_write_text
 from roformer.logs import MAIN_ONLY
 from roformer.model.model import MaskedLM
 from roformer.model.pretrained import load_weights_from
 from roformer.model.weights import read_model_config
 from roformer.train.config import PretrainConfig, ResolvedStage
-from roformer.train.engine import Engine, ProcessLayout, RunState, to_device
+from roformer.train.engine import Engine
 from roformer.train.evaluate import evaluate_mlm
-from roformer.train.interval import MaskCounts
+from roformer.train.interval import MaskCounts, RunState
 from roformer.train.launch import agree_on_errors, broadcast_from_main, process_state, run_on_main
-from roformer.train.optim import MOMENTS_FILE, load_moments, save_moments
+from roformer.train.optim import MOMENTS_FILE, apply_moments, read_moments, save_moments
+from roformer.train.recipe import ProcessLayout, to_device
 from roformer.train.run_dir import (
     CHECKPOINTS_DIR,
     FINAL_DIR,
@@ -196,7 +197,8 @@ class Pretrainer:
             stage = self.stages[groups.index(group)]
             layout = stage.train
             global_batch = global_batch_size(layout.batch_size, num_processes, layout.grad_accum)
-            sources.append(self._block_source(stage.data, seed, global_batch))
+            with naming(f"stages[{stage.index}] ({stage.name})" if self.config.stages else "data"):
+                sources.append(self._block_source(stage.data, seed, global_batch))
         return StagedBatches(self.stages, sources, self.data.tokenizer, seed, num_processes)
 
     def _block_source(self, data: DataConfig, seed: int, global_batch: int) -> Any:
@@ -206,11 +208,15 @@ class Pretrainer:
             for m in data.mixture:
                 part = replace(data, source="text", paths=list(m.paths), mixture=[])
                 if tuple(m.paths) not in self.mixture_parts:
-                    self.mixture_parts[tuple(m.paths)] = build_data(part, self.data.tokenizer)
+                    with naming(f"mixture corpus {', '.join(map(str, m.paths))}"):
+                        self.mixture_parts[tuple(m.paths)] = build_data(part, self.data.tokenizer)
                 built.append(block_source(self.mixture_parts[tuple(m.paths)], part, seed, global_batch))
             return MixtureBlocks(built, [m.weight for m in data.mixture], seed)
-        same = blocks_key(data) == blocks_key(self.config.data)
-        return block_source(self.data if same else build_data(data, self.data.tokenizer), data, seed, global_batch)
+        if blocks_key(data) == blocks_key(self.config.data):
+            return block_source(self.data, data, seed, global_batch)
+        with naming(f"corpus {data.corpus_name}"):
+            built = build_data(data, self.data.tokenizer)
+        return block_source(built, data, seed, global_batch)
 
     def _check_resumable(self) -> None:
         """The data must give the run's tokenizer; the config may change only as RunDir's policy allows."""
@@ -278,41 +284,47 @@ class Pretrainer:
 
         return self.engine.accelerator.distributed_type == DistributedType.FSDP
 
-    def _continue_moments(self) -> None:
-        """Start from the AdamW state of the stage folder this run branches off, if `init` is one (unsharded models).
+    def _init_moments(self) -> dict[int, dict[str, Any]] | None:
+        """The AdamW state of the stage folder this run branches off, if `init` is one (unsharded models), checked.
 
-        Every process loads it (each holds the whole optimizer state) or none does: the main process decides
-        whether the file is there, and a failure anywhere is every process's.
+        Read before the run directory is written (a damaged file must not cost an existing run or leave a started
+        one behind), applied by `starting_state`. Every process reads it (each holds the whole optimizer state) or
+        none does: the main process decides whether the file is there, and a failure anywhere is every process's.
 
         Raises:
-            UserError: the moments belong to q/k rows in another rotary layout than this model's.
+            UserError: the moments belong to q/k rows in another rotary layout than this model's, or do not fit it.
+            CheckpointError: the file is damaged.
         """
         path = Path(self.config.init or "") / MOMENTS_FILE
         if not self.config.init or not broadcast_from_main(path.is_file() if self.engine.is_main_process else None):
-            return
+            return None
         if is_sharded(self.engine.model):
             logger.warning("%s: not loaded under FSDP: the optimizer starts afresh", path, extra=MAIN_ONLY)
-            return
+            return None
         _, saved = read_model_config(Path(self.config.init))
         if saved.rotary_layout != self.config.model.rotary_layout:
             raise UserError(
                 f"init: {path} holds moments of q/k rows in rotary_layout {saved.rotary_layout}; set "
                 f"model.rotary_layout: {saved.rotary_layout} to continue them"
             )
-        count = agree_on_errors(lambda: load_moments(self.engine.optimizer, path))
-        logger.info("continuing the optimizer state of %s (%d parameters)", path, count, extra=MAIN_ONLY)
+        return agree_on_errors(lambda: read_moments(self.engine.optimizer, path))
 
-    def starting_state(self) -> RunState:
+    def starting_state(self, moments: dict[int, dict[str, Any]] | None = None) -> RunState:
         """Load the newest complete checkpoint when resuming; the state to start from (step 0 for a fresh run).
 
-        An accepted resume records its config in config.yaml (`RunDir.record`).
+        An accepted resume records its config in config.yaml (`RunDir.record`). A run at step 0 continues `moments`
+        (read before the directory was written), or the init's moments read now.
         """
         state = RunState()
         if self.run_dir.resume:
             state = self.engine.resume(self)
             run_on_main(lambda: self.run_dir.record(self.config.to_dict()))
         if state.step == 0:  # a fresh run, or one stopped before its first checkpoint: branching starts here
-            self._continue_moments()
+            moments = moments if moments is not None else self._init_moments()
+            if moments is not None:
+                count = apply_moments(self.engine.optimizer, moments)
+                where = Path(self.config.init or "") / MOMENTS_FILE
+                logger.info("continuing the optimizer state of %s (%d parameters)", where, count, extra=MAIN_ONLY)
         return state
 
     def fit(self, state: RunState) -> RunState:
@@ -339,8 +351,9 @@ class Pretrainer:
         optimizer setting torch refuses must fail before --overwrite has deleted the run it would replace.
         """
         self.build_model()
+        moments = None if self.run_dir.resume else self._init_moments()  # a damaged file: before the directory
         self.prepare_run_dir()
-        self.fit(self.starting_state())
+        self.fit(self.starting_state(moments))
         self.save_final()
         self.engine.finish()
         return self.out

@@ -14,12 +14,13 @@ inside a stage or across a boundary continues exactly:
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import MISSING, fields, replace
 from typing import Any
 
 import torch
 
+from roformer.config import field_keys
 from roformer.data.config import DataConfig
 from roformer.data.mlm import BlockSource, MLMBatches
 from roformer.data.tokenizer import Tokenizer
@@ -28,8 +29,17 @@ from roformer.train.optim import lr_multiplier
 
 
 def blocks_key(data: DataConfig) -> DataConfig:
-    """`data` without what decides the masks only: stages with equal keys read the same blocks (one source)."""
-    return replace(data, mask_rate=0.15, mask_split=[0.8, 0.1, 0.1], whole_word_mask=False)
+    """`data` with what decides the masks alone (its MASKS_ONLY fields) at their defaults.
+
+    Stages with equal keys read the same blocks (one source).
+    """
+    masks_only = field_keys(DataConfig, "masks_only", declared=False)
+    defaults = {
+        f.name: f.default if f.default_factory is MISSING else f.default_factory()
+        for f in fields(DataConfig)
+        if f.name in masks_only
+    }
+    return replace(data, **defaults)
 
 
 def source_groups(stages: list[ResolvedStage]) -> list[int]:
@@ -44,7 +54,7 @@ def source_groups(stages: list[ResolvedStage]) -> list[int]:
     return groups
 
 
-def stage_index(stages: list[ResolvedStage], step: int) -> int:
+def stage_index(stages: Sequence[ResolvedStage], step: int) -> int:
     """The index of the stage that trains step `step` (0-based; the last stage for a step past the end)."""
     return min(bisect.bisect_right([stage.end for stage in stages], step), len(stages) - 1)
 

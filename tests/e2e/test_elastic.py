@@ -210,7 +210,8 @@ engine.model, engine.optimizer, engine.scheduler = model, optimizer, scheduler  
 engine.interval, engine.total_steps = Interval(), 10
 
 
-class Recipe:  # what a recipe adds to a checkpoint: nothing here
+class Recipe:  # what a recipe adds to a checkpoint: nothing here, and no stages
+    stages = ()
     def save_checkpoint_state(self, directory): return {}
     def load_checkpoint_state(self, directory, state, step): pass
     def micro_batch_loss(self): return None

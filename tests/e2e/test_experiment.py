@@ -373,5 +373,27 @@ def test_a_probe_stage_probes_every_final_model_and_the_report_tabulates_it(tmp_
     }  # fmt: skip
     assert "## Probe `needle`" in (tmp_path / "out" / REPORT_FILE).read_text()
     write_yaml(tmp_path / "exp.yaml", {**read_yaml(tmp_path / "exp.yaml"), "probes": {"probes": ["haystack"]}})
-    with pytest.raises(ConfigError, match="unknown probe or scaling 'haystack'"):
+    with pytest.raises(ConfigError, match=r"probes: probe: unknown probe 'haystack'"):
         load_experiment(tmp_path / "exp.yaml")
+
+
+def test_every_stage_input_is_checked_before_the_first_arm_trains(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    config = experiment_files(tmp_path)
+    base = read_yaml(config)
+    out = tmp_path / "out"
+    (tmp_path / "empty").mkdir()
+    write_yaml(tmp_path / "task.yaml", {"init": "unused", "data": {"task": "sst2", "source": "files",
+               "train_file": "missing.csv", "validation_file": "missing.csv"}})  # fmt: skip
+    write_yaml(tmp_path / "suite.yaml", {"tasks": ["task.yaml"]})
+    for stage, message in [
+        ({"probes": {"probes": ["passkey"], "lengths": [64], "haystack": "empty"}}, "probes.haystack: "),
+        ({"probes": {"probes": ["passkey-mlm"], "lengths": [64]}}, "probes: passkey-mlm on arm 'roformer': "),
+        ({"glue": {"suite": "suite.yaml"}}, "glue: task sst2: "),
+    ]:
+        write_yaml(config, {**base, **stage})
+        assert main(["experiment", "--config", str(config), "--output-dir", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+        assert not out.exists()  # no arm trained

@@ -76,9 +76,9 @@ def test_eval_mlm_arguments_are_checked_and_results_kept(
 
 
 def test_every_length_scores_the_same_tokens_when_the_text_is_shorter_than_the_budget(runs: dict[str, Path]) -> None:
-    from roformer.study.length_eval import evaluate_lengths
+    from roformer.study.length_eval import LengthEvalSettings, evaluate_lengths
 
-    results = evaluate_lengths(runs["rotary"] / FINAL_DIR, runs["rotary"], [32, 64, 128], max_tokens=10**8)
+    results = evaluate_lengths(runs["rotary"] / FINAL_DIR, runs["rotary"], LengthEvalSettings((32, 64, 128), 10**8))
     scored = [r["blocks"] * r["seq_len"] for r in results]
     assert max(scored) - min(scored) < 128, scored  # within one block of the longest length (the tail was 32-only)
 
@@ -95,9 +95,9 @@ def test_the_length_table_has_a_column_per_explicit_factor() -> None:
 
 
 def test_length_beyond_the_validation_text(runs: dict[str, Path]) -> None:
-    from roformer.study.length_eval import evaluate_lengths
+    from roformer.study.length_eval import LengthEvalSettings, evaluate_lengths
 
-    results = evaluate_lengths(runs["rotary"] / FINAL_DIR, runs["rotary"], [32, 100_000])
+    results = evaluate_lengths(runs["rotary"] / FINAL_DIR, runs["rotary"], LengthEvalSettings((32, 100_000)))
     assert "eval_loss" in results[0] and "corpus too small" in results[1]["error"]
 
 

@@ -6,11 +6,15 @@ import argparse
 from pathlib import Path
 
 import pytest
+
 from roformer.cli import COMMANDS, main
 
 # `--out` of each command below `new` (inputs made in `work`); what the command must have written there
 OUT_CASES = {
-    "convert": lambda model, work, new: (["convert", "--to-hf", str(model), "--out", str(new / "hf")], new / "hf/config.json"),
+    "convert": lambda model, work, new: (
+        ["convert", "--to-hf", str(model), "--out", str(new / "hf")],
+        new / "hf/config.json",
+    ),
     "export": lambda model, work, new: (
         ["export", "--model", str(model), "--format", "sentence-transformers", "--out", str(new / "st")],
         new / "st/modules.json",
@@ -71,9 +75,11 @@ def test_out_into_a_folder_that_does_not_exist(
 ) -> None:
     args, written = OUT_CASES[command](pretrained, tmp_path, tmp_path / "new" / "deeper")
     code = main(args)
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert code == 0, err
     assert written.is_file()
+    if command == "compare":  # it says what it drew: probes.png for probe files, not the curves of runs
+        assert "(probes.png, summary.json, summary.md)" in out
 
 
 @pytest.mark.parametrize("command", sorted(OUT_CASES))

@@ -65,7 +65,8 @@ def test_the_probes_build_inputs_of_the_length_asked_with_the_fact_where_they_sa
     keys = torch.tensor([tokenizer.convert_tokens_to_ids(k) for k in MLM_KEYS])
     planted = ids[torch.arange(25), masked - 40]  # the key, `distance` tokens before its masked copy
     assert torch.equal(planted, keys[answers])
-    assert mlm_samples(tokenizer, haystack, 64, 60, 5, seed=3) is None  # a distance the length cannot hold
+    with pytest.raises(ValueError, match=r"distance 60 does not fit 64 tokens \(distances \d+ to \d+ do\)"):
+        mlm_samples(tokenizer, haystack, 64, 60, 5, seed=3)  # a distance the length cannot hold
 
 
 def test_probe_rows_write_accuracy_interval_and_time(models: dict[str, Path], tmp_path: Path, capsys) -> None:
@@ -91,6 +92,16 @@ def test_probe_rows_write_accuracy_interval_and_time(models: dict[str, Path], tm
         (64, 20, "self_extend x4"),
         (96, 20, "self_extend x6"),
     ]
+    assert main([*mlm, "--samples", "4", "--distances", "20", "70", "--out", str(tmp_path / "far")]) == 0
+    rows = json.loads((tmp_path / "far").read_text())["rows"]
+    assert [(r["length"], r["distance"], "error" in r) for r in rows] == [
+        (64, 20, False),
+        (64, 70, True),  # a distance the length cannot hold: a row that says so
+        (96, 20, False),
+        (96, 70, False),
+    ]
+    assert rows[1]["error"].startswith("distance 70 does not fit 64 tokens")
+    assert "| passkey-mlm | 64 | 70 | none | distance 70 does not fit 64 tokens" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -216,11 +227,11 @@ def test_the_probes_score_a_model_that_has_the_skill_perfectly_and_one_one_token
 ) -> None:
     """The scoring, not only the inputs: a copier looking back exactly the key's distance fills every masked copy,
     one looking one token further is at chance; a retriever keyed on the name finds every passkey document."""
-    from roformer.study.probes import probe_rows
+    from roformer.study.probes import ProbeSettings, probe_rows
 
     def accuracy(model, tokenizer, probe: str, **options) -> float:
         haystack = Haystack(tokenizer, haystack_documents(None), seed=0)
-        (row,) = probe_rows(model, tokenizer, probe, [128], 60, haystack, "none", None, **options)
+        (row,) = probe_rows(model, tokenizer, ProbeSettings(probe, [128], 60, **options), haystack)
         return row["accuracy"]
 
     tokenizer = load_tokenizer(models["rotary"])

@@ -163,3 +163,69 @@ def test_a_mixture_whose_weights_change_in_a_stage_resumes_exactly(
     interrupted_run(config, tmp_path / "cut", 6, monkeypatch)
     pretrain(config, tmp_path / "cut", resume=True)
     assert train_losses(tmp_path / "cut") == train_losses(reference)
+
+
+def test_a_damaged_stage_folder_moments_file_is_one_line_before_the_run_folder_exists(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    trunk = pretrain(
+        load(PretrainConfig, staged_config(tmp_path / "a.yaml", [{"name": "s", "steps": 2}])), tmp_path / "t"
+    )
+    moments = trunk / "stages" / "s" / "optimizer.pt"
+    good = moments.read_bytes()
+    yaml = staged_config(tmp_path / "b.yaml", [])
+    branch = ["pretrain", "--config", str(yaml), "--set", f"init={moments.parent}", "--set", "train.max_steps=2"]
+    for damaged, message in [
+        (b"not a torch file", "damaged or not an optimizer state (torch.load: UnpicklingError)"),
+        (good[:200], "damaged or not an optimizer state"),
+    ]:
+        moments.write_bytes(damaged)
+        assert main([*branch, "--output-dir", str(tmp_path / "branch")]) == 2
+        err = capsys.readouterr().err
+        assert f"{moments}: {message}" in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "branch").exists()  # no started run folder left behind
+    existing = tmp_path / "existing"  # nor an earlier run lost to --overwrite
+    existing.mkdir()
+    (existing / "keep.txt").write_text("mine")
+    assert main([*branch, "--output-dir", str(existing), "--overwrite"]) == 2
+    assert (existing / "keep.txt").read_text() == "mine"
+    torch.save({"state": [1, 2]}, moments)
+    assert main([*branch, "--output-dir", str(tmp_path / "branch")]) == 2
+    assert "not an optimizer state (expected a state per parameter index)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("stages", "message"),
+    [
+        ("[{name: a}]", "--set stages=[{name: a}]: stages[0]: missing key 'stages[0].steps'"),
+        ("[{steps: 2}]", "--set stages=[{steps: 2}]: stages[0]: missing key 'stages[0].name'"),
+        ("[{name: a, steps: 0}]", "--set stages=[{name: a, steps: 0}]: stages[0]: steps must be >= 1"),
+        ("[{name: a, steps: 2, train: {lr: -1}}]", "--set stages=[{name: a, steps: 2, train: {lr: -1}}]: stages[0]"),
+    ],
+)
+def test_a_bad_stage_is_one_line_that_blames_where_it_was_written(
+    stages: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    yaml = staged_config(tmp_path / "c.yaml", [])
+    assert (
+        main(["pretrain", "--config", str(yaml), "--output-dir", str(tmp_path / "o"), "--set", f"stages={stages}"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    written = yaml.read_text().replace("stages: []", "stages: " + stages)
+    yaml.write_text(written)  # the same stage in the file: the file is named
+    assert main(["pretrain", "--config", str(yaml), "--output-dir", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.startswith(f"roformer pretrain: error: {yaml}: stages[0]")
+
+
+def test_a_stage_corpus_too_small_to_split_names_the_stage_and_its_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    one = tmp_path / "one.txt"
+    one.write_text("a single document of a few words\n")
+    stage = [{"name": "long", "steps": 2, "data": {"source": "text", "paths": [str(one)]}}]
+    yaml = staged_config(tmp_path / "c.yaml", stage)
+    assert main(["pretrain", "--config", str(yaml), "--output-dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"stages[0] (long): corpus {one}: only 1 documents" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()

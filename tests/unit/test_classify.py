@@ -142,10 +142,13 @@ def test_regression_scores_must_be_numbers(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"dev.csv:2: score 'x' is not a number"):
         make_task(data_config(tmp_path, "text,label\na,1\n", "text,label\nc,x\n", type="regression"))
 
-    for bad in ("nan", "inf", "-Infinity"):  # float() reads them; every batch holding one would be skipped
+    for bad in ("inf", "-Infinity"):  # float() reads them; every batch holding one would be skipped
         config = data_config(tmp_path, f"text,label\na,1\nb,{bad}\n", "text,label\nc,0\n", type="regression")
         with pytest.raises(UserError, match=rf"train.csv:3: score '{bad}' is not a finite number"):
             make_task(config)
+    config = data_config(tmp_path, "text,label\na,1\nb,nan\n", "text,label\nc,0\n", type="regression")
+    with pytest.raises(UserError, match=r"train.csv:3: no label in 'label'"):  # pandas' missing value
+        make_task(config)
     config = data_config(
         tmp_path,
         '{"text": "a", "label": 1}\n{"text": "b", "label": NaN}',
@@ -162,6 +165,8 @@ def test_regression_scores_must_be_numbers(tmp_path: Path) -> None:
     [
         (".csv", "text,label\na,pos\nb,\nc,neg\n", 3),  # an empty cell
         (".csv", "text,label\na,pos\nb, \nc,neg\n", 3),  # a blank one
+        (".csv", "text,label\na,pos\nb,NaN\nc,neg\n", 3),  # what pandas writes for a missing value
+        (".csv", "text,label\na,pos\nc,neg\nb,nan\n", 4),
         (".jsonl", '{"text": "a", "label": "pos"}\n{"text": "c", "label": "neg"}\n{"text": "b", "label": null}', 3),
         (".jsonl", '{"text": "a", "label": "pos"}\n{"text": "b", "label": NaN}\n{"text": "c", "label": "neg"}', 2),
         (".jsonl", '{"text": "a", "label": "pos"}\n{"text": "c", "label": "neg"}\n{"text": "b"}', 3),
@@ -335,3 +340,9 @@ def test_cluewsc_pairs_the_text_with_its_span_question(shared_data: Path) -> Non
     task = make_task(load(FinetuneConfig, REPO / "configs" / "finetune" / "fewclue-cluewsc.yaml").data)
     texts, label, index = task.examples["train"][0]
     assert texts[1] == "他指的是树叶" and task.labels[label] == "false" and index == "0"
+
+
+def test_labels_that_only_look_like_integers_are_classes_by_their_text(tmp_path: Path) -> None:
+    """`"²".isdigit()` is true but int() refuses it: such a label set is sorted as text, not a traceback."""
+    task = make_task(data_config(tmp_path, "text,label\na,1\nb,\u00b2\nc,10\n", "text,label\nd,1\n"))
+    assert task.labels == ["1", "10", "\u00b2"]

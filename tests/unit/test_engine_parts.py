@@ -386,7 +386,7 @@ def test_a_resume_under_another_layout_says_only_what_does_not_carry_over() -> N
     another batch_size redraws dropout masks and changes a loss over a micro-batch, which is said in one line."""
     from types import SimpleNamespace
 
-    from roformer.train.engine import dropout_seed, layout_notice
+    from roformer.train.recipe import dropout_seed, layout_notice
 
     saved = {"processes": 2, "batch_size": 4, "grad_accum": 1}
     per_example = SimpleNamespace(micro_batch_loss=lambda: None)

@@ -74,7 +74,9 @@ def floor(name: str) -> int:
         return 4
     if name.startswith("roformer.study") or name == "roformer.embed":
         return 5
-    return {"roformer.cli": 6, "roformer.__main__": 7, "roformer": 0}[name]
+    if name.startswith("roformer.commands"):
+        return 6
+    return {"roformer.cli": 7, "roformer.__main__": 8, "roformer": 0}[name]
 
 
 def graph() -> dict[str, set[str]]:
@@ -98,6 +100,10 @@ def test_imports_run_down_the_floors_only() -> None:
 
 # Rooms inside each floor, lowest first: a module imports only modules of lower rooms of its own package. The data
 # floor reads the way data flows: its config, then text and tokens, then blocks and stores, then the batches.
+# A module of roformer.tasks that declares task types (`SPECS = (...)` at its top level) and is not listed by name is in
+# the room marked TASK_TYPES: a new type is one module and no edit here (the registry finds it the same way). Type
+# modules are listed only where one must sit above another.
+TASK_TYPES = "<a module declaring SPECS>"
 ROOMS = {
     "roformer.model": [
         {"config"},
@@ -135,10 +141,10 @@ ROOMS = {
             "ir_metrics",
         },  # fmt: skip
         {"config", "beir"},
-        {"texts"},
-        {"glue", "classify", "tagging", "qa", "choices", "similarity", "triplet"},
-        {"retrieval"},
-        {"rerank"},
+        {"texts", "conll", "squad"},
+        {TASK_TYPES},  # the type modules: glue, classify, tagging, qa, choices, similarity, triplet, any new one
+        {"retrieval"},  # listed: a type module above another (it imports similarity's pair batches)
+        {"rerank"},  # reads retrieval's runs
     ],
     "roformer.train": [
         {"config", "interval", "faults", "checkpoints", "evaluate", "sharded"},
@@ -146,6 +152,10 @@ ROOMS = {
         {"stages"},
         {"engine"},
         {"pretrain", "finetune", "embed"},
+    ],
+    "roformer.commands": [
+        {"common"},
+        {"models", "runs", "studies"},
     ],
     "roformer.study": [
         {"outputs", "markdown", "runs", "length_eval"},
@@ -156,12 +166,35 @@ ROOMS = {
 }
 
 
-def room(name: str) -> tuple[str, int] | None:
-    """(package, room index) of a module of a floor with declared rooms; None for the package modules themselves."""
+def declares_task_types(path: Path) -> bool:
+    """Whether the module assigns `SPECS` at its top level (roformer.tasks.registry collects such modules' types)."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        else:
+            continue
+        if any(isinstance(t, ast.Name) and t.id == "SPECS" for t in targets):
+            return True
+    return False
+
+
+def room(name: str, path: Path | None = None) -> tuple[str, int] | None:
+    """(package, room index) of a module of a floor with declared rooms; None for the package modules themselves.
+
+    Args:
+        name: The module's dotted name.
+        path: Its file (default: the package's own); a module not listed by name is placed by its contents.
+    """
     package, _, leaf = name.rpartition(".")
     if package not in ROOMS:
         return None
     rooms = [i for i, members in enumerate(ROOMS[package]) if leaf in members]
+    if not rooms:
+        path = path or modules().get(name)
+        if path is not None and declares_task_types(path):
+            rooms = [i for i, members in enumerate(ROOMS[package]) if TASK_TYPES in members]
     assert rooms, f"{name} is in no room of tests/unit/test_layout.py ROOMS: place it"
     return package, rooms[0]
 
@@ -182,6 +215,20 @@ def test_the_room_checker_catches_an_import_up_a_room(tmp_path: Path) -> None:
     path.write_text("from roformer.data.mlm import MLMBatches\n")  # as if data.config imported the batches
     (target,) = imports_of(path, "roformer.data.config")
     assert room(target)[1] > room("roformer.data.config")[1]
+
+
+def test_a_new_type_module_is_in_the_types_room_without_an_edit(tmp_path: Path) -> None:
+    """A module declaring SPECS is placed by what it holds; any other module must be listed (no room by default)."""
+    declaring = tmp_path / "toy_type.py"
+    declaring.write_text('"""A toy type."""\n\nfrom roformer.tasks.base import TaskSpec\n\nSPECS: tuple = ()\n')
+    types_room = next(i for i, members in enumerate(ROOMS["roformer.tasks"]) if TASK_TYPES in members)
+    assert room("roformer.tasks.toy_type", declaring) == ("roformer.tasks", types_room)
+    assert room("roformer.tasks.glue") == ("roformer.tasks", types_room)  # a shipped type, listed by no name either
+    assert room("roformer.tasks.retrieval")[1] > types_room  # listed: above the types it imports
+    reader = tmp_path / "toy_reader.py"
+    reader.write_text('"""A reader."""\n\n\ndef specs() -> None:\n    SPECS = ()\n    return SPECS\n')
+    with pytest.raises(AssertionError, match="toy_reader is in no room"):
+        room("roformer.tasks.toy_reader", reader)  # SPECS inside a function declares nothing
 
 
 def test_no_import_cycles() -> None:

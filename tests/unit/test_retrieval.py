@@ -121,7 +121,9 @@ def test_the_beir_reader_names_the_file_and_line_of_every_problem(tmp_path: Path
         read_beir(folder)
     for bad_id in ("null", "true", "1.5", '["d0"]'):
         corpus.write_text(f'{{"_id": {bad_id}, "text": "t"}}\n')
-        with pytest.raises(UserError, match=rf"corpus.jsonl:1: `_id` must be a string or an integer, got {re.escape(bad_id)}"):
+        with pytest.raises(
+            UserError, match=rf"corpus.jsonl:1: `_id` must be a string or an integer, got {re.escape(bad_id)}"
+        ):
             read_beir(folder)
     corpus.write_text('{"_id": "d0"}\n')
     with pytest.raises(UserError, match=r"corpus.jsonl:1: expected an object with `_id` and a `text` string"):
@@ -149,7 +151,9 @@ def test_trec_run_files_round_trip(tmp_path: Path) -> None:
         with pytest.raises(UserError, match=r"dev.trec:1: expected `qid Q0 docid rank score tag`"):
             read_run(path)
     path.write_text("q1 Q0 d2 1 0.9 x\nq2 Q0 d2 1 0.9 x\nq1 Q0 d2 2 0.8 x\n")  # a query's document listed twice
-    with pytest.raises(UserError, match=r"dev.trec:3: document 'd2' is ranked twice for query 'q1' \(first on line 1\)"):
+    with pytest.raises(
+        UserError, match=r"dev.trec:3: document 'd2' is ranked twice for query 'q1' \(first on line 1\)"
+    ):
         read_run(path)
 
 

@@ -111,7 +111,9 @@ def test_in_batch_negatives_trains_on_pairs_without_scores(tmp_path: Path) -> No
 def test_bad_scores_and_settings_are_named(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"train\.tsv:2: score 'high' is not a number"):
         SimilarityTask.from_config(data(tmp_path, [ROWS[0], "x\ty\thigh\n"]))
-    with pytest.raises(UserError, match=r"train\.tsv:2: score 'nan' is not a finite number"):
+    with pytest.raises(UserError, match=r"train\.tsv:2: score 'inf' is not a finite number"):
+        SimilarityTask.from_config(data(tmp_path, [ROWS[0], "x\ty\tinf\n"]))
+    with pytest.raises(UserError, match=r"train\.tsv:2: no label in 'score' \(.*NaN\)"):  # a missing value
         SimilarityTask.from_config(data(tmp_path, [ROWS[0], "x\ty\tnan\n"]))
     with pytest.raises(ConfigError, match="similarity.scale must be > 0"):
         data(tmp_path, ROWS, scale=0.0)

@@ -1,0 +1,1 @@
+"""The `roformer` subcommands, a module per kind (models, runs, studies), each listing its own COMMANDS."""

@@ -1,0 +1,177 @@
+"""The measuring commands: eval-mlm (loss by length), probe, embed (sentence vectors), compare (runs and probes)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from roformer.commands.common import Command, positive_int
+from roformer.errors import UserError
+from roformer.model.config import POOLINGS
+
+
+def eval_mlm_arguments(parser: argparse.ArgumentParser) -> None:
+    from roformer.train.run_dir import LENGTH_FILE
+
+    parser.add_argument("--model", required=True, metavar="DIR", help="a model directory (e.g. runs/x/final)")
+    parser.add_argument("--data", metavar="FILE|RUN", help="pretraining config or run dir (default: the model's run)")
+    parser.add_argument("--seq-lens", default="128,256,512,1024", metavar="L1,L2", help="lengths to evaluate")
+    parser.add_argument("--max-tokens", type=positive_int, default=65536, help="tokens scored at every length")
+    parser.add_argument("--batch-size", type=positive_int, default=8)
+    parser.add_argument("--out", metavar="FILE", help=f"JSON results (default: <run>/{LENGTH_FILE})")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing results file")
+    parser.add_argument(
+        "--rope-scaling",
+        metavar="M1,M2",
+        help="rotary context scaling methods to compare: none, linear, ntk, yarn, each optionally :FACTOR "
+        "(default factor: length / trained length)",
+    )
+    parser.add_argument(
+        "--trained-length", type=positive_int, help="the model's training length (default: from final/)"
+    )
+    parser.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: cuda if available, else cpu)")
+
+
+def eval_mlm_command(args: argparse.Namespace) -> None:
+    from roformer.study.length_eval import LengthEvalSettings, parse_lengths, parse_rope_scalings, run_length_eval
+    from roformer.study.markdown import length_results_table
+
+    settings = LengthEvalSettings(
+        seq_lens=parse_lengths(args.seq_lens),
+        max_tokens=args.max_tokens,
+        batch_size=args.batch_size,
+        rope_scalings=parse_rope_scalings(args.rope_scaling) if args.rope_scaling else None,
+        trained_length=args.trained_length,
+    )
+    results, out = run_length_eval(
+        args.model, args.data, settings, out=args.out, overwrite=args.overwrite, device=args.device
+    )
+    print(length_results_table(results) + f"written to {out}")
+
+
+def probe_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, metavar="DIR", help="a model directory (e.g. runs/x/final)")
+    parser.add_argument("--probe", required=True, help="passkey, needle (embedding retrieval) or passkey-mlm")
+    parser.add_argument("--lengths", type=positive_int, nargs="+", default=[128, 256, 512, 1024, 2048])
+    parser.add_argument("--samples", type=positive_int, default=50, help="queries (or masked keys) per length")
+    parser.add_argument("--distances", type=positive_int, nargs="+", help="passkey-mlm: key-to-copy distances")
+    parser.add_argument(
+        "--scaling", default="none", help="rotary context scaling: none, linear, ntk, yarn or self_extend"
+    )
+    parser.add_argument("--haystack", metavar="DIR", help="text files the filler is cut from (default: builtin)")
+    parser.add_argument("--trained-length", type=positive_int, help="the model's training length (for --scaling)")
+    parser.add_argument("--batch-size", type=positive_int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", metavar="FILE", help="JSON results")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing results file")
+    parser.add_argument("--device", help="e.g. cpu, cuda (default: cuda if available, else cpu)")
+
+
+def probe_command(args: argparse.Namespace) -> None:
+    from roformer.study.markdown import probe_results_table
+    from roformer.study.probes import ProbeSettings, run_probe
+
+    settings = ProbeSettings(
+        probe=args.probe,
+        lengths=args.lengths,
+        samples=args.samples,
+        scaling=args.scaling,
+        distances=args.distances,
+        haystack=args.haystack,
+        trained_length=args.trained_length,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
+    result = run_probe(args.model, settings, out=args.out, device=args.device, overwrite=args.overwrite)
+    print(probe_results_table(result["rows"]), end="")
+    if args.out:
+        print(f"written to {args.out}")
+
+
+def embed_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, metavar="DIR", help="a model directory (roformer or HF)")
+    parser.add_argument("--input", required=True, metavar="FILE", help="texts: .txt (a line each), csv/tsv/jsonl/...")
+    parser.add_argument(
+        "--out", required=True, metavar="FILE", help="the vectors: .npy or .safetensors, row order kept"
+    )
+    parser.add_argument("--column", help="the text column of a table or JSON-lines input (default: text)")
+    parser.add_argument("--pooling", choices=POOLINGS, help="default: pooler for RoFormer-Sim, else mean")
+    parser.add_argument("--normalize", action="store_true", help="unit-length vectors (cosine = dot product)")
+    parser.add_argument("--batch-size", type=positive_int, default=32)
+    parser.add_argument("--max-length", type=positive_int, help="tokens per text (default 512)")
+    parser.add_argument(
+        "--jieba",
+        action="store_const",
+        const=True,
+        default=None,
+        help="segment Chinese into words first (default: as the tokenizer says; word-level models imply it)",
+    )
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: this process's accelerator, else cpu)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+
+
+def embed_command(args: argparse.Namespace) -> None:
+    from roformer.embed import SentenceEncoder, check_vectors_path, read_texts, write_vectors
+    from roformer.train.launch import process_state, run_on_main
+
+    out = check_vectors_path(args.out, args.overwrite)
+    texts = read_texts(args.input, args.column)
+    state = process_state()
+    encoder = SentenceEncoder.load(
+        args.model, args.pooling, args.max_length, args.jieba, device=args.device or state.device
+    )
+    vectors = encoder.encode(texts, args.batch_size, args.normalize, args.precision, progress=sys.stderr.isatty())
+    run_on_main(lambda: write_vectors(out, vectors))
+    if state.is_main_process:
+        shape = " x ".join(map(str, vectors.shape))
+        print(
+            f"{shape} vectors ({encoder.pooling} pooling{', unit length' if args.normalize else ''}) written to {out}"
+        )
+
+
+def compare_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run directories (pretraining, fine-tuning, a roformer glue suite folder) or roformer probe JSON files",
+    )
+    parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    parser.add_argument("--baseline", metavar="LABEL", help="the baseline arm (default: the first non-rotary one)")
+    parser.add_argument("--targets", metavar="L1,L2", help="target eval losses (default: baseline's final + offsets)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+
+
+def compare_command(args: argparse.Namespace) -> None:
+    from roformer.study.compare import compare
+    from roformer.study.outputs import SUMMARY_MARKDOWN_FILE
+
+    targets = None
+    if args.targets:
+        try:
+            targets = [float(t) for t in args.targets.split(",")]
+        except ValueError:
+            raise UserError(f"--targets: expected comma-separated numbers, got {args.targets!r}") from None
+    compare(args.runs, args.out, baseline=args.baseline, targets=targets, overwrite=args.overwrite)
+    written = ", ".join(sorted(path.name for path in Path(args.out).iterdir()))  # what this comparison drew
+    print((Path(args.out) / SUMMARY_MARKDOWN_FILE).read_text() + f"\nwritten to {args.out} ({written})")
+
+
+# this module's subcommands, in the order `roformer --help` lists them
+COMMANDS = (
+    Command(
+        "eval-mlm", "masked-token loss and accuracy at several sequence lengths", eval_mlm_arguments, eval_mlm_command
+    ),
+    Command("embed", "sentence vectors of a file of texts with a model's backbone", embed_arguments, embed_command),
+    Command(
+        "probe", "passkey and needle probes of long-context retrieval and MLM by length", probe_arguments, probe_command
+    ),
+    Command(
+        "compare",
+        "compare pretraining runs (curves, steps-to-target) and GLUE results",
+        compare_arguments,
+        compare_command,
+    ),
+)
