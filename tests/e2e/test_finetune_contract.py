@@ -360,7 +360,7 @@ def test_every_task_type_takes_the_same_steps_under_any_process_layout(
     """
     from types import SimpleNamespace
 
-    from roformer.train.engine import ProcessLayout, dropout_seed
+    from roformer.train.recipe import ProcessLayout, dropout_seed
     from roformer.train.finetune import Finetuner, FinetuneRun
 
     _, overrides = small_job(name, shared_data, pretrained, tmp_path)

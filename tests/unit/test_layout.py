@@ -148,7 +148,7 @@ ROOMS = {
     ],
     "roformer.train": [
         {"config", "interval", "faults", "checkpoints", "evaluate", "sharded"},
-        {"launch", "optim", "run_dir"},
+        {"launch", "optim", "run_dir", "recipe"},
         {"stages"},
         {"engine"},
         {"pretrain", "finetune", "embed"},
