@@ -6,12 +6,12 @@ import logging
 from typing import TYPE_CHECKING
 
 import torch
+from torch import Tensor
+
+from roformer.labels import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
-from torch import Tensor
-
-IGNORE_INDEX = -100
 
 logger = logging.getLogger(__name__)
 

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from roformer.labels import IGNORE_INDEX
 from roformer.model.attention import ForwardInputs
 from roformer.model.backbone import Backbone, Model, ModelOutput, pool_states
 from roformer.model.config import ModelConfig
@@ -28,8 +29,6 @@ from roformer.model.dropout import Dropout
 from roformer.model.generation import Sampling, generate
 from roformer.model.layers import ACTIVATIONS, make_norm
 from roformer.model.masks import KVCache
-
-IGNORE_INDEX = -100  # labels at this value are not scored (the cross-entropy's ignore_index, as in HF)
 
 
 def token_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:

@@ -17,6 +17,7 @@ BASE = {
     "roformer.config",
     "roformer.catalogue",
     "roformer.files",
+    "roformer.labels",
     "roformer.errors",
     "roformer.logs",
     "roformer.version",
