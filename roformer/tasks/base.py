@@ -80,12 +80,34 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # a batch's ke
 
 
 class HeadOutputs:
-    """How most tasks use their model: its head computes the loss and the logits (a task may compute its own)."""
+    """What task types share: the members given by the data: section and the type's declaration, and the head's outputs.
+
+    Most tasks use their model as its head does: the head computes the loss and the logits (a task may compute its
+    own). The members every task has are set here, once, from the data: section; a type sets only what is its own.
+
+    Args:
+        data: The data: section: the task's name (`data.task`), its padding multiple, the selecting `data.metrics`
+            and, through `data.spec`, the type's default metrics and tracker project.
+        default_metrics: What selects when `data.metrics` is null, where the data decides it (a GLUE task's own
+            metrics, plain tags' accuracy); None: the declaration's `default_metrics`.
+        name: The task's name where it is not `data.task` as written (GLUE's canonical `sst2` for `SST-2`).
+    """
 
     pooling: str | None = None  # a head's outputs are its logits, not sentence vectors
     micro_batch_loss: str | None = None  # the loss is a mean of per-example terms: any batch_size, the same step
     cross_validation_folds: int | None = None  # the dev split is the dev file's: one run per (lr, seed)
-    multiple: int  # batches are padded to a multiple of this: the task sets it from data.pad_to_multiple_of
+    label_names: list[str] | None = None  # the head's outputs have no names (scores, spans, candidates)
+
+    def __init__(
+        self, data: FinetuneDataConfig, default_metrics: Sequence[str] | None = None, name: str | None = None
+    ) -> None:
+        self.data = data
+        self.name = name or data.task
+        self.tracker_project = data.spec.tracker_project.format(task=self.name)
+        self.multiple = data.pad_to_multiple_of  # batches are padded to a multiple of this
+        defaults = data.spec.default_metrics if default_metrics is None else default_metrics
+        self.metrics = tuple(data.metrics or defaults)  # their mean, `score`, selects
+        self.dev_splits = ["dev"]  # the dev file's split (GLUE's MNLI has two)
 
     def padded_length(self, longest: int, cap: int) -> int:
         """`longest` rounded up to data.pad_to_multiple_of (`multiple`), within `cap` (`padded_length`)."""
@@ -239,6 +261,7 @@ class TaskSpec:
         default_metrics: What selects when `data.metrics` is null (empty: decided by the task from its data).
         predictions: The file each run writes of its (first) dev split's predictions.
         docs: Its page under docs/ (with an anchor, if it is a section of one).
+        tracker_project: The experiment tracker's project of its runs, `{task}` standing for the task's name.
         section: Its settings' key under `data:` (`data.tagging`), or None.
         settings: The dataclass of that section (filled with its defaults when the config has none).
         section_required: The section must be written (it has no useful defaults: multiple choice's columns).
@@ -258,6 +281,7 @@ class TaskSpec:
     default_metrics: tuple[str, ...]
     predictions: str
     docs: str
+    tracker_project: str = "roformer-{task}"
     section: str | None = None
     settings: type | None = None
     section_required: bool = False

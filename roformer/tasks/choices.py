@@ -373,32 +373,22 @@ class ChoicesTask(HeadOutputs):
     """A multiple-choice task with its splits read: the fine-tuning task of `type: multiple_choice`.
 
     Args:
-        name: The task's name (data.task).
+        data: The data: section (its `choices:` section says where the candidates are).
         splits: Its questions per split: `train`, `dev` and optionally `test` (`load_questions`).
-        settings: The data.choices: section.
-        pad_to_multiple_of: Batches are padded to their longest candidate rounded up to this.
         segment: Pre-segmentation of every text before tokenizing (jieba), or none.
     """
 
     architecture = "multiple_choice"
-    metrics = ("accuracy",)
 
     def __init__(
-        self,
-        name: str,
-        splits: dict[str, list[Question]],
-        settings: ChoicesConfig,
-        pad_to_multiple_of: int = 8,
-        segment: Segmenter = identity,
+        self, data: FinetuneDataConfig, splits: dict[str, list[Question]], segment: Segmenter = identity
     ) -> None:
-        self.splits, self.settings, self.multiple, self.segment = splits, settings, pad_to_multiple_of, segment
-        self.name = name
-        self.tracker_project = f"roformer-{name}"
+        assert data.choices is not None  # FinetuneDataConfig requires the section for this type
+        super().__init__(data)
+        self.splits, self.settings, self.segment = splits, data.choices, segment
         self.num_choices = check_same_count(splits)
         # informational: MultipleChoice scores each candidate with one output whatever num_labels says
         self.num_labels = self.num_choices
-        self.label_names = None  # a candidate's position, not a class
-        self.dev_splits = ["dev"]
         self.test_splits = ["test"] if "test" in splits else []
 
     @classmethod
@@ -408,9 +398,8 @@ class ChoicesTask(HeadOutputs):
         Raises:
             UserError: unreadable data, bad rows (naming file and line), jieba missing.
         """
-        assert data.choices is not None  # FinetuneDataConfig requires the section for this type
         segment = jieba_presegmenter() if data.jieba else identity
-        return cls(data.task, load_questions(data), data.choices, data.pad_to_multiple_of, segment)
+        return cls(data, load_questions(data), segment)
 
     def check_model(self, config: ModelConfig) -> None:
         """Warn that `classifier_head: mlp` reads each candidate's last position, padding included (as HF does)."""

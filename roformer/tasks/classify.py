@@ -233,16 +233,13 @@ class TextTask(HeadOutputs):
     architecture = "sequence_classification"
 
     def __init__(self, data: FinetuneDataConfig, records: dict[str, list[Record]], kind: HeadLabels) -> None:
-        self.data, self.kind, self.multiple = data, kind, data.pad_to_multiple_of
-        self.name = data.task
-        self.tracker_project = f"roformer-{data.task}"
+        super().__init__(data)
+        self.kind = kind
         columns = data.text_columns or default_columns(records["train"][0])
         self.rows = TextRows(data, records, kind, columns, (1, 2), "reads one text or a pair")
         self.columns, self.examples = columns, self.rows.examples
-        self.metrics = tuple(data.metrics or data.spec.default_metrics)
         self.labels = kind.labels
         self.num_labels, self.label_names = kind.head_size, kind.head_labels
-        self.dev_splits = ["dev"]
         self.test_splits = self.rows.test_splits
 
     @classmethod

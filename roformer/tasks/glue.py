@@ -87,28 +87,19 @@ class GlueTask(HeadOutputs):
     (SST-2.tsv, MNLI-m.tsv, AX.tsv, ...) hold label names, or STS-B's scores clipped to [0, 5] with 3 decimals.
 
     Args:
-        task: The task's metadata.
+        data: The data: section (its metrics select among the task's: null = all of them).
+        task: The task's metadata (`get_task(data.task)`): its name is the canonical one (`sst2` for `SST-2`).
         splits: Its examples per split (`load_splits`): only the splits present are evaluated and predicted.
-        pad_to_multiple_of: Batches are padded to their longest example rounded up to this.
-        metrics: The task's metrics whose mean selects (data.metrics; None = all of them).
     """
 
     architecture = "sequence_classification"
 
-    def __init__(
-        self,
-        task: Task,
-        splits: dict[str, list[Example]],
-        pad_to_multiple_of: int,
-        metrics: list[str] | tuple[str, ...] | None = None,
-    ) -> None:
-        self.meta, self.splits, self.multiple = task, splits, pad_to_multiple_of
-        self.name = task.name
-        self.tracker_project = f"roformer-glue-{task.name}"
+    def __init__(self, data: FinetuneDataConfig, task: Task, splits: dict[str, list[Example]]) -> None:
+        super().__init__(data, default_metrics=task.metrics, name=task.name)
+        self.meta, self.splits = task, splits
         self.num_labels = task.num_labels
         self.label_names = list(task.labels) if task.labels is not None else None
-        self.metrics = tuple(metrics or task.metrics)
-        self.dev_splits = [s.name for s in task.dev if s.name in splits]
+        self.dev_splits = [s.name for s in task.dev if s.name in splits]  # MNLI: matched and mismatched
         self.server_splits: list[Split] = [s for s in task.test + task.extra_tests if s.name in splits]
         self.test_splits = [s.name for s in self.server_splits]
 
@@ -116,7 +107,7 @@ class GlueTask(HeadOutputs):
     def from_config(cls, data: FinetuneDataConfig) -> GlueTask:
         """The task of a data: section, its splits read (the one look-up of the task's metadata)."""
         task = get_task(data.task)
-        return cls(task, load_splits(data, task), data.pad_to_multiple_of, data.metrics)
+        return cls(data, task, load_splits(data, task))
 
     def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, Encoded]:
         """Every split tokenized, single sentences or pairs, truncated longest-first to `max_length` tokens."""
@@ -169,6 +160,7 @@ SPECS = (
         default_metrics=(),
         predictions="dev.tsv",
         docs="fine-tuning.md",
+        tracker_project="roformer-glue-{task}",
         metrics_of=lambda data: get_task(data.task).metrics,
     ),
 )

@@ -1,19 +1,11 @@
-"""Extractive question answering (SQuAD, CMRC 2018): SQuAD-format files, context windows, n-best span decoding.
+"""Extractive question answering (SQuAD, CMRC 2018): questions as context windows, answers by n-best span decoding.
 
 `QATask` is the fine-tuning task (roformer.tasks.base.FinetuneTask) of `type: question_answering`; its settings are
 `data.qa` (roformer.tasks.qa.QAConfig). The model reads `[CLS] question [SEP] context window [SEP]` and gives every
 token a start and an end logit (roformer.model.model.QuestionAnswering).
 
-Data. SQuAD-format JSON files (`data[].paragraphs[].{context, qas[].{id, question, answers[].{text, answer_start},
-is_impossible}}`) or a hub dataset with SQuAD's columns (id, context, question, answers{text, answer_start}).
-`answer_start` is not always right (CMRC 2018 dev: -1 for 193 free-form answers, off by 1-2 characters for 7): an
-answer whose text is not at its start is moved to the occurrence of the text nearest to it, and an answer whose text
-is nowhere in the context is kept for the metric (which reads texts only) but not trained on; each split's counts
-are one warning line. A training question none of whose answers is in its context is an error naming the file and
-the question: nothing could be learnt from it, and the file is likely not what it claims to be. Duplicate question
-ids in a split, and (SQuAD v1.1) a question without answers, are errors too. With `data.qa.metric: cmrc2018` the ids
-are stripped of outer whitespace, as CMRC 2018's official script reads them (it looks the stripped ids up in the
-predictions file); the SQuAD scripts take them as they are, and so do we.
+Data: SQuAD-format JSON files or a hub dataset with SQuAD's columns, read and checked by roformer.tasks.squad (where
+answers whose `answer_start` is off are located, and what is an error).
 
 Windows. As HF's run_qa (`prepare_train_features`): the question first (cut to `max_query_length` tokens), the context
 second, cut into windows of the room left in `max_length`, consecutive windows sharing `doc_stride` tokens. Where
@@ -50,9 +42,9 @@ from roformer.data.segment import TokenizedText, tokenize_texts
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_copy, atomic_write_text
 from roformer.tasks import qa_metrics
-from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, cut_to_limits, pad_rows, with_score
+from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, pad_rows, with_score
 from roformer.tasks.config import FinetuneDataConfig
-from roformer.tasks.records import HUB_SPLITS, Record, read_hub_split, read_text
+from roformer.tasks.squad import Question, load_splits
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
@@ -65,7 +57,7 @@ NBEST_WRITTEN = 5  # answers per question in <split>_nbest.json
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Reading
+# Settings
 
 
 @dataclass
@@ -97,224 +89,6 @@ class QAConfig:
         for name in ("doc_stride", "max_query_length", "max_answer_length", "n_best"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"qa.{name} must be >= 1, got {getattr(self, name)}")
-
-
-@dataclass
-class Question:
-    """One question about a context.
-
-    Attributes:
-        id: The question's id (the key of the predictions file).
-        question: The question.
-        context: The text that holds the answer.
-        answers: The gold answer texts, as given (the metrics read them); empty for an unanswerable question or an
-            unlabelled test file.
-        spans: The character spans `(start, end)` of the answers found in the context (training targets: the first).
-        impossible: SQuAD v2.0: the context does not answer the question.
-    """
-
-    id: str
-    question: str
-    context: str
-    answers: list[str]
-    spans: list[tuple[int, int]] = field(default_factory=list)
-    impossible: bool = False
-
-
-@dataclass
-class AnswerCounts:
-    """What locating a split's answers found.
-
-    Attributes:
-        relocated: Answers whose `answer_start` did not point at their text: moved to its nearest occurrence.
-        absent: Answers whose text is nowhere in their context (kept for the metric, not trained on).
-    """
-
-    relocated: int = 0
-    absent: int = 0
-
-
-def locate(context: str, text: str, start: int) -> int | None:
-    """Where `text` starts in `context`: `start` when it is there, else its occurrence nearest to `start`.
-
-    Returns:
-        The character offset, or None when the text is empty or not in the context.
-    """
-    if not text:
-        return None
-    if 0 <= start and context.startswith(text, start):
-        return start
-    found, at = [], context.find(text)
-    while at >= 0:
-        found.append(at)
-        at = context.find(text, at + 1)
-    return min(found, key=lambda i: (abs(i - start), i)) if found else None
-
-
-def make_question(
-    qid: str, question: str, context: str, answers: list[tuple[str, int]], impossible: bool, counts: AnswerCounts
-) -> Question:
-    """A question with its answers located in the context (see `locate`), counting the moved and the missing ones."""
-    spans = []
-    for text, start in answers:
-        found = locate(context, text, start)
-        if found is None:
-            counts.absent += 1
-            continue
-        counts.relocated += int(found != start)
-        spans.append((found, found + len(text)))
-    texts = [] if impossible else [text for text, _ in answers]
-    return Question(qid, question, context, texts, spans if not impossible else [], impossible)
-
-
-def check_questions(
-    questions: list[Question], where: str, split: str, version_2: bool, stripped_ids: bool = False
-) -> None:
-    """Unique ids; answers in labelled splits (unless v2.0 unanswerable); a located answer to train on.
-
-    Args:
-        questions: A split's questions.
-        where: The split's source (a file, or a hub dataset and split), for the messages.
-        split: `train`, `dev` or `test` (a test split needs no answers).
-        version_2: SQuAD v2.0: a question may be unanswerable.
-        stripped_ids: The ids were stripped of outer whitespace (`strip_ids`): the message of a duplicate says so.
-
-    Raises:
-        UserError: naming `where` (the file) and the question.
-    """
-    seen: set[str] = set()
-    for q in questions:
-        if q.id in seen:
-            how = " (once stripped of outer spaces, as cmrc2018's script reads ids)" if stripped_ids else ""
-            raise UserError(f"{where}: question id {q.id!r} appears twice{how}")
-        seen.add(q.id)
-        if split == "test":
-            continue
-        if not q.answers and not (version_2 and q.impossible):
-            hint = "" if version_2 else " (SQuAD v2.0 data? set data.qa.version_2: true)"
-            raise UserError(f"{where}: question {q.id!r} has no answer{hint}")
-        if split == "train" and q.answers and not q.spans:
-            raise UserError(f"{where}: question {q.id!r}: no answer text occurs in its context ({q.answers[0]!r})")
-
-
-def strip_ids(questions: list[Question]) -> None:
-    """Strip every question's id of outer whitespace, in place, as CMRC 2018's official script reads the gold ids.
-
-    That script looks the stripped ids up in the predictions file, so the file written from these ids is found.
-    """
-    for q in questions:
-        q.id = q.id.strip()
-
-
-def read_squad(path: str | Path) -> tuple[list[Question], AnswerCounts]:
-    """Every question of a SQuAD-format JSON file, its answers located (the file's order).
-
-    Raises:
-        UserError: a missing or unreadable file, not JSON or not SQuAD's layout, naming the file and where in it.
-    """
-    path = Path(path)
-    text = read_text(path)
-    try:
-        squad = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg})") from None
-    if not isinstance(squad, dict) or not isinstance(squad.get("data"), list):
-        raise UserError(f"{path}: not SQuAD format (expected an object whose `data` is a list of articles)")
-    questions, counts = [], AnswerCounts()
-    for i, article in enumerate(squad["data"]):
-        for j, paragraph in enumerate(_list(article, "paragraphs", f"{path}: data[{i}]")):
-            where = f"{path}: data[{i}].paragraphs[{j}]"
-            context = _string(paragraph, "context", where)
-            for k, qa in enumerate(_list(paragraph, "qas", where)):
-                questions.append(_squad_question(qa, context, f"{where}.qas[{k}]", str(path), counts))
-    return questions, counts
-
-
-def _squad_question(qa: Any, context: str, where: str, path: str, counts: AnswerCounts) -> Question:
-    """One `qas` entry of a SQuAD file."""
-    if not isinstance(qa, dict) or "id" not in qa:
-        raise UserError(f"{where}: a question needs an `id`")
-    qid = str(qa["id"])
-    named = f"{path}: question {qid!r}"
-    answers = []
-    for answer in _list(qa, "answers", named, required=False):
-        if not isinstance(answer, dict) or not isinstance(answer.get("text"), str):
-            raise UserError(f"{named}: an answer needs a `text` string")
-        start = answer.get("answer_start", -1)
-        answers.append((answer["text"], start if isinstance(start, int) and not isinstance(start, bool) else -1))
-    impossible = bool(qa.get("is_impossible", False))
-    return make_question(qid, _string(qa, "question", named), context, answers, impossible, counts)
-
-
-def _list(parent: Any, key: str, where: str, required: bool = True) -> list[Any]:
-    value = parent.get(key, None if required else []) if isinstance(parent, dict) else None
-    if not isinstance(value, list):
-        raise UserError(f"{where}: `{key}` must be a list")
-    return value
-
-
-def _string(parent: dict[str, Any], key: str, where: str) -> str:
-    value = parent.get(key)
-    if not isinstance(value, str):
-        raise UserError(f"{where}: `{key}` must be a string")
-    return value
-
-
-def read_hub_questions(name: str, config: str | None, split: str) -> tuple[list[Question], AnswerCounts]:
-    """Every question of a hub split with SQuAD's columns (id, context, question, answers{text, answer_start}).
-
-    A question without answer texts is unanswerable (squad_v2).
-    """
-    counts = AnswerCounts()
-    return [_hub_question(r, counts) for r in read_hub_split(name, config, split)], counts
-
-
-def _hub_question(record: Record, counts: AnswerCounts) -> Question:
-    row = record.fields
-    try:
-        answers = row.get("answers") or {"text": [], "answer_start": []}
-        pairs = list(zip(answers["text"], answers["answer_start"]))
-        return make_question(str(row["id"]), row["question"], row["context"], pairs, not pairs, counts)
-    except (KeyError, TypeError):
-        raise UserError(f"{record.where}: expected SQuAD's columns id, context, question, answers") from None
-
-
-def load_splits(data: FinetuneDataConfig) -> dict[str, list[Question]]:
-    """The questions of every split present (train, dev, and test when given), checked, counts logged.
-
-    For the cmrc2018 metric the ids are stripped of outer whitespace first (`strip_ids`).
-
-    Raises:
-        UserError: unreadable or malformed files, bad questions (see `check_questions`), an empty training split.
-    """
-    version_2 = data.qa.version_2 if data.qa else False
-    stripped = data.qa is not None and data.qa.metric == "cmrc2018"  # SQuAD's scripts take the ids as they are
-    if data.source == "hub":
-        hub_splits = {split: HUB_SPLITS[split] for split in ("train", "dev")}  # a hub QA set's test has no answers
-        sources = {split: f"{data.hub_name}:{hub}" for split, hub in hub_splits.items()}
-        read = {split: read_hub_questions(data.hub_name, data.hub_config, hub) for split, hub in hub_splits.items()}
-    else:
-        files = {"train": data.train_file, "dev": data.validation_file, "test": data.test_file}
-        sources = {split: str(path) for split, path in files.items() if path}
-        read = {split: read_squad(path) for split, path in files.items() if path}
-    splits = {}
-    for split, (questions, counts) in read.items():
-        if stripped:
-            strip_ids(questions)
-        check_questions(questions, sources[split], split, version_2, stripped)
-        if counts.relocated or counts.absent:
-            logger.warning(
-                "%s: %d answers re-located (answer_start did not point at the text: its nearest occurrence is used), "
-                "%d answer texts not in their context (scored, not trained on)",
-                sources[split],
-                counts.relocated,
-                counts.absent,
-            )
-        splits[split] = questions
-    splits = cut_to_limits(splits, data.max_train_examples, data.max_eval_examples)  # by questions
-    if not splits["train"]:
-        raise UserError(f"{sources['train']}: the training split has no questions")
-    return splits
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -562,32 +336,17 @@ class QATask(HeadOutputs):
     """Extractive question answering on SQuAD-format data: the task of `type: question_answering`.
 
     Args:
-        name: The task's name (data.task: the shipped configs say `squad` and `cmrc2018`).
-        splits: Its questions per split (`load_splits`).
-        qa: The data.qa section.
-        jieba: Cut texts into words with jieba before WordPiece (data.jieba).
-        pad_to_multiple_of: Batches are padded to their longest row rounded up to this.
-        metrics: exact_match and/or f1, whose mean selects (data.metrics; None = both).
+        data: The data: section (the shipped configs' `task` is `squad` or `cmrc2018`): its `qa:` settings, and
+            `jieba` (cut texts into words with jieba before WordPiece). `data.metrics`: exact_match and/or f1.
+        splits: Its questions per split (roformer.tasks.squad.load_splits).
     """
 
     architecture = "question_answering"
     num_labels = 2  # start and end: the head's outputs, whatever the config says
-    label_names = None  # start and end logits: no classes
-    metrics = ("exact_match", "f1")
 
-    def __init__(
-        self,
-        name: str,
-        splits: dict[str, list[Question]],
-        qa: QAConfig,
-        jieba: bool,
-        pad_to_multiple_of: int,
-        metrics: list[str] | tuple[str, ...] | None = None,
-    ) -> None:
-        self.name, self.splits, self.qa, self.jieba, self.multiple = name, splits, qa, jieba, pad_to_multiple_of
-        self.metrics = tuple(metrics or QATask.metrics)
-        self.tracker_project = f"roformer-{name}"
-        self.dev_splits = ["dev"]
+    def __init__(self, data: FinetuneDataConfig, splits: dict[str, list[Question]]) -> None:
+        super().__init__(data)
+        self.splits, self.qa, self.jieba = splits, data.qa or QAConfig(), data.jieba
         self.test_splits = [s for s in ("test",) if s in splits]
 
     @classmethod
@@ -600,7 +359,7 @@ class QATask(HeadOutputs):
         qa = data.qa or QAConfig()
         if qa.metric == "cmrc2018" and qa.version_2:
             raise ConfigError("data.qa.metric cmrc2018 has no unanswerable questions: use version_2: false")
-        return cls(data.task, load_splits(data), qa, data.jieba, data.pad_to_multiple_of, data.metrics)
+        return cls(data, load_splits(data))
 
     def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, QAEncoded]:
         """Every split as windows of at most `max_length` tokens; training rows with their answer's tokens."""

@@ -32,7 +32,7 @@ from roformer.errors import ConfigError, UserError
 from roformer.tasks.base import MODEL_INPUTS, HeadOutputs, TokenRows, pad_rows, with_score
 from roformer.tasks.beir import Beir, read_beir
 from roformer.tasks.config import FinetuneDataConfig
-from roformer.tasks.ir_metrics import DEFAULT_METRICS, METRICS, ranking_metrics
+from roformer.tasks.ir_metrics import METRICS, ranking_metrics
 from roformer.tasks.objectives import pair_bce_loss
 from roformer.tasks.retrieval import (
     RUN_FILE,
@@ -115,13 +115,9 @@ class RerankTask(HeadOutputs):
 
     def __init__(self, data: FinetuneDataConfig, beir: Beir) -> None:
         assert data.rerank is not None  # FinetuneDataConfig fills the section of its type
-        self.data, self.settings, self.beir = data, data.rerank, beir
-        self.multiple = data.pad_to_multiple_of
-        self.name = data.task
-        self.tracker_project = f"roformer-{data.task}"
-        self.metrics = tuple(data.metrics or DEFAULT_METRICS)
-        self.num_labels, self.label_names = 1, None
-        self.dev_splits = ["dev"]
+        super().__init__(data)
+        self.settings, self.beir = data.rerank, beir
+        self.num_labels = 1
         self.test_splits = [s for s in ("test",) if s in beir.qrels and beir.judged_queries(s)]
         check_judged(beir, data.beir_dir)
         folder = Path(self.settings.first_stage)

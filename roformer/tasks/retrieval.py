@@ -148,15 +148,11 @@ class RetrievalTask(HeadOutputs):
 
     def __init__(self, data: FinetuneDataConfig, beir: Beir) -> None:
         assert data.retrieval is not None  # FinetuneDataConfig fills the section of its type
-        self.data, self.settings, self.beir = data, data.retrieval, beir
-        self.multiple = data.pad_to_multiple_of
-        self.name = data.task
-        self.tracker_project = f"roformer-{data.task}"
+        super().__init__(data)
+        self.settings, self.beir = data.retrieval, beir
         check_judged(beir, data.beir_dir)
-        self.metrics = tuple(data.metrics or DEFAULT_METRICS)
-        self.num_labels, self.label_names = 1, None
+        self.num_labels = 1
         self.pooling = self.settings.pooling
-        self.dev_splits = ["dev"]
         self.test_splits = [s for s in ("test",) if s in beir.qrels and beir.judged_queries(s)]
         self.test_splits += [TRAIN_QUERIES] if self.settings.rank_train else []
         self.pairs = training_pairs(beir, self.settings.hard_negatives)[: data.max_train_examples]

@@ -128,18 +128,15 @@ class SimilarityTask(HeadOutputs):
 
     def __init__(self, data: FinetuneDataConfig, records: dict[str, list[Record]]) -> None:
         assert data.similarity is not None  # FinetuneDataConfig fills the section of its type
-        self.data, self.settings, self.multiple = data, data.similarity, data.pad_to_multiple_of
-        self.name = data.task
-        self.tracker_project = f"roformer-{data.task}"
+        super().__init__(data)
+        self.settings = data.similarity
         self.columns = data.text_columns or default_columns(records["train"][0])
         unlabelled = ("train",) if self.settings.loss == "in_batch_negatives" else ()
         self.scores = Scores(data)
         rows = TextRows(data, records, self.scores, self.columns, (2, 2), "scores a pair of texts", unlabelled)
         self.examples = {name: self._with_negatives(name, rows) for name in rows.examples}
-        self.metrics = tuple(data.metrics or data.spec.default_metrics)
-        self.num_labels, self.label_names = 1, None
+        self.num_labels = 1
         self.pooling = self.settings.pooling
-        self.dev_splits = ["dev"]
         self.test_splits = rows.test_splits
 
     @classmethod

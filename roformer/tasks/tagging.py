@@ -1,22 +1,8 @@
 """Token classification (NER, POS tagging): `data.type: token_classification`, a tag per word.
 
 `TaggingTask` is the fine-tuning task (roformer.tasks.base.FinetuneTask) of such a config; its own settings are
-`data.tagging` (roformer.tasks.tagging.TaggingConfig).
-
-Sources, read into `Sentence`s:
-- CoNLL column files (`tagging.format: conll`, or `auto` for any suffix but .json/.jsonl): one word per line, its
-  columns separated by spaces or tabs (other whitespace, e.g. U+3000, stays inside a word), the word first and the
-  tag in `tagging.tag_column` (-1 = the last); a blank line ends a sentence; `-DOCSTART-` lines are skipped; CRLF line
-  ends are read as LF. Every word line has the column count of the file's first one. A file of one column holds
-  words only: an unlabelled test split.
-- JSON lines (`jsonl`, or `auto` for .json/.jsonl; a JSON list of records is read too): a record per sentence with a
-  list of words (`tagging.tokens_column`) and a list of tags (`tagging.tags_column`), as names or as ids into
-  `data.labels`. A split whose records have no tags field is unlabelled (a test split).
-- Hub datasets (`data.source: hub`): splits train, validation and test (when the dataset has it), fields as for
-  JSON lines. Tags stored as ids (conll2003's `ner_tags`) are named by `data.labels`, else by the dataset's own
-  names (`features[tags_column].feature.names`, a `ClassLabel` sequence). That path needs the network (or the
-  datasets cache) and is not run by the offline tests.
-Sentences without words (JSON lines, hub) are skipped, and counted in the log.
+`data.tagging` (roformer.tasks.conll.TaggingConfig). The sentences come from CoNLL column files, JSON lines or a hub
+dataset, and the predictions go to CoNLL files: roformer.tasks.conll reads and writes them.
 
 The label set (the model's output ids, in order) is `data.labels` when given (a tag outside it is an error naming
 its file and line), else the hub dataset's tag names, else the tags of the whole training file sorted by name, `O`
@@ -49,8 +35,7 @@ to read: they are predicted `O` (id 0 when the set has no `O`), scored against t
 warning per split.
 
 Predictions are written per split as `<split>.conll`: each word's line with the predicted tag appended as the last
-column (space-separated: conlleval reads `word ... gold predicted`); JSON-lines and hub words as `word gold predicted`
-(or `word predicted` when unlabelled), whitespace inside a word written as `_`. Labelled splits also get
+Predictions are written per split as `<split>.conll` (roformer.tasks.conll.conll_text). Labelled splits also get
 `<split>.report.json`, the scores per entity type (per tag for plain tags). The test predictions are the submission.
 """
 
@@ -58,21 +43,20 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
 import torch
 
-from roformer.config import check_types
 from roformer.data.tokenizer import WordVocabulary, spelled_out, word_vocabulary
 from roformer.errors import UserError
 from roformer.files import atomic_copy, atomic_write_text
+from roformer.labels import IGNORE_INDEX
 from roformer.logs import MAIN_ONLY
 from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, pad_rows, with_score
 from roformer.tasks.config import FinetuneDataConfig
-from roformer.tasks.records import Record, example_id, field, read_hub_split, read_records, read_text
+from roformer.tasks.conll import Sentence, TaggingConfig, TagNames, conll_text, hub_tag_names, read_splits
 from roformer.tasks.tagging_metrics import (
     ENTITY_PREFIXES,
     classification_report,
@@ -88,269 +72,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# a label the loss skips: torch's cross_entropy default, the model's IGNORE_INDEX (data does not import model)
-IGNORE_INDEX = -100
-
 OUTSIDE = "O"  # the tag of words in no entity; also the prediction of words the model cannot see
-DOCSTART = "-DOCSTART-"  # CoNLL-2003's document separator line: not a sentence
 SCHEME_PREFIXES = {"IOB1": ("B", "I"), "IOB2": ("B", "I"), "IOBES": ENTITY_PREFIXES, "auto": ENTITY_PREFIXES}
 ENTITY_METRICS = ("f1", "precision", "recall")  # entity-level: plain tags have none
-_COLUMN_SEPARATOR = re.compile(r"[ \t]+")
-
-
-@dataclass
-class TaggingConfig:
-    """`data.tagging:` of `type: token_classification` (NER, POS).
-
-    Attributes:
-        format: `conll` (whitespace-separated columns, one token per line, blank lines between sentences,
-            `-DOCSTART-` lines skipped) or `jsonl` (one sentence per line: a list of tokens and a list of tags);
-            `auto` = `jsonl` for .json/.jsonl files, `conll` otherwise.
-        tag_column: `conll`: the column holding the tag (0-based; -1 = the last).
-        tokens_column: `jsonl` and hub datasets: the field holding the tokens.
-        tags_column: `jsonl` and hub datasets: the field holding the tags (names, or ids into `labels`).
-        scheme: How the tags mark entities: `IOB1`, `IOB2` or `IOBES` (conlleval and seqeval's definitions; the
-            entity-level F1 selects), `none` (plain tags, one per word with no entities: POS tags, or IO tags such as
-            `PER`; token accuracy selects and is reported per tag), or `auto`: an entity scheme when a tag other than
-            `O` has a `B-`, `I-`, `E-` or `S-` prefix, else `none`.
-        label_all_tokens: Train on every WordPiece piece of a word (its word's tag; `B-` becomes `I-` after the
-            first piece) instead of the first piece only. Predictions always read the first piece.
-    """
-
-    format: Literal["auto", "conll", "jsonl"] = "auto"
-    tag_column: int = -1
-    tokens_column: str = "tokens"
-    tags_column: str = "tags"
-    scheme: Literal["auto", "IOB1", "IOB2", "IOBES", "none"] = "auto"
-    label_all_tokens: bool = False
-
-    def __post_init__(self) -> None:
-        check_types(self)
-
-
-@dataclass(frozen=True)
-class Sentence:
-    """One sentence of a split.
-
-    Attributes:
-        tokens: Its words.
-        tags: Their tags (names), or None in an unlabelled split.
-        where: Where it was read (`file:line` of its first word; a hub row `name:split:i`), for messages.
-        index: Its id: the JSON/hub id field (data.id_column, `id` or `idx`), else its number in the split.
-        columns: CoNLL input: every word's columns, written back with the prediction; None for other sources.
-    """
-
-    tokens: list[str]
-    tags: list[str] | None
-    where: str
-    index: str
-    columns: list[list[str]] | None = None
-
-
-@dataclass(frozen=True)
-class TagNames:
-    """How tags read from data become names.
-
-    Attributes:
-        names: Names of tag ids, in id order (data.labels or the hub's); None: ids are an error.
-        closed: Tag names outside `names` are an error (data.labels was given).
-    """
-
-    names: list[str] | None = None
-    closed: bool = False
-
-    def name(self, value: Any, where: str) -> str:
-        """The tag name of a value read at `where`: a name, or an id into `names`.
-
-        Raises:
-            UserError: an id without names or out of range, a name outside a closed set, another type.
-        """
-        if isinstance(value, int) and not isinstance(value, bool):
-            if self.names is None:
-                raise UserError(f"{where}: tag {value} is an id: set data.labels (the tag names in id order)")
-            if not 0 <= value < len(self.names):
-                raise UserError(f"{where}: tag id {value} is outside the {len(self.names)} labels")
-            return self.names[value]
-        if not isinstance(value, str):
-            raise UserError(f"{where}: a tag must be a name or an id, got {type(value).__name__} {value!r}")
-        if self.closed and self.names is not None and value not in self.names:
-            raise UserError(f"{where}: tag {value!r} is not in data.labels ({', '.join(self.names)})")
-        return value
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Readers
-
-
-def read_conll(path: str | Path, tag_column: int = -1, tags: TagNames | None = None) -> list[Sentence]:
-    """The sentences of a CoNLL column file (see the module's docstring for the format).
-
-    Raises:
-        UserError: a missing or unreadable file, a line with another column count than the first word line's, a
-            tag column the file does not have, a tag outside a closed label set (each naming file and line), or
-            a file without sentences.
-    """
-    path, tags = Path(path), tags or TagNames()
-    sentences: list[Sentence] = []
-    block: list[list[str]] = []  # the current sentence's lines, split into columns
-    first_line, expected, tag_index = 0, 0, None
-    for number, line in enumerate(read_text(path).split("\n"), start=1):
-        cells = _COLUMN_SEPARATOR.split(line.strip(" \t\r"))
-        if cells == [""] or cells[0] == DOCSTART:  # a blank line or a document start ends a sentence
-            if block:
-                sentences.append(_conll_sentence(block, tag_index, tags, path, first_line, len(sentences)))
-            block = []
-            continue
-        if not expected:
-            expected, tag_index = len(cells), _tag_index(tag_column, len(cells), f"{path}:{number}")
-        elif len(cells) != expected:
-            raise UserError(f"{path}:{number}: {len(cells)} columns, expected {expected}")
-        if not block:
-            first_line = number
-        block.append(cells)
-    if block:
-        sentences.append(_conll_sentence(block, tag_index, tags, path, first_line, len(sentences)))
-    if not sentences:
-        raise UserError(f"{path}: no sentences (an empty file, or only -DOCSTART- lines)")
-    return sentences
-
-
-def _tag_index(tag_column: int, columns: int, where: str) -> int | None:
-    """The column holding the tag (None: one column, words only); the word is column 0.
-
-    Raises:
-        UserError: `tag_column` names no column of the file but the word's.
-    """
-    if columns == 1:
-        return None
-    index = tag_column if tag_column >= 0 else columns + tag_column
-    if not 0 < index < columns:
-        raise UserError(f"{where}: data.tagging.tag_column {tag_column} is not a tag column of {columns} columns")
-    return index
-
-
-def _conll_sentence(
-    block: list[list[str]], tag_index: int | None, tags: TagNames, path: Path, first_line: int, number: int
-) -> Sentence:
-    """A sentence of consecutive lines `block`, the first of them line `first_line`."""
-    names = None
-    if tag_index is not None:
-        names = [tags.name(cells[tag_index], f"{path}:{first_line + i}") for i, cells in enumerate(block)]
-    return Sentence([cells[0] for cells in block], names, f"{path}:{first_line}", str(number), block)
-
-
-def read_json_sentences(
-    path: str | Path, tagging: TaggingConfig, tags: TagNames | None = None, id_column: str | None = None
-) -> list[Sentence]:
-    """The sentences of a JSON-lines file (or a JSON list) of {tokens, tags} records.
-
-    Raises:
-        UserError: a missing or unreadable file, a bad record (naming file and line), no sentences.
-    """
-    records = read_records(path, "json")  # JSON lines, or one JSON list
-    sentences = records_to_sentences(records, tagging, tags or TagNames(), id_column)
-    if not sentences:
-        raise UserError(f"{path}: no sentences (an empty file?)")
-    return sentences
-
-
-def records_to_sentences(
-    records: list[Record], tagging: TaggingConfig, tags: TagNames, id_column: str | None = None
-) -> list[Sentence]:
-    """Sentences of JSON or hub records; records without words are skipped (counted in the log).
-
-    Raises:
-        UserError: words or tags that are not lists, a word that is not text, unequal lengths, a bad tag, a split
-            with tags in some records only (each naming its record).
-    """
-    sentences, empty = [], 0
-    for number, record in enumerate(records):
-        tokens = _list_field(record, tagging.tokens_column)
-        if any(not isinstance(t, str) for t in tokens):
-            raise UserError(f"{record.where}: {tagging.tokens_column!r} must be a list of strings")
-        values = _list_field(record, tagging.tags_column) if _has_field(record, tagging.tags_column) else None
-        if values is not None and len(values) != len(tokens):
-            raise UserError(f"{record.where}: {len(tokens)} tokens but {len(values)} tags")
-        if not tokens:
-            empty += 1
-            continue
-        names = None if values is None else [tags.name(v, record.where) for v in values]
-        sentences.append(Sentence(tokens, names, record.where, example_id(record, id_column, number)))
-    if empty:
-        logger.info("%s: %d sentences without words skipped", records[0].where.rsplit(":", 1)[0], empty)
-    _check_labelled(sentences)
-    return sentences
-
-
-def _has_field(record: Record, column: str) -> bool:
-    try:
-        field(record, column)
-    except UserError:
-        return False
-    return True
-
-
-def _list_field(record: Record, column: str) -> list[Any]:
-    value = field(record, column)
-    if not isinstance(value, list):
-        raise UserError(f"{record.where}: {column!r} must be a list, got {type(value).__name__}")
-    return value
-
-
-def _check_labelled(sentences: list[Sentence]) -> None:
-    """A split is labelled throughout or not at all.
-
-    Raises:
-        UserError: some sentences have tags and others not, naming the first without.
-    """
-    labelled = [s.tags is not None for s in sentences]
-    if any(labelled) and not all(labelled):
-        raise UserError(f"{sentences[labelled.index(False)].where}: no tags, where other sentences have them")
-
-
-def hub_tag_names(name: str, config: str | None, column: str) -> list[str] | None:
-    """The names of a hub dataset's tag ids (a `Sequence(ClassLabel)` feature), or None when it has none.
-
-    Reads the dataset's metadata (`datasets.load_dataset_builder`): the network or the datasets cache. Not run by
-    the offline tests.
-    """
-    import datasets
-
-    try:
-        features = datasets.load_dataset_builder(name, config).info.features
-    except Exception:  # offline, unknown names: the split reads will report it
-        return None
-    feature = getattr(features.get(column) if features else None, "feature", None)
-    names = getattr(feature, "names", None)
-    return list(names) if names else None
-
-
-def read_split(data: FinetuneDataConfig, split: str, tags: TagNames) -> list[Sentence]:
-    """The sentences of one split (`train`, `dev` or `test`) of a files or hub source.
-
-    Raises:
-        UserError: what the readers raise.
-    """
-    tagging = data.tagging or TaggingConfig()
-    if data.source == "hub":
-        hub_split = {"dev": "validation"}.get(split, split)
-        sentences = records_to_sentences(
-            read_hub_split(data.hub_name, data.hub_config, hub_split), tagging, tags, data.id_column
-        )
-        if not sentences:
-            raise UserError(f"{data.hub_name}: split {hub_split} has no sentences")
-        return sentences
-    path = Path({"train": data.train_file, "dev": data.validation_file, "test": data.test_file}[split])
-    if tagging_format(path, tagging.format) == "jsonl":
-        return read_json_sentences(path, tagging, tags, data.id_column)
-    return read_conll(path, tagging.tag_column, tags)
-
-
-def tagging_format(path: Path, format: str) -> str:
-    """`format`, or for `auto`: `jsonl` for .json/.jsonl files, `conll` for any other."""
-    if format != "auto":
-        return format
-    return "jsonl" if path.suffix.lower() in (".json", ".jsonl") else "conll"
+# The label set and the scheme
 
 
 def label_set(train: list[Sentence]) -> list[str]:
@@ -541,31 +269,6 @@ def unseen_words(encoded: EncodedTags) -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Predictions files
-
-
-def _cell(token: str) -> str:
-    """A word as one column: whitespace inside it becomes `_` (an empty word too)."""
-    return re.sub(r"\s+", "_", token) or "_"
-
-
-def conll_lines(sentence: Sentence, predicted: list[str]) -> list[str]:
-    """The lines of a sentence with its predicted tags.
-
-    CoNLL input: its columns plus the prediction; other input: `word gold predicted` (`word predicted` unlabelled).
-    """
-    if sentence.columns is not None:
-        return [" ".join([*cells, tag]) for cells, tag in zip(sentence.columns, predicted)]
-    gold = sentence.tags if sentence.tags is not None else [None] * len(predicted)
-    return [" ".join(c for c in (_cell(w), g, p) if c is not None) for w, g, p in zip(sentence.tokens, gold, predicted)]
-
-
-def conll_text(sentences: list[Sentence], predicted: list[list[str]]) -> str:
-    """A CoNLL file of the sentences with their predicted tags, a blank line after each sentence."""
-    return "".join("\n".join(conll_lines(s, tags)) + "\n\n" for s, tags in zip(sentences, predicted))
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # The fine-tuning task
 
 
@@ -573,35 +276,25 @@ class TaggingTask(HeadOutputs):
     """A token classification task with its splits read: the fine-tuning task of `type: token_classification`.
 
     Args:
-        name: The task's name (data.task).
+        data: The data: section (its `tagging:` settings).
         splits: Its sentences per split: `train`, `dev` (labelled) and optionally `test`.
         labels: The label set, in id order (see the module's docstring).
-        tagging: The data.tagging settings.
-        pad_to_multiple_of: Batches are padded to their longest row rounded up to this.
+        entities: Whether the tags mark entities (entity F1 selects) or are plain tags (token accuracy).
     """
 
     architecture = "token_classification"
     micro_batch_loss = "token classification's loss is a mean over a micro-batch's scored tokens"
 
     def __init__(
-        self,
-        name: str,
-        splits: dict[str, list[Sentence]],
-        labels: list[str],
-        tagging: TaggingConfig,
-        pad_to_multiple_of: int,
-        entities: bool = True,
-        metrics: list[str] | tuple[str, ...] | None = None,
+        self, data: FinetuneDataConfig, splits: dict[str, list[Sentence]], labels: list[str], entities: bool = True
     ) -> None:
-        self.name, self.splits, self.labels = name, splits, labels
-        self.tagging, self.multiple, self.entities = tagging, pad_to_multiple_of, entities
-        self.metrics = selecting_metrics(list(metrics) if metrics else None, entities)
-        self.tracker_project = f"roformer-{name}"
+        super().__init__(data, default_metrics=selecting_metrics(data.metrics, entities))
+        self.splits, self.labels, self.entities = splits, labels, entities
+        self.tagging = data.tagging or TaggingConfig()
         self.num_labels = len(labels)
         self.label_names = list(labels)
         self.label_ids = {tag: i for i, tag in enumerate(labels)}
         self.outside_id = self.label_ids.get(OUTSIDE, 0)
-        self.dev_splits = ["dev"]
         self.test_splits = ["test"] if "test" in splits else []
 
     @classmethod
@@ -615,15 +308,7 @@ class TaggingTask(HeadOutputs):
         names = data.labels
         if names is None and data.source == "hub":
             names = hub_tag_names(data.hub_name, data.hub_config, tagging.tags_column)
-        tags = TagNames(names, closed=data.labels is not None)
-        splits = {split: read_split(data, split, tags) for split in ("train", "dev")}
-        if data.source == "hub":
-            splits.update(_hub_test(data, tags))
-        elif data.test_file:
-            splits["test"] = read_split(data, "test", tags)
-        for split in ("train", "dev"):
-            if splits[split][0].tags is None:
-                raise UserError(f"{splits[split][0].where}: the {split} split has no tags")
+        splits = read_splits(data, TagNames(names, closed=data.labels is not None))
         labels = names if names is not None else label_set(splits["train"])
         entities = marks_entities(list(labels), tagging.scheme, splits["train"][0].where.rpartition(":")[0])
         _warn_about_labels(splits, labels, tagging.scheme)
@@ -631,7 +316,7 @@ class TaggingTask(HeadOutputs):
             splits["train"] = splits["train"][: data.max_train_examples]
         if data.max_eval_examples is not None:
             splits = {k: v if k == "train" else v[: data.max_eval_examples] for k, v in splits.items()}
-        return cls(data.task, splits, list(labels), tagging, data.pad_to_multiple_of, entities, data.metrics)
+        return cls(data, splits, list(labels), entities)
 
     def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, EncodedTags]:
         """Every split tokenized word by word, cut to `max_length` tokens (cut-off words counted in a warning)."""
@@ -711,15 +396,6 @@ class TaggingTask(HeadOutputs):
         """Copy the selected run's test predictions (`<split>.conll`) into `submission` (nothing without a test)."""
         for split in self.test_splits:
             atomic_copy(run_folder / f"{split}.conll", submission / f"{split}.conll")
-
-
-def _hub_test(data: FinetuneDataConfig, tags: TagNames) -> dict[str, list[Sentence]]:
-    """The hub dataset's test split as {"test": sentences}, or {} when it cannot be read (it may have none)."""
-    try:
-        return {"test": read_split(data, "test", tags)}
-    except UserError as e:
-        logger.info("%s: no test split read (%s)", data.hub_name, e)
-        return {}
 
 
 def _warn_about_labels(splits: dict[str, list[Sentence]], labels: list[str], scheme: str) -> None:

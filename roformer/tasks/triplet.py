@@ -181,9 +181,8 @@ class TripletTask(HeadOutputs):
 
     def __init__(self, data: FinetuneDataConfig, records: dict[str, list[Record]]) -> None:
         assert data.triplet is not None  # FinetuneDataConfig fills the section of its type
-        self.data, self.settings, self.multiple = data, data.triplet, data.pad_to_multiple_of
-        self.name = data.task
-        self.tracker_project = f"roformer-{data.task}"
+        super().__init__(data)
+        self.settings = data.triplet
         self.columns = data.text_columns or ["A", "B", "C"]
         self.candidates = list(self.columns[1:])
         closer = self.settings.unlabelled_closer
@@ -192,9 +191,7 @@ class TripletTask(HeadOutputs):
         self.kind = Candidates(self.candidates, closer, data.label_column)
         rows = TextRows(data, records, self.kind, self.columns, (3, 3), "reads an anchor and two candidates")
         self.examples = rows.examples
-        self.metrics = tuple(data.metrics or data.spec.default_metrics)
-        self.num_labels, self.label_names = 1, None
-        self.dev_splits = ["dev"]
+        self.num_labels = 1
         self.test_splits = rows.test_splits
         self.cross_validation_folds = self.settings.folds
         if self.settings.folds:

@@ -3,7 +3,23 @@
 `roformer finetune --config NAME --set init=DIR --set data.train_file=F --set data.validation_file=F` trains and
 evaluates; `train.max_steps`, `train.lrs`, `train.seeds` and `train.progress` keep their meaning; results.json names
 the dev metrics as their definitions do; predictions are written under the run directory in the task's own format.
-The small files are the first examples of the real data (../shared/data), cut in the format each config reads.
+What a run must have written is asked of the task the run built (its declaration's predictions file, its label names,
+folds and labelled test splits), never of a list of type names: a new type is checked with no edit here.
+
+The small files are the first examples of the config's own data (../shared/data), cut in the format it reads: the
+training file's rows for the training, dev and test samples (rows whose labels the model knows). A config whose data
+is not on disk (a hub dataset, a download, a template for one's own files, a BEIR folder) names what to use instead
+on a line of its own YAML, in its header comments (or its included config's, as `include:` does for keys):
+
+    # contract test sample: data.train_file={shared}/cail2019-scm/sample.json data.triplet.unlabelled_closer=B
+
+`--set` items, separated by spaces (several such lines add up). A file key names the file its sample is cut from
+instead (`{own}`: the config's own file of that key, e.g. OCNLI's unlabelled test file); any other item is passed as
+it is. Placeholders: `{shared}` (../shared/data), `{own}`, and the samples built here: `{beir}` (a BEIR folder of
+built-in documents), `{first_stage}` (a first stage ranking every document of `{beir}`), `{reviews_csv}` (EPRSTMT's
+reviews as a csv of `text` and `label`). Why a comment: the sample is the test's concern, so it must not be a config
+key users would see (or could set) in a run's config.yaml; why in the YAML: whoever adds a config whose data is not
+here says what stands in for it where the config is, and `test_every_config_s_sample_is_on_disk` checks every line.
 """
 
 from __future__ import annotations
@@ -11,6 +27,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+from functools import cached_property
 from pathlib import Path
 
 import pytest
@@ -22,13 +39,10 @@ from roformer.config import load, read_yaml
 from roformer.tasks.registry import spec_of
 from roformer.train.config import FinetuneConfig
 
-CONFIGS = sorted(
-    p.stem
-    for p in (REPO / "configs" / "finetune").glob("*.yaml")
-    if p.stem != "recipe" and "tasks:" not in p.read_text()
-)
-CMRC_TRIAL = "qa/cmrc2018/cmrc2018_trial.json"
-SCM_SAMPLE = "cail2019-scm/sample.json"  # CAIL2019-SCM's public sample (the full set is a download)
+CONFIG_DIR = REPO / "configs" / "finetune"
+CONFIGS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "recipe" and "tasks:" not in p.read_text())
+SAMPLE_LINE = "# contract test sample:"
+SAMPLED_FILES = ("data.train_file", "data.validation_file", "data.test_file")  # keys whose sample is cut from a file
 
 
 def head(source: Path, target: Path, count: int, every: int = 1) -> Path:
@@ -81,57 +95,126 @@ def every_document_run(beir: Path, folder: Path) -> Path:
     return folder
 
 
+def declared_sample(path: Path) -> list[str]:
+    """The items of a config's `# contract test sample:` lines; without any, those of the config it includes."""
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.startswith(SAMPLE_LINE)]
+    if lines:
+        return [item for line in lines for item in line.removeprefix(SAMPLE_LINE).split()]
+    included = read_yaml(path).get("include")
+    return declared_sample(path.parent / included) if included else []
+
+
+class Samples:
+    """What a sample line's placeholders stand for, built on first use in `folder`.
+
+    Args:
+        shared_data: ../shared/data (`{shared}`).
+        folder: Where the built samples are written.
+        own: The config's own file of the item being filled (`{own}`), or None.
+    """
+
+    def __init__(self, shared_data: Path, folder: Path) -> None:
+        self.shared_data, self.folder, self.own = shared_data, folder, None
+
+    def fill(self, item: str, own: str | None) -> str:
+        """`item` with its placeholders replaced."""
+        self.own = own
+        return item.format_map(self)
+
+    def __getitem__(self, placeholder: str) -> Path:
+        if placeholder == "own":
+            if self.own is None:
+                raise ValueError("{own} stands for the config's own file of a file key: this config has none")
+            return Path(self.own)
+        if placeholder not in ("shared", "beir", "first_stage", "reviews_csv"):
+            raise KeyError(f"unknown placeholder {{{placeholder}}} in a {SAMPLE_LINE!r} line")
+        return getattr(self, placeholder)
+
+    @property
+    def shared(self) -> Path:
+        return self.shared_data
+
+    @cached_property
+    def beir(self) -> Path:
+        return small_beir(self.folder / "beir")
+
+    @cached_property
+    def first_stage(self) -> Path:
+        return every_document_run(self.beir, self.folder / "first-stage")
+
+    @cached_property
+    def reviews_csv(self) -> Path:
+        return csv_of_reviews(self.shared_data, self.folder / "reviews.csv")
+
+
 def small_job(name: str, shared_data: Path, pretrained: Path, tmp_path: Path) -> tuple[FinetuneConfig, list[str]]:
-    """The shipped config `name` and the --set items of a 2-step job on small files cut from its real data."""
-    config = load(FinetuneConfig, REPO / "configs" / "finetune" / f"{name}.yaml")
-    kind = config.data.type
-    common = [f"init={pretrained}", "train.max_steps=2", "train.lrs=[1.0e-3]", "train.seeds=[0]", "train.batch_size=4",
-              "train.progress=false", "data.max_length=128"]  # fmt: skip
-    if kind in ("retrieval", "rerank"):  # a BEIR folder (built-in documents), and a first stage for the reranker
-        beir = small_beir(tmp_path / "beir")
-        overrides = [f"data.beir_dir={beir}", *common]
-        if kind == "rerank":
-            overrides.append(f"data.rerank.first_stage={every_document_run(beir, tmp_path / 'first-stage')}")
-        return config, overrides
-    train = Path(config.data.train_file or shared_data / CMRC_TRIAL)  # squad: the hub by default
-    if kind == "triplet" and not train.is_file():
-        train = shared_data / SCM_SAMPLE
-    elif not train.is_file():  # the template for one's own files: a csv of `text` and `label` (FewCLUE's EPRSTMT)
-        train = csv_of_reviews(shared_data, tmp_path / "reviews.csv")
-    suffix = train.suffix
-    files = {"data.train_file": head(train, tmp_path / f"train{suffix}", 24)}
-    folds = kind == "triplet" and config.data.triplet.folds
-    if not folds:  # dev: some training rows, so that a 67-class task's dev labels are among its training labels
-        files["data.validation_file"] = head(train, tmp_path / f"dev{suffix}", 12, every=2)
-    if config.data.test_file:
-        test = Path(config.data.test_file)  # labelled test files: training rows again (their labels are known)
-        unlabelled = name == "ocnli"
-        files["data.test_file"] = head(
-            test if unlabelled else train, tmp_path / f"test{suffix}", 6, every=1 if unlabelled else 4
-        )
-    overrides = [f"{key}={path}" for key, path in files.items()] + [
-        f"init={pretrained}",
-        "data.max_length=128",
-        "train.max_steps=2",
-        "train.lrs=[1.0e-3]",
-        "train.seeds=[0]",
-        "train.batch_size=4",
-        "train.progress=false",
-    ]
-    if kind == "question_answering":
-        overrides += ["data.qa.doc_stride=32", "data.qa.max_query_length=32"]
-    if kind == "triplet":  # the sample has no label field: B is the closer document (its README)
-        overrides += ["data.triplet.unlabelled_closer=B"]
-    return config, overrides
+    """The shipped config `name` and the --set items of a 2-step job on small files cut from its data (or its sample).
+
+    The training, dev and test files are cut from the training file unless the config's sample names another source;
+    a dev file only where the type reads one (cross-validation holds out its own), a test file where the config has
+    one. A type without a training file (a BEIR folder) runs on what its sample names.
+    """
+    path = CONFIG_DIR / f"{name}.yaml"
+    config = load(FinetuneConfig, path)
+    samples, sources, overrides = Samples(shared_data, tmp_path), {}, []
+    for item in declared_sample(path):
+        key, _, value = item.partition("=")
+        own = getattr(config.data, key.removeprefix("data."), None) if key in SAMPLED_FILES else None
+        if key in SAMPLED_FILES:
+            sources[key] = Path(samples.fill(value, own))
+        else:
+            overrides.append(f"{key}={samples.fill(value, None)}")
+    train = sources.get("data.train_file") or (Path(config.data.train_file) if config.data.train_file else None)
+    if train is not None:
+        assert train.is_file(), f"{path}: {train} is not here: name a stand-in on a {SAMPLE_LINE!r} line"
+        spec = config.data.spec  # a type that holds out its own dev split (cross-validation) is given no dev file
+        needs_dev = spec.needs_validation_file is None or spec.needs_validation_file(config.data)
+        files = {"data.train_file": head(train, tmp_path / f"train{train.suffix}", 24)}
+        if needs_dev:  # dev: some training rows, so that a 67-class task's dev labels are among its training labels
+            dev = sources.get("data.validation_file", train)
+            files["data.validation_file"] = head(dev, tmp_path / f"dev{train.suffix}", 12, every=2)
+        if config.data.test_file or "data.test_file" in sources:  # training rows again unless the sample says
+            test = sources.get("data.test_file", train)
+            files["data.test_file"] = head(test, tmp_path / f"test{train.suffix}", 6, every=1 if test != train else 4)
+        overrides = [f"{key}={file}" for key, file in files.items()] + overrides
+    common = [f"init={pretrained}", "data.max_length=128", "train.max_steps=2", "train.lrs=[1.0e-3]",
+              "train.seeds=[0]", "train.batch_size=4", "train.progress=false"]  # fmt: skip
+    return config, overrides + common
+
+
+def test_a_sample_line_is_read_and_its_placeholders_filled(tmp_path: Path) -> None:
+    """A config's own sample lines, else its included config's; file keys become sources, other items --set items."""
+    (tmp_path / "base.yaml").write_text(f"{SAMPLE_LINE} data.train_file={{own}} data.qa.n_best=3\ndata: {{}}\n")
+    (tmp_path / "child.yaml").write_text("include: base.yaml\n")
+    (tmp_path / "own.yaml").write_text(f"{SAMPLE_LINE} a=1\n{SAMPLE_LINE} b={{shared}}/x\ninclude: base.yaml\n")
+    assert declared_sample(tmp_path / "child.yaml") == ["data.train_file={own}", "data.qa.n_best=3"]
+    assert declared_sample(tmp_path / "own.yaml") == ["a=1", "b={shared}/x"]  # its own lines win
+    samples = Samples(tmp_path, tmp_path)
+    assert samples.fill("b={shared}/x", None) == f"b={tmp_path}/x"
+    assert samples.fill("{own}", "train.json") == "train.json"
+    with pytest.raises(KeyError, match="unknown placeholder"):
+        samples.fill("{nope}", None)
+    with pytest.raises(ValueError, match="has none"):
+        samples.fill("{own}", None)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_config_s_sample_is_on_disk(name: str, shared_data: Path, tmp_path: Path) -> None:
+    """Every shipped config's small job reads files that are here: its own data, or what its sample line names."""
+    _, overrides = small_job(name, shared_data, tmp_path / "init", tmp_path)
+    items = [item.partition("=") for item in overrides]
+    paths = [value for key, _, value in items if key.endswith(("_file", "_dir", ".first_stage"))]  # what it reads
+    assert paths and all(Path(p).exists() for p in paths), overrides
 
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_a_shipped_config_trains_on_files_in_its_format(
     name: str, shared_data: Path, pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
+    """What the run wrote is what the task it built says it writes (the task rebuilt from the run's config.yaml)."""
+    from roformer.train.finetune import task_inputs
+
     config, overrides = small_job(name, shared_data, pretrained, tmp_path)
-    kind = config.data.type
-    unlabelled = name == "ocnli"
     out = tmp_path / "run"
     code = main(
         [
@@ -144,24 +227,30 @@ def test_a_shipped_config_trains_on_files_in_its_format(
         ]
     )
     assert code == 0, capsys.readouterr().err
+    task, tokenizer, _ = task_inputs(load(FinetuneConfig, out / "config.yaml"))
     results = json.loads((out / "results.json").read_text())
-    assert results["task"] == config.data.task and results["selected"]["peak_lr"] == 1e-3
-    folds = kind == "triplet" and config.data.triplet.folds  # a grid axis: one run per held-out fold
+    assert results["task"] == config.data.task == task.name and results["selected"]["peak_lr"] == 1e-3
+    folds = task.cross_validation_folds  # a grid axis: one run per held-out fold
     runs = results["runs"]
     assert [(r["seed"], r.get("fold")) for r in runs] == ([(0, f) for f in range(folds)] if folds else [(0, None)])
     assert ("fold" in results["selected"]) == bool(folds)
     run = runs[0]
     assert run["steps"] == 2
-    spec = spec_of(kind)  # the type's declaration: the metrics its results name, its predictions file
-    named = set(config.data.metrics or spec.default_metrics or spec.metrics)
-    assert named <= set(run["dev"]["dev"]) and "score" in run["dev"]["dev"]
+    assert set(task.metrics) <= set(run["dev"]["dev"]) and "score" in run["dev"]["dev"]  # the selecting ones
+    predictions = spec_of(config.data.type).predictions  # the type's declaration: its dev predictions file
     for tag in [f"lr0.001-seed0-fold{f}" for f in range(folds)] if folds else ["lr0.001-seed0"]:
-        assert (out / "predictions" / tag / spec.predictions).is_file()
+        assert (out / "predictions" / tag / predictions).is_file()
     assert (out / "best" / "model.safetensors").is_file()
-    labelled = kind in ("classification", "multi_label_classification", "token_classification")  # outputs' names
-    assert (out / "best" / "labels.json").is_file() == labelled
-    if config.data.test_file and kind != "question_answering":
-        assert ("test" in results) == (not unlabelled)  # OCNLI's test file has no labels: predicted, not scored
+    labels = out / "best" / "labels.json"  # the names of the head's outputs, where they have names
+    assert labels.is_file() == (task.label_names is not None)
+    if task.label_names is not None:
+        assert json.loads(labels.read_text()) == task.label_names and len(task.label_names) == task.num_labels
+    encoded = task.encode(tokenizer, config.data.max_length)
+    scored = [split for split in task.test_splits if encoded[split].labelled]  # OCNLI's test: predicted, not scored
+    assert list(run.get("test", {})) == scored and ("test" in results) == bool(scored)
+    own_test = any(item.startswith("data.test_file=") for item in declared_sample(CONFIG_DIR / f"{name}.yaml"))
+    if config.data.test_file and not own_test:
+        assert scored == task.test_splits  # a test file cut from training rows has their labels
 
 
 @pytest.mark.parametrize(
@@ -360,8 +449,8 @@ def test_every_task_type_takes_the_same_steps_under_any_process_layout(
     """
     from types import SimpleNamespace
 
-    from roformer.train.recipe import ProcessLayout, dropout_seed
     from roformer.train.finetune import Finetuner, FinetuneRun
+    from roformer.train.recipe import ProcessLayout, dropout_seed
 
     _, overrides = small_job(name, shared_data, pretrained, tmp_path)
     config = load(FinetuneConfig, REPO / "configs" / "finetune" / f"{name}.yaml", overrides + sets)
@@ -392,8 +481,7 @@ def test_every_task_type_takes_the_same_steps_under_any_process_layout(
         gradient = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         return plan.indices, chunks, gradient, logged
 
-    spans = data.task.micro_batch_loss
-    assert (spans is not None) == (config.data.type in ("token_classification", "similarity")), spans
+    spans = data.task.micro_batch_loss  # what the type declares; the steps below say whether it is so
     for step in (0, 1):
         (order, chunks, gradient, logged), (same_order, same_chunks, same_gradient, same_logged) = (
             step_under(layout, step, dropout=True) for layout in LAYOUTS[:2]

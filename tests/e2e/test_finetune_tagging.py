@@ -9,7 +9,7 @@ from pathlib import Path
 import roformer
 from roformer.config import load, write_yaml
 from roformer.data.builtin import BRACKETS, NUMBERS, BuiltinCorpus
-from roformer.tasks.tagging import read_conll
+from roformer.tasks.conll import read_conll
 from roformer.train.config import FinetuneConfig
 
 PEOPLE = NUMBERS[:8]  # words of the pretraining corpus, so the tiny tokenizer has them

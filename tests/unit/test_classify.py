@@ -294,7 +294,8 @@ def test_config_checks_of_the_task_types() -> None:
         FinetuneDataConfig(type="triplet", train_file="a", validation_file="b", metrics=["f1"])
     with pytest.raises(ConfigError, match=r"metrics: a metric named twice"):
         FinetuneDataConfig(type="question_answering", train_file="a", validation_file="b", metrics=["f1", "f1"])
-    glue = GlueTask(get_task("mrpc"), {}, 8, ["f1"])  # data.metrics picks the task's F1 alone
+    data = FinetuneDataConfig(task="mrpc", glue_dir="glue", metrics=["f1"])
+    glue = GlueTask(data, get_task("mrpc"), {})  # data.metrics picks the task's F1 alone
     scores = glue.evaluate(Encoded([], [], [1, 1, 0, 0], []), [1, 0, 0, 0])
     assert scores["score"] == scores["f1"] == pytest.approx(2 / 3) and "accuracy" not in scores
 

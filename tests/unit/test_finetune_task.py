@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from roformer.tasks.base import FinetuneTask
+from roformer.tasks.base import FinetuneTask, HeadOutputs
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.glue import Encoded, GlueTask
 from roformer.tasks.glue_tasks import TASKS, Example, get_task
@@ -19,10 +19,15 @@ REPO = Path(__file__).resolve().parents[2]
 NUM_LABELS = {"cola": 2, "sst2": 2, "mrpc": 2, "stsb": 1, "qqp": 2, "mnli": 3, "qnli": 2, "rte": 2, "wnli": 2}
 
 
+def glue_data(name: str, multiple: int = 8, metrics: list[str] | None = None) -> FinetuneDataConfig:
+    """The data: section of GLUE task `name` (its folder is never read: the tests give the splits)."""
+    return FinetuneDataConfig(task=name, glue_dir="glue", pad_to_multiple_of=multiple, metrics=metrics)
+
+
 def glue_task(name: str, splits: tuple[str, ...] = ("train", "dev", "test"), multiple: int = 8) -> GlueTask:
     """A GLUE task whose splits (by name) hold one example each."""
     pair = ("a cat sat", "a cat sits")
-    return GlueTask(get_task(name), {split: [Example(pair, None, "0")] for split in splits}, multiple)
+    return GlueTask(glue_data(name, multiple), get_task(name), {split: [Example(pair, None, "0")] for split in splits})
 
 
 def encoded(lengths: list[int], labels: list[int | float | None]) -> Encoded:
@@ -36,6 +41,21 @@ def test_every_glue_task_is_a_sequence_classifier_with_its_label_count() -> None
         task = glue_task(name)
         assert (task.name, task.architecture, task.num_labels) == (name, "sequence_classification", labels)
         assert task.metrics == TASKS[name].metrics and task.tracker_project == f"roformer-glue-{name}"
+
+
+def test_the_members_every_type_shares_are_set_once_from_the_data_section() -> None:
+    """HeadOutputs gives name, tracker project, padding multiple, selecting metrics and dev split from data: and the
+    type's declaration; a type passes only what its data decides (GLUE: the canonical name, the task's metrics)."""
+    data = FinetuneDataConfig(type="triplet", task="scm", train_file="a", validation_file="b", pad_to_multiple_of=4)
+    shared = HeadOutputs(data)
+    assert (shared.name, shared.tracker_project, shared.multiple) == ("scm", "roformer-scm", 4)
+    assert shared.metrics == data.spec.default_metrics == ("accuracy",) and shared.dev_splits == ["dev"]
+    assert shared.label_names is None and shared.pooling is None and shared.cross_validation_folds is None
+    sst2 = GlueTask(glue_data("SST-2", multiple=16), get_task("SST-2"), {"train": [], "dev": []})
+    assert (sst2.name, sst2.tracker_project, sst2.multiple) == ("sst2", "roformer-glue-sst2", 16)
+    assert sst2.metrics == ("accuracy",) and sst2.dev_splits == ["dev"]
+    assert GlueTask(glue_data("mrpc", metrics=["f1"]), get_task("mrpc"), {}).metrics == ("f1",)  # data.metrics wins
+    assert HeadOutputs(data, default_metrics=("f1",)).metrics == ("f1",)  # decided from the data where it is
 
 
 def test_glue_task_gives_every_member_of_the_protocol() -> None:
@@ -128,12 +148,12 @@ def test_encode_tokenizes_every_split_pairs_with_token_types_truncated() -> None
 
     tokenizer = train_tokenizer(["a cat sat on the mat", "a dog sits on a log"] * 5, vocab_size=60)
     task = GlueTask(
+        glue_data("rte"),
         get_task("rte"),
         {
             "train": [Example(("a cat sat", "a dog sits"), 0, "0")],
             "dev": [Example(("a cat sat on the mat " * 4, "a dog"), 1, "7")],
         },
-        8,
     )
     splits = task.encode(tokenizer, max_length=12)
     assert set(splits) == {"train", "dev"} and splits["dev"].labels == [1] and splits["dev"].index == ["7"]

@@ -21,18 +21,15 @@ from roformer.tasks.qa import (
     QAConfig,
     QAEncoded,
     QATask,
-    Question,
     answer_tokens,
     best_spans,
     decode,
     encode_split,
-    load_splits,
-    locate,
     question_room,
-    read_squad,
     window_overlap,
     windows,
 )
+from roformer.tasks.squad import Question, load_splits, locate, read_squad
 
 GOLDEN = REPO / "tests" / "golden" / "cmrc2018_metric.json"
 CMRC = "qa/cmrc2018"
@@ -303,7 +300,7 @@ def test_load_splits_counts_once_per_split_and_limits_by_question(
     train = [qa_entry("q1"), qa_entry("q2", "Rome", 30), qa_entry("q3", "Paris", 14)]
     dev = [{**qa_entry("d1"), "answers": [{"text": "Lyon", "answer_start": -1}, {"text": "Paris", "answer_start": 15}]}]
     dev += [qa_entry("d2", None, is_impossible=True)]
-    with caplog.at_level(logging.WARNING, logger="roformer.tasks.qa"):
+    with caplog.at_level(logging.WARNING, logger="roformer.tasks.squad"):
         splits = load_splits(files_config(tmp_path, train, dev, max_train_examples=2, qa=QAConfig(version_2=True)))
     assert [q.id for q in splits["train"]] == ["q1", "q2"] and [q.id for q in splits["dev"]] == ["d1", "d2"]
     assert splits["train"][1].spans == [(35, 39)] and splits["dev"][1].impossible and not splits["dev"][1].answers
@@ -484,13 +481,20 @@ def test_decoding_aggregates_windows_and_v2_null() -> None:
     assert decode(split_of(questions[:1], [0]), [(0.0, [])], QAConfig())["q1"].text == ""  # no valid span at all
 
 
+def qa_data(**settings: object) -> FinetuneDataConfig:
+    """The data: section of a toy question answering task (its files are never read: the tests give the splits)."""
+    return FinetuneDataConfig(type="question_answering", task="toy", train_file="t", validation_file="d", **settings)
+
+
 def test_the_task_scores_its_predictions(tmp_path: Path) -> None:
     tokenizer = train_tokenizer(["alice lives in paris bob lives in rome where does alice live"] * 3, 60)
     questions = [Question("a", "where does alice live", "alice lives in paris", ["paris", "Paris!"], [(15, 20)])]
     questions.append(Question("b", "where does bob live", "bob lives in rome", ["rome"], [(13, 17)]))
     data = {"train": questions, "dev": questions, "test": questions[:1]}
-    task = QATask("toy", data, QAConfig(doc_stride=2, max_query_length=5), jieba=False, pad_to_multiple_of=8)
+    task = QATask(qa_data(qa=QAConfig(doc_stride=2, max_query_length=5), jieba=False), data)
     assert task.dev_splits == ["dev"] and task.test_splits == ["test"] and task.num_labels == 2
+    assert (task.name, task.tracker_project, task.multiple) == ("toy", "roformer-toy", 8)  # from the data: section
+    assert task.metrics == ("exact_match", "f1")  # the type's declared default
     encoded = task.encode(tokenizer, 12)
     train, dev = encoded["train"], encoded["dev"]
     batch = task.collate(train, list(range(len(train.ids))), 0, 12)
@@ -521,7 +525,7 @@ def test_data_metrics_choose_what_selects(monkeypatch: pytest.MonkeyPatch) -> No
     questions = [Question("a", "where", "alice lives in paris france", ["paris france"], [(15, 27)])]
     scores = {}
     for metrics in (None, ["f1"], ["exact_match"]):
-        task = QATask("toy", {"train": questions, "dev": questions}, QAConfig(), False, 8, metrics)
+        task = QATask(qa_data(metrics=metrics), {"train": questions, "dev": questions})
         monkeypatch.setattr(task, "answers", lambda split, predictions: {"a": SimpleNamespace(text="paris")})
         scores[str(metrics)] = task.evaluate(SimpleNamespace(questions=questions), [])
     f1 = 2 * (1 / 1) * (1 / 2) / (1 + 1 / 2)  # 1 of 1 predicted tokens right, 1 of 2 gold

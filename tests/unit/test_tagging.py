@@ -17,16 +17,9 @@ from roformer.model.model import IGNORE_INDEX
 from roformer.tasks import tagging as tagging_module
 from roformer.tasks.base import FinetuneTask
 from roformer.tasks.config import FinetuneDataConfig
+from roformer.tasks.conll import TaggingConfig, TagNames, read_conll, read_json_sentences
 from roformer.tasks.records import Record
-from roformer.tasks.tagging import (
-    TaggingConfig,
-    TaggingTask,
-    TagNames,
-    continuation_tag,
-    label_set,
-    read_conll,
-    read_json_sentences,
-)
+from roformer.tasks.tagging import TaggingTask, continuation_tag, label_set
 from roformer.tasks.tagging_metrics import (
     chunks,
     classification_report,
@@ -367,7 +360,7 @@ def test_hub_tags_are_ids_named_by_the_dataset_features(monkeypatch: pytest.Monk
     """The hub path without the network: `datasets`' builder metadata and rows are stand-ins."""
     import datasets
 
-    import roformer.tasks.tagging as tagging
+    import roformer.tasks.conll as conll
 
     names = ["O", "B-PER", "I-PER"]
     features = datasets.Features(
@@ -383,7 +376,7 @@ def test_hub_tags_are_ids_named_by_the_dataset_features(monkeypatch: pytest.Monk
             raise UserError(f"cannot load {name} split {split}: no such split")
         return [Record(row, f"{name}:{split}:{i}") for i, row in enumerate(rows[split])]
 
-    monkeypatch.setattr(tagging, "read_hub_split", read_hub_split)
+    monkeypatch.setattr(conll, "read_hub_split", read_hub_split)
     config = FinetuneDataConfig(
         type="token_classification", source="hub", hub_name="toy", tagging=TaggingConfig(tags_column="ner_tags")
     )
