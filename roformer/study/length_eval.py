@@ -89,21 +89,18 @@ SCALING_METHODS = ("none", "linear", "ntk", "yarn", "self_extend")
 def parse_rope_scalings(text: str) -> list[tuple[str, float | None]]:
     """`none,linear,yarn:4` -> [("none", None), ("linear", None), ("yarn", 4.0)] (None: length / trained length).
 
+    Only the text is read here; which methods and factors are valid is `LengthEvalSettings`'s check.
+
     Raises:
-        UserError: an unknown method or a factor below 1.
+        UserError: a factor that is not a number.
     """
     methods = []
     for item in text.split(","):
         name, _, factor = item.strip().partition(":")
-        if name not in SCALING_METHODS:
-            raise UserError(f"--rope-scaling: unknown method {name!r} (known: {', '.join(SCALING_METHODS)})")
         try:
-            value = float(factor) if factor else None
+            methods.append((name, float(factor) if factor else None))
         except ValueError:
             raise UserError(f"--rope-scaling: {item!r}: the factor after ':' must be a number") from None
-        if value is not None and (value < 1 or name == "none"):
-            raise UserError(f"--rope-scaling: {item!r}: a factor >= 1 goes with linear, ntk, yarn or self_extend")
-        methods.append((name, value))
     return methods
 
 
@@ -172,7 +169,9 @@ class LengthEvalSettings:
             if method not in SCALING_METHODS:
                 raise ConfigError(f"rope_scaling: unknown method {method!r} (known: {', '.join(SCALING_METHODS)})")
             if factor is not None and (factor < 1 or method == "none"):
-                raise ConfigError(f"rope_scaling: {method}:{factor}: a factor >= 1 goes with a scaling method")
+                raise ConfigError(
+                    f"rope_scaling: {method}:{factor:g}: a factor >= 1 goes with linear, ntk, yarn or self_extend"
+                )
         if self.trained_length is not None and self.trained_length < 1:
             raise ConfigError(f"trained_length must be >= 1, got {self.trained_length}")
 
