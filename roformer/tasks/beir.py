@@ -67,7 +67,11 @@ def read_beir(folder: Path) -> Beir:
         for split in SPLITS
         if (folder / "qrels" / f"{split}.tsv").is_file()
     }
-    return Beir(corpus, queries, qrels)
+    beir = Beir(corpus, queries, qrels)
+    if "test" in qrels and not beir.judged_queries("test"):  # a split to score with nothing to score it by
+        path = folder / "qrels" / "test.tsv"
+        raise UserError(f"{path}: judges no document relevant (every score is 0 or below), so no query can be scored")
+    return beir
 
 
 def _records(path: Path, document: bool) -> dict[str, str]:
@@ -114,6 +118,4 @@ def _qrels(path: Path, queries: dict[str, str], corpus: dict[str, str]) -> dict[
         if doc in judged:
             raise UserError(f"{where}: query {query!r} and document {doc!r} are judged twice in this file")
         judged[doc] = int(score)
-    if path.name == "test.tsv" and not any(score > 0 for judged in out.values() for score in judged.values()):
-        raise UserError(f"{path}: judges no document relevant (every score is 0 or below), so no query can be scored")
     return out
