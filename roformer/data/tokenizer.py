@@ -66,7 +66,7 @@ def train_tokenizer(
     # Number canonically (special tokens first, then by string): the ids do not depend on the trainer's internals.
     rest = sorted(set(tok.get_vocab()) - set(specials))
     vocab = {token: index for index, token in enumerate(specials + rest)}
-    return _wrap(_bert_wordpiece(vocab, lowercase, split_cjk), lowercase)
+    return wrap_tokenizer(_bert_wordpiece(vocab, lowercase, split_cjk), lowercase)
 
 
 def _continuation_pieces(tok: Pipeline, texts: list[str]) -> set[str]:
@@ -91,7 +91,7 @@ def _bert_wordpiece(vocab: dict[str, int] | None, lowercase: bool, split_cjk: bo
     return tok
 
 
-def _wrap(tok: Pipeline, lowercase: bool) -> Tokenizer:
+def wrap_tokenizer(tok: Pipeline, lowercase: bool) -> Tokenizer:
     """Add the [CLS] A [SEP] B [SEP] template and wrap as a transformers fast tokenizer."""
     from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
@@ -142,7 +142,7 @@ def load_tokenizer(path: str | Path, lowercase: bool = True, split_cjk: bool = T
         elif path.name.endswith(".json") and path.is_file():
             from tokenizers import Tokenizer
 
-            tokenizer = _wrap(Tokenizer.from_file(str(path)), lowercase)
+            tokenizer = wrap_tokenizer(Tokenizer.from_file(str(path)), lowercase)
         elif path.is_file() and path.suffix.lower() in VOCAB_SUFFIXES:
             tokenizer = _from_vocab(path, lowercase)
         elif path.is_file():  # a config, weights, a script: reading it as a vocabulary would give nonsense errors
@@ -284,7 +284,7 @@ def _from_vocab(vocab_file: Path, lowercase: bool) -> Tokenizer:
         if line in vocab:
             raise UserError(f"{vocab_file}:{index + 1}: token {line!r} is also on line {vocab[line] + 1}")
         vocab[line] = index
-    return _wrap(_bert_wordpiece(vocab, lowercase), lowercase)
+    return wrap_tokenizer(_bert_wordpiece(vocab, lowercase), lowercase)
 
 
 def save_tokenizer(tokenizer: Tokenizer, directory: str | Path) -> None:
@@ -312,7 +312,7 @@ def tokenizer_from_json(text: str, lowercase: bool = True) -> Tokenizer:
     """The tokenizer that `tokenizer_to_json` wrote, as a transformers fast tokenizer."""
     from tokenizers import Tokenizer
 
-    return _wrap(Tokenizer.from_str(text), lowercase)
+    return wrap_tokenizer(Tokenizer.from_str(text), lowercase)
 
 
 def jieba_presegmenter(tokenizer: Tokenizer | None = None) -> Callable[[str], str]:

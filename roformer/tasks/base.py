@@ -271,6 +271,8 @@ class TaskSpec:
         check: Checks of the whole data: section that belong to this type (e.g. cross-validation folds), raising
             ConfigError.
         needs_validation_file: Whether a `files` source needs `validation_file` for this data: section.
+        own_vocabulary: The task makes its own tokenizer (`task.tokenizer()`), so a model can be trained from
+            scratch: `init:` empty, the config's `model:` section the whole model (synthetic tasks).
     """
 
     name: str
@@ -289,6 +291,7 @@ class TaskSpec:
     metrics_of: Callable[[FinetuneDataConfig], tuple[str, ...]] | None = None
     check: Callable[[FinetuneDataConfig], None] | None = None
     needs_validation_file: Callable[[FinetuneDataConfig], bool] | None = None
+    own_vocabulary: bool = False
 
     def known_metrics(self, data: FinetuneDataConfig) -> tuple[str, ...]:
         """The metrics `data.metrics` may name for `data`."""

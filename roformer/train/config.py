@@ -27,6 +27,7 @@ from roformer.config import (
     check_seed,
     check_types,
     field_keys,
+    from_dict,
 )
 from roformer.data.config import DataConfig
 from roformer.errors import ConfigError
@@ -466,10 +467,30 @@ class FinetuneConfig:
     label: str | None = field(default=None, metadata=MAY_CHANGE_ON_RESUME)
 
     def __post_init__(self) -> None:
-        if not self.init:
-            raise ConfigError("init is required: the model directory to fine-tune")
         if "num_labels" in self.model:
             raise ConfigError("model.num_labels comes from the task (data.task); remove it")
+        own_vocabulary = self.data.spec.own_vocabulary
+        if not self.init and not own_vocabulary:
+            raise ConfigError("init is required: the model directory to fine-tune")
+        if self.init and own_vocabulary:
+            raise ConfigError(
+                f"init: type {self.data.type} makes its own vocabulary and trains from scratch: leave it empty"
+            )
+        if not self.init:
+            self.scratch_model(vocab_size=1)  # the model: section checked now, before any work
+
+    def scratch_model(self, vocab_size: int, pad_token_id: int = 0) -> ModelConfig:
+        """The model trained from scratch (`init:` empty): the `model:` section, the task's vocabulary.
+
+        Raises:
+            ConfigError: an unknown key or bad value of `model:` (named), or a vocab_size / pad_token_id given
+                there (the task's vocabulary decides them).
+        """
+        for key in ("vocab_size", "pad_token_id"):
+            if key in self.model:
+                raise ConfigError(f"model.{key} comes from the task's vocabulary; remove it")
+        section = {**self.model, "vocab_size": vocab_size, "pad_token_id": pad_token_id}
+        return from_dict(ModelConfig, section, prefix="model.")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (YAML-ready)."""

@@ -53,7 +53,7 @@ from roformer.errors import UserError
 from roformer.files import atomic_write_text
 from roformer.logs import quiet_loggers
 from roformer.model.config import ModelConfig
-from roformer.model.model import Model
+from roformer.model.model import ARCHITECTURES, Model
 from roformer.model.pretrained import load_pretrained, pretrained_config
 from roformer.tasks.base import EncodedSplit, FinetuneTask
 from roformer.tasks.glue_metrics import ranked, seed_summary
@@ -266,6 +266,11 @@ def task_inputs(config: FinetuneConfig) -> tuple[FinetuneTask, Tokenizer, ModelC
     Raises:
         UserError: a missing tokenizer or init, unreadable data, a tokenizer larger than the model's vocabulary.
     """
+    if not config.init:  # trained from scratch: the task's own vocabulary, the model: section
+        task = make_task(config.data)
+        tokenizer = task.tokenizer()
+        model_config = replace(config.scratch_model(len(tokenizer), tokenizer.pad_token_id), num_labels=task.num_labels)
+        return task, tokenizer, model_config
     tokenizer = load_tokenizer(Path(config.init))
     # the tasks read a decided data.jieba: the tokenizer's (config.data itself stays as written: config.yaml, resume)
     task = make_task(replace(config.data, jieba=segmentation(tokenizer, config.data.jieba, config.init)))
@@ -292,6 +297,8 @@ def check_before_writing(config: FinetuneConfig, task: FinetuneTask | None = Non
     check_run_settings(config.train)
     if task is None:
         task = task_inputs(config)[0]
+    if not config.init:
+        return  # nothing to load: the model starts from its config
     with quiet_loggers("roformer.model.weights"):  # the run's own load says which weights start fresh, once
         load_pretrained(config.init, task.architecture, task.num_labels, **config.model)
 
@@ -310,6 +317,7 @@ class Finetuner:
             self.run_dir.check_resume(config.to_dict(), finished_runs=self._count_finished_runs())
         # a missing or unreadable init or data fails here, before any training
         self.task, self.tokenizer, model_config = task_inputs(config)
+        self.model_config = model_config
         self.classifier_head = model_config.classifier_head
         self.task.check_model(model_config)
         self.max_length = self._max_length(model_config)
@@ -334,13 +342,18 @@ class Finetuner:
             )
 
     def load_model(self) -> torch.nn.Module:
-        """The task's model: the init's backbone, a head drawn from the torch RNG unless the init has it."""
+        """The task's model: the init's backbone, a head drawn from the torch RNG unless the init has it.
+
+        Without an init, the whole model is drawn from the torch RNG (the run's seed).
+        """
+        if not self.config.init:
+            return ARCHITECTURES[self.task.architecture](self.model_config).train()
         return load_pretrained(self.config.init, self.task.architecture, self.task.num_labels, **self.config.model)
 
     def _max_length(self, model: ModelConfig) -> int:
         """data.max_length, capped at the pretraining length (unless lifted) and at a learned position table."""
         length, data = self.config.data.max_length, self.config.data
-        pretrained = pretraining_length(Path(self.config.init))
+        pretrained = pretraining_length(Path(self.config.init)) if self.config.init else None
         if pretrained is not None and length > pretrained and not data.beyond_pretraining_length:
             logger.info("max_length %d capped at the pretraining length %d", length, pretrained)
             length = pretrained
