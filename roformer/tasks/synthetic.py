@@ -140,12 +140,8 @@ class SyntheticConfig:
     @property
     def chance(self) -> float:
         """The accuracy of a uniform guess among the possible answers."""
-        return (
-            1.0
-            / {"shift": self.symbols, "missing-duplicate": 2, "passkey-binding": self.keys, "mqar": self.symbols}[
-                self.task
-            ]
-        )
+        answers = {"shift": self.symbols, "missing-duplicate": 2, "passkey-binding": self.keys, "mqar": self.symbols}
+        return 1.0 / answers[self.task]
 
 
 # ----------------------------------------------------------------------------------------------------------------
