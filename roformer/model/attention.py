@@ -96,6 +96,8 @@ class AttentionContext:
         documents: (B, T) each token's document in packed rows (`document_index`), which linear attention sums
             over (softmax attention reads the block-diagonal `mask`); or None.
         inputs: The forward's `ForwardInputs`, as the plan resolved them (the cache is read from here).
+        query_scale: (B, T, 1, 1) what each token's query is multiplied by (the log-length attention scale,
+            `ModelConfig.attention_log_scale`), or None.
     """
 
     mask: Tensor | None = None
@@ -109,6 +111,7 @@ class AttentionContext:
     queries: QuerySubset | None = None
     documents: Tensor | None = None
     inputs: ForwardInputs = field(default_factory=ForwardInputs)
+    query_scale: Tensor | None = None
 
     @property
     def cache(self) -> KVCache | None:
@@ -372,6 +375,8 @@ class SelfAttention(nn.Module):
         kernel = ATTENTION_KERNELS[ctx.kernel]
         qkv = ctx.to_attention(self.qkv(x), self.num_heads, self.head_size)  # (B, T, 3, H, D)
         q, k, v = rotate_qkv(qkv, ctx.rotary if kernel.rotated else None, self.rotary_value)  # (B, T, H, D) each
+        if ctx.query_scale is not None:
+            q = q * ctx.query_scale.to(q.dtype)  # (B, T, 1, 1): the logits of longer rows sharpened
         dropout_p = self.dropout if self.training else 0.0
         y = kernel.attend(ctx.queries_of(q), k, v, ctx, dropout_p)  # (B, T, H, D)
         return self.proj(ctx.from_attention(y))

@@ -157,6 +157,14 @@ class ModelConfig:
             of ~30 tokens; an encoder pretrained on 128-512 token blocks would see most of its pairs clipped.
             `t5_bias`: T5's max_distance (the largest distance with its own log-spaced bucket; 128 as in T5).
         relative_num_buckets: `t5_bias`: distance buckets (32 as in T5; half per direction, bidirectional).
+        alibi_form: `alibi`: `symmetric` (-slope_h |i - j|, this project's default for an encoder: it cannot tell
+            a key on the left from one on the right without anchors such as [CLS] and [SEP]) or `asymmetric` (Ruoss
+            et al. 2023's bidirectional ALiBi: keys after the query are 0.5 farther, -slope_h (|i - j| + 0.5)).
+        attention_log_scale: The trained length n0 of the log-length attention scale (Su 2021, "entropy-invariant
+            attention"; YaRN's temperature, Peng et al. 2023, is the same idea for a rotary model under
+            `rope_scaling: yarn`): a token whose row (or document) has n > n0 real tokens scales its query by
+            log n / log n0, so its attention is as peaked as at the trained length; at n <= n0 nothing changes.
+            None = off. Softmax attention only.
         shaw_values: `shaw`: also add an embedding of the clipped distance to the values (Shaw et al. eq. 3).
         shaw_shared_layers: `shaw`: one set of distance embeddings for all layers; false = one per layer (as the
             paper's tensor2tensor implementation). Either way they are shared by the heads (the paper, sec. 3.1).
@@ -213,6 +221,8 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = field(default=None, metadata={**POSITION, **STAGE})
     relative_max_distance: int = field(default=128, metadata=POSITION)
     relative_num_buckets: int = field(default=32, metadata=POSITION)
+    alibi_form: Literal["symmetric", "asymmetric"] = field(default="symmetric", metadata=POSITION)
+    attention_log_scale: int | None = field(default=None, metadata=POSITION)
     shaw_values: bool = field(default=False, metadata=POSITION)
     shaw_shared_layers: bool = field(default=False, metadata=POSITION)
     attention: Literal["softmax", "linear"] = "softmax"
@@ -298,6 +308,13 @@ class ModelConfig:
                     f"relative_max_distance ({self.relative_max_distance}) must exceed relative_num_buckets / "
                     f"{2 * directions} ({exact}), where T5's log-spaced buckets start"
                 )
+        if self.alibi_form != "symmetric" and self.position_encoding != "alibi":
+            raise ConfigError("alibi_form is only meaningful with position_encoding: alibi")
+        if self.attention_log_scale is not None and (self.attention_log_scale < 2 or self.attention == "linear"):
+            raise ConfigError(
+                f"attention_log_scale must be a trained length >= 2 with softmax attention, got "
+                f"{self.attention_log_scale} ({self.attention} attention)"
+            )
         for name in ("shaw_values", "shaw_shared_layers"):
             if getattr(self, name) and self.position_encoding != "shaw":
                 raise ConfigError(f"{name} is only meaningful with position_encoding: shaw")

@@ -83,6 +83,7 @@ def blocks_kernel(
         or kernel != "sdpa"
         or (positions is not None and positions.adds_to_logits)
         or config.attention_pattern != "bidirectional"
+        or config.attention_log_scale is not None
         or (training and config.attention_dropout > 0)
         or not varlen_kernel_available(device, dtype, config.head_size)
     ):
@@ -270,9 +271,43 @@ def grid_context(
     documents = (
         document_index(document_ids, attention_mask) if kernel == "linear" and document_ids is not None else None
     )
+    scale = None
+    if config.attention_log_scale is not None:
+        scale = log_length_scale(config.attention_log_scale, attention_mask, document_ids, (B, T), device)
     return AttentionContext(
-        terms.mask, causal, terms.rotary, terms.shaw, kernel, tokens=tokens, documents=documents, inputs=inputs
+        terms.mask,
+        causal,
+        terms.rotary,
+        terms.shaw,
+        kernel,
+        tokens=tokens,
+        documents=documents,
+        inputs=inputs,
+        query_scale=scale,
     )
+
+
+def log_length_scale(
+    trained: int,
+    attention_mask: Tensor | None,
+    document_ids: Tensor | None,
+    shape: tuple[int, int],
+    device: torch.device,
+) -> Tensor:
+    """(B, T, 1, 1) max(1, log n / log `trained`), n the real tokens of each token's row (or document).
+
+    Su 2021 ("entropy-invariant attention"): the entropy of softmax attention grows like log n, so scaling the logits
+    by log n / log n0 keeps a longer row's attention as peaked as at the trained length n0. Never below 1: the
+    trained lengths attend as they were trained. With a cache the mask covers the cached slots, which count.
+    """
+    B, T = shape
+    keep = torch.ones(B, T, device=device) if attention_mask is None else attention_mask.float()  # (B, S)
+    if document_ids is None:
+        n = keep.sum(dim=-1, keepdim=True).expand(B, T)  # (B, T): the row's real tokens
+    else:  # packed documents: the tokens of each one's own document
+        n = ((document_ids[:, :, None] == document_ids[:, None, :]) * keep[:, None, -T:]).sum(dim=-1).float()
+    scale = (n.clamp(min=1).log() / torch.tensor(float(trained)).log()).clamp(min=1.0)
+    return scale[:, :, None, None]  # (B, T, 1, 1)
 
 
 def segments_context(

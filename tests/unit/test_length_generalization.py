@@ -1,0 +1,209 @@
+"""The length-generalization options of the model (asymmetric ALiBi, the log-length attention scale) and the synthetic
+tasks' generators, each against its definition written out here."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+import roformer
+from roformer.errors import ConfigError
+from roformer.labels import IGNORE_INDEX
+from roformer.model.relative import RelativeBias, alibi_slopes
+from roformer.tasks.synthetic import (
+    GENERATORS,
+    SyntheticConfig,
+    generate_split,
+    vocabulary,
+    word_level_tokenizer,
+)
+from tests.helpers import tiny_config
+
+# ----------------------------------------------------------------------------------------------------------------
+# Asymmetric ALiBi
+
+
+def test_asymmetric_alibi_puts_keys_on_the_right_half_a_step_farther() -> None:
+    """Ruoss et al. 2023's bidirectional ALiBi: -m |i - j| on the left (and the query itself), -m (|i - j| + 0.5) on
+    the right; the symmetric form is -m |i - j| on both sides."""
+    T, H = 6, 4
+    slopes = alibi_slopes(H)
+    distance = torch.arange(T)[None, :] - torch.arange(T)[:, None]  # key - query
+    for form, offset in (("symmetric", 0.0), ("asymmetric", 0.5)):
+        bias = RelativeBias(tiny_config(position_encoding="alibi", num_heads=H, alibi_form=form))(distance)
+        for h in range(H):
+            for i in range(T):
+                for j in range(T):
+                    expected = -float(slopes[h]) * (abs(i - j) + (offset if j > i else 0.0))
+                    assert bias[0, h, i, j].item() == pytest.approx(expected)
+
+
+def test_asymmetric_alibi_tells_left_from_right_and_symmetric_does_not() -> None:
+    """Without [CLS]/[SEP] anchors, a symmetric ALiBi encoder gives a palindrome's mirrored tokens the same output."""
+    ids = torch.tensor([[5, 7, 9, 7, 5]])
+    outputs = {}
+    for form in ("symmetric", "asymmetric"):
+        torch.manual_seed(0)
+        model = roformer.Backbone(tiny_config(position_encoding="alibi", alibi_form=form)).eval()
+        outputs[form] = model(ids).logits[0]
+    torch.testing.assert_close(outputs["symmetric"][1], outputs["symmetric"][3])
+    assert not torch.allclose(outputs["asymmetric"][1], outputs["asymmetric"][3], atol=1e-4)
+
+
+def test_alibi_form_needs_alibi_and_the_log_scale_needs_softmax() -> None:
+    with pytest.raises(ConfigError, match="alibi_form is only meaningful"):
+        tiny_config(position_encoding="rotary", alibi_form="asymmetric")
+    with pytest.raises(ConfigError, match="attention_log_scale"):
+        tiny_config(attention="linear", attention_log_scale=32)
+    with pytest.raises(ConfigError, match="attention_log_scale"):
+        tiny_config(attention_log_scale=1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The log-length attention scale
+
+
+@pytest.mark.parametrize("encoding", ["rotary", "sinusoidal", "alibi", "t5_bias", "shaw"])
+def test_log_length_scale_changes_nothing_up_to_the_trained_length(encoding: str) -> None:
+    torch.manual_seed(0)
+    plain = roformer.Backbone(tiny_config(position_encoding=encoding)).eval()
+    scaled = roformer.Backbone(tiny_config(position_encoding=encoding, attention_log_scale=12)).eval()
+    scaled.load_state_dict(plain.state_dict())
+    ids = torch.randint(5, 100, (2, 12))
+    mask = torch.tensor([[1] * 12, [1] * 7 + [0] * 5])
+    torch.testing.assert_close(scaled(ids, mask).logits, plain(ids, mask).logits)
+
+
+@pytest.mark.parametrize("encoding", ["rotary", "alibi", "none"])
+def test_log_length_scale_is_the_query_projection_times_log_n_over_log_n0(encoding: str) -> None:
+    """Beyond n0 the logits are q k scaled by log n / log n0: the same as a model whose query weights and bias are
+    multiplied by it (q = W x + b, and the rotation is linear), for rows of n real tokens."""
+    n0, n = 8, 20
+    factor = math.log(n) / math.log(n0)
+    torch.manual_seed(0)
+    # weights at std 0.3, not 0.02: attention far from uniform, so that the scale shows in the outputs
+    sharp = {"position_encoding": encoding, "initializer_range": 0.3}
+    scaled = roformer.Backbone(tiny_config(**sharp, attention_log_scale=n0)).eval()
+    reference = roformer.Backbone(tiny_config(**sharp)).eval()
+    unscaled = roformer.Backbone(tiny_config(**sharp)).eval()
+    unscaled.load_state_dict(scaled.state_dict())
+    state = scaled.state_dict()
+    hidden = scaled.config.hidden_size
+    for name in list(state):
+        if name.endswith(("attn.qkv.weight", "attn.qkv.bias")):
+            state[name] = state[name].clone()
+            state[name][:hidden] *= factor  # the query rows of the fused projection
+    reference.load_state_dict(state)
+    # float64, compared at fp32's default tolerances: the factor itself is a float32 in both
+    scaled, reference = scaled.double(), reference.double()
+    ids = torch.randint(5, 100, (2, 24))
+    mask = torch.tensor([[1] * n + [0] * 4, [1] * n + [0] * 4])
+    got = scaled(ids, mask).logits[:, :n]
+    torch.testing.assert_close(got, reference(ids, mask).logits[:, :n], rtol=1.3e-6, atol=1e-5)
+    assert (got - unscaled.double()(ids, mask).logits[:, :n]).abs().max() > 1e-2  # the scale did something
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The synthetic tasks
+
+
+def rows(task: str, length: int, count: int = 200, **settings: object) -> list[tuple[list[str], dict[int, str]]]:
+    config = SyntheticConfig(task=task, **settings)  # type: ignore[arg-type]
+    rng = random.Random(0)
+    return [GENERATORS[task](config, length, rng) for _ in range(count)]
+
+
+@pytest.mark.parametrize("direction", ["left", "right"])
+def test_shift_asks_for_the_symbol_k_away_which_is_never_masked(direction: str) -> None:
+    k = 3
+    for content, answers in rows("shift", 40, offset=k, direction=direction):
+        assert len(content) == 40 and answers
+        step = -k if direction == "left" else k
+        for i, answer in answers.items():
+            assert answer == content[i + step] and i + step not in answers
+        assert len(answers) <= max(1, round(0.15 * 40))
+
+
+def test_missing_duplicate_masks_one_bit_of_a_string_written_twice() -> None:
+    for content, answers in rows("missing-duplicate", 30):
+        assert content[:15] == content[15:]
+        ((at, answer),) = answers.items()
+        assert answer == content[at] and answer in ("0", "1")
+
+
+def test_passkey_binding_asks_for_the_tagged_key_among_distractors() -> None:
+    for content, answers in rows("passkey-binding", 64, distractors=2):
+        ((at, answer),) = answers.items()
+        tag = content.index("[KEY]")
+        assert content.count("[KEY]") == 1 and content[at - 1] == "[ASK]" and tag < at - 1
+        assert content[tag + 1] == answer
+        untagged = [t for i, t in enumerate(content) if t.startswith("k") and i not in (tag + 1, at)]
+        assert len(untagged) == 2 * 64 // 16  # the stated count of distractor keys
+
+
+def test_copying_a_key_of_passkey_binding_is_at_chance() -> None:
+    """A model that ignores the tag and copies a random key of the row is right about 1 time in `keys` (1/10)."""
+    rng, hits, total = random.Random(1), 0, 0
+    for content, answers in rows("passkey-binding", 64, count=2000):
+        ((at, answer),) = answers.items()
+        keys = [t for i, t in enumerate(content) if t.startswith("k") and i != at]
+        hits += rng.choice(keys) == answer
+        total += 1
+    # the tagged key is 1 of 9 keys in the row: 1/9 of the time it is picked, else a distractor equals it 1/10
+    expected = 1 / 9 + 8 / 9 * 1 / 10
+    assert abs(hits / total - expected) < 0.03
+
+
+def test_mqar_asks_every_key_after_its_pairs() -> None:
+    for content, answers in rows("mqar", 48, pairs=4, train_lengths=[16, 48]):
+        pairs = {content[2 * i]: content[2 * i + 1] for i in range(4)}
+        assert len(answers) == 4 and all(v.startswith("v") for v in pairs.values())
+        for at, answer in answers.items():
+            assert at >= 8 and pairs[content[at - 1]] == answer
+
+
+def test_splits_are_a_function_of_the_seed_with_masks_at_the_answers() -> None:
+    settings = SyntheticConfig(task="shift", randomized_positions=400)
+    ids = {t: i for i, t in enumerate(vocabulary(settings))}
+    one, two = (generate_split(settings, ids, 50, (8, 32), seed=5) for _ in range(2))
+    assert one == two and one != generate_split(settings, ids, 50, (8, 32), seed=6)
+    for row, labels, positions in zip(one.ids, one.labels, one.positions, strict=True):
+        assert row[0] == ids["[CLS]"] and row[-1] == ids["[SEP]"] and 10 <= len(row) <= 34
+        assert all((t == ids["[MASK]"]) == (label != IGNORE_INDEX) for t, label in zip(row, labels, strict=True))
+        assert positions == sorted(set(positions)) and len(positions) == len(row) and positions[-1] < 400
+
+
+def test_the_vocabulary_is_one_id_per_token() -> None:
+    settings = SyntheticConfig(task="passkey-binding")
+    tokens = vocabulary(settings)
+    tokenizer = word_level_tokenizer(tokens)
+    assert len(tokenizer) == len(tokens) and tokenizer.pad_token_id == 0 and tokenizer.mask_token_id == 4
+    assert tokenizer("[KEY] k3 s1", add_special_tokens=False)["input_ids"] == [
+        tokens.index(t) for t in ("[KEY]", "k3", "s1")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"train_lengths": [8]}, "train_lengths"),
+        ({"train_lengths": [32, 8]}, "train_lengths"),
+        ({"test_multiples": [2, 2]}, "test_multiples"),
+        ({"mask_rate": 0.0}, "mask_rate"),
+        ({"task": "mqar", "pairs": 4, "train_lengths": [8, 32]}, "at least 16"),
+        ({"randomized_positions": 100}, "randomized_positions"),
+        ({"symbols": 1}, "symbols"),
+    ],
+)
+def test_impossible_settings_are_refused(settings: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        SyntheticConfig(**settings)
+
+
+def test_chance_levels() -> None:
+    assert SyntheticConfig(task="shift", symbols=16).chance == 1 / 16
+    assert SyntheticConfig(task="missing-duplicate").chance == 1 / 2
+    assert SyntheticConfig(task="passkey-binding", keys=10).chance == 1 / 10
