@@ -57,6 +57,13 @@ def probe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=positive_int, default=50, help="queries (or masked keys) per length")
     parser.add_argument("--distances", type=positive_int, nargs="+", help="passkey-mlm: key-to-copy distances")
     parser.add_argument(
+        "--digits-every",
+        type=int,
+        default=256,
+        metavar="N",
+        help="passkey-mlm: each of the ten digits once per N tokens (key and distractors); 0: no distractors",
+    )
+    parser.add_argument(
         "--scaling", default="none", help="rotary context scaling: none, linear, ntk, yarn or self_extend"
     )
     parser.add_argument("--haystack", metavar="DIR", help="text files the filler is cut from (default: builtin)")
@@ -82,6 +89,7 @@ def probe_command(args: argparse.Namespace) -> None:
         trained_length=args.trained_length,
         batch_size=args.batch_size,
         seed=args.seed,
+        digits_every=args.digits_every,
     )
     result = run_probe(args.model, settings, out=args.out, device=args.device, overwrite=args.overwrite)
     print(probe_results_table(result["rows"]), end="")

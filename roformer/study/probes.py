@@ -11,7 +11,11 @@ haystack of real text (`--haystack DIR`, default the built-in corpus) and seeded
   relevant document.
 - `passkey-mlm`: an encoder-native probe. A one-token key ("the pass key is 7.") is planted in the haystack and its
   masked copy ("the pass key is [MASK].") `distance` tokens after it; the MLM head must put the key first among the
-  ten candidate keys (chance 10%), by length and distance.
+  ten candidate keys (chance 10%), by length and distance. The haystack holds distractor digits, bare digit tokens
+  at random places outside the two statements (one before the key, one between it and its copy), so that the key is
+  not the only digit a model can copy: the input holds each of the ten digits equally often (`digits_every`,
+  `mlm_distractors`), the key's occurrence included, so the digits a model sees, as a bag, say nothing about the key,
+  and the key is never the first digit nor the one nearest its masked copy.
 
 Each row has the accuracy, its 95% Wilson interval over the samples, the sample count and the seconds it took. A
 length a learned position table cannot reach is a row that says so; `--scaling` runs a rotary model under PI, NTK,
@@ -52,6 +56,7 @@ NAMES = tuple(
 SECRETS = ("key", "map", "coin", "ring", "letter", "book", "stone", "watch")
 PLACES = ("garden", "cellar", "tower", "library", "kitchen", "harbour", "forest", "attic", "station", "chapel")
 MLM_KEYS = tuple(str(k) for k in range(10))  # single tokens in any WordPiece vocabulary with digits
+DIGITS_EVERY = 256  # passkey-mlm: each of the ten digits once per 256 tokens of input (at least once)
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,9 @@ class ProbeSettings:
         trained_length: The model's training length, for a scaling (None: the model's pretraining.json).
         batch_size: Inputs per forward.
         seed: Seed of the haystack's order, the planted facts and the keys.
+        digits_every: passkey-mlm: the input holds each of the ten digits once per this many tokens (at least
+            once), the key and `mlm_distractors` distractors; 0 = no distractors, the inputs of the probe before
+            issue 55 (the filler's own digits kept).
     """
 
     probe: str
@@ -79,6 +87,7 @@ class ProbeSettings:
     trained_length: int | None = None
     batch_size: int = 8
     seed: int = 0
+    digits_every: int = DIGITS_EVERY
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lengths", tuple(self.lengths))  # lists from YAML and argparse: hashable, fixed
@@ -98,6 +107,8 @@ class ProbeSettings:
             )
         if self.distances is not None and min(self.distances) < 1:
             raise ConfigError(f"distances must be >= 1, got {list(self.distances)}")
+        if self.digits_every < 0:
+            raise ConfigError(f"digits_every must be >= 0 (0: no distractor digits), got {self.digits_every}")
         if self.batch_size < 1 or (self.trained_length is not None and self.trained_length < 1):
             raise ConfigError(
                 f"batch_size and trained_length must be >= 1, got {self.batch_size}, {self.trained_length}"
@@ -128,11 +139,26 @@ class Haystack:
         self.stream = [token for row in ids for token in row]
         if len(self.stream) < 64:
             raise UserError("the haystack holds fewer than 64 tokens")
+        self._streams: dict[frozenset[int], list[int]] = {frozenset(): self.stream}
 
-    def take(self, n: int, rng: random.Random) -> list[int]:
-        """`n` filler tokens from a place `rng` draws (wrapping round): the same for every model given the same rng."""
-        start = rng.randrange(len(self.stream))
-        return [self.stream[(start + i) % len(self.stream)] for i in range(n)]
+    def take(self, n: int, rng: random.Random, without: frozenset[int] = frozenset()) -> list[int]:
+        """`n` filler tokens from a place `rng` draws (wrapping round): the same for every model given the same rng.
+
+        Args:
+            n: How many tokens.
+            rng: Draws the place.
+            without: Tokens left out of the filler (passkey-mlm's digits, which it plants itself in known numbers).
+
+        Raises:
+            UserError: the haystack holds fewer than 64 tokens besides `without`.
+        """
+        if without not in self._streams:
+            self._streams[without] = [token for token in self.stream if token not in without]
+            if len(self._streams[without]) < 64:
+                raise UserError("the haystack holds fewer than 64 tokens besides the digits")
+        stream = self._streams[without]
+        start = rng.randrange(len(stream))
+        return [stream[(start + i) % len(stream)] for i in range(n)]
 
 
 def framed(tokenizer: Any, body: list[int]) -> list[int]:
@@ -192,30 +218,77 @@ def mlm_key_ids(tokenizer: Any) -> list[list[int]]:
     return key_ids
 
 
+def mlm_rounds(length: int, digits_every: int = DIGITS_EVERY) -> int:
+    """How many times each of the ten digits occurs in a passkey-mlm input of `length` tokens (the key's included)."""
+    return max(1, length // digits_every) if digits_every else 0
+
+
+def mlm_distractors(length: int, digits_every: int = DIGITS_EVERY) -> int:
+    """The distractor digits of a passkey-mlm input of `length` tokens: every digit occurrence but the key's.
+
+    128 and 256 tokens: 9; 512: 19; 1024: 39; 2048: 79 (`digits_every` 256: one digit per 25.6 tokens, 12.8 at 128).
+    """
+    rounds = mlm_rounds(length, digits_every)
+    return len(MLM_KEYS) * rounds - 1 if rounds else 0
+
+
 def mlm_samples(
-    tokenizer: Any, haystack: Haystack, length: int, distance: int, samples: int, seed: int
+    tokenizer: Any,
+    haystack: Haystack,
+    length: int,
+    distance: int,
+    samples: int,
+    seed: int,
+    digits_every: int = DIGITS_EVERY,
 ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """(ids (S, length), the masked position of each, the key's index in MLM_KEYS).
 
+    Each input is filler, the key's statement at a random place and its masked copy `distance` tokens later. With
+    `digits_every`, the filler has no digit tokens of its own and `mlm_distractors(length, digits_every)` bare digits
+    overwrite filler tokens outside the two statements: one at a random place before the key, one between the key
+    and its copy, the rest anywhere. With the key they are each of the ten digits `mlm_rounds` times, whatever the key
+    is, so a model that copies digits from the text without telling the key's from the others is at chance, and the
+    key is never the first digit of the input nor the one nearest its masked copy. Drawn from `seed` alone (the same
+    inputs for every model).
+
     Raises:
-        ValueError: the distance does not fit the length (saying which distances do), for the probe's row.
+        ValueError: the distance (or the distractors) does not fit the length (saying which distances do), for the
+            probe's row.
     """
     rng = random.Random(seed)
     head = tokenizer("the pass key is", add_special_tokens=False)["input_ids"]
     dot = tokenizer(".", add_special_tokens=False)["input_ids"]
-    key_ids = mlm_key_ids(tokenizer)
+    digits = [k[0] for k in mlm_key_ids(tokenizer)]
     span = len(head) + 1 + len(dot)  # "the pass key is K ."
     body = length - 2
-    if distance < span or distance + span > body:
-        raise ValueError(f"distance {distance} does not fit {length} tokens (distances {span} to {body - span} do)")
+    rounds = mlm_rounds(length, digits_every)
+    lead = 1 if rounds else 0  # a filler token before the key and one between it and its copy, for a distractor each
+    low, high = span + lead, body - span - lead
+    if not low <= distance <= high:
+        raise ValueError(f"distance {distance} does not fit {length} tokens (distances {low} to {high} do)")
+    distractors = mlm_distractors(length, digits_every)
+    if distractors > body - 2 * span:
+        raise ValueError(f"{distractors} distractor digits do not fit {length} tokens beside the key and its copy")
+    # With distractors the filler's own digits go: they would make some digits more frequent than others.
+    without = frozenset(digits) if rounds else frozenset()
     rows, masked, answers = [], [], []
     for _ in range(samples):
         answer = rng.randrange(len(MLM_KEYS))
-        filler = haystack.take(body, rng)
-        at = rng.randrange(body - distance - span + 1)  # the planted key's statement starts here
-        filler[at : at + span] = [*head, key_ids[answer][0], *dot]
+        filler = haystack.take(body, rng, without)
+        at = lead + rng.randrange(body - distance - span - lead + 1)  # the planted key's statement starts here
+        filler[at : at + span] = [*head, digits[answer], *dot]
         copy = at + distance
         filler[copy : copy + span] = [*head, tokenizer.mask_token_id, *dot]
+        if rounds:  # drawn last, so that without distractors the rng runs as in the probe before issue 55
+            values = [d for d in digits for _ in range(rounds)]
+            values.remove(digits[answer])  # the key is one of its digit's occurrences
+            rng.shuffle(values)
+            before, between = rng.randrange(at), rng.randrange(at + span, copy)
+            taken = {*range(at, at + span), *range(copy, copy + span), before, between}
+            rest = [i for i in range(body) if i not in taken]
+            places = [before, between, *rng.sample(rest, distractors - 2)]
+            for i, value in zip(places, values, strict=True):
+                filler[i] = value
         rows.append(framed(tokenizer, filler))
         masked.append(1 + copy + len(head))  # after [CLS]
         answers.append(answer)
@@ -275,7 +348,11 @@ def mlm_accuracy(
 def probe_rows(
     model: Any, tokenizer: Any, settings: ProbeSettings, haystack: Haystack, device: torch.device | None = None
 ) -> Iterator[dict[str, Any]]:
-    """One row per length (and distance, for passkey-mlm): accuracy, 95% interval, samples, seconds."""
+    """One row per length (and distance, for passkey-mlm): accuracy, 95% interval, samples, seconds.
+
+    A passkey-mlm row also says how many distractor digits its inputs hold (`distractors`; files written before issue
+    55 have none, and held none besides the filler's own digits).
+    """
     device = device or torch.device("cpu")
     config = model.config
     probe, samples, seed, batch_size = settings.probe, settings.samples, settings.seed, settings.batch_size
@@ -290,15 +367,18 @@ def probe_rows(
             row["scaling"] = label
         started = time.perf_counter()
         if probe == "passkey-mlm":
+            distractors = mlm_distractors(length, settings.digits_every)
             for distance in settings.distances or default_distances(length):
+                cell = {**row, "distance": distance, "distractors": distractors}
+                draw = seed + length * 1000 + distance
                 try:
-                    made = mlm_samples(tokenizer, haystack, length, distance, samples, seed + length * 1000 + distance)
+                    made = mlm_samples(tokenizer, haystack, length, distance, samples, draw, settings.digits_every)
                 except ValueError as e:  # a row that says so, as for a length a model cannot reach
-                    yield {**row, "distance": distance, "error": str(e)}
+                    yield {**cell, "error": str(e)}
                     continue
                 t0 = time.perf_counter()
                 correct = mlm_accuracy(variant, tokenizer, *made, batch_size, device)
-                yield _scored({**row, "distance": distance, "chance": 1 / len(MLM_KEYS)}, correct, samples, t0)
+                yield _scored({**cell, "chance": 1 / len(MLM_KEYS)}, correct, samples, t0)
             continue
         try:
             documents, queries, targets = retrieval_samples(probe, tokenizer, haystack, length, samples, seed + length)

@@ -88,10 +88,14 @@ def test_probe_rows_write_accuracy_interval_and_time(models: dict[str, Path], tm
         == 0
     )
     rows = json.loads((tmp_path / "m").read_text())["rows"]
-    assert [(r["length"], r["distance"], r["scaling"]) for r in rows] == [
-        (64, 20, "self_extend x4"),
-        (96, 20, "self_extend x6"),
+    assert [(r["length"], r["distance"], r["scaling"], r["distractors"]) for r in rows] == [
+        (64, 20, "self_extend x4", 9),
+        (96, 20, "self_extend x6", 9),
     ]
+    assert (
+        main([*mlm, "--samples", "4", "--distances", "20", "--digits-every", "32", "--out", str(tmp_path / "d")]) == 0
+    )
+    assert [r["distractors"] for r in json.loads((tmp_path / "d").read_text())["rows"]] == [19, 29]
     assert main([*mlm, "--samples", "4", "--distances", "20", "70", "--out", str(tmp_path / "far")]) == 0
     rows = json.loads((tmp_path / "far").read_text())["rows"]
     assert [(r["length"], r["distance"], "error" in r) for r in rows] == [
@@ -112,6 +116,7 @@ def test_probe_rows_write_accuracy_interval_and_time(models: dict[str, Path], tm
         (["--probe", "needle", "--samples", "101"], "asks 1 to 100 of its 100 documents"),
         (["--probe", "needle", "--lengths", "16"], "lengths must be >= 32"),
         (["--probe", "needle", "--haystack", "/nonexistent"], "/nonexistent"),
+        (["--probe", "passkey-mlm", "--digits-every", "-1"], "digits_every must be >= 0"),
     ],
 )
 def test_bad_probe_input_is_one_line(models: dict[str, Path], arguments: list[str], message: str, capsys) -> None:
