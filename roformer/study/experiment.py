@@ -41,6 +41,7 @@ from roformer.study.probes import ProbeSettings, haystack_documents, mlm_key_ids
 from roformer.study.report import write_report
 from roformer.study.runs import PretrainRun, check_same_vocabulary, load_runs
 from roformer.study.suite import load_suite, run_suite
+from roformer.study.task_study import load_task_arms, run_task_study
 from roformer.tasks.registry import make_task
 from roformer.train.config import PretrainConfig
 from roformer.train.launch import check_run_settings, process_state, run_on_main
@@ -63,10 +64,6 @@ class ArmSpec:
 
     config: str = ""
     set: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if not self.config:
-            raise ConfigError("an arm mapping needs config: (a pretraining YAML)")
 
 
 @dataclass
@@ -192,6 +189,10 @@ class ExperimentConfig:
         probes: Optional probe stage (ProbeStage): `<run>/probes/*.json`, tabulated and drawn by the comparison.
         comparisons: Further comparisons of some arms against a baseline of their own ({name: Comparison}), each
             into `<out>/compare-<name>/` and a section of the report.
+        tasks: Fine-tuning configs that train from scratch (configs/synthetic/*.yaml): the experiment trains each
+            task under every arm, whose entries are then overrides alone (`{set: [...]}`), and compares accuracy by
+            test length (roformer.study.task_study). Empty: arms are pretraining configs.
+        target: A task study's dev accuracy whose first step is reported (steps to target), e.g. 0.9.
     """
 
     arms: dict[str, str | ArmSpec] = field(default_factory=dict)
@@ -204,9 +205,20 @@ class ExperimentConfig:
     length: LengthStage | None = None
     probes: ProbeStage | None = None
     comparisons: dict[str, Comparison] = field(default_factory=dict)
+    tasks: list[str] = field(default_factory=list)
+    target: float = 0.9
 
     def __post_init__(self) -> None:
         check_types(self)
+        self.arms = {
+            label: arm if isinstance(arm, ArmSpec) else ArmSpec(config=arm) for label, arm in self.arms.items()
+        }
+        if self.tasks:
+            self._check_task_study()
+        else:
+            missing = [label for label, arm in self.arms.items() if not arm.config]
+            if missing:
+                raise ConfigError(f"arms.{missing[0]}: needs config: (a pretraining YAML)")
         tokenization = {f"data.{name}" for name in TOKENIZATION_FIELDS}
         known = set(ModelConfig.__dataclass_fields__) | tokenization | set(RECIPE_FIELDS)
         unknown = [name for name in self.vary if name not in known]
@@ -228,6 +240,20 @@ class ExperimentConfig:
         if self.baseline is not None and self.baseline not in self.arms:
             raise ConfigError(f"baseline {self.baseline!r} is not one of the arms {list(self.arms)}")
 
+    def _check_task_study(self) -> None:
+        """A task study's arms are overrides of its tasks; the pretraining stages do not apply."""
+        given = [label for label, arm in self.arms.items() if arm.config]
+        if given:
+            raise ConfigError(f"arms.{given[0]}: with tasks:, an arm is {{set: [...]}} over every task, not a config")
+        stages = [name for name in ("glue", "length", "probes") if getattr(self, name) is not None]
+        if stages or self.comparisons or self.targets or self.baseline:
+            what = stages[0] if stages else "comparisons, targets and baseline"
+            raise ConfigError(f"{what}: for pretraining arms; a task study (tasks:) compares accuracy by length")
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ConfigError(f"tasks: a config named twice {self.tasks}")
+        if not 0.0 < self.target <= 1.0:
+            raise ConfigError(f"target must be a dev accuracy in (0, 1], got {self.target}")
+
 
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tuple[ExperimentConfig, dict[str, Any]]:
     """The experiment config and each arm's resolved pretraining config (label set to the arm's name).
@@ -238,9 +264,10 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tup
     """
     path = Path(path)
     experiment = load(ExperimentConfig, path)
+    if experiment.tasks:  # {task: {arm: its fine-tuning config}}
+        return experiment, load_task_arms(experiment, path, overrides)
     arms = {}
     for label, arm in experiment.arms.items():
-        arm = arm if isinstance(arm, ArmSpec) else ArmSpec(config=arm)
         config = load(
             PretrainConfig, config_path(path.parent, arm.config), arm.set + experiment.overrides + list(overrides or [])
         )
@@ -297,6 +324,9 @@ def run_experiment(path: str | Path, out: str | Path, overrides: list[str] | Non
     path, out = Path(path), Path(out)
     check_output_dir(out, overwrite=False, resume=True)  # an experiment continues what its directory holds
     experiment, arms = load_experiment(path, overrides)
+    if experiment.tasks:
+        out.mkdir(parents=True, exist_ok=True)
+        return run_task_study(experiment, path, out, overrides)
     check_stage_inputs(experiment, path, arms)  # before hours of pretraining
     out.mkdir(parents=True, exist_ok=True)
     runs = pretrain_arms(experiment, arms, out)

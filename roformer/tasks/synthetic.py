@@ -97,28 +97,28 @@ class SyntheticConfig:
         check_types(self)
         for name in ("symbols", "keys", "pairs", "offset", "distractors", "train_examples", "eval_examples"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"synthetic.{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.symbols < 2:
-            raise ConfigError(f"synthetic.symbols must be >= 2, got {self.symbols}")
+            raise ConfigError(f"symbols must be >= 2, got {self.symbols}")
         if len(self.train_lengths) != 2 or not 1 <= self.train_lengths[0] <= self.train_lengths[1]:
-            raise ConfigError(f"synthetic.train_lengths must be [shortest, longest] >= 1, got {self.train_lengths}")
+            raise ConfigError(f"train_lengths must be [shortest, longest] >= 1, got {self.train_lengths}")
         if (
             not self.test_multiples
             or min(self.test_multiples) < 1
             or len(set(self.test_multiples)) != len(self.test_multiples)
         ):
-            raise ConfigError(f"synthetic.test_multiples must be distinct integers >= 1, got {self.test_multiples}")
+            raise ConfigError(f"test_multiples must be distinct integers >= 1, got {self.test_multiples}")
         if not 0.0 < self.mask_rate < 1.0:
-            raise ConfigError(f"synthetic.mask_rate must be in (0, 1), got {self.mask_rate}")
+            raise ConfigError(f"mask_rate must be in (0, 1), got {self.mask_rate}")
         shortest = self.train_lengths[0]
         if shortest < self.shortest_row:
             raise ConfigError(
-                f"synthetic.train_lengths: {self.task} needs rows of at least {self.shortest_row} tokens, "
+                f"train_lengths: {self.task} needs rows of at least {self.shortest_row} tokens, "
                 f"got {shortest}"
             )
         if self.randomized_positions is not None and self.randomized_positions < self.longest_row + 2:
             raise ConfigError(
-                f"synthetic.randomized_positions ({self.randomized_positions}) must hold the longest test row "
+                f"randomized_positions ({self.randomized_positions}) must hold the longest test row "
                 f"({self.longest_row} tokens + [CLS] and [SEP])"
             )
 

@@ -1,0 +1,276 @@
+"""An experiment over tasks trained from scratch: `tasks:` in an experiment config (the length-generalization lab).
+
+Where `arms:` of a pretraining experiment are pretraining configs, an experiment with `tasks:` lists fine-tuning
+configs that train from scratch (`init:` empty, e.g. configs/synthetic/*.yaml) and its arms are overrides alone
+(`{set: [model.position_encoding=alibi, model.alibi_form=asymmetric]}`): every (task, arm, seed) is one
+`roformer finetune` run in `<out>/<task>/<arm>-seed<k>/`, resumed where it stopped and skipped once it has its
+results. Arms may differ only in position-encoding fields of the model and in `data.synthetic.randomized_positions`
+(and what `vary` names).
+
+The comparison (`<out>/compare/`) reads each run's files and gives, per task, arm and test split: the accuracy of
+every seed with its 95% Wilson interval over the split's answers, the mean over seeds with a 95% t-interval, and the
+steps to reach a target dev accuracy (`target`, 0.9: at the trained lengths, the paper's "faster convergence" in its
+purest form), and the seconds each run trained. `summary.md` and `summary.json` hold the tables, `generalization.png`
+the accuracy against test length (a panel per task, a line per arm, interval bands, the chance line).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from roformer.config import config_path, load
+from roformer.errors import ConfigError, UserError
+from roformer.files import atomic_write_text
+from roformer.model.config import position_fields
+from roformer.study.outputs import COMPARE_DIR, REPORT_FILE, SUMMARY_JSON_FILE, SUMMARY_MARKDOWN_FILE
+from roformer.study.stats import t_quantile, wilson_interval
+from roformer.train.run_dir import METRICS_FILE, PREDICTIONS_DIR, RESULTS_FILE, RunDir
+
+if TYPE_CHECKING:
+    from roformer.study.experiment import ExperimentConfig
+    from roformer.train.config import FinetuneConfig
+
+logger = logging.getLogger(__name__)
+
+PLOT_FILE = "generalization.png"
+# The data fields an arm may set besides the model's position fields: how positions are presented to the model
+ARM_DATA_FIELDS = ("synthetic.randomized_positions",)
+
+
+def load_task_arms(
+    experiment: ExperimentConfig, path: Path, overrides: list[str] | None = None
+) -> dict[str, dict[str, FinetuneConfig]]:
+    """{task name: {arm: its resolved fine-tuning config}} (each config's label set to the arm).
+
+    Raises:
+        ConfigError: a bad task config or arm override, a task that does not train from scratch, two tasks of one
+            name, or arms that differ in more than the position encoding (and `vary`).
+    """
+    from roformer.train.config import FinetuneConfig
+
+    tasks: dict[str, dict[str, FinetuneConfig]] = {}
+    for task_file in experiment.tasks:
+        source = config_path(path.parent, task_file)
+        arms = {}
+        for label, arm in experiment.arms.items():
+            config = load(FinetuneConfig, source, arm.set + experiment.overrides + list(overrides or []))
+            arms[label] = replace(config, label=label)
+        first = next(iter(arms.values()))
+        if first.init:
+            raise ConfigError(
+                f"{path}: tasks: {task_file} starts from init {first.init!r}: a task study trains from scratch"
+            )
+        name = first.data.task
+        if name in tasks:
+            raise ConfigError(f"{path}: tasks: two configs of task {name!r} (set data.task to tell them apart)")
+        check_task_arms(arms, f"{path}: task {name}", set(experiment.vary))
+        tasks[name] = arms
+    return tasks
+
+
+def check_task_arms(arms: dict[str, FinetuneConfig], source: str, vary: set[str]) -> None:
+    """Arms of a task must differ only in position fields of the model, ARM_DATA_FIELDS and `vary`.
+
+    Raises:
+        ConfigError: naming the first two arms and the field in which they differ.
+    """
+    allowed = {f"model.{name}" for name in position_fields()} | {f"data.{f}" for f in ARM_DATA_FIELDS} | vary
+    (first_label, first), *rest = arms.items()
+    reference = flat(first.to_dict())
+    for label, config in rest:
+        other = flat(config.to_dict())
+        for key in sorted(set(reference) | set(other)):
+            if key == "label" or key in allowed or reference.get(key) == other.get(key):
+                continue
+            raise ConfigError(
+                f"{source}: arms {first_label!r} and {label!r} differ in {key} ({reference.get(key)!r} vs "
+                f"{other.get(key)!r}); only position-encoding fields may (and those named in vary)"
+            )
+
+
+def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as {dotted key: value}."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def run_path(out: Path, task: str, label: str, seed: int) -> Path:
+    """Where the run of a task, arm and seed lives: `<out>/<task>/<label>-seed<seed>/`."""
+    return out / task / f"{label}-seed{seed}"
+
+
+def run_task_study(experiment: ExperimentConfig, path: Path, out: Path, overrides: list[str] | None) -> dict[str, Any]:
+    """Train every (task, arm, seed) that has no results yet, then compare; returns the summary."""
+    from roformer.train.finetune import finetune
+
+    tasks = load_task_arms(experiment, path, overrides)
+    for task, arms in tasks.items():
+        for index, seed in enumerate(experiment.seeds):
+            # the arm order alternates between seeds: one-time warm-up costs do not always land on one arm
+            order = list(arms.items()) if index % 2 == 0 else list(reversed(arms.items()))
+            for label, arm in order:
+                directory = run_path(out, task, label, seed)
+                if (directory / RESULTS_FILE).is_file():
+                    logger.info("%s: done, skipped", directory)
+                    continue
+                config = replace(arm, train=replace(arm.train, seed=seed, seeds=[]))
+                resume = RunDir.started(directory)
+                logger.info("%s: %s", directory, "resuming" if resume else "starting")
+                finetune(config, directory, overwrite=not resume, resume=resume)
+    summary = summarise(out, tasks, experiment.seeds, experiment.target)
+    write_summary(out / COMPARE_DIR, summary)
+    atomic_write_text(out / REPORT_FILE, report(summary, path, overrides))
+    return summary
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The comparison
+
+
+def summarise(
+    out: Path, tasks: dict[str, dict[str, FinetuneConfig]], seeds: list[int], target: float
+) -> dict[str, Any]:
+    """What the comparison holds: per task its chance level, test lengths and, per arm, the results of its seeds.
+
+    Per arm: the accuracy at every test split (each seed with a Wilson interval, their mean with a t-interval), the
+    steps to `target` dev accuracy and the seconds of every run.
+    """
+    summary: dict[str, Any] = {"target": target, "seeds": seeds, "tasks": {}}
+    for task, arms in tasks.items():
+        settings = next(iter(arms.values())).data.synthetic
+        longest = settings.train_lengths[1]
+        lengths = {f"test_{m}x": longest * m for m in settings.test_multiples}
+        table = {}
+        for label in arms:
+            runs = [run_record(run_path(out, task, label, seed), list(lengths), target) for seed in seeds]
+            table[label] = {
+                "splits": {split: over_seeds([r["splits"][split] for r in runs]) for split in lengths},
+                "steps_to_target": [r["steps_to_target"] for r in runs],
+                "seconds": [r["seconds"] for r in runs],
+            }
+        summary["tasks"][task] = {
+            "chance": settings.chance,
+            "train_lengths": settings.train_lengths,
+            "lengths": lengths,
+            "arms": table,
+        }
+    return summary
+
+
+def run_record(directory: Path, splits: list[str], target: float) -> dict[str, Any]:
+    """One run's test accuracies (with the counts behind them), steps to `target` dev accuracy and training time.
+
+    Raises:
+        UserError: the run has no results (it did not finish).
+    """
+    results_file = directory / RESULTS_FILE
+    if not results_file.is_file():
+        raise UserError(f"{directory}: no {RESULTS_FILE} (the run did not finish)")
+    results = json.loads(results_file.read_text())
+    selected = results["selected"]
+    tag = f"lr{selected['peak_lr']:g}-seed{selected['seed']}"
+    record: dict[str, Any] = {"splits": {}}
+    for split in splits:
+        right = total = 0
+        for line in (directory / PREDICTIONS_DIR / tag / f"{split}.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            right += sum(p == a for p, a in zip(row["predicted"], row["answers"], strict=True))
+            total += len(row["answers"])
+        record["splits"][split] = {"accuracy": right / total, "correct": right, "answers": total}
+    events = [json.loads(line) for line in (directory / METRICS_FILE).read_text().splitlines() if line.strip()]
+    evals = sorted((e for e in events if e.get("event") == "eval" and e.get("split") == "dev"), key=lambda e: e["step"])
+    record["steps_to_target"] = next((e["step"] for e in evals if e["accuracy"] >= target), None)
+    record["seconds"] = max((e.get("elapsed_sec", 0.0) for e in events), default=0.0)
+    return record
+
+
+def over_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every seed's accuracy with its 95% Wilson interval, their mean with a 95% t-interval (none for one seed)."""
+    values = [r["accuracy"] for r in runs]
+    mean = statistics.fmean(values)
+    half = 0.0
+    if len(values) > 1:
+        half = t_quantile(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return {
+        "mean": mean,
+        "interval": [mean - half, mean + half] if len(values) > 1 else None,
+        "seeds": [{**r, "wilson": list(wilson_interval(r["correct"], r["answers"]))} for r in runs],
+    }
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    """A table per task: accuracy (%) per arm and test length, mean [95% interval] over seeds; steps; seconds."""
+    parts = []
+    for task, data in summary["tasks"].items():
+        lengths = data["lengths"]
+        shortest, longest = data["train_lengths"]
+        parts.append(
+            f"### {task}\n\ntrained on {shortest}-{longest} tokens; chance {100 * data['chance']:.1f}%; accuracy (%) "
+            f"over the answers at each test length, mean over {len(summary['seeds'])} seeds [95% t-interval]; steps "
+            f"to {100 * summary['target']:.0f}% dev accuracy per seed (- = not reached); seconds per run\n"
+        )
+        header = ["arm", *(f"{split.removeprefix('test_')} ({n})" for split, n in lengths.items()), "steps", "s/run"]
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for label, arm in data["arms"].items():
+            cells = [label]
+            for split in lengths:
+                cell = arm["splits"][split]
+                interval = cell["interval"]
+                spread = f" [{100 * interval[0]:.1f}, {100 * interval[1]:.1f}]" if interval else ""
+                cells.append(f"{100 * cell['mean']:.1f}{spread}")
+            cells.append(", ".join("-" if s is None else str(s) for s in arm["steps_to_target"]))
+            cells.append(f"{statistics.fmean(arm['seconds']):.0f}")
+            lines.append("| " + " | ".join(cells) + " |")
+        parts.append("\n".join(lines) + "\n")
+    return "\n".join(parts)
+
+
+def plot_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The summary as probe-plot rows: a panel per task, a line per arm (roformer.study.plots.plot_probes)."""
+    rows = []
+    for task, data in summary["tasks"].items():
+        for label, arm in data["arms"].items():
+            for split, length in data["lengths"].items():
+                cell = arm["splits"][split]
+                interval = cell["interval"] or [cell["mean"], cell["mean"]]
+                rows.append(
+                    {
+                        "probe": task,
+                        "label": label,
+                        "scaling": "none",
+                        "length": length,
+                        "accuracy": cell["mean"],
+                        "interval": interval,
+                        "chance": data["chance"],
+                    }
+                )
+    return rows
+
+
+def write_summary(folder: Path, summary: dict[str, Any]) -> None:
+    """summary.json, summary.md and generalization.png into `folder`."""
+    from roformer.study.plots import plot_probes
+
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(folder / SUMMARY_JSON_FILE, json.dumps(summary, indent=2))
+    atomic_write_text(folder / SUMMARY_MARKDOWN_FILE, summary_markdown(summary))
+    plot_probes(plot_rows(summary), folder / PLOT_FILE)
+
+
+def report(summary: dict[str, Any], path: Path, overrides: list[str] | None) -> str:
+    """report.md: how to reproduce the study, then its tables."""
+    command = f"roformer experiment --config {path}" + "".join(f" --set {o}" for o in overrides or [])
+    return (
+        f"# {path.stem}\n\n```\n{command}\n```\n\n{summary_markdown(summary)}\n![accuracy]({COMPARE_DIR}/{PLOT_FILE})\n"
+    )

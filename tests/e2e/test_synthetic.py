@@ -1,0 +1,143 @@
+"""The length-generalization lab end to end: a synthetic task trained from scratch by `roformer finetune`, a task study
+by `roformer experiment`, and their bad inputs (one line, exit 2, nothing written)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from roformer.cli import main
+from roformer.model.model import load
+
+REPO = Path(__file__).resolve().parents[2]
+SHIFT = REPO / "configs" / "synthetic" / "shift.yaml"
+QUICK = [
+    "train.max_steps=6",
+    "train.eval_every=3",
+    "data.synthetic.train_examples=64",
+    "data.synthetic.eval_examples=8",
+    "data.synthetic.train_lengths=[4,8]",
+    "data.synthetic.test_multiples=[1,2]",
+    "train.batch_size=8",
+    "train.progress=false",
+]
+
+
+def finetune(out: Path, *overrides: str, config: Path = SHIFT) -> int:
+    args = ["finetune", "--config", str(config), "--output-dir", str(out)]
+    for item in [*QUICK, *overrides]:
+        args += ["--set", item]
+    return main(args)
+
+
+@pytest.mark.parametrize("task", ["shift", "missing-duplicate", "passkey-binding", "mqar"])
+def test_every_shipped_task_trains_from_scratch_and_scores_every_test_length(tmp_path: Path, task: str) -> None:
+    config = REPO / "configs" / "synthetic" / f"{task}.yaml"
+    shortest = {
+        "mqar": ["data.synthetic.train_lengths=[16,20]"],
+        "passkey-binding": ["data.synthetic.train_lengths=[8,12]"],
+    }
+    lengths = shortest.get(task, [])
+    assert finetune(tmp_path / "run", *lengths, config=config) == 0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["init"] == "" and set(results["runs"][0]["test"]) == {"test_1x", "test_2x"}
+    for split in ("dev", "test_1x", "test_2x"):
+        rows = (tmp_path / "run" / "predictions" / "lr0.001-seed0" / f"{split}.jsonl").read_text().splitlines()
+        assert len(rows) == 8 and all(json.loads(r)["answers"] for r in rows)
+    model = load(tmp_path / "run" / "best")  # the task's vocabulary and the model: section, written together
+    assert model.config.hidden_size == 64 and model.config.vocab_size == len(
+        (tmp_path / "run" / "best" / "vocab.txt").read_text().splitlines()
+    )
+
+
+def test_randomized_positions_reach_the_model(tmp_path: Path) -> None:
+    """Two runs that differ only in randomized positions train differently (the positions are read), each exactly
+    reproducible."""
+    losses = []
+    for name in ("a", "b", "c"):
+        extra = [] if name == "a" else ["data.synthetic.randomized_positions=64"]
+        assert finetune(tmp_path / name, "train.log_every=1", *extra) == 0
+        events = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        losses.append([json.loads(e)["loss"] for e in events if json.loads(e).get("event") == "train"])
+    assert losses[1] == losses[2] and losses[0] != losses[1]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["init=runs/x"], "makes its own vocabulary"),
+        (["model.vocab_size=40"], "model.vocab_size comes from the task's vocabulary"),
+        (["model.hidden_sise=64"], "unknown key 'model.hidden_sise'"),
+        (["model.position_encoding=learned", "model.max_position_embeddings=12"], "max_position_embeddings"),
+        (["data.max_length=12"], "data.max_length"),
+        (["data.synthetic.task=copy"], "synthetic.task"),
+        (["data.synthetic.randomized_positions=10"], "randomized_positions"),
+    ],
+)
+def test_bad_settings_are_one_line_and_write_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture, overrides: list[str], message: str
+) -> None:
+    assert finetune(tmp_path / "run", *overrides) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def write_study(tmp_path: Path, **extra: object) -> Path:
+    study = {
+        "tasks": [str(SHIFT)],
+        "arms": {
+            "rotary": {"set": []},
+            "alibi-asymmetric": {"set": ["model.position_encoding=alibi", "model.alibi_form=asymmetric"]},
+        },
+        "seeds": [0, 1],
+        "overrides": QUICK,
+        **extra,
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def test_a_task_study_trains_every_arm_and_seed_and_compares_by_length(tmp_path: Path) -> None:
+    path, out = write_study(tmp_path), tmp_path / "out"
+    assert main(["experiment", "--config", str(path), "--output-dir", str(out)]) == 0
+    for arm in ("rotary", "alibi-asymmetric"):
+        for seed in (0, 1):
+            assert (out / "shift" / f"{arm}-seed{seed}" / "results.json").is_file()
+    summary = json.loads((out / "compare" / "summary.json").read_text())
+    cell = summary["tasks"]["shift"]["arms"]["rotary"]["splits"]["test_2x"]
+    accuracies = [s["accuracy"] for s in cell["seeds"]]
+    assert cell["mean"] == pytest.approx(sum(accuracies) / 2) and cell["interval"][0] <= cell["mean"]
+    for seed in cell["seeds"]:
+        low, high = seed["wilson"]
+        assert low <= seed["accuracy"] <= high and seed["answers"] > 0
+    assert summary["tasks"]["shift"]["lengths"] == {"test_1x": 8, "test_2x": 16}
+    assert (out / "compare" / "generalization.png").stat().st_size > 0
+    assert "| rotary |" in (out / "compare" / "summary.md").read_text()
+    # a second call finds every run done and only compares again
+    before = (out / "shift" / "rotary-seed0" / "results.json").stat().st_mtime
+    assert main(["experiment", "--config", str(path), "--output-dir", str(out)]) == 0
+    assert (out / "shift" / "rotary-seed0" / "results.json").stat().st_mtime == before
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"arms": {"a": {"set": []}, "b": {"set": ["train.lr=0.01"]}}}, "differ in train.lr"),
+        ({"arms": {"a": {"set": []}, "b": {"config": "x.yaml"}}}, "not a config"),
+        ({"probes": {"probes": ["passkey"]}}, "probes"),
+        ({"target": 1.5}, "target"),
+    ],
+)
+def test_a_bad_task_study_is_one_line_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture, extra: dict, message: str
+) -> None:
+    path, out = write_study(tmp_path, **extra), tmp_path / "out"
+    assert main(["experiment", "--config", str(path), "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (out / "shift").exists()
