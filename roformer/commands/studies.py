@@ -1,4 +1,8 @@
-"""The measuring commands: eval-mlm (loss by length), probe, embed (sentence vectors), compare (runs and probes)."""
+"""The measuring commands: eval-mlm, probe, attention-distance, embed, compare.
+
+eval-mlm: loss by length; probe: long-context retrieval; attention-distance: the long-term decay of a model's
+attention; embed: sentence vectors; compare: runs and probes.
+"""
 
 from __future__ import annotations
 
@@ -97,6 +101,32 @@ def probe_command(args: argparse.Namespace) -> None:
         print(f"written to {args.out}")
 
 
+def attention_distance_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, metavar="DIR", help="a model directory (e.g. runs/x/final)")
+    parser.add_argument(
+        "--data", required=True, metavar="DIR", help="held-out text: a folder of .txt (or jsonl...) files"
+    )
+    parser.add_argument(
+        "--out", default="attention-distance.json", metavar="FILE", help="JSON results; the plot is FILE with .png"
+    )
+    parser.add_argument("--length", type=positive_int, default=256, help="tokens per window, [CLS] and [SEP] included")
+    parser.add_argument("--samples", type=positive_int, default=32, help="windows of text (fewer if it is shorter)")
+    parser.add_argument("--batch-size", type=positive_int, default=8)
+    parser.add_argument("--overwrite", action="store_true", help="replace existing results and plot")
+    parser.add_argument("--device", help="e.g. cpu, cuda (default: cuda if available, else cpu)")
+
+
+def attention_distance_command(args: argparse.Namespace) -> None:
+    from roformer.study.decay import DistanceSettings, run_attention_distance
+    from roformer.study.markdown import attention_distance_table
+
+    settings = DistanceSettings(length=args.length, samples=args.samples, batch_size=args.batch_size)
+    result, plot = run_attention_distance(
+        args.model, args.data, settings, args.out, device=args.device, overwrite=args.overwrite
+    )
+    print(attention_distance_table(result) + f"written to {args.out} and {plot}")
+
+
 def embed_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="DIR", help="a model directory (roformer or HF)")
     parser.add_argument("--input", required=True, metavar="FILE", help="texts: .txt (a line each), csv/tsv/jsonl/...")
@@ -175,6 +205,12 @@ COMMANDS = (
     Command("embed", "sentence vectors of a file of texts with a model's backbone", embed_arguments, embed_command),
     Command(
         "probe", "passkey and needle probes of long-context retrieval and MLM by length", probe_arguments, probe_command
+    ),
+    Command(
+        "attention-distance",
+        "mean attention logit and weight against token distance, per layer, beside the paper's decay bound",
+        attention_distance_arguments,
+        attention_distance_command,
     ),
     Command(
         "compare",

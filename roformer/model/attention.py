@@ -13,6 +13,7 @@ projection; it asks nothing about the model or the position encoding. The kernel
               flash kernel: no grid, no mask, no padding
 
 Which one runs, and on which layout of the tokens, is decided once per forward (`roformer.model.plan`).
+`attention_logits` gives the pre-softmax logits a layer's softmax kernel reads, for studies of a model.
 
 References:
     Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding", arXiv 2104.09864 ("paper").
@@ -347,6 +348,57 @@ ATTENTION_KERNELS: dict[str, AttentionKernel] = {
     "linear": AttentionKernel(_linear, rotated=False),
     "varlen": AttentionKernel(_varlen),
 }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A layer's logits, for studying a model
+
+
+def attention_logits(attention: SelfAttention, x: Tensor, ctx: AttentionContext) -> Tensor:
+    """The pre-softmax logits a layer's softmax kernel reads, over the (B, T) grid: (B, H, T, T) float32.
+
+    q.k / sqrt(D) of the rotated q and k (RoPE), plus what the encoding adds: T5's or ALiBi's bias (the context's
+    float mask), Shaw's q.a^K / sqrt(D); SelfExtend's q.k at grouped positions. -inf where a key is not attended (the
+    mask, causality). softmax of them, times v, is the layer's attention before its output projection (Shaw's a^V
+    terms aside). The kernels themselves never build this tensor where they need not (SDPA); this is for studies of a
+    model (`roformer.study.decay`), called with a layer's input and context (a forward pre-hook on the layer sees both).
+
+    Args:
+        attention: The layer.
+        x: Its input (B, T, C).
+        ctx: Its context, as the forward plan made it.
+
+    Raises:
+        ValueError: linear attention, which has no softmax and so no logits (paper eq. 19), or a context over another
+            layout than the grid (the real tokens alone, segments, a query subset) or with a KV cache.
+    """
+    if ctx.kernel == "linear":
+        raise ValueError("linear attention has no softmax logits (paper eq. 19): softmax attention only")
+    if ctx.tokens is not None or ctx.segments is not None or ctx.queries is not None or ctx.cache is not None:
+        raise ValueError("attention logits are of attention over the (B, T) grid, without a KV cache")
+    kernel = ATTENTION_KERNELS[ctx.kernel]
+    qkv = ctx.to_attention(attention.qkv(x), attention.num_heads, attention.head_size)  # (B, T, 3, H, D)
+    q, k, _ = rotate_qkv(qkv, ctx.rotary if kernel.rotated else None, attention.rotary_value)  # (B, T, H, D)
+    scale = 1.0 / math.sqrt(attention.head_size)
+    if ctx.kernel == "grouped":  # q and k unrotated: SelfExtend rotates each pair at its grouped positions
+        return _masked_logits(ctx.rotary.logits(q, k).float() * scale, ctx.mask, ctx.causal)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D)
+    logits = (q @ k.transpose(-1, -2)).float() * scale
+    shaw = ctx.shaw_terms()
+    if shaw is not None:
+        logits = logits + shaw.logits(q) * scale
+    return _masked_logits(logits, ctx.mask, ctx.causal)
+
+
+def _masked_logits(logits: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+    """(B, H, T, S) logits with the context's mask: a float mask (a bias, -inf included) added, a bool one as -inf."""
+    if causal:
+        mask = torch.ones(logits.shape[-2:], dtype=torch.bool, device=logits.device).tril()
+    if mask is None:
+        return logits
+    if mask.is_floating_point():
+        return logits + mask.float()
+    return logits.masked_fill(~mask, float("-inf"))
 
 
 # ----------------------------------------------------------------------------------------------------------------

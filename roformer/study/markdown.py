@@ -6,6 +6,8 @@ no arithmetic beyond units for display (fractions as %, tokens as k/M), and impo
     summary_markdown            summary.md of `roformer compare` (the dict of roformer.study.compare.summarise)
     glue_suite_table            results.md of `roformer glue` (per task: roformer.train.finetune's results)
     length_results_table        the table `roformer eval-mlm` prints (roformer.study.length_eval.evaluate_lengths)
+    upper_bound_table           the paper's long-term decay bound at some distances (roformer.study.decay)
+    attention_distance_table    the table `roformer attention-distance` prints (roformer.study.decay)
     experiment_report_markdown  report.md of `roformer experiment` (its sources, gathered by roformer.study.report)
 """
 
@@ -132,6 +134,39 @@ def length_results_table(results: list[dict[str, Any]]) -> str:
             lines.append(f"| {r['seq_len']} | — | — | {r['error']} |")
         else:
             lines.append(f"| {r['seq_len']} | {r['eval_loss']:.3f} | {100 * r['eval_accuracy']:.1f}% | {r['blocks']} |")
+    return "\n".join(lines) + "\n"
+
+
+def upper_bound_table(distances: list[int], values: list[float], head_size: int) -> str:
+    """The paper's relative upper bound (fig. 2) at some distances: one row of distances, one of values (2 decimals)."""
+    lines = [
+        "| relative distance | " + " | ".join(str(d) for d in distances) + " |",
+        "|---|" + "---:|" * len(distances),
+        f"| relative upper bound (d = {head_size}) | " + " | ".join(f"{v:.2f}" for v in values) + " |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def attention_distance_table(result: dict[str, Any]) -> str:
+    """What `roformer attention-distance` prints: each layer's mean logit and weight at distances 1, 2, 4, ... T - 1.
+
+    The weight is shown times the window length T (1 is the uniform weight 1 / T); the bound's row is the paper's.
+    """
+    length = result["length"]
+    shown = [d for d in (2**i for i in range(length.bit_length())) if d < length - 1] + [length - 1]
+    header = ["| layer | " + " | ".join(f"{d}" for d in shown) + " |", "|---|" + "---:|" * len(shown)]
+    logits, weights = [], []
+    for layer in result["layers"]:
+        logits.append(f"| {layer['layer']} | " + " | ".join(_number(layer["mean_logit"][d]) for d in shown) + " |")
+        times_t = [None if layer["mean_weight"][d] is None else layer["mean_weight"][d] * length for d in shown]
+        weights.append(f"| {layer['layer']} | " + " | ".join(_number(w) for w in times_t) + " |")
+    bound = result["bound"]
+    bound_row = f"| bound (d = {bound['head_size']}) | " + " | ".join(
+        _number(bound["relative_upper_bound"][d], 2) for d in shown
+    )
+    title = f"mean pre-softmax logit by distance |m - n| ({result['position_encoding']}, {result['samples']} windows)"
+    lines = [title, *header, *logits, bound_row + " |", "", "mean attention weight x T by distance (1 = uniform)"]
+    lines += [*header, *weights]
     return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,7 @@
-"""The pictures of a comparison: curves.png, length.png and probes.png.
+"""The pictures of the studies: curves.png, length.png and probes.png of a comparison; the long-term decay.
 
-Loss curves with seed bands, loss against length, and probe accuracy against length.
+Loss curves with seed bands, loss against length, and probe accuracy against length; RoPE's relative upper bound
+(the paper's fig. 2) and a model's mean attention logit and weight against distance (roformer attention-distance).
 """
 
 from __future__ import annotations
@@ -144,3 +145,71 @@ def plot_lengths(table: dict[str, list[dict[str, Any]]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_upper_bound(distances: list[float], values: list[float], head_size: int, base: float, path: Path) -> None:
+    """The paper's fig. 2: RoPE's relative upper bound against the relative distance (one line, as the paper draws it).
+
+    Written as PNG whatever the path's suffix (an atomic write draws into a temporary name).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(distances, values, linewidth=1.2)
+    ax.set_xlabel("relative distance")
+    ax.set_ylabel("relative upper bound")
+    ax.set_title(f"Long-term decay of RoPE (d = {head_size}, base {base:g})")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)
+
+
+def plot_attention_distance(result: dict[str, Any], path: Path) -> None:
+    """attention-distance's picture: mean logit and attention weight against the distance |m - n|, a line per layer.
+
+    The logit panel carries the paper's bound (fig. 2, at the model's head size) on a twin axis, dashed grey; the
+    weight panel has a log scale and the uniform weight 1 / T, dotted grey, which a model blind to position would
+    give. Written as PNG whatever the path's suffix (an atomic write draws into a temporary name).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    distances = result["distances"]
+    colours = plt.get_cmap("viridis")
+    layers = result["layers"]
+    fig, (logit_ax, weight_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for layer in layers:
+        colour = colours(layer["layer"] / max(1, len(layers) - 1))
+        label = f"layer {layer['layer']}"
+        logit_ax.plot(distances, _points(layer["mean_logit"]), color=colour, linewidth=1.2, label=label)
+        weight_ax.plot(distances, _points(layer["mean_weight"]), color=colour, linewidth=1.2, label=label)
+    bound = result["bound"]
+    twin = logit_ax.twinx()
+    twin.plot(distances, bound["relative_upper_bound"], color="grey", linestyle="--", linewidth=1)
+    twin.set_ylabel(f"RoPE's relative upper bound (d = {bound['head_size']}), dashed", color="grey")
+    weight_ax.axhline(1 / result["length"], color="grey", linestyle=":", linewidth=1, label="uniform 1 / T")
+    weight_ax.set_yscale("log")
+    logit_ax.set_ylabel("mean pre-softmax logit")
+    weight_ax.set_ylabel("mean attention weight")
+    for ax in (logit_ax, weight_ax):
+        ax.set_xlabel("distance |m - n| (tokens)")
+        ax.grid(alpha=0.3)
+    weight_ax.legend(fontsize=8, ncol=2 if len(layers) > 6 else 1)
+    fig.suptitle(
+        f"{result['position_encoding']} positions: {result['samples']} windows of {result['length']} tokens "
+        f"({result['attention_pattern']})"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)
+
+
+def _points(values: list[float | None]) -> list[float]:
+    """A curve's values with NaN where a distance had no pair (matplotlib leaves a gap)."""
+    return [math.nan if v is None else v for v in values]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from roformer.cli import COMMANDS, main
+from roformer.data.builtin import generate_documents
 
 # `--out` of each command below `new` (inputs made in `work`); what the command must have written there
 OUT_CASES = {
@@ -28,6 +29,11 @@ OUT_CASES = {
         + ["--out", str(new / "p.json")],
         new / "p.json",
     ),
+    "attention-distance": lambda model, work, new: (
+        ["attention-distance", "--model", str(model), "--data", str(_text_folder(work)), "--length", "16"]
+        + ["--samples", "2", "--out", str(new / "a.json")],
+        new / "a.json",
+    ),
     "embed": lambda model, work, new: (
         ["embed", "--model", str(model), "--input", str(_texts(work)), "--out", str(new / "v.npy")],
         new / "v.npy",
@@ -43,6 +49,13 @@ def _texts(folder: Path) -> Path:
     path = folder / "texts.txt"
     path.write_text("one two three\nfour five six\n")
     return path
+
+
+def _text_folder(folder: Path) -> Path:
+    texts = folder / "text"
+    texts.mkdir()
+    (texts / "a.txt").write_text("\n\n".join(generate_documents(40)))
+    return texts
 
 
 def _probe_files(model: Path, folder: Path) -> list[Path]:
