@@ -113,8 +113,7 @@ class SyntheticConfig:
         shortest = self.train_lengths[0]
         if shortest < self.shortest_row:
             raise ConfigError(
-                f"train_lengths: {self.task} needs rows of at least {self.shortest_row} tokens, "
-                f"got {shortest}"
+                f"train_lengths: {self.task} needs rows of at least {self.shortest_row} tokens, got {shortest}"
             )
         if self.randomized_positions is not None and self.randomized_positions < self.longest_row + 2:
             raise ConfigError(

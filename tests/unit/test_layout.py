@@ -161,7 +161,7 @@ ROOMS = {
     "roformer.study": [
         {"outputs", "markdown", "runs", "length_eval"},
         {"stats", "plots", "report", "suite"},
-        {"compare", "probes", "decay"},
+        {"compare", "probes", "decay", "task_study"},
         {"experiment", "hub"},
     ],
 }
