@@ -282,23 +282,36 @@ def run_attention_distance(
         segment = segmentation(tokenizer, None, model_dir)
     check_model(model, model_dir, settings.length)
     windows = text_windows(tokenizer, data, settings.length, settings.samples, segment)
-    curves = measure_attention_distance(model, windows, settings.batch_size)
-    config = model.config
-    result: dict[str, Any] = {
-        "model": str(model_dir),
-        "data": str(data),
+    result = attention_distance(model, windows, str(model_dir), str(data), settings.batch_size)
+    write_attention_distance(result, out)
+    return result, plot
+
+
+def attention_distance(
+    model: Model, windows: Tensor, model_name: str, data: str, batch_size: int = 8
+) -> dict[str, Any]:
+    """What `roformer attention-distance` writes of `model` over token-id `windows` (S, T) (no padding)."""
+    curves = measure_attention_distance(model, windows, batch_size)
+    config, length = model.config, windows.shape[1]
+    return {
+        "model": model_name,
+        "data": data,
         "position_encoding": config.position_encoding,
         "attention_pattern": config.attention_pattern,
         "num_layers": config.num_layers,
         "num_heads": config.num_heads,
         "head_size": config.head_size,
-        "length": settings.length,
+        "length": length,
         "samples": len(windows),
-        "distances": list(range(settings.length)),
+        "distances": list(range(length)),
         "pairs": [int(p) for p in curves[0].pairs[0]],  # (query, key) pairs per head at each distance
         "layers": [{"layer": i, **layer.means()} for i, layer in enumerate(curves)],
-        "bound": bound_for(model, settings.length),
+        "bound": bound_for(model, length),
     }
+
+
+def write_attention_distance(result: dict[str, Any], out: Path) -> None:
+    """The JSON at `out` and its plot beside it (`.png`), each whole or absent."""
+    plot = out.with_suffix(".png")
     atomic_write(plot, lambda tmp: plot_attention_distance(result, tmp))
     atomic_write_text(out, json.dumps(result, indent=1))
-    return result, plot

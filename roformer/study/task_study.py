@@ -11,7 +11,10 @@ The comparison (`<out>/compare/`) reads each run's files and gives, per task, ar
 every seed with its 95% Wilson interval over the split's answers, the mean over seeds with a 95% t-interval, and the
 steps to reach a target dev accuracy (`target`, 0.9: at the trained lengths, the paper's "faster convergence" in its
 purest form), and the seconds each run trained. `summary.md` and `summary.json` hold the tables, `generalization.png`
-the accuracy against test length (a panel per task, a line per arm, interval bands, the chance line).
+the accuracy against test length (a panel per task, a line per arm, interval bands, the chance line), and
+`attention-distance/<task>-<arm>.json` and `.png` the first seed's mean pre-softmax logit and attention weight against
+the distance |m - n| per layer (roformer.study.decay), on 32 rows of its task's `test_2x` split (else its longest) at positions
+0..T-1, beside the paper's bound.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from roformer.config import config_path, load
 from roformer.errors import ConfigError, UserError
@@ -39,6 +44,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PLOT_FILE = "generalization.png"
+DECAY_DIR = "attention-distance"  # compare/: per task and arm, the measured decay (roformer.study.decay)
+DECAY_ROWS = 32  # rows of the test_2x split measured
 # The data fields an arm may set besides the model's position fields: how positions are presented to the model
 ARM_DATA_FIELDS = ("synthetic.randomized_positions",)
 
@@ -130,6 +137,7 @@ def run_task_study(experiment: ExperimentConfig, path: Path, out: Path, override
                 finetune(config, directory, overwrite=not resume, resume=resume)
     summary = summarise(out, tasks, experiment.seeds, experiment.target)
     write_summary(out / COMPARE_DIR, summary)
+    measure_decay(out, tasks, experiment.seeds[0])
     atomic_write_text(out / REPORT_FILE, report(summary, path, overrides))
     return summary
 
@@ -274,3 +282,27 @@ def report(summary: dict[str, Any], path: Path, overrides: list[str] | None) -> 
     return (
         f"# {path.stem}\n\n```\n{command}\n```\n\n{summary_markdown(summary)}\n![accuracy]({COMPARE_DIR}/{PLOT_FILE})\n"
     )
+
+
+def measure_decay(out: Path, tasks: dict[str, dict[str, FinetuneConfig]], seed: int) -> None:
+    """Each arm's measured decay (its `seed` run's best model) on its task's test_2x rows; a file there is kept."""
+    from roformer.data.tokenizer import load_tokenizer
+    from roformer.model.model import load as load_model
+    from roformer.study.decay import attention_distance, write_attention_distance
+    from roformer.tasks.registry import make_task
+    from roformer.train.run_dir import BEST_DIR
+
+    folder = out / COMPARE_DIR / DECAY_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    for task, arms in tasks.items():
+        for label, config in arms.items():
+            target = folder / f"{task}-{label}.json"
+            model_dir = run_path(out, task, label, seed) / BEST_DIR
+            if target.is_file() or config.model.get("attention") == "linear":
+                continue
+            task_object = make_task(config.data)
+            split = "test_2x" if "test_2x" in task_object.test_splits else task_object.test_splits[-1]
+            encoded = task_object.encode(load_tokenizer(model_dir), config.data.max_length)[split]
+            windows = torch.tensor(encoded.ids[:DECAY_ROWS])  # rows of one length: no padding
+            model = load_model(model_dir).eval()
+            write_attention_distance(attention_distance(model, windows, str(model_dir), f"{task} {split}"), target)

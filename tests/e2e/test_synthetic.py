@@ -118,6 +118,9 @@ def test_a_task_study_trains_every_arm_and_seed_and_compares_by_length(tmp_path:
     assert summary["tasks"]["shift"]["lengths"] == {"test_1x": 8, "test_2x": 16}
     assert (out / "compare" / "generalization.png").stat().st_size > 0
     assert "| rotary |" in (out / "compare" / "summary.md").read_text()
+    decay = json.loads((out / "compare" / "attention-distance" / "shift-alibi-asymmetric.json").read_text())
+    assert decay["length"] == 18 and len(decay["layers"]) == 2 and decay["position_encoding"] == "alibi"
+    assert (out / "compare" / "attention-distance" / "shift-rotary.png").is_file()
     # a second call finds every run done and only compares again
     before = (out / "shift" / "rotary-seed0" / "results.json").stat().st_mtime
     assert main(["experiment", "--config", str(path), "--output-dir", str(out)]) == 0
