@@ -48,7 +48,8 @@ def load_pretrained(source: str | Path, architecture: str, num_labels: int | Non
     Args:
         source: A roformer model directory, an HF `save_pretrained` directory, or an HF hub name.
         architecture: `backbone`, `masked_lm`, `sequence_classification`, `token_classification`,
-            `question_answering`, `multiple_choice` or `causal_lm`.
+            `question_answering`, `multiple_choice` or `causal_lm`; or `encoder_decoder` from an encoder-decoder
+            (ours, or HF's EncoderDecoderModel) only.
         num_labels: Outputs of a classifier; a classifier (ours or HF) saved with another count gets a fresh output
             layer, logged in one line.
         **overrides: ModelConfig fields to change (dropout, ...); they must keep the parameter shapes.
