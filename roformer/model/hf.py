@@ -271,6 +271,7 @@ def _retargeted(model: Model, architecture: str, overrides: dict[str, Any], wher
     """
     if architecture not in ARCHITECTURES:
         raise CheckpointError(f"unknown architecture {architecture!r} (known: {', '.join(ARCHITECTURES)})")
+    _refuse_half_as_pair(architecture, where)
     if architecture == model.architecture and not overrides:
         return model
     unknown = [k for k in overrides if k not in model.config.to_dict()]
@@ -286,6 +287,18 @@ def _retargeted(model: Model, architecture: str, overrides: dict[str, Any], wher
     new.load_state_dict(kept, strict=False)
     report_fresh(where, architecture, [k for k in fits if k not in kept])  # as `load` says it of our classifiers
     return new
+
+
+def _refuse_half_as_pair(architecture: str, where: str) -> None:
+    """An encoder-decoder comes from HF's EncoderDecoderModel only, not from one RoFormer or BERT model.
+
+    Raises:
+        CheckpointError: `architecture` is encoder_decoder.
+    """
+    if architecture == "encoder_decoder":
+        raise CheckpointError(
+            f"{where}: one RoFormer or BERT model does not make an encoder_decoder (convert an HF EncoderDecoderModel)"
+        )
 
 
 def _check_only_the_output_layer_changes(model: Model, new: Model, overrides: dict[str, Any], where: str) -> None:
@@ -327,6 +340,7 @@ def hf_model_config(path: str, architecture: str | None = None) -> ModelConfig:
     target = architecture or arch
     if target not in ARCHITECTURES:
         raise CheckpointError(f"unknown architecture {target!r} (known: {', '.join(ARCHITECTURES)})")
+    _refuse_half_as_pair(target, path)
     return ARCHITECTURES[target].adapt_config(_config_from_hf(hf_config, family, arch, set(keys)))
 
 

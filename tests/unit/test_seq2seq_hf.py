@@ -210,3 +210,13 @@ def test_convert_reads_and_writes_an_hf_encoder_decoder_directory(tmp_path, caps
     assert back.generation_config.decoder_start_token_id == START and back.generation_config.eos_token_id == EOS
     with torch.no_grad():
         assert_close(back.eval()(**batch).logits, expected)
+
+
+def test_one_hf_model_is_not_an_encoder_decoder_and_a_pair_is_nothing_else(tmp_path) -> None:
+    with pytest.raises(roformer.CheckpointError, match="does not make an encoder_decoder"):
+        roformer.from_hf(transformers.RoFormerModel(hf_config("roformer")), architecture="encoder_decoder")
+    transformers.RoFormerModel(hf_config("roformer")).save_pretrained(tmp_path / "one")
+    with pytest.raises(roformer.CheckpointError, match="does not make an encoder_decoder"):
+        hf_model_config(str(tmp_path / "one"), "encoder_decoder")
+    with pytest.raises(roformer.CheckpointError, match="converts as encoder_decoder, not masked_lm"):
+        roformer.from_hf(hf_seq2seq("bert"), architecture="masked_lm")
