@@ -282,3 +282,10 @@ def test_search_settings_are_checked() -> None:
     assert Search(max_new_tokens=3, max_len_a=1.5).limits(torch.tensor([0, 10])).tolist() == [3, 18]
     with pytest.raises(ValueError, match="decoder_start_token_id"):
         EncoderDecoder(EncoderDecoderConfig(tiny_config(), tiny_config())).generate(torch.ones(1, 3, dtype=torch.long))
+
+
+def test_onnx_export_refuses_an_encoder_decoder(tmp_path) -> None:
+    from roformer.model.onnx import export_onnx
+
+    with pytest.raises(CheckpointError, match="ONNX export of an encoder_decoder"):
+        export_onnx(model_of(seq2seq_config()), tmp_path / "model.onnx")
