@@ -189,6 +189,8 @@ def _encoder_decoder_layout(model: EncoderDecoder, layout: str) -> EncoderDecode
     halves = {"encoder": model.encoder, "decoder": model.decoder}
     if all(h.config.position_encoding != "rotary" for h in halves.values()):
         raise ValueError("rotary layouts only apply to position_encoding: rotary")
+    if all(h.config.rotary_layout == layout for h in halves.values()):
+        return model
     state, configs = {}, {}
     for name, half in halves.items():
         if half.config.position_encoding == "rotary":

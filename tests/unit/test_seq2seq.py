@@ -212,6 +212,20 @@ def test_a_model_directory_round_trip_with_an_encoder_of_another_width(tmp_path)
     assert half.config.encoder.rotary_layout == half.config.decoder.rotary_layout == "half"
 
 
+def test_load_weights_from_fills_an_encoder_decoder_of_another_layout(tmp_path) -> None:
+    from roformer.model.pretrained import load_weights_from
+
+    model = model_of(seq2seq_config(share_embeddings=True), seed=1)
+    model.save(tmp_path)
+    config = seq2seq_config(share_embeddings=True, rotary_layout="half", hidden_dropout=0.2)
+    target = model_of(config, seed=2)
+    load_weights_from(target, tmp_path)
+    src, mask = sources()
+    labels = targets()
+    with torch.no_grad():
+        assert_close(target.eval()(src, mask, labels=labels).logits, model(src, mask, labels=labels).logits)
+
+
 def test_set_rotary_changes_both_halves_and_what_is_saved(tmp_path) -> None:
     model = model_of(seq2seq_config("rotary", "learned"))
     model.set_rotary(20000.0)
