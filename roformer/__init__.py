@@ -1,8 +1,10 @@
 """roformer: RoFormer (rotary position embedding) and a BERT baseline in one PyTorch encoder, with recipes.
 
 Public API: `ModelConfig`, the models (`Backbone`, `MaskedLM`, `SequenceClassifier`, `TokenClassifier`,
-`QuestionAnswering`, `MultipleChoice`, `CausalLM`), `load` (a saved model directory), `Model.save`, HF interop
-`from_hf` / `to_hf`, and `SentenceEncoder` (texts to sentence vectors with a model directory and its tokenizer).
+`QuestionAnswering`, `MultipleChoice`, `CausalLM`), the encoder-decoder (`EncoderDecoder` of an
+`EncoderDecoderConfig`: translation, greedy and beam search), `load` (a saved model directory), `Model.save`, HF
+interop `from_hf` / `to_hf`, and `SentenceEncoder` (texts to sentence vectors with a model directory and its
+tokenizer).
 
 Package layout (data flows one way: cli -> study -> train -> data / model -> config / files / errors):
 
@@ -33,6 +35,9 @@ _PUBLIC = {
     "QuestionAnswering": "roformer.model.model",
     "MultipleChoice": "roformer.model.model",
     "CausalLM": "roformer.model.model",
+    "EncoderDecoder": "roformer.model.model",
+    "Seq2SeqOutput": "roformer.model.model",
+    "EncoderDecoderConfig": "roformer.model.config",
     "load": "roformer.model.model",
     "ModelConfig": "roformer.model.config",
     "convert_rotary_layout": "roformer.model.model",

@@ -41,12 +41,14 @@ def convert_command(args: argparse.Namespace) -> None:
         with staged_output_dir(out, args.overwrite) as staging:
             model.save(staging)
             copied = _export_tokenizer(args.from_hf, staging, copy_tokenizer_files)
-        kind = f"{model.config.position_encoding} {model.architecture}"
+        kind = f"{_encodings(model.config)} {model.architecture}"
     else:
         source = Path(args.to_hf)
         model = load(source, architecture=args.architecture)
         if any((source / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
-            check_fits(load_tokenizer(source), model.config.vocab_size, source)
+            # an encoder-decoder's tokenizer (one joint vocabulary) must fit both halves
+            halves = [getattr(model.config, half) for half in ("encoder", "decoder") if hasattr(model.config, half)]
+            check_fits(load_tokenizer(source), min(c.vocab_size for c in halves or [model.config]), source)
         hf_model = to_hf(model)
         with staged_output_dir(out, args.overwrite) as staging:
             hf_model.save_pretrained(staging)
@@ -54,6 +56,13 @@ def convert_command(args: argparse.Namespace) -> None:
         kind = type(hf_model).__name__
     tokenizer = f", tokenizer: {', '.join(copied)}" if copied else ", no tokenizer files found"
     print(f"wrote {kind} ({model.num_parameters():,} parameters) to {out}{tokenizer}")
+
+
+def _encodings(config: object) -> str:
+    """A config's position encoding; an encoder-decoder's as encoder/decoder (rotary/rotary)."""
+    if hasattr(config, "encoder"):
+        return f"{config.encoder.position_encoding}/{config.decoder.position_encoding}"
+    return config.position_encoding
 
 
 def _export_tokenizer(source: str, target: Path, copy: Callable[[Path, Path], list[str]]) -> list[str]:

@@ -9,6 +9,7 @@ kernels' table, the layer) and `generation` (decoding a `causal_lm`); `layers` (
 `plan` (the forward plan: layout and kernel, once per forward); `backbone` (the backbone and the base class) and
 `heads` (the task heads); `model` (the models of every architecture, `backbone`, `masked_lm`,
 `sequence_classification`, `token_classification`, `question_answering`, `multiple_choice` and `causal_lm`, and
-`load`); `hf` (HF transformers interop), `onnx` (ONNX export) and `pretrained` (a task's model from a roformer or HF
-directory). Imports only `roformer.config`, `files` and `errors`.
+`load`), with `seq2seq` below it (`encoder_decoder`: an encoder and a decoder with cross-attention) and `beam`
+beside `generation` (its greedy and beam search); `hf` (HF transformers interop), `onnx` (ONNX export) and
+`pretrained` (a task's model from a roformer or HF directory). Imports only `roformer.config`, `files` and `errors`.
 """

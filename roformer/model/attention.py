@@ -11,6 +11,8 @@ projection; it asks nothing about the model or the position encoding. The kernel
     linear    the paper's linear attention with RoPE in the numerator (eq. 19), O(T) memory
     varlen    softmax within segments of real tokens (packed documents, unpadded rows) by torch's variable-length
               flash kernel: no grid, no mask, no padding
+    cross     a decoder's cross-attention: softmax over the encoder's states with their padding mask, no position
+              terms (`CrossAttention`)
 
 Which one runs, and on which layout of the tokens, is decided once per forward (`roformer.model.plan`).
 `attention_logits` gives the pre-softmax logits a layer's softmax kernel reads, for studies of a model.
@@ -58,13 +60,40 @@ class ForwardInputs(TypedDict, total=False):
             block-diagonal mask; linear attention sums per document) and positions restart at 0 in each, so that
             every document's outputs are those of the document alone, for every position encoding. Not with a cache.
         output_hidden_states: Also return the embedding output and every block's output, each (B, T, C).
-        cache: A decoder's `KVCache`: the new tokens' keys and values are added to it and the cached ones attended.
+        cache: A decoder's `KVCache`: the new tokens' keys and values are added to it and the cached ones attended
+            (and with cross-attention, the encoder's projected once).
+        encoder_states: (B, S, C) an encoder's last hidden states, which every block of a model with
+            `cross_attention` attends to (an encoder-decoder's decoder); refused by a model without it.
+        encoder_mask: (B, S) 1 for the encoder's real tokens, 0 for its padding (never attended); None: no padding.
     """
 
     position_ids: Tensor | None
     document_ids: Tensor | None
     output_hidden_states: bool
     cache: KVCache | None
+    encoder_states: Tensor | None
+    encoder_mask: Tensor | None
+
+
+@dataclass
+class CrossContext:
+    """What a decoder's cross-attention reads in one forward: the encoder's states and which of them are real.
+
+    No position encoding enters cross-attention: neither q nor k is rotated and no bias or relative embedding is
+    added, whichever encoding the decoder's self-attention uses. HF RoFormer's decoder rotates in self-attention only
+    (`RoFormerSelfAttention`: not for `encoder_hidden_states`), as OpenNMT and x-transformers do: the encoder's
+    states carry their source positions already, and the distance between a target and a source position means
+    nothing across two sequences.
+
+    Attributes:
+        states: (B, S, C) the encoder's last hidden states, in the decoder's width.
+        mask: (B, 1, 1, S) bool, True = a real source token; or None (no padding).
+        kernel: The attention kernel, a key of `ATTENTION_KERNELS` (`cross`).
+    """
+
+    states: Tensor
+    mask: Tensor | None = None
+    kernel: str = "cross"
 
 
 @dataclass
@@ -99,6 +128,8 @@ class AttentionContext:
         inputs: The forward's `ForwardInputs`, as the plan resolved them (the cache is read from here).
         query_scale: (B, T, 1, 1) what each token's query is multiplied by (the log-length attention scale,
             `ModelConfig.attention_log_scale`), or None.
+        cross: What cross-attention reads (the encoder's states and mask, its kernel), for a model with
+            `cross_attention`; or None.
     """
 
     mask: Tensor | None = None
@@ -113,6 +144,7 @@ class AttentionContext:
     documents: Tensor | None = None
     inputs: ForwardInputs = field(default_factory=ForwardInputs)
     query_scale: Tensor | None = None
+    cross: CrossContext | None = None
 
     @property
     def cache(self) -> KVCache | None:
@@ -126,6 +158,15 @@ class AttentionContext:
     def keys_values(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """This layer's keys and values (B, H, S, D): the new ones (B, H, T, D) after the cached ones, if any."""
         return (k, v) if self.cache is None else self.cache.update(self.index, k, v)
+
+    def cross_keys_values(self, project: Callable[[Tensor], tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+        """This layer's cross-attention keys and values (B, S, H, D): `project`ed from the encoder's states (B, S, C).
+
+        With a cache, projected at the first decoding step only and read from the cache at every later one.
+        """
+        if self.cache is None:
+            return project(self.cross.states)
+        return self.cache.cross_keys_values(self.index, lambda: project(self.cross.states))
 
     def shaw_terms(self) -> ShawTerms | None:
         """This layer's Shaw terms, or None."""
@@ -336,6 +377,12 @@ def _linear(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: f
     return linear_attention(q, k, v, keep, ctx.rotary, documents)  # RoPE goes on the feature-mapped q and k
 
 
+def _cross(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
+    # keys and values are the encoder's (B, S, H, D); no position terms, no causality, no self-attention cache
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D), (B, H, S, D)
+    return softmax_attention(q, k, v, ctx.cross.mask, dropout_p, causal=False).transpose(1, 2)
+
+
 def _varlen(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
     # The plan takes this kernel only without attention dropout (in training): the flash kernel's own is not ours.
     return varlen_kernel(q[0], k[0], v[0], ctx.segments)[None]  # q[0]: (N, H, D)
@@ -347,6 +394,7 @@ ATTENTION_KERNELS: dict[str, AttentionKernel] = {
     "grouped": AttentionKernel(_grouped, rotated=False),
     "linear": AttentionKernel(_linear, rotated=False),
     "varlen": AttentionKernel(_varlen),
+    "cross": AttentionKernel(_cross),
 }
 
 
@@ -376,9 +424,7 @@ def attention_logits(attention: SelfAttention, x: Tensor, ctx: AttentionContext)
         raise ValueError("linear attention has no softmax logits (paper eq. 19): softmax attention only")
     if ctx.tokens is not None or ctx.segments is not None or ctx.queries is not None or ctx.cache is not None:
         raise ValueError("attention logits are of attention over the (B, T) grid, without a KV cache")
-    kernel = ATTENTION_KERNELS[ctx.kernel]
-    qkv = ctx.to_attention(attention.qkv(x), attention.num_heads, attention.head_size)  # (B, T, 3, H, D)
-    q, k, _ = rotate_qkv(qkv, ctx.rotary if kernel.rotated else None, attention.rotary_value)  # (B, T, H, D)
+    q, k, _ = attention.queries_keys_values(x, ctx, ATTENTION_KERNELS[ctx.kernel])  # (B, T, H, D)
     scale = 1.0 / math.sqrt(attention.head_size)
     if ctx.kernel == "grouped":  # q and k unrotated: SelfExtend rotates each pair at its grouped positions
         return _masked_logits(ctx.rotary.logits(q, k).float() * scale, ctx.mask, ctx.causal)
@@ -418,6 +464,14 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.use_bias)
         self.proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
 
+    def queries_keys_values(self, x: Tensor, ctx: AttentionContext, kernel: AttentionKernel) -> tuple[Tensor, ...]:
+        """q, k, v (B, T, H, D) of the input as `kernel` reads them: rotated where it wants them so, q scaled."""
+        qkv = ctx.to_attention(self.qkv(x), self.num_heads, self.head_size)  # (B, T, 3, H, D)
+        q, k, v = rotate_qkv(qkv, ctx.rotary if kernel.rotated else None, self.rotary_value)  # (B, T, H, D) each
+        if ctx.query_scale is not None:
+            q = q * ctx.query_scale.to(q.dtype)  # (B, T, 1, 1): the logits of longer rows sharpened
+        return q, k, v
+
     def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:
         """The new tokens' hidden states (B, T, C) -> (B, T, C), attending as `ctx` says (kernel, mask, positions).
 
@@ -425,10 +479,47 @@ class SelfAttention(nn.Module):
         queries' (N, C).
         """
         kernel = ATTENTION_KERNELS[ctx.kernel]
-        qkv = ctx.to_attention(self.qkv(x), self.num_heads, self.head_size)  # (B, T, 3, H, D)
-        q, k, v = rotate_qkv(qkv, ctx.rotary if kernel.rotated else None, self.rotary_value)  # (B, T, H, D) each
-        if ctx.query_scale is not None:
-            q = q * ctx.query_scale.to(q.dtype)  # (B, T, 1, 1): the logits of longer rows sharpened
+        q, k, v = self.queries_keys_values(x, ctx, kernel)  # (B, T, H, D) each
         dropout_p = self.dropout if self.training else 0.0
         y = kernel.attend(ctx.queries_of(q), k, v, ctx, dropout_p)  # (B, T, H, D)
         return self.proj(ctx.from_attention(y))
+
+
+class CrossAttention(nn.Module):
+    """A decoder's attention to the encoder's states: queries from the decoder, keys and values from the encoder.
+
+    No position encoding (see `CrossContext`); the kernel is the one the plan put in `ctx.cross`. The keys and values
+    of the encoder's states are computed once per decode when there is a cache.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.head_size = config.head_size
+        self.dropout = config.attention_dropout
+        self.q = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
+        # keys and values read the same states: one fused projection
+        self.kv = nn.Linear(config.hidden_size, 2 * config.hidden_size, bias=config.use_bias)
+        self.proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
+
+    def keys_values(self, states: Tensor) -> tuple[Tensor, Tensor]:
+        """The encoder's states (B, S, C) -> keys and values (B, S, H, D) each."""
+        kv = self.kv(states).view(*states.shape[:2], 2, self.num_heads, self.head_size)  # (B, S, 2, H, D)
+        return kv[:, :, 0], kv[:, :, 1]
+
+    def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:
+        """The decoder's hidden states (B, T, C), or its real tokens (N, C) -> the same shape, attending as `ctx.cross`.
+
+        Raises:
+            ValueError: the forward was given no `encoder_states`.
+        """
+        if ctx.cross is None:
+            raise ValueError("a model with cross_attention needs the forward input encoder_states")
+        tokens = ctx.tokens  # the real tokens alone (N, C) (unpadded, or in segments), else None: the grid
+        q = self.q(x) if tokens is None else tokens.grid(self.q(x))  # (B, T, C)
+        B, T, C = q.shape
+        k, v = ctx.cross_keys_values(self.keys_values)  # (B, S, H, D) each
+        dropout_p = self.dropout if self.training else 0.0
+        q = q.view(B, T, self.num_heads, self.head_size)
+        y = ATTENTION_KERNELS[ctx.cross.kernel].attend(q, k, v, ctx, dropout_p).reshape(B, T, C)
+        return self.proj(y if tokens is None else tokens.take(y))

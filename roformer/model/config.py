@@ -113,6 +113,7 @@ ARCHITECTURE_NAMES = (
     "question_answering",
     "multiple_choice",
     "causal_lm",
+    "encoder_decoder",
 )
 # How a sentence vector is read from the last hidden states (roformer.model.model.pool_states)
 POOLINGS = ("cls", "mean", "pooler", "last")
@@ -197,6 +198,9 @@ class ModelConfig:
             decoder alone, logits = x E^T with the tied embeddings E).
         initializer: `bert` (normal(0, initializer_range)) or `v2` (RoFormerV2: truncated normal, std
             1.13684723 / sqrt(fan_in) x num_layers^-1/2; 1.13684723 undoes the truncation at 2 std).
+        cross_attention: Every block also attends to another sequence's states (an encoder's, given as the forward
+            input `encoder_states`) between its self-attention and its feed-forward layer: the decoder of an
+            encoder-decoder (`EncoderDecoderConfig` sets it). No position encoding enters cross-attention.
     """
 
     vocab_size: int = 30522
@@ -239,6 +243,7 @@ class ModelConfig:
     norm_type: Literal["layer_norm", "rms_norm"] = "layer_norm"
     mlm_head: Literal["transform", "bare"] = "transform"
     initializer: Literal["bert", "v2"] = "bert"
+    cross_attention: bool = False
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -394,3 +399,85 @@ class ModelConfig:
 def position_fields() -> tuple[str, ...]:
     """The names of the ModelConfig fields that make up the position encoding (metadata `POSITION`), in field order."""
     return tuple(f.name for f in dataclasses.fields(ModelConfig) if f.metadata.get("position", False))
+
+
+@dataclass
+class EncoderDecoderConfig:
+    """An encoder-decoder (translation, the paper's Table 1): an encoder and a decoder, each a `ModelConfig`.
+
+    The decoder is made a decoder here whatever its mapping says: causal self-attention (`attention_pattern:
+    causal`) and cross-attention to the encoder's last hidden states (`cross_attention: true`), as HF's
+    `EncoderDecoderModel` sets `is_decoder` and `add_cross_attention` on its decoder's config. The target's padding
+    id is the decoder's `pad_token_id`.
+
+    Attributes:
+        encoder: The encoder: bidirectional, no cross-attention.
+        decoder: The decoder (a causal LM over the target vocabulary); its output projection is its word embeddings
+            when `tie_word_embeddings` (as HF's RoFormerForCausalLM ties them).
+        share_embeddings: One word-embedding table for encoder and decoder (a joint vocabulary; with the decoder's
+            tied output projection, fairseq's `--share-all-embeddings`): the two vocabularies, embedding sizes and
+            padding ids must be equal.
+        decoder_start_token_id: The token every target starts from (HF's `decoder_start_token_id`); labels are
+            shifted right behind it when no decoder inputs are given. None: to be given where it is needed.
+        eos_token_id: The token that ends a target (decoding stops there). None: to be given where it is needed.
+    """
+
+    encoder: ModelConfig
+    decoder: ModelConfig
+    share_embeddings: bool = False
+    decoder_start_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if self.decoder.attention_pattern == "unilm":
+            raise ConfigError("decoder.attention_pattern must be causal (or bidirectional, made causal), not unilm")
+        if self.decoder.attention_pattern != "causal" or not self.decoder.cross_attention:
+            self.decoder = dataclasses.replace(self.decoder, attention_pattern="causal", cross_attention=True)
+        if self.encoder.cross_attention:
+            raise ConfigError("encoder.cross_attention must be false: the encoder attends to its own tokens only")
+        for name in ("decoder_start_token_id", "eos_token_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < self.decoder.vocab_size:
+                raise ConfigError(f"{name} ({value}) must be in [0, decoder.vocab_size={self.decoder.vocab_size})")
+        if self.share_embeddings:
+            for name in ("vocab_size", "embedding_dim", "pad_token_id"):
+                mine, theirs = getattr(self.encoder, name), getattr(self.decoder, name)
+                if mine != theirs:
+                    raise ConfigError(
+                        f"share_embeddings needs one vocabulary: encoder {name} {mine} != decoder {name} {theirs}"
+                    )
+
+    def replaced(self, **overrides: Any) -> EncoderDecoderConfig:
+        """This config with `overrides`: its own fields by name, a ModelConfig field (dropout...) on both halves.
+
+        Raises:
+            ConfigError: a name that is neither.
+        """
+        own = {f.name for f in dataclasses.fields(self)}
+        model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+        unknown = sorted(set(overrides) - own - model_fields)
+        if unknown:
+            raise ConfigError(f"unknown EncoderDecoderConfig or ModelConfig field '{unknown[0]}'")
+        halves = {k: v for k, v in overrides.items() if k not in own}
+        changed = {k: v for k, v in overrides.items() if k in own}
+        for half in ("encoder", "decoder"):
+            if halves:
+                changed[half] = dataclasses.replace(changed.get(half, getattr(self, half)), **halves)
+        return dataclasses.replace(self, **changed)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> EncoderDecoderConfig:
+        """Load a config from a YAML file (`encoder:` and `decoder:` mappings of ModelConfig fields, the rest)."""
+        data = read_yaml(path)
+        if isinstance(data, dict) and set(data) == {"model"}:
+            data = data["model"]
+        return from_dict(cls, data, source=str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of all fields, the halves as nested dicts (YAML-safe)."""
+        return dataclasses.asdict(self)
+
+    def to_yaml(self, path: str | Path) -> None:
+        """Write all fields to a YAML file."""
+        write_yaml(path, self.to_dict())

@@ -31,9 +31,18 @@ from roformer.model.layers import ACTIVATIONS, make_norm
 from roformer.model.masks import KVCache
 
 
-def token_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
-    """Mean cross-entropy of (..., V) logits against labels, positions labelled IGNORE_INDEX not scored."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+def token_cross_entropy(logits: Tensor, labels: Tensor, label_smoothing: float = 0.0) -> Tensor:
+    """Mean cross-entropy of (..., V) logits against labels, positions labelled IGNORE_INDEX not scored.
+
+    `label_smoothing` eps: the target is (1 - eps) on the label and eps / V on every token (torch's and HF's
+    `label_smoothing`, Szegedy et al. 2016).
+    """
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(),
+        labels.reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        label_smoothing=label_smoothing,
+    )
 
 
 def head_dropout(config: ModelConfig) -> Dropout:

@@ -1,9 +1,12 @@
 """Conversion to and from HF transformers' RoFormer and BERT, in both directions.
 
 One table of key patterns (`_BACKBONE_KEYS`, `_HEAD_KEYS`) serves both directions. HF's separate query/key/value
-projections become our fused `qkv`; HF RoFormer's sinusoidal table (`encoder.embed_positions`) is derived, not
-learned, so it is dropped on import and rebuilt on export. A BERT baseline with sinusoidal (or no) positions exports
-to HF BERT with the scaled table written into `position_embeddings`, exact up to `max_position_embeddings`.
+projections become our fused `qkv` (and a decoder's cross-attention key/value our fused `kv`); HF RoFormer's
+sinusoidal table (`encoder.embed_positions`) is derived, not learned, so it is dropped on import and rebuilt on
+export. A BERT baseline with sinusoidal (or no) positions exports to HF BERT with the scaled table written into
+`position_embeddings`, exact up to `max_position_embeddings`. HF's `EncoderDecoderModel` (a RoFormerModel or
+BertModel encoder, a RoFormerForCausalLM or BertLMHeadModel decoder with `add_cross_attention`) is our
+`EncoderDecoder`: each half converts as the single models do, `enc_to_dec_proj` is `encoder_projection`.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ from typing import Any
 
 import torch
 
-from roformer.errors import CheckpointError
-from roformer.model.config import ACTIVATION_NAMES, ModelConfig
+from roformer.errors import CheckpointError, ConfigError
+from roformer.model.config import ACTIVATION_NAMES, EncoderDecoderConfig, ModelConfig
 from roformer.model.hf_files import checkpoint_directory, read_hf_checkpoint, read_hf_config, read_hf_weights
-from roformer.model.model import ARCHITECTURES, Model, convert_rotary_layout
+from roformer.model.model import ARCHITECTURES, EncoderDecoder, Model, convert_rotary_layout
 from roformer.model.weights import load_weights, report_fresh
 
 logger = logging.getLogger(__name__)
@@ -44,6 +47,12 @@ _BACKBONE_KEYS = [
     ("encoder.layer.{i}.intermediate.dense.{p}", "layers.{i}.ffn_in.{p}"),
     ("encoder.layer.{i}.output.dense.{p}", "layers.{i}.ffn_out.{p}"),
     ("encoder.layer.{i}.output.LayerNorm.{p}", "layers.{i}.ffn_norm.{p}"),
+    # a decoder's cross-attention (`add_cross_attention`): key and value become our fused `kv`
+    ("encoder.layer.{i}.crossattention.self.query.{p}", "layers.{i}.cross.q.{p}"),
+    ("encoder.layer.{i}.crossattention.self.key.{p}", "layers.{i}.cross.k.{p}"),
+    ("encoder.layer.{i}.crossattention.self.value.{p}", "layers.{i}.cross.v.{p}"),
+    ("encoder.layer.{i}.crossattention.output.dense.{p}", "layers.{i}.cross.proj.{p}"),
+    ("encoder.layer.{i}.crossattention.output.LayerNorm.{p}", "layers.{i}.cross_norm.{p}"),
     ("pooler.dense.{p}", "pooler.{p}"),
 ]
 # Head keys per (family, architecture), relative to the model root.
@@ -87,6 +96,7 @@ _HF_CLASSES = {
     ("bert", "causal_lm"): "BertLMHeadModel",
 }
 _EXTRA_HF_IMPORTS = {"BertForPreTraining": ("bert", "masked_lm")}  # NSP head dropped, pooler kept
+_ENCODER_DECODER = "encoder-decoder"  # HF EncoderDecoderModel's model_type: our `encoder_decoder`
 _PREFIX = {"roformer": "roformer.", "bert": "bert."}
 
 
@@ -122,11 +132,15 @@ def from_hf(
     and RoFormer-Sim's UniLM decoding. V2 is recognised from `norm_type` / `use_bias` or, without them, from missing
     LayerNorm or bias tensors; it is never read as V1.
 
+    An HF `EncoderDecoderModel` (instance or directory) becomes our `EncoderDecoder` (`_encoder_decoder_from_hf`).
+
     Args:
-        source: A transformers `RoFormer*` / `Bert*` model instance (see `_HF_CLASSES`), or a path / hub name.
+        source: A transformers `RoFormer*` / `Bert*` model instance (see `_HF_CLASSES`) or `EncoderDecoderModel`,
+            or a path / hub name.
         architecture: The model to build (`backbone`, `masked_lm`, `sequence_classification`,
             `token_classification`, `question_answering`, `multiple_choice` or `causal_lm`); None = the checkpoint's
-            own. Another one keeps the backbone (and pooler) and initialises the new head.
+            own. Another one keeps the backbone (and pooler) and initialises the new head. An encoder-decoder
+            converts as `encoder_decoder` only.
         rotary_layout: `interleaved` (as HF) or `half`: q/k weights are permuted so that scores are unchanged.
         **overrides: ModelConfig fields to change (e.g. `num_labels=3`: a classifier saved with another count gets
             a fresh output layer; `attention_pattern="causal"`).
@@ -140,24 +154,113 @@ def from_hf(
     where = str(source) if isinstance(source, str | Path) else type(source).__name__
     if isinstance(source, str | Path):
         hf_config, state = read_hf_checkpoint(where)
+    else:
+        hf_config, state = source.config, source.state_dict()
+    if getattr(hf_config, "model_type", None) == _ENCODER_DECODER:
+        model = _encoder_decoder_from_hf(hf_config, state, architecture, overrides, where)
+        return (model if rotary_layout == "interleaved" else convert_rotary_layout(model, rotary_layout)).eval()
+    if isinstance(source, str | Path):
         family, arch = _checkpoint_kind(hf_config, state, where)
     else:
         family, arch = _hf_kind(source)
-        hf_config, state = source.config, source.state_dict()
         if _is_v2_config(hf_config):
             raise CheckpointError(
                 "this transformers model was built from a RoFormerV2 config (norm_type/use_bias): transformers gave "
                 "it LayerNorms and biases V2 does not have; convert the checkpoint directory instead"
             )
+    model = _converted(hf_config, state, family, arch)
+    model = _retargeted(model, architecture or arch, overrides, where)
+    if rotary_layout != model.config.rotary_layout:
+        model = convert_rotary_layout(model, rotary_layout)
+    return model.eval()
+
+
+def _converted(hf_config: Any, state: dict[str, torch.Tensor], family: str, arch: str) -> Model:
+    """Our model of architecture `arch` holding an HF RoFormer or BERT model's config and weights."""
     config = _config_from_hf(hf_config, family, arch, set(state))
     model = ARCHITECTURES[arch](config)
     missing, unexpected = model.load_state_dict(_state_from_hf(state, family, arch, config), strict=False)
     if missing or unexpected:
         raise CheckpointError(f"HF conversion left missing keys {missing[:5]} and unexpected keys {unexpected[:5]}")
-    model = _retargeted(model, architecture or arch, overrides, where)
-    if rotary_layout != model.config.rotary_layout:
-        model = convert_rotary_layout(model, rotary_layout)
-    return model.eval()
+    return model
+
+
+def _encoder_decoder_from_hf(
+    hf_config: Any, state: dict[str, torch.Tensor], architecture: str | None, overrides: dict[str, Any], where: str
+) -> EncoderDecoder:
+    """Our EncoderDecoder of an HF EncoderDecoderModel's config and weights: each half converted as its own model.
+
+    The top-level ids (`decoder_start_token_id`, `eos_token_id`, `pad_token_id`, else the decoder's) become the
+    config's; the target padding id is the decoder's `pad_token_id` (HF shifts labels and pads generated rows with
+    the top-level one). The two word tables stay two (HF has no embedding-only sharing).
+    """
+    if architecture not in (None, "encoder_decoder"):
+        raise CheckpointError(f"{where}: an HF EncoderDecoderModel converts as encoder_decoder, not {architecture}")
+    if getattr(hf_config, "tie_encoder_decoder", False):
+        raise CheckpointError(
+            f"{where}: tie_encoder_decoder (every encoder weight shared with the decoder) is not supported"
+        )
+    halves = {}
+    for name, arch in (("encoder", "backbone"), ("decoder", "causal_lm")):
+        half_config = getattr(hf_config, name)
+        family = half_config.model_type
+        if family not in _PREFIX:
+            raise CheckpointError(f"{where}: the {name} is {family!r}, not roformer or bert")
+        half_state = {k.removeprefix(f"{name}."): v for k, v in state.items() if k.startswith(f"{name}.")}
+        halves[name] = _converted(half_config, half_state, family, arch)
+    decoder = hf_config.decoder
+
+    def token(name: str) -> int | None:
+        value = getattr(hf_config, name, None)
+        return getattr(decoder, name, None) if value is None else value
+
+    pad = token("pad_token_id")
+    config = EncoderDecoderConfig(
+        encoder=halves["encoder"].config,
+        decoder=halves["decoder"].config if pad is None else replace(halves["decoder"].config, pad_token_id=pad),
+        decoder_start_token_id=token("decoder_start_token_id"),
+        eos_token_id=token("eos_token_id"),
+    )
+    model = EncoderDecoder(config)
+    ours = {f"{name}.{k}": v for name, half in halves.items() for k, v in half.state_dict().items()}
+    ours |= {
+        k.replace("enc_to_dec_proj.", "encoder_projection.", 1): v
+        for k, v in state.items()
+        if k.startswith("enc_to_dec_proj.")
+    }
+    _load_exactly(model, ours)
+    if overrides:  # dropout and the like: the same shapes, so every converted weight fits
+        new = EncoderDecoder(_with_overrides(config, overrides, where))
+        _load_exactly(new, model.state_dict())
+        model = new
+    return model
+
+
+def _with_overrides(config: EncoderDecoderConfig, overrides: dict[str, Any], where: str) -> EncoderDecoderConfig:
+    try:
+        return config.replaced(**overrides)
+    except ConfigError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+
+
+def _load_exactly(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load `state` into `model`: every key and shape must fit.
+
+    Raises:
+        CheckpointError: naming the first keys that do not.
+    """
+    own = model.state_dict()
+    misfits = [
+        f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}"
+        for k, v in state.items()
+        if k in own and v.shape != own[k].shape
+    ]
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if misfits or missing or unexpected:
+        raise CheckpointError(
+            f"HF conversion: missing {missing[:5]}, unexpected {unexpected[:5]}, shapes {misfits[:3]}"
+        )
+    model.load_state_dict(state)
 
 
 def _retargeted(model: Model, architecture: str, overrides: dict[str, Any], where: str) -> Model:
@@ -168,6 +271,7 @@ def _retargeted(model: Model, architecture: str, overrides: dict[str, Any], wher
     """
     if architecture not in ARCHITECTURES:
         raise CheckpointError(f"unknown architecture {architecture!r} (known: {', '.join(ARCHITECTURES)})")
+    _refuse_half_as_pair(architecture, where)
     if architecture == model.architecture and not overrides:
         return model
     unknown = [k for k in overrides if k not in model.config.to_dict()]
@@ -183,6 +287,18 @@ def _retargeted(model: Model, architecture: str, overrides: dict[str, Any], wher
     new.load_state_dict(kept, strict=False)
     report_fresh(where, architecture, [k for k in fits if k not in kept])  # as `load` says it of our classifiers
     return new
+
+
+def _refuse_half_as_pair(architecture: str, where: str) -> None:
+    """An encoder-decoder comes from HF's EncoderDecoderModel only, not from one RoFormer or BERT model.
+
+    Raises:
+        CheckpointError: `architecture` is encoder_decoder.
+    """
+    if architecture == "encoder_decoder":
+        raise CheckpointError(
+            f"{where}: one RoFormer or BERT model does not make an encoder_decoder (convert an HF EncoderDecoderModel)"
+        )
 
 
 def _check_only_the_output_layer_changes(model: Model, new: Model, overrides: dict[str, Any], where: str) -> None:
@@ -211,15 +327,40 @@ def _check_only_the_output_layer_changes(model: Model, new: Model, overrides: di
 def hf_model_config(path: str, architecture: str | None = None) -> ModelConfig:
     """Our ModelConfig of an HF checkpoint loaded as `architecture`, as `from_hf` gives it.
 
-    Read from config.json and the tensor names: a safetensors checkpoint's weights are not read.
+    Read from config.json and the tensor names: a safetensors checkpoint's weights are not read. An HF
+    EncoderDecoderModel's is its `EncoderDecoderConfig` (built with fresh weights here, not loaded).
     """
     directory = checkpoint_directory(path)
     hf_config, keys = read_hf_config(str(directory)), read_hf_weights(directory, names_only=True)
+    if getattr(hf_config, "model_type", None) == _ENCODER_DECODER:
+        if architecture not in (None, "encoder_decoder"):
+            raise CheckpointError(f"{path}: an HF EncoderDecoderModel converts as encoder_decoder, not {architecture}")
+        return _encoder_decoder_config_from_hf(hf_config, set(keys), path)
     family, arch = _checkpoint_kind(hf_config, keys, path)
     target = architecture or arch
     if target not in ARCHITECTURES:
         raise CheckpointError(f"unknown architecture {target!r} (known: {', '.join(ARCHITECTURES)})")
+    _refuse_half_as_pair(target, path)
     return ARCHITECTURES[target].adapt_config(_config_from_hf(hf_config, family, arch, set(keys)))
+
+
+def _encoder_decoder_config_from_hf(hf_config: Any, keys: set[str], where: str) -> EncoderDecoderConfig:
+    """The config `from_hf` gives an HF EncoderDecoderModel with tensors `keys`, without converting any weight."""
+    halves = {}
+    for name, arch in (("encoder", "backbone"), ("decoder", "causal_lm")):
+        half = getattr(hf_config, name)
+        if half.model_type not in _PREFIX:
+            raise CheckpointError(f"{where}: the {name} is {half.model_type!r}, not roformer or bert")
+        own = {k.removeprefix(f"{name}.") for k in keys if k.startswith(f"{name}.")}
+        halves[name] = _config_from_hf(half, half.model_type, arch, own)
+    pad = hf_config.pad_token_id if hf_config.pad_token_id is not None else hf_config.decoder.pad_token_id
+    eos = hf_config.eos_token_id if hf_config.eos_token_id is not None else hf_config.decoder.eos_token_id
+    return EncoderDecoderConfig(
+        encoder=halves["encoder"],
+        decoder=halves["decoder"] if pad is None else replace(halves["decoder"], pad_token_id=pad),
+        decoder_start_token_id=hf_config.decoder_start_token_id,
+        eos_token_id=eos,
+    )
 
 
 def _checkpoint_kind(hf_config: Any, state: dict[str, Any], path: str) -> tuple[str, str]:
@@ -280,8 +421,9 @@ def _v2_fields(c: Any, family: str, arch: str, keys: set[str]) -> dict[str, Any]
 
 def _config_from_hf(c: Any, family: str, arch: str, keys: set[str]) -> ModelConfig:
     """Our ModelConfig for an HF/JunnYu config and the names of its tensors (which say whether there is a pooler)."""
-    if getattr(c, "add_cross_attention", False):
-        raise CheckpointError("cross-attention (an encoder-decoder's decoder) is not supported")
+    cross_attention = bool(getattr(c, "add_cross_attention", False))
+    if cross_attention and not getattr(c, "is_decoder", False):
+        raise CheckpointError("add_cross_attention without is_decoder: HF builds such a model only as a decoder")
     if arch == "question_answering" and c.num_labels != 2:
         raise CheckpointError(f"a question-answering head has a start and an end output, this one {c.num_labels}")
     if not isinstance(c.hidden_act, str) or c.hidden_act not in ACTIVATION_NAMES:
@@ -326,6 +468,7 @@ def _config_from_hf(c: Any, family: str, arch: str, keys: set[str]) -> ModelConf
         pooler_activation=pooler_activation,
         attention_pattern="unilm" if unilm else "causal" if decoder else "bidirectional",
         **_v2_fields(c, family, arch, keys),
+        cross_attention=cross_attention,
     )
 
 
@@ -350,15 +493,19 @@ def _state_from_hf(hf_state: dict[str, torch.Tensor], family: str, arch: str, co
 
 
 def _fuse_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF's query, key, value -> our fused `attn.qkv`; a cross-attention's key, value -> our fused `cross.kv`."""
     fused = {}
     for key, value in state.items():
-        match = re.match(r"(.*\.attn\.)([qkv])\.(\w+)$", key)
+        match = re.match(r"(.*\.(?:attn|cross)\.)([qkv])\.(\w+)$", key)
         if match is None:
             fused[key] = value
-        elif match.group(2) == "q":
-            root, param = match.group(1), match.group(3)
-            parts = [state[f"{root}{n}.{param}"] for n in "qkv"]
-            fused[f"{root}qkv.{param}"] = torch.cat(parts, dim=0)
+            continue
+        root, name, param = match.groups()
+        names = "qkv" if root.endswith(".attn.") else "kv"
+        if name == names[0]:
+            fused[f"{root}{names}.{param}"] = torch.cat([state[f"{root}{n}.{param}"] for n in names], dim=0)
+        elif name == "q":  # cross-attention's own query
+            fused[key] = value
     return fused
 
 
@@ -381,6 +528,8 @@ def to_hf(model: Model) -> Any:
     """
     import transformers
 
+    if isinstance(model, EncoderDecoder):
+        return _encoder_decoder_to_hf(model)
     config = model.config
     if config.rotary_layout != "interleaved":
         model = convert_rotary_layout(model, "interleaved")
@@ -417,6 +566,36 @@ def to_hf(model: Model) -> Any:
         logger.warning("HF %s has no pooler: %s not exported", type(hf_model).__name__, ", ".join(dropped))
     if family == "roformer" and hf_config.is_decoder:
         _warn_if_hf_decoder_is_not_causal(transformers.__version__)
+    return hf_model.eval()
+
+
+def _encoder_decoder_to_hf(model: EncoderDecoder) -> Any:
+    """HF's EncoderDecoderModel of our EncoderDecoder: each half exported as its own model, then put together.
+
+    A shared word table is written twice (HF has no embedding-only sharing; the outputs are the same).
+    """
+    import transformers
+
+    encoder, decoder = to_hf(model.encoder), to_hf(model.decoder)
+    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(encoder.config, decoder.config)
+    config.decoder_start_token_id = model.config.decoder_start_token_id
+    config.eos_token_id = model.config.eos_token_id
+    config.pad_token_id = model.config.decoder.pad_token_id
+    state = {
+        f"{name}.{k}": v
+        for name, half in (("encoder", encoder), ("decoder", decoder))
+        for k, v in half.state_dict().items()
+    }
+    if model.encoder_projection is not None:
+        state |= {f"enc_to_dec_proj.{k}": v.detach().clone() for k, v in model.encoder_projection.state_dict().items()}
+    hf_model = transformers.EncoderDecoderModel(config=config)
+    # HF builds its BERT encoder with a pooler: without one of ours it keeps HF's (unused by the decoder)
+    missing, unexpected = hf_model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith("encoder.pooler.")]
+    if missing or unexpected:
+        raise CheckpointError(f"HF export left missing keys {missing[:5]} and unexpected keys {unexpected[:5]}")
+    for name in ("decoder_start_token_id", "eos_token_id", "pad_token_id"):
+        setattr(hf_model.generation_config, name, getattr(config, name))
     return hf_model.eval()
 
 
@@ -467,7 +646,10 @@ def _config_to_hf(config: ModelConfig, family: str, arch: str) -> Any:
             "learned and none export"
         )
     _check_v1(config, family)
+    if config.cross_attention and config.attention_pattern != "causal":
+        raise CheckpointError("HF has cross-attention in causal decoders only (is_decoder): attention_pattern causal")
     common["is_decoder"] = config.attention_pattern == "causal"
+    common["add_cross_attention"] = config.cross_attention
     summarises = arch in ("sequence_classification", "multiple_choice")  # heads that summarise a sequence
     if family == "roformer":
         if summarises and config.classifier_head != "mlp":
@@ -508,14 +690,16 @@ def _check_v1(config: ModelConfig, family: str) -> None:
 
 
 def _split_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our fused `attn.qkv` and `cross.kv` -> HF's separate projections."""
     split = {}
     for key, value in state.items():
-        match = re.match(r"(.*\.attn\.)qkv\.(\w+)$", key)
+        match = re.match(r"(.*\.(?:attn\.qkv|cross\.kv))\.(\w+)$", key)
         if match is None:
             split[key] = value
             continue
-        for name, part in zip("qkv", value.chunk(3, dim=0), strict=True):
-            split[f"{match.group(1)}{name}.{match.group(2)}"] = part
+        root, names = match.group(1).rsplit(".", 1)
+        for name, part in zip(names, value.chunk(len(names), dim=0), strict=True):
+            split[f"{root}.{name}.{match.group(2)}"] = part
     return split
 
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from roformer.model.attention import AttentionContext, SelfAttention
+from roformer.model.attention import AttentionContext, CrossAttention, SelfAttention
 from roformer.model.config import ModelConfig
 from roformer.model.dropout import Dropout
 from roformer.model.layouts import RealTokens
@@ -168,12 +168,18 @@ class Embeddings(nn.Module):
 
 
 class Block(nn.Module):
-    """Post-LN transformer block (BERT): x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+    """Post-LN transformer block (BERT): x = LN(x + Attn(x)); x = LN(x + FFN(x)).
+
+    With `cross_attention` (a decoder of an encoder-decoder), x = LN(x + CrossAttn(x, encoder states)) between the
+    two, as HF's decoder layer (`add_cross_attention`) and the Transformer's decoder (Vaswani et al. fig. 1).
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.attn = SelfAttention(config)
         self.attn_norm = make_norm(config, config.hidden_size)
+        self.cross = CrossAttention(config) if config.cross_attention else None
+        self.cross_norm = make_norm(config, config.hidden_size) if config.cross_attention else None
         self.ffn_in = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.use_bias)
         self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
         self.ffn_norm = make_norm(config, config.hidden_size)
@@ -188,4 +194,6 @@ class Block(nn.Module):
         """
         h = x if ctx.queries is None else ctx.queries.take(x)  # the residual stream of the tokens computed
         h = self.attn_norm(h + self.dropout(self.attn(x, ctx)))
+        if self.cross is not None:
+            h = self.cross_norm(h + self.dropout(self.cross(h, ctx)))
         return self.ffn_norm(h + self.dropout(self.ffn_out(self.act(self.ffn_in(h)))))

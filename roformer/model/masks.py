@@ -3,10 +3,12 @@
 `self_attention_mask` builds the one mask a forward's attention over the (B, T) grid reads (padding, the attention
 pattern: bidirectional, causal or UniLM, and packed documents' block diagonal); `KVCache` is a decoder's memory of
 every earlier position's keys and values, with the per-slot padding, ranks and positions the mask and the relative
-encodings read.
+encodings read, and, for an encoder-decoder's decoder, each layer's keys and values of the encoder's states.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -19,6 +21,9 @@ class KVCache:
     its own position alone), so nothing is recomputed. Each layer's tensors are (B, H, capacity, D), allocated at
     the first write and doubled when full; `length` slots are filled. Beside them, per slot: whether it is a real
     token (the padding mask) and its attention rank (see `attention_ranks`), which later queries are masked by.
+
+    A decoder with cross-attention also keeps each layer's keys and values of the encoder's states (B, S, H, D):
+    projected at the first step, read at every later one (`cross_keys_values`).
     """
 
     def __init__(self, capacity: int = 0) -> None:
@@ -29,6 +34,8 @@ class KVCache:
         self.keep: Tensor | None = None  # (B, capacity) bool: a real token
         self.ranks: Tensor | None = None  # (B, capacity) long: attention rank
         self.positions: Tensor | None = None  # (B, capacity) long: position (relative encodings read it)
+        self.cross_keys: list[Tensor] = []  # per layer (B, S, H, D): the encoder's states projected, once
+        self.cross_values: list[Tensor] = []
 
     def last_rank(self) -> Tensor | int:
         """(B, 1) rank of the last filled slot (0 when empty)."""
@@ -68,6 +75,30 @@ class KVCache:
         self.keys[layer][:, :, start : self.length] = k
         self.values[layer][:, :, start : self.length] = v
         return self.keys[layer][:, :, : self.length], self.values[layer][:, :, : self.length]
+
+    def cross_keys_values(self, layer: int, project: Callable[[], tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+        """Layer `layer`'s cross-attention keys and values (B, S, H, D): `project()`ed at its first call, then kept.
+
+        The encoder's states do not change while a target is decoded, so neither do their keys and values.
+        """
+        if layer == len(self.cross_keys):
+            k, v = project()
+            self.cross_keys.append(k)
+            self.cross_values.append(v)
+        return self.cross_keys[layer], self.cross_values[layer]
+
+    def reorder(self, rows: Tensor) -> None:
+        """Keep the self-attention slots of rows `rows` (B,) in that order: beam search's beams, each from its parent.
+
+        The encoder's keys and values are left as they are: beam search moves a beam only among the beams of its own
+        source, which share them.
+        """
+        self.keys = [k.index_select(0, rows) for k in self.keys]
+        self.values = [v.index_select(0, rows) for v in self.values]
+        for name in ("keep", "ranks", "positions"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, value.index_select(0, rows))
 
 
 def _grown(old: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, dim: int) -> Tensor:

@@ -4,8 +4,10 @@ One post-LN encoder whose position encoding the config chooses (`rotary`, `sinus
 `t5_bias`, `alibi` or `none`: `roformer.model.positions`), with the heads of HF RoFormer/BERT on top, one class per
 architecture: `backbone` (Backbone, no head), `masked_lm` (MaskedLM), `sequence_classification`
 (SequenceClassifier), `token_classification` (TokenClassifier), `question_answering` (QuestionAnswering),
-`multiple_choice` (MultipleChoice) and `causal_lm` (CausalLM, a decoder). The rooms below hold them: the backbone and
-the base class in `roformer.model.backbone`, the heads in `roformer.model.heads`, the forward plan in
+`multiple_choice` (MultipleChoice) and `causal_lm` (CausalLM, a decoder); and `encoder_decoder` (EncoderDecoder:
+translation, an encoder and a decoder with cross-attention). The rooms below hold them: the backbone and
+the base class in `roformer.model.backbone`, the heads in `roformer.model.heads`, the encoder-decoder in
+`roformer.model.seq2seq` (its decoding in `roformer.model.beam`), the forward plan in
 `roformer.model.plan`, attention in `roformer.model.attention`; every name a user imports from here is here still
 (`__all__`). A saved model directory is read through `roformer.model.weights`. Plain PyTorch: no training, logging or
 distributed code lives here.
@@ -23,9 +25,10 @@ from typing import Any
 
 import torch
 
+from roformer.errors import CheckpointError
 from roformer.model.attention import ForwardInputs
 from roformer.model.backbone import Backbone, Model, ModelOutput, pool_states
-from roformer.model.config import ARCHITECTURE_NAMES
+from roformer.model.config import ARCHITECTURE_NAMES, EncoderDecoderConfig
 from roformer.model.heads import (
     IGNORE_INDEX,
     CausalLM,
@@ -37,6 +40,7 @@ from roformer.model.heads import (
     TokenClassifier,
     token_cross_entropy,
 )
+from roformer.model.seq2seq import EncoderDecoder, Seq2SeqOutput
 from roformer.model.weights import load_weights, read_model_config, read_model_dir
 
 __all__ = [
@@ -44,6 +48,7 @@ __all__ = [
     "IGNORE_INDEX",
     "Backbone",
     "CausalLM",
+    "EncoderDecoder",
     "ForwardInputs",
     "LanguageModel",
     "MaskedLM",
@@ -51,6 +56,7 @@ __all__ = [
     "ModelOutput",
     "MultipleChoice",
     "QuestionAnswering",
+    "Seq2SeqOutput",
     "SequenceClassifier",
     "TokenClassifier",
     "convert_rotary_layout",
@@ -63,7 +69,16 @@ __all__ = [
 
 ARCHITECTURES: dict[str, type[Model]] = {
     cls.architecture: cls
-    for cls in (Backbone, MaskedLM, SequenceClassifier, TokenClassifier, QuestionAnswering, MultipleChoice, CausalLM)
+    for cls in (
+        Backbone,
+        MaskedLM,
+        SequenceClassifier,
+        TokenClassifier,
+        QuestionAnswering,
+        MultipleChoice,
+        CausalLM,
+        EncoderDecoder,
+    )
 }
 assert tuple(ARCHITECTURES) == ARCHITECTURE_NAMES
 
@@ -79,8 +94,9 @@ def load(
     Args:
         directory: The model directory (e.g. a pretraining run's `final/`).
         architecture: `backbone`, `masked_lm`, `sequence_classification`, `token_classification`,
-            `question_answering`, `multiple_choice` or `causal_lm`; None = the saved one. A different one keeps the
-            backbone weights and initialises the new head (logged).
+            `question_answering`, `multiple_choice`, `causal_lm` or `encoder_decoder`; None = the saved one. A
+            different one keeps the backbone weights and initialises the new head (logged); an encoder-decoder loads
+            as itself only.
         device: Where to put the weights.
         **config_overrides: ModelConfig fields to change, e.g. `num_labels=3`, `hidden_dropout=0.0`. A classifier
             saved with another `num_labels` gets a fresh output layer (logged; the rest of its head is kept). Other
@@ -96,6 +112,13 @@ def load(
     overrides = dict(config_overrides)
     layout = overrides.pop("rotary_layout", None)  # the weights are in the saved layout: loaded so, then permuted
     saved, architecture, config, state = read_model_dir(directory, architecture, overrides)
+    if "encoder_decoder" in (saved, architecture) and saved != architecture:
+        raise CheckpointError(f"{directory}: a {saved} model cannot be loaded as {architecture}")
+    if isinstance(config, EncoderDecoderConfig):
+        model = EncoderDecoder(config)
+        load_weights(model, state, saved, Path(directory))
+        model = model if layout is None else convert_rotary_layout(model, layout)
+        return model.to(device).eval()
     rotary = config.position_encoding == "rotary"
     if layout is not None and not rotary:
         config = replace(config, rotary_layout=layout)  # no weight depends on it
@@ -125,8 +148,11 @@ def convert_rotary_layout(model: Model, layout: str) -> Model:
 
     Only the rotated features of a head (`rotary_dim`) are permuted; the others keep their place.
 
-    With `rotary_value` the values are rotated too, so the output projection's input columns are permuted back.
+    With `rotary_value` the values are rotated too, so the output projection's input columns are permuted back. An
+    encoder-decoder's rotary halves are permuted, the others only relabelled.
     """
+    if isinstance(model, EncoderDecoder):
+        return _encoder_decoder_layout(model, layout)
     config = model.config
     if config.position_encoding != "rotary":
         raise ValueError("rotary layouts only apply to position_encoding: rotary")
@@ -150,5 +176,28 @@ def convert_rotary_layout(model: Model, layout: str) -> Model:
             value = value[:, per_head]
         state[key] = value.clone()
     new = type(model)(replace(config, rotary_layout=layout))
+    new.load_state_dict(state)
+    return new.train(model.training)
+
+
+def _encoder_decoder_layout(model: EncoderDecoder, layout: str) -> EncoderDecoder:
+    """`convert_rotary_layout` of an encoder-decoder: each rotary half permuted, the whole rebuilt (shared tables kept).
+
+    Raises:
+        ValueError: neither half has rotary positions.
+    """
+    halves = {"encoder": model.encoder, "decoder": model.decoder}
+    if all(h.config.position_encoding != "rotary" for h in halves.values()):
+        raise ValueError("rotary layouts only apply to position_encoding: rotary")
+    if all(h.config.rotary_layout == layout for h in halves.values()):
+        return model
+    state, configs = {}, {}
+    for name, half in halves.items():
+        if half.config.position_encoding == "rotary":
+            half = convert_rotary_layout(half, layout)
+        configs[name] = replace(half.config, rotary_layout=layout)
+        state |= {f"{name}.{k}": v for k, v in half.state_dict().items()}
+    state |= {k: v for k, v in model.state_dict().items() if k.startswith("encoder_projection.")}
+    new = EncoderDecoder(replace(model.config, **configs))
     new.load_state_dict(state)
     return new.train(model.training)

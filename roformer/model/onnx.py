@@ -62,8 +62,11 @@ def export_onnx(model: Model, path: str | Path, max_length: int | None = None, o
         The path written.
 
     Raises:
-        CheckpointError: a length the model cannot take (beyond a learned table).
+        CheckpointError: a length the model cannot take (beyond a learned table); an encoder-decoder (its two
+            inputs and its decoding loop are not this graph's).
     """
+    if model.architecture == "encoder_decoder":
+        raise CheckpointError("ONNX export of an encoder_decoder is not supported (export the encoder as a backbone)")
     config = model.config
     max_length = max_length or config.max_position_embeddings
     if max_length < 2:

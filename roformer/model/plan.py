@@ -22,7 +22,15 @@ The blocks' kernel is the first of these whose condition holds:
 
 `blocks_kernel` decides what the model, device and dtype decide (every row above but the batch's segments), so it can
 be asked about a GPU on a CPU. The masked-only last block computes its queries alone where attention over the grid is
-`sdpa`, bidirectional and without a cache; elsewhere the whole grid is computed and the positions taken from it.
+`sdpa`, bidirectional and without a cache or cross-attention; elsewhere the whole grid is computed and the positions
+taken from it.
+
+A model with `cross_attention` (an encoder-decoder's decoder) also attends, in every block, to the forward input
+`encoder_states` with the kernel
+
+    cross     softmax over the encoder's states, their padding (`encoder_mask`) never attended, no position terms
+
+and the plan puts what it reads (`CrossContext`) into every block's context, whatever the blocks' own layout.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from roformer.model.attention import AttentionContext, ForwardInputs, varlen_kernel_available
+from roformer.model.attention import AttentionContext, CrossContext, ForwardInputs, varlen_kernel_available
 from roformer.model.config import ModelConfig
 from roformer.model.layouts import QuerySubset, RealTokens, Segments, document_index, document_positions
 from roformer.model.masks import self_attention_mask
@@ -172,9 +180,11 @@ def plan_forward(
 
     Raises:
         TypeError: a key that is not one of `ForwardInputs`.
-        ValueError: `queries` with `output_hidden_states`; `document_ids` with a cache.
+        ValueError: `queries` with `output_hidden_states`; `document_ids` with a cache or encoder states; encoder
+            states for a model without cross-attention, or none for one with it.
     """
     inputs = resolved_inputs(input_ids, inputs)
+    cross = cross_context(config, inputs)
     if queries is not None and inputs.get("output_hidden_states"):
         raise ValueError("queries gives the last hidden states at some positions: not with output_hidden_states")
     cache, document_ids = inputs.get("cache"), inputs.get("document_ids")
@@ -183,16 +193,47 @@ def plan_forward(
     )
     segments = batch_segments(input_ids, attention_mask, document_ids, unpadding) if kernel == "varlen" else None
     tokens = real_tokens(attention_mask, unpadding, cache is not None) if segments is None else segments.tokens
-    blocks = None if segments is None else segments_context(positions, segments, inputs, input_ids.shape)
+    blocks = None if segments is None else segments_context(positions, segments, inputs, input_ids.shape, cross)
     grid = None  # attention over the grid: every block's, or the masked-only last one's
     over_grid = grid_kernel(config, positions)
     if blocks is None or queries is not None:
-        grid = grid_context(config, positions, input_ids, attention_mask, token_type_ids, inputs, tokens, over_grid)
+        grid = grid_context(
+            config, positions, input_ids, attention_mask, token_type_ids, inputs, tokens, over_grid, cross
+        )
     last = None
-    if queries is not None and over_grid == "sdpa" and config.attention_pattern == "bidirectional" and cache is None:
+    alone = over_grid == "sdpa" and config.attention_pattern == "bidirectional" and cache is None and cross is None
+    if queries is not None and alone:  # the last block computes the queries alone
         subset = QuerySubset.of(queries, input_ids.shape)
         last = replace(grid, tokens=None, queries=subset, mask=subset.mask_rows(grid.mask))  # every token a key
     return ForwardPlan(inputs, blocks if blocks is not None else grid, last, queries)
+
+
+def cross_context(config: ModelConfig, inputs: ForwardInputs) -> CrossContext | None:
+    """What cross-attention reads (the encoder's states, their padding mask), or None for a model without it.
+
+    A source of padding only attends to all of its tokens (as `self_attention_mask` treats such a row): no softmax
+    row of -inf.
+
+    Raises:
+        ValueError: encoder inputs for a model without `cross_attention`, no `encoder_states` for one with it, a
+            mask that does not fit the states, or `document_ids` (packed documents would share one row's source).
+    """
+    states, mask = inputs.get("encoder_states"), inputs.get("encoder_mask")
+    if not config.cross_attention:
+        if states is not None or mask is not None:
+            raise ValueError("encoder_states / encoder_mask are for a model with cross_attention; this one has none")
+        return None
+    if states is None:
+        raise ValueError("a model with cross_attention needs the forward input encoder_states (B, S, C)")
+    if inputs.get("document_ids") is not None:
+        raise ValueError("document_ids cannot be combined with encoder_states (each row has one source)")
+    if mask is None:
+        return CrossContext(states)
+    if mask.shape != states.shape[:2]:
+        raise ValueError(f"encoder_mask {tuple(mask.shape)} does not fit encoder_states {tuple(states.shape)}")
+    keep = mask.bool()
+    keep = keep | ~keep.any(dim=1, keepdim=True)  # (B, S)
+    return CrossContext(states, keep[:, None, None, :])
 
 
 def resolved_inputs(input_ids: Tensor, inputs: ForwardInputs) -> ForwardInputs:
@@ -251,6 +292,7 @@ def grid_context(
     inputs: ForwardInputs,
     tokens: RealTokens | None,
     kernel: str,
+    cross: CrossContext | None = None,
 ) -> AttentionContext:
     """What attention over the (B, T) grid reads: the mask (padding, pattern, documents) and the position terms."""
     B, T = input_ids.shape
@@ -284,6 +326,7 @@ def grid_context(
         documents=documents,
         inputs=inputs,
         query_scale=scale,
+        cross=cross,
     )
 
 
@@ -311,7 +354,11 @@ def log_length_scale(
 
 
 def segments_context(
-    positions: AttentionPositions | None, segments: Segments, inputs: ForwardInputs, shape: tuple[int, int]
+    positions: AttentionPositions | None,
+    segments: Segments,
+    inputs: ForwardInputs,
+    shape: tuple[int, int],
+    cross: CrossContext | None = None,
 ) -> AttentionContext:
     """What the blocks read under the variable-length kernel: the real tokens, rotated at their positions (1, N).
 
@@ -324,4 +371,6 @@ def segments_context(
         if position_ids is None:
             position_ids = torch.arange(T, device=segments.starts.device).expand(B, T)
         rotary = positions.terms(None, tokens.take(position_ids)[None], None, T, position_ids.device).rotary
-    return AttentionContext(rotary=rotary, kernel="varlen", tokens=tokens, segments=segments, inputs=inputs)
+    return AttentionContext(
+        rotary=rotary, kernel="varlen", tokens=tokens, segments=segments, inputs=inputs, cross=cross
+    )

@@ -14,7 +14,7 @@ from typing import Any
 from roformer.errors import CheckpointError, ConfigError, UserError
 from roformer.model.config import ModelConfig
 from roformer.model.hf import from_hf, hf_model_config
-from roformer.model.model import Model, convert_rotary_layout, load
+from roformer.model.model import EncoderDecoder, Model, convert_rotary_layout, load
 from roformer.model.weights import MODEL_CONFIG_FILE, WEIGHTS_FILE, read_model_config
 
 
@@ -48,7 +48,8 @@ def load_pretrained(source: str | Path, architecture: str, num_labels: int | Non
     Args:
         source: A roformer model directory, an HF `save_pretrained` directory, or an HF hub name.
         architecture: `backbone`, `masked_lm`, `sequence_classification`, `token_classification`,
-            `question_answering`, `multiple_choice` or `causal_lm`.
+            `question_answering`, `multiple_choice` or `causal_lm`; or `encoder_decoder` from an encoder-decoder
+            (ours, or HF's EncoderDecoderModel) only.
         num_labels: Outputs of a classifier; a classifier (ours or HF) saved with another count gets a fresh output
             layer, logged in one line.
         **overrides: ModelConfig fields to change (dropout, ...); they must keep the parameter shapes.
@@ -78,7 +79,10 @@ def load_weights_from(model: Model, source: str | Path) -> None:
         UserError: no model at `source`, or its shapes differ from `model`'s.
     """
     pretrained = load_pretrained(source, model.architecture)
-    if model.config.position_encoding == "rotary" == pretrained.config.position_encoding:
+    if isinstance(model, EncoderDecoder):  # its halves' layout (one for both, as load(rotary_layout=...) gives)
+        if "rotary" in (pretrained.config.encoder.position_encoding, pretrained.config.decoder.position_encoding):
+            pretrained = convert_rotary_layout(pretrained, model.config.encoder.rotary_layout)
+    elif model.config.position_encoding == "rotary" == pretrained.config.position_encoding:
         # the saved q/k rows follow the saved layout: permuted into the model's, as load(rotary_layout=...) does
         pretrained = convert_rotary_layout(pretrained, model.config.rotary_layout)
     try:

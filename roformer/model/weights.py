@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from roformer.config import from_dict, read_yaml, write_yaml
 from roformer.errors import CheckpointError, ConfigError
 from roformer.files import atomic_write, verify_manifest, write_manifest
-from roformer.model.config import ARCHITECTURE_NAMES, ModelConfig
+from roformer.model.config import ARCHITECTURE_NAMES, EncoderDecoderConfig, ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def save_model(model: Any, directory: str | Path) -> None:
 
 
 def read_model_config(directory: str | Path) -> tuple[str, ModelConfig]:
-    """Architecture name and ModelConfig of a saved model directory.
+    """Architecture name and ModelConfig of a saved model directory (an `EncoderDecoderConfig` for encoder_decoder).
 
     Raises:
         CheckpointError: the directory or its `model.yaml` is missing or invalid.
@@ -76,7 +76,8 @@ def _read_meta(directory: Path) -> tuple[dict[str, Any], str, ModelConfig]:
         architecture = meta["architecture"]
         if architecture not in ARCHITECTURE_NAMES:
             raise ConfigError(f"{path}: unknown architecture {architecture!r} (known: {', '.join(ARCHITECTURE_NAMES)})")
-        config = from_dict(ModelConfig, meta["config"], source=str(path), prefix="config.")
+        config_class = EncoderDecoderConfig if architecture == "encoder_decoder" else ModelConfig
+        config = from_dict(config_class, meta["config"], source=str(path), prefix="config.")
     except ConfigError as e:
         raise CheckpointError(str(e)) from None
     return meta, architecture, config
@@ -196,6 +197,11 @@ def _head_misfits(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> lis
 
 
 def _override(config: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
+    if isinstance(config, EncoderDecoderConfig):  # its own fields, or a ModelConfig field on both halves
+        try:
+            return config.replaced(**overrides)
+        except ConfigError as e:
+            raise ConfigError(f"model config override: {e}") from None
     fields = config.to_dict()
     for key in overrides:
         if key not in fields:

@@ -12,9 +12,9 @@ every seed with its 95% Wilson interval over the split's answers, the mean over 
 steps to reach a target dev accuracy (`target`, 0.9: at the trained lengths, the paper's "faster convergence" in its
 purest form), and the seconds each run trained. `summary.md` and `summary.json` hold the tables, `generalization.png`
 the accuracy against test length (a panel per task, a line per arm, interval bands, the chance line), and
-`attention-distance/<task>-<arm>.json` and `.png` the first seed's mean pre-softmax logit and attention weight against
-the distance |m - n| per layer (roformer.study.decay), on 32 rows of its task's `test_2x` split (else its longest) at positions
-0..T-1, beside the paper's bound.
+`attention-distance/<task>-<arm>.json` and `.png` the first seed's mean pre-softmax logit and attention weight
+against the distance |m - n| per layer (roformer.study.decay), on 32 rows of its task's `test_2x` split (else its
+longest) at positions 0..T-1, beside the paper's bound.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ ENCODINGS = get_args(PositionEncoding)
 # Every head with rotary; every other encoding under an encoder head and the multiple-choice head (whose padded
 # choices are rows of padding only); the encodings that add to the mask under a decoder (its mask is built apart).
 CASES = (
-    [(arch, "rotary") for arch in ARCHITECTURES]
+    [(arch, "rotary") for arch in ARCHITECTURES if arch != "encoder_decoder"]  # refused: test_seq2seq.py
     + [(arch, encoding) for arch in ("masked_lm", "multiple_choice") for encoding in ENCODINGS if encoding != "rotary"]
     + [("causal_lm", encoding) for encoding in ("shaw", "t5_bias", "alibi")]
 )

@@ -24,14 +24,23 @@ from roformer.model.terms import PositionTerms
 # --- every ForwardInputs field reaches the attention context, through every head -------------------------------------
 
 
+# The single-backbone models, whose forward takes `**inputs: Unpack[ForwardInputs]` (the encoder-decoder hands its
+# encoder's states to its decoder as two of them: tests/unit/test_seq2seq.py)
+HEADS = [name for name in ARCHITECTURES if name != "encoder_decoder"]
+ENCODER_INPUTS = ("encoder_states", "encoder_mask")  # read by a model with cross_attention, given together
+
+
 def given_inputs(batch: dict[str, torch.Tensor]) -> dict[str, object]:
     """A value of every ForwardInputs field for `batch`, each one that a default could not be mistaken for."""
     B, T = batch["input_ids"].shape
+    S = 5  # the encoder's length
     return {
         "position_ids": torch.arange(T).expand(B, T) + 3,
         "document_ids": (torch.arange(T) >= T // 2).long().expand(B, T) + 7,
         "output_hidden_states": True,
         "cache": KVCache(),
+        "encoder_states": torch.randn(B, S, 32, generator=torch.Generator().manual_seed(5)),
+        "encoder_mask": (torch.arange(S) < torch.arange(S, S - B, -1)[:, None]).long(),  # (B, S), padded rows
     }
 
 
@@ -41,33 +50,57 @@ def test_the_guard_covers_every_forward_input() -> None:
 
 
 @pytest.mark.parametrize("field", sorted(ForwardInputs.__optional_keys__))
-@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
+@pytest.mark.parametrize("architecture", HEADS)
 def test_every_forward_input_reaches_the_attention_context(
     architecture: str, field: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen = []
     forward = SelfAttention.forward
     monkeypatch.setattr(SelfAttention, "forward", lambda self, x, ctx: seen.append(ctx) or forward(self, x, ctx))
-    model = ARCHITECTURES[architecture](tiny_config(num_labels=2)).eval()
+    cross = field in ENCODER_INPUTS  # a model that reads them, given both
+    model = ARCHITECTURES[architecture](tiny_config(num_labels=2, cross_attention=cross)).eval()
     batch = padded_batch()
-    value = given_inputs(batch)[field]
-    expected = value
+    given = given_inputs(batch)
+    inputs = {name: given[name] for name in (ENCODER_INPUTS if cross else (field,))}
+    expected = inputs[field]
     if architecture == "multiple_choice":  # K = 2 choices of each row; the choices reach attention as rows
         batch = {name: t[:, None].expand(-1, 2, -1) for name, t in batch.items()}
-        if isinstance(value, torch.Tensor):
-            value = value[:, None].expand(-1, 2, -1)
-            expected = value.reshape(-1, value.shape[-1])
+        inputs = {
+            name: v[:, None].expand(-1, 2, *v.shape[1:]) if isinstance(v, torch.Tensor) else v
+            for name, v in inputs.items()
+        }
+        if isinstance(expected, torch.Tensor):
+            expected = inputs[field].reshape(-1, *inputs[field].shape[2:])
     with torch.no_grad():
-        model(**batch, **{field: value})
+        model(**batch, **inputs)
     assert len(seen) == model.config.num_layers  # every block's attention
     for ctx in seen:
         got = ctx.inputs[field]
         assert torch.equal(got, expected) if isinstance(expected, torch.Tensor) else got is expected, (ctx.index, field)
     if field == "cache":
-        assert all(ctx.cache is value for ctx in seen) and value.length == batch["input_ids"].shape[-1]
+        assert all(ctx.cache is expected for ctx in seen) and expected.length == batch["input_ids"].shape[-1]
+    if cross:  # the plan's cross-attention context in every layer: the states, and the mask as (B, 1, 1, S)
+        assert all(torch.equal(ctx.cross.states, ctx.inputs["encoder_states"]) for ctx in seen)
+        assert all(torch.equal(ctx.cross.mask[:, 0, 0], ctx.inputs["encoder_mask"].bool()) for ctx in seen)
+    else:
+        assert all(ctx.cross is None for ctx in seen)
 
 
-@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
+@pytest.mark.parametrize("architecture", HEADS)
+def test_encoder_inputs_are_refused_by_a_model_without_cross_attention_and_needed_by_one_with_it(
+    architecture: str,
+) -> None:
+    batch = padded_batch()
+    if architecture == "multiple_choice":
+        batch = {name: t[:, None] for name, t in batch.items()}
+    states = torch.zeros(*batch["input_ids"].shape[:-1], 4, 32)
+    with pytest.raises(ValueError, match="encoder_states / encoder_mask are for a model with cross_attention"):
+        ARCHITECTURES[architecture](tiny_config(num_labels=2))(**batch, encoder_states=states)
+    with pytest.raises(ValueError, match="needs the forward input encoder_states"):
+        ARCHITECTURES[architecture](tiny_config(num_labels=2, cross_attention=True))(**batch)
+
+
+@pytest.mark.parametrize("architecture", HEADS)
 def test_a_misspelt_forward_input_is_refused_by_every_head(architecture: str) -> None:
     model = ARCHITECTURES[architecture](tiny_config(num_labels=2))
     batch = padded_batch()
