@@ -162,7 +162,8 @@ ROOMS = {
     "roformer.study": [
         {"outputs", "markdown", "runs", "length_eval"},
         {"stats", "plots", "report", "suite"},
-        {"compare", "probes", "decay", "task_study"},
+        {"compare", "probes", "decay"},
+        {"task_study"},
         {"experiment", "hub"},
     ],
 }
