@@ -35,6 +35,7 @@ from roformer.files import atomic_write_text
 from roformer.model.config import position_fields
 from roformer.study.outputs import COMPARE_DIR, REPORT_FILE, SUMMARY_JSON_FILE, SUMMARY_MARKDOWN_FILE
 from roformer.study.stats import t_quantile, wilson_interval
+from roformer.train.finetune import run_tag
 from roformer.train.run_dir import METRICS_FILE, PREDICTIONS_DIR, RESULTS_FILE, RunDir
 
 if TYPE_CHECKING:
@@ -69,6 +70,10 @@ def load_task_arms(
             config = load(FinetuneConfig, source, arm.set + experiment.overrides + list(overrides or []))
             arms[label] = replace(config, label=label)
         first = next(iter(arms.values()))
+        if first.data.type != "synthetic":
+            raise ConfigError(
+                f"{path}: tasks: {task_file} is type {first.data.type}; a task study compares type synthetic"
+            )
         if first.init:
             raise ConfigError(
                 f"{path}: tasks: {task_file} starts from init {first.init!r}: a task study trains from scratch"
@@ -187,7 +192,7 @@ def run_record(directory: Path, splits: list[str], target: float) -> dict[str, A
         raise UserError(f"{directory}: no {RESULTS_FILE} (the run did not finish)")
     results = json.loads(results_file.read_text())
     selected = results["selected"]
-    tag = f"lr{selected['peak_lr']:g}-seed{selected['seed']}"
+    tag = run_tag(selected["peak_lr"], selected["seed"])
     record: dict[str, Any] = {"splits": {}}
     for split in splits:
         right = total = 0
