@@ -160,7 +160,8 @@ class ModelConfig:
         relative_num_buckets: `t5_bias`: distance buckets (32 as in T5; half per direction, bidirectional).
         alibi_form: `alibi`: `symmetric` (-slope_h |i - j|, this project's default for an encoder: it cannot tell
             a key on the left from one on the right without anchors such as [CLS] and [SEP]) or `asymmetric` (Ruoss
-            et al. 2023's bidirectional ALiBi: keys after the query are 0.5 farther, -slope_h (|i - j| + 0.5)).
+            et al. 2023's bidirectional ALiBi, as their code: keys before the query half a step closer,
+            -slope_h (|i - j| - 0.5) for j < i, the query itself and later keys as in the symmetric form).
         attention_log_scale: The trained length n0 of the log-length attention scale (Su 2021, "entropy-invariant
             attention"; YaRN's temperature, Peng et al. 2023, is the same idea for a rotary model under
             `rope_scaling: yarn`): a token whose row (or document) has n > n0 real tokens scales its query by

@@ -85,7 +85,7 @@ class RelativeBias(nn.Module):
 
     `t5_bias`: one learned scalar per bucket (`t5_buckets`) and head, shared by all layers as in T5. `alibi`: the fixed
     -slope_h |key - query| (no parameters), symmetric for an encoder by default (`alibi_form`; Ruoss et al.'s
-    asymmetric form puts keys on the right half a step farther).
+    asymmetric form puts keys on the left half a step closer: -slope_h (|key - query| - 0.5) before the query).
     """
 
     attribute: ClassVar[str] = "relative_bias"
@@ -103,8 +103,9 @@ class RelativeBias(nn.Module):
         # A plain attribute, copied once per device: model.to(bfloat16) must not round it, and a copy to the GPU in
         # every forward would wait for the stream.
         self._slopes = {"cpu": alibi_slopes(config.num_heads)}
-        # Ruoss et al. 2023: keys to the right of the query are half a step farther, so left and right differ
-        self.right_offset = 0.5 if config.alibi_form == "asymmetric" else 0.0
+        # Ruoss et al. 2023 (their code, for a bidirectional encoder): keys before the query are half a step closer,
+        # so that left and right differ
+        self.left_offset = 0.5 if config.alibi_form == "asymmetric" else 0.0
 
     def forward(self, distance: Tensor) -> Tensor:
         """(T, S) or (B, T, S) distances -> float32 bias (1, H, T, S) or (B, H, T, S)."""
@@ -117,8 +118,8 @@ class RelativeBias(nn.Module):
         if device not in self._slopes:
             self._slopes[device] = self._slopes["cpu"].to(device)
         reach = distance.abs().float()
-        if self.right_offset:
-            reach = reach + self.right_offset * (distance > 0)  # distance = key - query: > 0 for keys on the right
+        if self.left_offset:
+            reach = reach - self.left_offset * (distance < 0)  # distance = key - query: < 0 for keys on the left
         return -self._slopes[device][None, :, None, None] * reach[:, None]  # (1, H, 1, 1) slopes
 
     def terms(

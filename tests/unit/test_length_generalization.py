@@ -26,9 +26,10 @@ from tests.helpers import tiny_config
 # Asymmetric ALiBi
 
 
-def test_asymmetric_alibi_puts_keys_on_the_right_half_a_step_farther() -> None:
-    """Ruoss et al. 2023's bidirectional ALiBi: -m |i - j| on the left (and the query itself), -m (|i - j| + 0.5) on
-    the right; the symmetric form is -m |i - j| on both sides."""
+def test_asymmetric_alibi_puts_keys_on_the_left_half_a_step_closer() -> None:
+    """Ruoss et al. 2023's bidirectional ALiBi (their code's compute_alibi_encodings_biases: the lower triangle + 0.5):
+    -m (|i - j| - 0.5) for keys before the query, -m |i - j| for the query itself and keys after it; the symmetric
+    form is -m |i - j| on both sides."""
     T, H = 6, 4
     slopes = alibi_slopes(H)
     distance = torch.arange(T)[None, :] - torch.arange(T)[:, None]  # key - query
@@ -37,7 +38,7 @@ def test_asymmetric_alibi_puts_keys_on_the_right_half_a_step_farther() -> None:
         for h in range(H):
             for i in range(T):
                 for j in range(T):
-                    expected = -float(slopes[h]) * (abs(i - j) + (offset if j > i else 0.0))
+                    expected = -float(slopes[h]) * (abs(i - j) - (offset if j < i else 0.0))
                     assert bias[0, h, i, j].item() == pytest.approx(expected)
 
 
