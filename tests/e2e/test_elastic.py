@@ -158,6 +158,7 @@ def stream_config(tmp_path: Path, **train) -> Path:
     return tiny_run_config(tmp_path / "stream.yaml", data=data, **train)
 
 
+@pytest.mark.slow  # long: CI skips it (docs/install.md, the slow marker)
 def test_a_streamed_corpus_resumes_at_the_same_document_on_another_process_count(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -252,6 +253,7 @@ else:
 """
 
 
+@pytest.mark.slow  # long: CI skips it (docs/install.md, the slow marker)
 def test_fsdp2_state_saved_on_two_processes_loads_on_one_and_on_three(tmp_path: Path) -> None:
     """The engine's checkpoint of an FSDP2 model (every parameter and moment a DTensor slice) goes through torch's
     distributed checkpoint, which reshards on load: written by 2 gloo processes after 2 AdamW steps, read by 1 and by

@@ -292,6 +292,7 @@ def test_running_the_arms_leaves_their_configs_as_loaded(tmp_path: Path, monkeyp
     assert {label: config.to_dict() for label, config in arms.items()} == before
 
 
+@pytest.mark.slow  # long: CI skips it (docs/install.md, the slow marker)
 def test_arms_with_other_tokenizers_are_compared_apart(tmp_path: Path) -> None:
     """`vary: [data.vocab_size]`: each run records its tokenization; the report tabulates vocabulary and tokens per
     character, and keeps the other tokenizer's MLM loss out of the baseline's curves, targets and differences."""

@@ -18,6 +18,7 @@ from roformer.train.config import FinetuneConfig
 from roformer.train.finetune import finetune
 
 
+@pytest.mark.slow  # long: CI skips it (docs/install.md, the slow marker)
 def test_finetune_beats_the_majority_class(tmp_path: Path, pretrained: Path, number_task: dict) -> None:
     config = load(FinetuneConfig, task_config(tmp_path / "c.yaml", pretrained, number_task))
     results = finetune(config, tmp_path / "run")
@@ -68,6 +69,7 @@ def test_multiprocess_evaluation_equals_one_process(tmp_path: Path, pretrained: 
         assert a == b
 
 
+@pytest.mark.slow  # long: CI skips it (docs/install.md, the slow marker)
 def test_real_glue_tasks_write_server_files(tmp_path: Path, pretrained: Path, shared_data: Path) -> None:
     """RTE (classification, names) and STS-B (regression, scores) from the official TSVs, a few steps each."""
     for task, rows in (("rte", 3000), ("stsb", 1379)):

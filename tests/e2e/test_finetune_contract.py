@@ -370,7 +370,15 @@ def test_a_suite_of_other_tasks_writes_one_table_and_a_submission_folder_per_tas
 
 @pytest.mark.parametrize(
     "name",
-    ["conll2003", "cmrc2018", "fewclue-chid", "fewclue-tnews", "chinese-stsb", "chinese-stsb-cosent", "cail2019-scm"],
+    [
+        "conll2003",
+        pytest.param("cmrc2018", marks=pytest.mark.slow),  # the longest two: CI runs the other five
+        "fewclue-chid",
+        "fewclue-tnews",
+        "chinese-stsb",
+        "chinese-stsb-cosent",
+        pytest.param("cail2019-scm", marks=pytest.mark.slow),
+    ],
 )
 def test_every_task_type_resumes_exactly(
     name: str, shared_data: Path, pretrained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -22,7 +22,14 @@ def test_notebooks_exist_and_have_no_outputs() -> None:
         assert clean, f"{path.name} is stored with outputs"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+LONG_NOTEBOOKS = {"rope_vs_bert.ipynb"}  # minutes of training: CI skips it (the slow marker)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, marks=pytest.mark.slow) if p.name in LONG_NOTEBOOKS else p for p in NOTEBOOKS],
+    ids=lambda p: p.name,
+)
 def test_notebook_executes(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ROFORMER_NOTEBOOK_MAX_STEPS", "30")
     monkeypatch.setenv("ROFORMER_EXPERIMENT_DIR", str(tmp_path / "experiment"))

@@ -283,6 +283,7 @@ def final_eval(run: Path) -> dict:
     return [e for e in read_metrics(run / "metrics.jsonl") if e["event"] == "eval"][-1]
 
 
+@pytest.mark.slow  # long: CI skips it (docs/install.md, the slow marker)
 def test_builtin_corpus_needs_positions(tmp_path: Path) -> None:
     """The position_encoding: none ablation ends measurably worse than rotary on the built-in corpus.
 
@@ -308,6 +309,7 @@ def test_builtin_corpus_needs_positions(tmp_path: Path) -> None:
     assert results["rotary"]["eval_accuracy"] > results["none"]["eval_accuracy"], results
 
 
+@pytest.mark.slow  # long: CI skips it (docs/install.md, the slow marker)
 def test_gutenberg_run(tmp_path: Path, shared_data: Path, capsys: pytest.CaptureFixture) -> None:
     """A short run on the real corpus; non-UTF-8 files fail strict decoding by name and are counted under replace."""
     corpus = shared_data / "corpus" / "gutenberg"
@@ -577,6 +579,7 @@ def test_a_recipe_run_logs_its_schedules_and_masks_at_what_it_asked_for(tmp_path
     assert len(evals) == 2
 
 
+@pytest.mark.slow  # long: CI skips it (docs/install.md, the slow marker)
 def test_a_finished_run_reports_the_throughput_it_kept(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The throughput event: whole-run against training-step tokens/s, where the rest went, the first and last tenth."""
     yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=20, eval_every=5, save_every=10)

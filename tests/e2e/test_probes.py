@@ -173,6 +173,7 @@ def test_passkey_mlm_refuses_a_vocabulary_without_digit_tokens_and_a_model_witho
     assert "holds a backbone model, not a masked LM" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # long: CI skips it (docs/install.md, the slow marker)
 def test_the_passkey_corpus_plants_one_key_twice_in_every_document(tmp_path: Path) -> None:
     """scripts/passkey_corpus.py: JSON lines a text corpus reads, each the probe's statement twice with one key."""
     (tmp_path / "filler").mkdir()

@@ -275,6 +275,7 @@ def test_a_finished_run_is_not_started_again(slurm: dict[str, str]) -> None:
     assert not Path(slurm["FAKE_LOG"]).exists() or not any(line.startswith("accelerate") for line in calls(slurm))
 
 
+@pytest.mark.slow  # long: CI skips it (docs/install.md, the slow marker)
 def test_two_cpu_processes_stopped_by_sigterm_through_the_launcher_resume_exactly(tmp_path: Path) -> None:
     """What the script relies on: SIGTERM to `accelerate launch` reaches every worker, which checkpoints the same
     step; `--resume` through the launcher continues to the uninterrupted run's events and weights."""

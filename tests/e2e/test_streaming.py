@@ -75,6 +75,7 @@ def test_streaming_run_resumes_exactly(tmp_path: Path, monkeypatch: pytest.Monke
     assert train_losses(tmp_path / "cut") == reference
 
 
+@pytest.mark.slow  # long: CI skips it (docs/install.md, the slow marker)
 def test_a_streamed_run_in_stages_resumes_exactly_inside_each_stage(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
