@@ -116,7 +116,7 @@ def plot_probes(rows: list[dict[str, Any]], path: Path) -> None:
         handles += [Line2D([], [], color="black", linestyle=style[s], label=f"scaling: {s}") for s in scalings]
     if any("chance" in r for r in rows):
         handles.append(Line2D([], [], color="grey", linestyle=(0, (2, 2)), linewidth=1, label="chance"))
-    columns = min(len(handles), 6)
+    columns = min(len(handles), 6, 3 * len(probes))  # a panel holds three legend columns
     fig.legend(handles=handles, loc="lower center", ncol=columns, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.05 * math.ceil(len(handles) / columns), 1, 1))
     fig.savefig(path, dpi=110)
