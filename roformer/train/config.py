@@ -34,7 +34,7 @@ from roformer.errors import ConfigError
 from roformer.model.config import ModelConfig
 from roformer.tasks.config import SECTIONS, FinetuneDataConfig
 
-SCHEDULES = ("linear", "cosine", "constant", "wsd")
+SCHEDULES = ("linear", "cosine", "constant", "wsd", "inverse_sqrt")
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
 
 
@@ -49,9 +49,11 @@ class TrainArgs:
         grad_accum: Micro-batches per optimizer step.
         mixed_precision: `no` (fp32), `bf16` or `fp16` (GPU), through accelerate; null = the launcher's setting
             (`accelerate launch` config or --mixed_precision), fp32 without one. The effective value is logged.
-        schedule: `linear` or `cosine` decay to 0 at the last step after warmup, `constant`, or `wsd`
+        schedule: `linear` or `cosine` decay to 0 at the last step after warmup, `constant`, `wsd`
             (warmup-stable-decay: warmup, the peak held, then `decay_fraction` of the steps decaying to 0 in
-            `decay_shape`; Hu et al. 2024, MiniCPM; Hägele et al. 2024; mmBERT's recipe).
+            `decay_shape`; Hu et al. 2024, MiniCPM; Hägele et al. 2024; mmBERT's recipe), or `inverse_sqrt` (the
+            Transformer's: lr x min(s / warmup, sqrt(warmup / s)) at update s = 1, 2, ...; fairseq's
+            `inverse_sqrt`; it needs a warmup and does not depend on the run's length).
         decay_fraction: `wsd`: the last fraction of the steps that decays (0.2: Hägele et al.'s cooldown).
         decay_shape: `wsd`: the decay's shape: `linear`, `cosine` or `1-sqrt` (1 - sqrt(progress), which Hägele et
             al. 2024 found to match a cosine schedule's loss at the same length).
@@ -90,7 +92,9 @@ class TrainArgs:
     batch_size: int = field(default=32, metadata={**MAY_CHANGE_ON_RESUME, **STAGE})
     grad_accum: int = field(default=1, metadata={**MAY_CHANGE_ON_RESUME, **STAGE})
     mixed_precision: Literal["no", "bf16", "fp16"] | None = None
-    schedule: Literal["linear", "cosine", "constant", "wsd"] = field(default="linear", metadata=STAGE_LR_PHASE)
+    schedule: Literal["linear", "cosine", "constant", "wsd", "inverse_sqrt"] = field(
+        default="linear", metadata=STAGE_LR_PHASE
+    )
     warmup_steps: int | None = field(default=None, metadata=STAGE_LR_PHASE)
     warmup_fraction: float = field(default=0.06, metadata=STAGE_LR_PHASE)
     decay_fraction: float = field(default=0.2, metadata=STAGE_LR_PHASE)
@@ -130,6 +134,10 @@ class TrainArgs:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise ConfigError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
+        if self.schedule == "inverse_sqrt" and (
+            self.warmup_steps == 0 or (self.warmup_steps is None and self.warmup_fraction == 0)
+        ):
+            raise ConfigError("schedule: inverse_sqrt needs a warmup (warmup_steps >= 1, or warmup_fraction > 0)")
         if not 0.0 < self.decay_fraction <= 1.0:
             raise ConfigError(f"decay_fraction must be in (0, 1], got {self.decay_fraction}")
         check_seed("seed", self.seed)
