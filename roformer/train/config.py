@@ -32,7 +32,7 @@ from roformer.config import (
 from roformer.data.config import DataConfig
 from roformer.errors import ConfigError
 from roformer.model.config import ModelConfig
-from roformer.tasks.config import SECTIONS, FinetuneDataConfig
+from roformer.tasks.config import PLACEHOLDER_VOCABULARY, SECTIONS, FinetuneDataConfig, Vocabulary
 
 SCHEDULES = ("linear", "cosine", "constant", "wsd", "inverse_sqrt")
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
@@ -209,6 +209,10 @@ class FinetuneTrainConfig(TrainArgs):
         max_steps: Optimizer steps (overrides epochs); 0 = evaluate the initial model only.
         lrs: A learning-rate grid: one run per lr and seed, the lr selected by mean dev score (empty: `lr` alone).
         seeds: One fine-tune per seed (head init, data order, dropout; empty: `seed` alone).
+        average_last: Average the weights of the models at the run's last N evaluation points (fairseq's
+            `scripts/average_checkpoints.py --num-update-checkpoints N`; the RoFormer and Transformer papers averaged
+            the last 5): the average is scored on dev and test beside the best checkpoint and published as
+            `averaged/` (of the selected run). 0 = off. Fewer points than N: all of them.
     """
 
     lr: float = field(default=2e-5, metadata=STAGE_LR_PHASE)  # the metadata of TrainArgs' fields, kept
@@ -220,9 +224,12 @@ class FinetuneTrainConfig(TrainArgs):
     max_steps: int | None = field(default=None, metadata=MAY_CHANGE_UNTIL_A_RUN_FINISHES)
     lrs: list[float] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
+    average_last: int = 0  # the points kept are decided at the start of a run: fixed on resume
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.average_last < 0:
+            raise ConfigError(f"average_last must be >= 0 (0 = off), got {self.average_last}")
         if self.epochs <= 0 and self.max_steps is None:
             raise ConfigError(f"epochs must be > 0, got {self.epochs}")
         if self.max_steps is not None and self.max_steps < 0:
@@ -477,18 +484,21 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         if "num_labels" in self.model:
             raise ConfigError("model.num_labels comes from the task (data.task); remove it")
-        own_vocabulary = self.data.spec.own_vocabulary
-        if not self.init and not own_vocabulary:
+        spec = self.data.spec
+        if not self.init and not spec.own_vocabulary:
             raise ConfigError("init is required: the model directory to fine-tune")
-        if self.init and own_vocabulary:
+        if self.init and spec.own_vocabulary and not spec.pretrained_init:
             raise ConfigError(
                 f"init: type {self.data.type} makes its own vocabulary and trains from scratch: leave it empty"
             )
         if not self.init:
-            self.scratch_model(vocab_size=1)  # the model: section checked now, before any work
+            self.scratch_model(PLACEHOLDER_VOCABULARY)  # the model: section checked now, before any work
 
-    def scratch_model(self, vocab_size: int, pad_token_id: int = 0) -> ModelConfig:
+    def scratch_model(self, vocabulary: Vocabulary) -> Any:
         """The model trained from scratch (`init:` empty): the `model:` section, the task's vocabulary.
+
+        A `ModelConfig` of the section, or what the type's declaration builds of it (`TaskSpec.scratch_model`:
+        translation's encoder-decoder).
 
         Raises:
             ConfigError: an unknown key or bad value of `model:` (named), or a vocab_size / pad_token_id given
@@ -497,7 +507,10 @@ class FinetuneConfig:
         for key in ("vocab_size", "pad_token_id"):
             if key in self.model:
                 raise ConfigError(f"model.{key} comes from the task's vocabulary; remove it")
-        section = {**self.model, "vocab_size": vocab_size, "pad_token_id": pad_token_id}
+        build = self.data.spec.scratch_model
+        if build is not None:
+            return build(dict(self.model), vocabulary)
+        section = {**self.model, "vocab_size": vocabulary.size, "pad_token_id": vocabulary.pad_token_id}
         return from_dict(ModelConfig, section, prefix="model.")
 
     def to_dict(self) -> dict[str, Any]:
