@@ -350,29 +350,40 @@ class TranslationTask(HeadOutputs):
             decoding = None if name == "train" else self.decoding(final=name != "dev")
             encoded[name] = TranslationSplit(sources, targets, text.targets, decoding)
         encoded[FINAL_DEV] = replace(encoded["dev"], decoding=self.decoding(final=True))
+        self._check_budget(encoded["train"], max_length)
         return encoded
 
-    def token_batches(self, split: TranslationSplit, cap: int) -> list[list[int]]:
-        """The training pairs in batches of at most `max_tokens` (rows x the longer side of the longest, padded).
-
-        Raises:
-            UserError: a pair longer than max_tokens by itself (naming the key).
-        """
-        from roformer.data.sampling import token_batches
-
-        sizes = [
+    def pair_sizes(self, split: TranslationSplit, cap: int) -> list[int]:
+        """What each pair costs a batch: its longer side, padded as batches are (fairseq's `num_tokens`)."""
+        return [
             max(self.padded_length(len(s), cap), self.padded_length(len(t), cap))
             for s, t in zip(split.source_ids, split.target_ids, strict=True)
         ]
-        longest = max(sizes)
-        if longest > self.settings.max_tokens:
+
+    def _check_budget(self, train: TranslationSplit, cap: int) -> None:
+        """Every training pair fits a batch of `max_tokens` by itself (checked before any run directory is written).
+
+        Raises:
+            UserError: naming the key, the longest pair and where it is.
+        """
+        sizes = self.pair_sizes(train, cap)
+        longest = max(range(len(sizes)), key=sizes.__getitem__)
+        if sizes[longest] > self.settings.max_tokens:
+            text = self.texts["train"]
             raise UserError(
                 f"data.translation.max_tokens ({self.settings.max_tokens}) is smaller than the longest training pair "
-                f"({longest} tokens, padded): raise it"
+                f"({sizes[longest]} tokens, padded: {text.source_file}:{text.lines[longest]}): raise it"
             )
+
+    def token_batches(self, split: TranslationSplit, cap: int) -> list[list[int]]:
+        """The training pairs in batches of at most `max_tokens` (rows x the longer side of the longest, padded)."""
+        from roformer.data.sampling import token_batches
+
         # by source then target length (fairseq's order), so that a batch's pairs are alike and padding is small
-        order = sorted(range(len(sizes)), key=lambda i: (len(split.source_ids[i]), len(split.target_ids[i]), i))
-        return token_batches(sizes, order, self.settings.max_tokens)
+        order = sorted(
+            range(len(split.source_ids)), key=lambda i: (len(split.source_ids[i]), len(split.target_ids[i]), i)
+        )
+        return token_batches(self.pair_sizes(split, cap), order, self.settings.max_tokens)
 
     def loss_weight(self, split: TranslationSplit, rows: list[int]) -> int:
         """The target tokens of `rows`: a batch's loss is their mean."""

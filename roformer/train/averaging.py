@@ -24,7 +24,7 @@ def average_states(states: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch
         raise ValueError("nothing to average: no state")
     keys = list(states[-1])
     for state in states:
-        if list(state) != keys:
+        if set(state) != set(keys):  # in any order (a state read back from safetensors is sorted by name)
             raise ValueError("the states to average hold different tensors")
     averaged = {}
     for key in keys:

@@ -58,6 +58,7 @@ CONFIG_LOADERS = {
     "glue": _load_glue_config,
     "finetune": _load_finetune_config,
     "synthetic": lambda path: load(FinetuneConfig, path),
+    "translation": lambda path: load(FinetuneConfig, path),
     "model": ModelConfig.from_yaml,
     "pretrain": lambda path: load(PretrainConfig, path),
     "accelerate": _load_accelerate_config,
