@@ -209,10 +209,12 @@ class FinetuneTrainConfig(TrainArgs):
         max_steps: Optimizer steps (overrides epochs); 0 = evaluate the initial model only.
         lrs: A learning-rate grid: one run per lr and seed, the lr selected by mean dev score (empty: `lr` alone).
         seeds: One fine-tune per seed (head init, data order, dropout; empty: `seed` alone).
-        average_last: Average the weights of the models at the run's last N evaluation points (fairseq's
-            `scripts/average_checkpoints.py --num-update-checkpoints N`; the RoFormer and Transformer papers averaged
-            the last 5): the average is scored on dev and test beside the best checkpoint and published as
-            `averaged/` (of the selected run). 0 = off. Fewer points than N: all of them.
+        average_last: Average the weights of the run's last N models, one every `average_every` steps (fairseq's
+            `--save-interval-updates` with `scripts/average_checkpoints.py --num-update-checkpoints N`; the
+            RoFormer and Transformer papers averaged the last 5): the average is scored on dev and test beside the
+            best checkpoint and published as `averaged/` (of the selected run). 0 = off. Fewer than N: all of them.
+        average_every: Steps between the averaged models (the last step is always one); null = the evaluation
+            points (`eval_every`).
     """
 
     lr: float = field(default=2e-5, metadata=STAGE_LR_PHASE)  # the metadata of TrainArgs' fields, kept
@@ -225,11 +227,14 @@ class FinetuneTrainConfig(TrainArgs):
     lrs: list[float] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
     average_last: int = 0  # the points kept are decided at the start of a run: fixed on resume
+    average_every: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.average_last < 0:
             raise ConfigError(f"average_last must be >= 0 (0 = off), got {self.average_last}")
+        if self.average_every is not None and self.average_every < 1:
+            raise ConfigError(f"average_every must be >= 1 or null (the evaluation points), got {self.average_every}")
         if self.epochs <= 0 and self.max_steps is None:
             raise ConfigError(f"epochs must be > 0, got {self.epochs}")
         if self.max_steps is not None and self.max_steps < 0:

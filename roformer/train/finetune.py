@@ -241,6 +241,7 @@ class FinetuneRun(Unstaged):
         eval_size: int,
         group_by_length: bool,
         average_last: int = 0,
+        average_every: int | None = None,
     ) -> None:
         self.engine, self.data, self.eval_size = engine, data, eval_size
         train = data.splits["train"]
@@ -255,13 +256,23 @@ class FinetuneRun(Unstaged):
         else:
             self.sampler = EpochSampler(len(self.lengths), engine.global_batch, seed)
         self.best: dict[str, Any] = {"score": -math.inf, "step": 0, "state": None, "dev": None}
-        self.average_last = average_last
+        self.average_last, self.average_every = average_last, average_every
         self.average_points: list[int] = []  # set by `start`, once the run's length is known
         self.snapshots: dict[int, dict[str, torch.Tensor]] = {}  # the weights at those points, as they are passed
 
     def start(self) -> None:
-        """Decide the evaluation points whose weights are averaged (the engine is set up: its length is known)."""
-        self.average_points = last_points(self.engine.eval_points(self), self.average_last)
+        """Decide the steps whose weights are averaged (the engine is set up: the run's length is known)."""
+        every, total = self.average_every, self.engine.total_steps
+        candidates = self.engine.eval_points(self) if every is None else set(range(every, total + 1, every))
+        self.average_points = last_points(candidates | ({total} if total else set()), self.average_last)
+
+    def snapshot_points(self) -> set[int]:
+        """The steps after which the engine calls `snapshot`: those whose weights are averaged at the end."""
+        return set(self.average_points)
+
+    def snapshot(self, step: int) -> None:
+        """Keep the weights after `step` (gathered by every process under FSDP), for the average at the end."""
+        self.snapshots[step] = {k: v.detach().cpu().clone() for k, v in self.engine.full_state_dict().items()}
 
     def plan(self, step: int) -> _FinetuneStep | _TokenBatchStep:
         layout, task = self.engine.layout, self.data.task
@@ -289,16 +300,11 @@ class FinetuneRun(Unstaged):
             predicted[split] = predict(self.engine, self.data, split, self.eval_size)
             dev[split] = task.evaluate(self.data.splits[split], predicted[split])
         score = dev[task.dev_splits[0]]["score"]
-        improved = ranked(score) > ranked(self.best["score"]) or self.best["state"] is None  # NaN: below every score
-        state = None
-        if improved or step in self.average_points:
+        if ranked(score) > ranked(self.best["score"]) or self.best["state"] is None:  # NaN: below every score
             # gathered by every process (FSDP/ZeRO-3 shards), complete at least on the main process
             state = {k: v.detach().cpu().clone() for k, v in self.engine.full_state_dict().items()}
-        if improved:
             # the dev predictions are kept too: the run's prediction files need not predict dev again
             self.best = {"score": score, "step": step, "state": state, "dev": dev, "predictions": predicted}
-        if step in self.average_points:
-            self.snapshots[step] = state
         return [{"split": split, **metrics} for split, metrics in dev.items()]
 
     def averaged_state(self) -> dict[str, torch.Tensor] | None:
@@ -572,9 +578,9 @@ class Finetuner:
         data = self.run_data(fold)
         torch.manual_seed(seed)  # the head's initialisation
         model = self.load_model()
-        run = FinetuneRun(
-            engine, seed, data, train.eval_size, self.config.data.group_by_length, train.average_last
-        )  # before the set-up: token batches decide the steps of an epoch
+        averaging = (train.average_last, train.average_every)
+        # made before the set-up: token batches decide the steps of an epoch
+        run = FinetuneRun(engine, seed, data, train.eval_size, self.config.data.group_by_length, *averaging)
         steps = train.max_steps if train.max_steps is not None else math.ceil(train.epochs * run.steps_per_epoch())
         engine.setup(model, lr, steps)
         run.start()
