@@ -5,7 +5,9 @@ Two measurements, each side in this one process, interleaved batch by batch so t
 - a training step (forward, label-smoothed loss, backward, AdamW): real source + target tokens per second, on the
   recipe's own batches (Multi30k pairs in token batches of `data.translation.max_tokens`, as `roformer finetune`
   makes them). Ours computes the real tokens alone (`train.unpadding`, the default); HF's model is `to_hf` of ours
-  and gets the same batches, decoder inputs (the labels shifted right behind the start token) and loss.
+  and gets the same batches, decoder inputs (the labels shifted right behind the start token) and loss. Then the
+  same with each library's own batches (a pipeline, not a step): HF's on batches as Seq2SeqTrainer makes them by
+  default (random pairs, as many a batch as ours hold on average, padded to the longest by DataCollatorForSeq2Seq).
 - beam-4 decoding of the test set (length penalty 0.6, early stopping, the same token limit; HF has no max_len_a):
   sentences per second of `EncoderDecoder.generate` (what `roformer translate` runs) and of HF `generate` on the
   converted model, in the same batches in order of source length; the tokens each side produced are compared.
@@ -100,8 +102,13 @@ def hf_inputs(ours: Any, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     }
 
 
-def train_steps(ours: Any, hf: Any, batches: list[dict], rounds: int, smoothing: float) -> dict[str, Any]:
-    """Tokens/s of a training step on each side (interleaved per batch), median over rounds."""
+def real_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Source and target tokens of a batch, padding excluded."""
+    return int(batch["attention_mask"].sum() + (batch["labels"] != IGNORE_INDEX).sum())
+
+
+def train_steps(ours: Any, hf: Any, batches: dict[str, list[dict]], rounds: int, smoothing: float) -> dict[str, Any]:
+    """Real tokens/s of a training step on each side over its batches (interleaved per batch), median over rounds."""
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in (("ours", ours), ("hf", hf))}
 
     def ours_step(batch: dict[str, torch.Tensor]) -> None:
@@ -117,17 +124,19 @@ def train_steps(ours: Any, hf: Any, batches: list[dict], rounds: int, smoothing:
         )  # fmt: skip
         loss.backward()
 
+    steps = {"ours": ours_step, "hf": hf_step}
     ours.train()
     hf.train()
-    tokens = sum(int(b["attention_mask"].sum() + (b["labels"] != IGNORE_INDEX).sum()) for b in batches)
+    ours.set_unpadding(True)  # as `roformer finetune` trains (train.unpadding's default)
+    tokens = {name: sum(real_tokens(b) for b in side) for name, side in batches.items()}
     seconds: dict[str, list[float]] = {"ours": [], "hf": []}
-    ours_step(batches[0]), hf_step(batches[0])  # warm-up (allocator, lazy init), not timed
-    for opt in optimizers.values():
-        opt.zero_grad(set_to_none=True)
+    for name, step in steps.items():  # warm-up (allocator, lazy init), not timed
+        step(batches[name][0])
+        optimizers[name].zero_grad(set_to_none=True)
     for _ in range(rounds):
         spent = {"ours": 0.0, "hf": 0.0}
-        for batch in batches:
-            for name, step in (("ours", ours_step), ("hf", hf_step)):
+        for pair in zip(batches["ours"], batches["hf"], strict=True):
+            for (name, step), batch in zip(steps.items(), pair, strict=True):
                 t0 = time.perf_counter()
                 step(batch)
                 optimizers[name].step()
@@ -135,8 +144,32 @@ def train_steps(ours: Any, hf: Any, batches: list[dict], rounds: int, smoothing:
                 spent[name] += time.perf_counter() - t0
         for name, value in spent.items():
             seconds[name].append(value)
-    speed = {name: tokens / statistics.median(values) for name, values in seconds.items()}
-    return {"tokens": tokens, "batches": len(batches), "tokens_per_sec": speed, "ratio": speed["ours"] / speed["hf"]}
+    speed = {name: tokens[name] / statistics.median(values) for name, values in seconds.items()}
+    padded = {name: 1 - tokens[name] / sum(padded_positions(b) for b in side) for name, side in batches.items()}
+    return {
+        "tokens": tokens,
+        "batches": len(batches["ours"]),
+        "padding_fraction": padded,
+        "tokens_per_sec": speed,
+        "ratio": speed["ours"] / speed["hf"],
+    }
+
+
+def padded_positions(batch: dict[str, torch.Tensor]) -> int:
+    """Source and target positions a batch computes, padding included."""
+    return batch["attention_mask"].numel() + batch["labels"].numel()
+
+
+def sentence_batches(task: Any, split: Any, pad_id: int, count: int, size: int, seed: int) -> list[dict]:
+    """`count` batches of `size` random pairs padded to their longest (HF's Seq2SeqTrainer: a random sampler and
+    DataCollatorForSeq2Seq, no length grouping by default)."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    order = torch.randperm(len(split.source_ids), generator=generator).tolist()
+    multiple, task.multiple = task.multiple, 1  # the collator pads to the longest, not to a multiple of 8
+    try:
+        return [task.collate(split, order[i * size : (i + 1) * size], pad_id, 10_000) for i in range(count)]
+    finally:
+        task.multiple = multiple
 
 
 @torch.no_grad()
@@ -167,7 +200,7 @@ def decode(ours: Any, hf: Any, split: Any, args: argparse.Namespace, pad_id: int
         spent["ours"] += t1 - t0
         spent["hf"] += t2 - t1
         for a, b in zip(mine.tolist(), theirs.tolist(), strict=True):
-            a, b = strip(a, config.decoder.pad_token_id), strip(b, config.decoder.pad_token_id)
+            a, b = target(a, config.eos_token_id), target(b, config.eos_token_id)
             same += a == b
             generated["ours"] += len(a) - 1
             generated["hf"] += len(b) - 1
@@ -181,11 +214,9 @@ def decode(ours: Any, hf: Any, split: Any, args: argparse.Namespace, pad_id: int
     }
 
 
-def strip(row: list[int], pad: int) -> list[int]:
-    """A generated row without the padding after its end."""
-    while row and row[-1] == pad:
-        row = row[:-1]
-    return row
+def target(row: list[int], eos: int) -> list[int]:
+    """A generated row up to its end (eos included): after it, ours pads and HF's beam search repeats eos."""
+    return row[: row.index(eos, 1) + 1] if eos in row[1:] else row
 
 
 def main() -> None:
@@ -199,7 +230,13 @@ def main() -> None:
     pad_id = task.tokenizer_.pad_token_id
     batches = [task.collate(train, batches_of_rows[i], pad_id, max_length) for i in picked]
     difference = check_same_logits(ours, hf, batches[0])
-    training = train_steps(ours, hf, batches, args.rounds, task.settings.label_smoothing)
+    smoothing = task.settings.label_smoothing
+    training = train_steps(ours, hf, {"ours": batches, "hf": batches}, args.rounds, smoothing)
+    # what each library's own batching gives (a pipeline, not a step): ours by tokens in length order, HF's
+    # Seq2SeqTrainer defaults (random pairs padded to the longest) of as many pairs a batch on average
+    size = round(sum(len(batches_of_rows[i]) for i in picked) / len(picked))
+    theirs = sentence_batches(task, train, pad_id, len(picked), size, args.seed)
+    pipeline = train_steps(ours, hf, {"ours": batches, "hf": theirs}, args.rounds, smoothing)
     decoding = decode(ours, hf, encoded["test"], args, pad_id)
     shape = ours.config.encoder
     results = {
@@ -211,6 +248,7 @@ def main() -> None:
         "torch": torch.__version__,
         "max_logit_difference": difference,
         "training": training,
+        "training_own_batches": {**pipeline, "hf_batch_size": size},
         "decoding": {
             **decoding,
             "beam": args.beam,
@@ -222,7 +260,8 @@ def main() -> None:
     print(json.dumps(results, indent=2))
     speed, sentences = training["tokens_per_sec"], decoding["sentences_per_sec"]
     print(
-        f"training step: ours {speed['ours']:,.0f} tokens/s, HF {speed['hf']:,.0f} ({training['ratio']:.2f}x); "
+        f"training step: ours {speed['ours']:,.0f} tokens/s, HF {speed['hf']:,.0f} ({training['ratio']:.2f}x; each "
+        f"library's own batches: {pipeline['ratio']:.2f}x); "
         f"beam-{args.beam} decoding: ours {sentences['ours']:.1f} sentences/s, HF {sentences['hf']:.1f} "
         f"({decoding['ratio']:.2f}x), the same tokens in {decoding['same_tokens']:.1%} of sentences"
     )

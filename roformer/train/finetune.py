@@ -93,7 +93,7 @@ AVERAGED_DIR = "averaged"  # the selected run's average of its last train.averag
 
 
 def snapshot_file(step: int) -> str:
-    """Inside a fine-tuning checkpoint: the weights at evaluation point `step`, one of those averaged at the end."""
+    """Inside a fine-tuning checkpoint: the weights after step `step`, one of those averaged at the end."""
     return f"average-step-{step}.safetensors"
 
 
@@ -205,20 +205,24 @@ class _TokenBatchStep:
         self.batches, self.batch_of, self.layout, self.task_loss = batches, batch_of, layout, task_loss
         self.tokens = sum(tokens[i] for rows in batches for i in rows)
         self.padded_tokens = sum(padded_of(rows) for rows in batches)
-        self.weights = [weight_of(rows) for rows in batches]
-        self.total_weight = max(1, sum(self.weights))
-        self._weight = 0.0
+        weights = [weight_of(rows) for rows in batches]
+        total = max(1, sum(weights))
+        # a batch's weight: its share of the step's terms, times the batches (accelerate divides the loss by
+        # grad_accum and DDP averages the gradients over processes: the weights average to 1 over the step)
+        self.weights = [w * len(batches) / total for w in weights]
 
-    def micro(self, micro: int) -> dict[str, torch.Tensor]:
+    def micro(self, micro: int) -> tuple[dict[str, torch.Tensor], float]:
+        """This process's batch of micro-batch `micro`, on the device, and its loss weight."""
         layout = self.layout
         index = micro * layout.num_processes + layout.rank
-        # the loss of this batch is weighted by its share of the step's terms (read by `loss`, right after)
-        self._weight = self.weights[index] * len(self.batches) / self.total_weight
-        return {k: to_device(v, layout.device) for k, v in self.batch_of(self.batches[index]).items()}
+        batch = {k: to_device(v, layout.device) for k, v in self.batch_of(self.batches[index]).items()}
+        return batch, self.weights[index]
 
-    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        # accelerate divides by grad_accum and DDP averages over processes: the weights average to 1 over the step
-        loss = self.task_loss(model, batch) * self._weight
+    def loss(
+        self, model: torch.nn.Module, weighted: tuple[dict[str, torch.Tensor], float]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, weight = weighted
+        loss = self.task_loss(model, batch) * weight
         return loss, loss.detach().float() / len(self.batches)
 
 
@@ -231,6 +235,8 @@ class FinetuneRun(Unstaged):
         data: The task and its encoded splits.
         eval_size: Examples per prediction batch and process.
         group_by_length: Training batches of similar-length examples (data.group_by_length).
+        average_last: Models averaged at the end (train.average_last; 0: none).
+        average_every: Steps between them (train.average_every; None: the evaluation points).
     """
 
     def __init__(
