@@ -328,9 +328,12 @@ class Hypotheses:
     def first(self, which: Tensor) -> Hypotheses:
         """The best hypothesis (place 0) of the sources `which` (a (B,) bool mask), as one place each."""
         return Hypotheses(
-            self.ids[which, :1], self.scores[which, :1], self.finished[which, :1], self.lengths[which, :1],
+            self.ids[which, :1],
+            self.scores[which, :1],
+            self.finished[which, :1],
+            self.lengths[which, :1],
             self.improvable[which],
-        )  # fmt: skip
+        )
 
     def put(self, sources: Tensor, hypotheses: Hypotheses) -> None:
         """Write `hypotheses` (of as many sources) into the places of `sources` (indices)."""

@@ -56,6 +56,14 @@ class ParallelText:
     def __len__(self) -> int:
         return len(self.sources)
 
+    def source_line(self, pair: int) -> str:
+        """Where pair `pair`'s source is: `file:line`."""
+        return f"{self.source_file}:{self.lines[pair]}"
+
+    def target_line(self, pair: int) -> str:
+        """Where pair `pair`'s target is: `file:line`."""
+        return f"{self.target_file}:{self.lines[pair]}"
+
     def head(self, count: int | None) -> ParallelText:
         """The first `count` pairs (None: all)."""
         if count is None:

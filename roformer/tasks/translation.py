@@ -339,14 +339,9 @@ class TranslationTask(HeadOutputs):
         advice = "data.max_length, or a learned position table; data.translation.too_long: truncate cuts such lines"
         encoded = {}
         for name, text in self.texts.items():
-            sources = encode_sources(
-                tokenizer, text.sources, max_length, self.settings.too_long,
-                lambda i, t=text: f"{t.source_file}:{t.lines[i]}", advice,
-            )  # fmt: skip
-            targets = encode_targets(
-                tokenizer, text.targets, self.eos_id, max_length, self.settings.too_long,
-                lambda i, t=text: f"{t.target_file}:{t.lines[i]}", advice,
-            )  # fmt: skip
+            settings = (max_length, self.settings.too_long)
+            sources = encode_sources(tokenizer, text.sources, *settings, text.source_line, advice)
+            targets = encode_targets(tokenizer, text.targets, self.eos_id, *settings, text.target_line, advice)
             decoding = None if name == "train" else self.decoding(final=name != "dev")
             encoded[name] = TranslationSplit(sources, targets, text.targets, decoding)
         encoded[FINAL_DEV] = replace(encoded["dev"], decoding=self.decoding(final=True))
@@ -372,7 +367,7 @@ class TranslationTask(HeadOutputs):
             text = self.texts["train"]
             raise UserError(
                 f"data.translation.max_tokens ({self.settings.max_tokens}) is smaller than the longest training pair "
-                f"({sizes[longest]} tokens, padded: {text.source_file}:{text.lines[longest]}): raise it"
+                f"({sizes[longest]} tokens, padded: {text.source_line(longest)}): raise it"
             )
 
     def token_batches(self, split: TranslationSplit, cap: int) -> list[list[int]]:

@@ -290,10 +290,8 @@ class Translator:
         texts = [line.strip() for line in lines]
         kept = [i for i, text in enumerate(texts) if text]
         advice = "--too-long truncate cuts such lines"
-        sources = encode_sources(
-            self.tokenizer, [texts[i] for i in kept], self.decoding.max_length, self.decoding.too_long,
-            lambda k: where(kept[k]), advice,
-        )  # fmt: skip
+        limits = (self.decoding.max_length, self.decoding.too_long)
+        sources = encode_sources(self.tokenizer, [texts[i] for i in kept], *limits, lambda k: where(kept[k]), advice)
         out = [""] * len(texts)
         order = length_order([len(row) for row in sources])
         size, device = self.decoding.batch_size, next(self.model.parameters()).device
