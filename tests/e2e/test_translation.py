@@ -238,6 +238,24 @@ def test_an_init_of_a_trained_or_converted_encoder_decoder_is_fine_tuned(
     assert json.loads((tmp_path / "theirs" / "results.json").read_text())["translation"]["best"]["test"]
 
 
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "translation" / "multi30k"
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="Multi30k is not in ../shared/data/translation/multi30k")
+def test_the_shipped_multi30k_recipe_runs_on_its_data(tmp_path: Path) -> None:
+    """configs/translation/multi30k-cpu.yaml as shipped, on its first pairs and for two steps."""
+    from helpers import REPO
+
+    config_path = REPO / "configs" / "translation" / "multi30k-cpu.yaml"
+    quick = ["data.max_train_examples=400", "data.max_eval_examples=12", "data.translation.vocab_size=500",
+             "train.max_steps=2", "train.eval_every=0", "train.average_every=1", "train.progress=false"]  # fmt: skip
+    assert finetune(config_path, tmp_path / "run", *quick) == 0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["task"] == "multi30k-en-de" and set(results["translation"]["best"]) == {"valid", "test"}
+    assert results["averaged"]["points"] == [1, 2]
+    assert len((tmp_path / "run" / "hypotheses" / "best" / "test.de").read_text(encoding="utf-8").splitlines()) == 12
+
+
 def test_a_hub_dataset_of_translation_records_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """`source: hub` reads `translation` records per split (WMT14's layout), without the network here."""
     import datasets

@@ -167,8 +167,7 @@ def test_a_token_batch_step_is_the_mean_over_all_its_tokens() -> None:
         step = _TokenBatchStep(batches, batch_of, lambda rows: len(tokens[rows[0]]), lambda rows: 0, [0] * 4,
                                layout, task_loss)  # fmt: skip
         for micro in range(2):
-            batch = step.micro(micro)
-            loss, share = step.loss(None, batch)
+            loss, share = step.loss(None, step.micro(micro))
             index = micro * 2 + rank
             assert loss.item() == pytest.approx(sum(tokens[index]) / (len(everything) / 4))
             shares += share.item()
