@@ -239,7 +239,7 @@ def main() -> None:
     generator = torch.Generator().manual_seed(args.seed)
     batches_of_rows = task.token_batches(train, max_length)
     picked = torch.randperm(len(batches_of_rows), generator=generator)[: args.steps].tolist()
-    pad_id = task.tokenizer_.pad_token_id
+    pad_id = task.encoded_with.pad_token_id
     batches = [task.collate(train, batches_of_rows[i], pad_id, max_length) for i in picked]
     difference = check_same_logits(ours, hf, batches[0])
     decoding = decode(ours, hf, encoded["test"], args, pad_id)  # first: the training steps below change the weights

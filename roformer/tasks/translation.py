@@ -245,7 +245,7 @@ class TranslationTask(HeadOutputs):
         self.source_lang, self.target_lang = data.source_lang, data.target_lang
         self.texts = texts
         self.test_splits = [FINAL_DEV] + (["test"] if "test" in texts else [])
-        self.tokenizer_: Tokenizer | None = None  # the tokenizer the splits were encoded with (decoding reads it)
+        self.encoded_with: Tokenizer | None = None  # the tokenizer the splits were encoded with (decoding reads it)
         self.eos_id: int | None = None  # the id that ends a target: the model's (`check_model`)
         self.max_length = data.max_length
 
@@ -335,7 +335,7 @@ class TranslationTask(HeadOutputs):
         """
         if self.eos_id is None:
             raise RuntimeError("check_model must be called first: targets end with the model's eos")
-        self.tokenizer_, self.max_length = tokenizer, max_length
+        self.encoded_with, self.max_length = tokenizer, max_length
         advice = "data.max_length, or a learned position table; data.translation.too_long: truncate cuts such lines"
         encoded = {}
         for name, text in self.texts.items():
@@ -424,7 +424,7 @@ class TranslationTask(HeadOutputs):
 
     def predictions(self, outputs: dict[str, torch.Tensor], split: TranslationSplit, rows: list[int]) -> list[dict]:
         """Per pair: its hypothesis (detokenized text), summed log-loss and target tokens."""
-        texts = hypotheses(self.tokenizer_, outputs["ids"])
+        texts = hypotheses(self.encoded_with, outputs["ids"])
         return [
             {"hypothesis": text, "nll": float(nll), "tokens": int(tokens)}
             for text, nll, tokens in zip(texts, outputs["nll"].tolist(), outputs["tokens"].tolist(), strict=True)

@@ -101,7 +101,7 @@ class Decoding:
             values = json.loads(path.read_text(encoding="utf-8"))
             known = {f.name for f in fields(cls)}
             return cls(**{k: v for k, v in values.items() if k in known})
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, UserError) as e:  # not JSON, not a mapping, a value out of range
             raise UserError(f"{path}: not decoding settings ({e})") from None
 
 
