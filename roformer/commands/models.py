@@ -33,6 +33,7 @@ def convert_command(args: argparse.Namespace) -> None:
     from roformer.files import check_output_dir, staged_output_dir
     from roformer.model.hf import from_hf, to_hf
     from roformer.model.model import load
+    from roformer.tasks.parallel import load_translation_tokenizer
 
     out = Path(args.out)
     check_output_dir(out, args.overwrite)  # before converting
@@ -46,9 +47,11 @@ def convert_command(args: argparse.Namespace) -> None:
         source = Path(args.to_hf)
         model = load(source, architecture=args.architecture)
         if any((source / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
-            # an encoder-decoder's tokenizer (one joint vocabulary) must fit both halves
+            # an encoder-decoder's tokenizer (one joint vocabulary) must fit both halves; it is a translation
+            # tokenizer (no [MASK] to ask for: roformer.tasks.parallel)
             halves = [getattr(model.config, half) for half in ("encoder", "decoder") if hasattr(model.config, half)]
-            check_fits(load_tokenizer(source), min(c.vocab_size for c in halves or [model.config]), source)
+            tokenizer = load_translation_tokenizer(source) if halves else load_tokenizer(source)
+            check_fits(tokenizer, min(c.vocab_size for c in halves or [model.config]), source)
         hf_model = to_hf(model)
         with staged_output_dir(out, args.overwrite) as staging:
             hf_model.save_pretrained(staging)

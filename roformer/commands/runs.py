@@ -116,8 +116,9 @@ def finetune_command(args: argparse.Namespace) -> None:
             f"{results['task']}: dev metrics of lr {results['selected']['peak_lr']:g} (mean ± std over {over}, %, "
             "each run at its best dev checkpoint)"
         )
+        scale = 1 if results.get("metrics_in_percent") else 100  # BLEU and chrF are percentages already
         for split, metrics in results["summary"].items():
-            cells = ", ".join(f"{name} {100 * m['mean']:.2f} ± {100 * m['std']:.2f}" for name, m in metrics.items())
+            cells = ", ".join(f"{name} {scale * m['mean']:.2f} ± {scale * m['std']:.2f}" for name, m in metrics.items())
             print(f"  {split}: {cells}")
         print(f"results in {out} (best model in {out / BEST_DIR})")
 

@@ -1,7 +1,7 @@
-"""The measuring commands: eval-mlm, probe, attention-distance, embed, compare.
+"""The measuring commands: eval-mlm, probe, attention-distance, embed, translate, compare.
 
 eval-mlm: loss by length; probe: long-context retrieval; attention-distance: the long-term decay of a model's
-attention; embed: sentence vectors; compare: runs and probes.
+attention; embed: sentence vectors; translate: an encoder-decoder's translations; compare: runs and probes.
 """
 
 from __future__ import annotations
@@ -169,6 +169,56 @@ def embed_command(args: argparse.Namespace) -> None:
         )
 
 
+def translate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", required=True, metavar="DIR", help="an encoder-decoder directory (a translation run's best/)"
+    )
+    parser.add_argument("--input", metavar="FILE", help="source sentences, one a line (.gz accepted; default: stdin)")
+    parser.add_argument("--out", metavar="FILE", help="the translations, one per input line (default: stdout)")
+    parser.add_argument("--beam", type=positive_int, help="beams per sentence, 1 = greedy (default: the run's)")
+    parser.add_argument("--length-penalty", type=float, help="sum logprob / length^this (default: the run's)")
+    parser.add_argument("--batch-size", type=positive_int, help="sentences per batch (default: the run's)")
+    parser.add_argument(
+        "--too-long", choices=["error", "truncate"], help="a line longer than the model takes (default: the run's)"
+    )
+    parser.add_argument("--device", help="e.g. cpu, cuda (default: cuda when there is one)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+
+
+def translate_command(args: argparse.Namespace) -> None:
+    from tqdm.auto import tqdm
+
+    from roformer.files import atomic_write_text, check_output_file
+    from roformer.tasks.parallel import decode_line, read_lines
+    from roformer.tasks.translator import Translator
+
+    out = Path(args.out) if args.out else None
+    if out is not None:  # before any work: nothing is written for bad input
+        if out.exists() and not args.overwrite:
+            raise UserError(f"{out}: exists (pass --overwrite to replace it)")
+        check_output_file(out)
+    if args.input:
+        source = Path(args.input)
+        if not source.is_file():
+            raise UserError(f"{source}: file not found")
+        lines = read_lines(source)
+    else:
+        source = Path("<stdin>")
+        lines = [decode_line(raw, source, i) for i, raw in enumerate(sys.stdin.buffer, start=1)]
+    settings = {"beam": args.beam, "length_penalty": args.length_penalty, "batch_size": args.batch_size}
+    translator = Translator.load(args.model, args.device, **settings, too_long=args.too_long)
+    with tqdm(total=len(lines), unit="sent", desc="translate", file=sys.stderr, disable=args.quiet) as bar:
+        translations = translator.translate(lines, lambda i: f"{source}:{i + 1}", bar.update)
+    text = "".join(line + "\n" for line in translations)
+    if out is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    atomic_write_text(out, text)
+    print(f"{len(translations)} translations written to {out}", file=sys.stderr)
+
+
 def compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "runs",
@@ -203,6 +253,12 @@ COMMANDS = (
         "eval-mlm", "masked-token loss and accuracy at several sequence lengths", eval_mlm_arguments, eval_mlm_command
     ),
     Command("embed", "sentence vectors of a file of texts with a model's backbone", embed_arguments, embed_command),
+    Command(
+        "translate",
+        "translate a file of sentences (or stdin) with an encoder-decoder, as its run decoded",
+        translate_arguments,
+        translate_command,
+    ),
     Command(
         "probe", "passkey and needle probes of long-context retrieval and MLM by length", probe_arguments, probe_command
     ),

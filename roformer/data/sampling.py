@@ -7,6 +7,7 @@ accumulation: one process with batch 2B, two with B, and one with B and two micr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -112,3 +113,34 @@ def share(batch: Any, micro: int, rank: int, num_processes: int, batch_size: int
 def global_batch_size(batch_size: int, num_processes: int, grad_accum: int) -> int:
     """Examples per optimizer step: `batch_size` per process and micro-batch, over processes and micro-batches."""
     return batch_size * num_processes * grad_accum
+
+
+def token_batches(sizes: Sequence[int], order: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Rows cut into batches by a token budget, in `order`: each batch's rows x its largest size is at most max_tokens.
+
+    fairseq's `batch_by_size`: with rows in order of length, a batch takes the next rows while count x longest stays
+    within the budget, so a batch of short sentences holds many and one of long sentences few, and padding is small.
+
+    Args:
+        sizes: Tokens a row costs in a batch (a pair's: the longer side, padded as batches are).
+        order: The rows in the order batches take them (by length, for little padding).
+        max_tokens: The budget.
+
+    Raises:
+        ValueError: a row larger than the budget by itself.
+    """
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    longest = 0
+    for row in order:
+        size = sizes[row]
+        if size > max_tokens:
+            raise ValueError(f"row {row} has {size} tokens, more than max_tokens {max_tokens}")
+        if batch and (len(batch) + 1) * max(longest, size) > max_tokens:
+            batches.append(batch)
+            batch, longest = [], 0
+        batch.append(row)
+        longest = max(longest, size)
+    if batch:
+        batches.append(batch)
+    return batches

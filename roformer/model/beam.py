@@ -132,24 +132,34 @@ def greedy_search(
     eos: int | None,
     pad: int,
 ) -> Tensor:
-    """The most likely token at every step, until each row's eos or limit (B,). -> (B, 1 + N) ids."""
+    """The most likely token at every step, until each row's eos or limit (B,). -> (B, 1 + N) ids.
+
+    A row that has ended leaves the batch (its cache rows with it): the steps after it compute the others alone.
+    """
     B, device = encoder_states.shape[0], encoder_states.device
     steps = int(limits.max()) if B else 0
     cache = KVCache(capacity=steps + 1)
-    tokens = torch.full((B, 1), start, dtype=torch.long, device=device)
-    columns = [tokens]
-    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    out = torch.full((B, 1 + steps), pad, dtype=torch.long, device=device)
+    out[:, 0] = start
+    rows = torch.arange(B, device=device)  # the rows still decoded, in their order in the batch
+    states, mask, tokens, used = encoder_states, encoder_mask, out[:, :1], 0
     for step in range(steps):
-        logits = model.next_token_logits(tokens, encoder_states, encoder_mask, cache)  # (B, V)
-        token = logits.float().argmax(dim=-1).masked_fill(finished, pad)  # (B,)
-        columns.append(token[:, None])
+        logits = model.next_token_logits(tokens, states, mask, cache)  # (A, V)
+        token = logits.float().argmax(dim=-1)  # (A,)
+        out[rows, step + 1] = token
+        used = step + 1
+        ended = step + 1 >= limits[rows]
         if eos is not None:
-            finished = finished | (token == eos)
-        finished = finished | (step + 1 >= limits)
-        if bool(finished.all()):
+            ended = ended | (token == eos)
+        if bool(ended.all()):
             break
+        if bool(ended.any()):
+            keep = (~ended).nonzero().squeeze(1)
+            rows, token, states = rows[keep], token[keep], states[keep]
+            mask = None if mask is None else mask[keep]
+            cache.reorder(keep, cross=keep)
         tokens = token[:, None]
-    return torch.cat(columns, dim=1)
+    return out[:, : 1 + used]
 
 
 @torch.no_grad()
@@ -167,8 +177,11 @@ def beam_search(
 ) -> Tensor:
     """Beam search with `num_beams` beams per source (see the module docstring), batched: -> (B, 1 + N) ids.
 
-    Beams are rows b * K + k of the decoder's batch (the encoder's states repeated K times); a step's survivors are
-    reordered in the cache (`KVCache.reorder`).
+    Beams are rows a * K + k of the decoder's batch (the encoder's states repeated K times); a step's survivors are
+    reordered in the cache (`KVCache.reorder`). A source whose best hypothesis can no longer change (no running beam
+    can beat its worst hypothesis, its K places are full under early stopping, or all its candidates ended) leaves
+    the batch with its beams and cache rows: later steps compute the other sources alone, and its result is the one
+    it would have had (HF's search computes every source until the last has ended).
     """
     B, K, device = encoder_states.shape[0], num_beams, encoder_states.device
     steps = int(limits.max()) if B else 0
@@ -177,41 +190,59 @@ def beam_search(
     cache = KVCache(capacity=steps + 1)
     width = 2 * K  # candidates kept per source: at least K that have not ended, even if K end at once
     among_best = torch.arange(width, device=device) < K  # (2K,): only the K best candidates may become hypotheses
-    rows_of = (torch.arange(B, device=device) * K)[:, None]  # (B, 1): a source's first beam row
     beams = Beams.start(B, K, steps, start, pad, device)
     done = Hypotheses.empty(B, K, steps, pad, device)
+    result = Hypotheses.empty(B, 1, steps, pad, device)  # every source's best hypothesis, once its search ended
+    sources = torch.arange(B, device=device)  # the sources still searched, in their order in the batch
     tokens = beams.ids[:, :, 0].reshape(B * K, 1)
     for step in range(steps):
-        logits = model.next_token_logits(tokens, states, mask, cache).float()  # (B*K, V)
+        A = len(sources)
+        limit = limits[sources]
+        logits = model.next_token_logits(tokens, states, mask, cache).float()  # (A*K, V)
         V = logits.shape[-1]
-        scores = logits.log_softmax(dim=-1).view(B, K, V) + beams.scores[:, :, None]  # (B, K, V)
-        top, flat = scores.view(B, K * V).topk(width, dim=-1)  # (B, 2K): summed log-probabilities
-        parent, token = flat // V, flat % V  # (B, 2K)
+        scores = logits.log_softmax(dim=-1).view(A, K, V) + beams.scores[:, :, None]  # (A, K, V)
+        top, flat = scores.view(A, K * V).topk(width, dim=-1)  # (A, 2K): summed log-probabilities
+        parent, token = flat // V, flat % V  # (A, 2K)
         candidates = beams.ids.gather(1, parent[:, :, None].expand(-1, -1, beams.ids.shape[-1])).clone()
         candidates[:, :, step + 1] = token
-        ended = step + 1 >= limits[:, None]  # (B, 1): the row's limit is reached
-        ends = ended.expand(B, width) if eos is None else (token == eos) | ended  # (B, 2K)
+        ended = step + 1 >= limit[:, None]  # (A, 1): the row's limit is reached
+        ends = ended.expand(A, width) if eos is None else (token == eos) | ended  # (A, 2K)
         # the K best candidates that go on (an ended one scores NEG, so chosen only if K of them ended)
         going_on = top + ends.float() * NEG
-        chosen = going_on.topk(K, dim=-1).indices  # (B, K)
+        chosen = going_on.topk(K, dim=-1).indices  # (A, K)
         beams = Beams(candidates.gather(1, chosen[:, :, None].expand_as(beams.ids)), going_on.gather(1, chosen))
         # the candidates that ended among the K best become hypotheses, scored with the length penalty
         penalised = top / ((step + 1) ** length_penalty)
         if early_stopping is True:
             penalised = penalised + (done.finished.all(dim=-1, keepdim=True)).float() * NEG  # a full source
         penalised = penalised + (~done.improvable).float() * NEG
-        new = ends & among_best  # (B, 2K)
+        new = ends & among_best  # (A, 2K)
         penalised = penalised + (~new).float() * NEG
         done = done.merged(candidates, penalised, new, step + 1)
         done.improvable = done.improvable & can_improve(
-            beams.scores, done, step + 1, limits, length_penalty, early_stopping
+            beams.scores, done, step + 1, limit, length_penalty, early_stopping
         )
-        all_full = bool(done.finished.all()) and early_stopping is True
-        if not bool(done.improvable.any()) or all_full or bool(ends.all()):
-            break
-        cache.reorder((rows_of + parent.gather(1, chosen)).reshape(-1))  # each beam's parent's keys and values
-        tokens = beams.ids[:, :, step + 1].reshape(B * K, 1)
-    return done.best()
+        searched = done.improvable[:, 0] & ~ends.all(dim=-1)  # (A,): whose best may still change
+        if early_stopping is True:
+            searched = searched & ~done.finished.all(dim=-1)
+        if not bool(searched.all()):
+            result.put(sources[~searched], done.first(~searched))
+            if not bool(searched.any()):
+                break
+        parents = (torch.arange(A, device=device)[:, None] * K + parent.gather(1, chosen)).reshape(-1)
+        if bool(searched.all()):
+            cache.reorder(parents)  # each beam's parent's keys and values
+        else:  # the ended sources leave: their beams' rows, and their encoder rows in the cache
+            keep = searched.nonzero().squeeze(1)
+            beam_rows = (keep[:, None] * K + torch.arange(K, device=device)).reshape(-1)
+            cache.reorder(parents.view(A, K)[keep].reshape(-1), cross=beam_rows)
+            sources, beams, done = sources[keep], beams.rows(keep), done.rows(keep)
+            states = states[beam_rows]
+            mask = None if mask is None else mask[beam_rows]
+        tokens = beams.ids[:, :, step + 1].reshape(-1, 1)
+    else:
+        result.put(sources, done.first(torch.ones(len(sources), dtype=torch.bool, device=device)))
+    return result.best()
 
 
 @dataclass
@@ -225,6 +256,10 @@ class Beams:
 
     ids: Tensor
     scores: Tensor
+
+    def rows(self, keep: Tensor) -> Beams:
+        """The beams of sources `keep` (indices), in that order."""
+        return Beams(self.ids[keep], self.scores[keep])
 
     @classmethod
     def start(cls, B: int, K: int, steps: int, start: int, pad: int, device: torch.device) -> Beams:
@@ -283,6 +318,29 @@ class Hypotheses:
             lengths.gather(1, best),
             self.improvable,
         )
+
+    def rows(self, keep: Tensor) -> Hypotheses:
+        """The hypotheses of sources `keep` (indices), in that order."""
+        return Hypotheses(
+            self.ids[keep], self.scores[keep], self.finished[keep], self.lengths[keep], self.improvable[keep]
+        )
+
+    def first(self, which: Tensor) -> Hypotheses:
+        """The best hypothesis (place 0) of the sources `which` (a (B,) bool mask), as one place each."""
+        return Hypotheses(
+            self.ids[which, :1],
+            self.scores[which, :1],
+            self.finished[which, :1],
+            self.lengths[which, :1],
+            self.improvable[which],
+        )
+
+    def put(self, sources: Tensor, hypotheses: Hypotheses) -> None:
+        """Write `hypotheses` (of as many sources) into the places of `sources` (indices)."""
+        self.ids[sources] = hypotheses.ids
+        self.scores[sources] = hypotheses.scores
+        self.finished[sources] = hypotheses.finished
+        self.lengths[sources] = hypotheses.lengths
 
     def best(self) -> Tensor:
         """(B, 1 + N) every source's best hypothesis, cut after the longest of them."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from roformer.errors import CheckpointError, ConfigError, UserError
-from roformer.model.config import ModelConfig
+from roformer.model.config import EncoderDecoderConfig, ModelConfig
 from roformer.model.hf import from_hf, hf_model_config
 from roformer.model.model import EncoderDecoder, Model, convert_rotary_layout, load
 from roformer.model.weights import MODEL_CONFIG_FILE, WEIGHTS_FILE, read_model_config
@@ -25,7 +25,7 @@ def is_roformer_dir(source: str | Path) -> bool:
 
 def pretrained_config(
     source: str | Path, architecture: str, num_labels: int | None = None, **overrides: Any
-) -> ModelConfig:
+) -> ModelConfig | EncoderDecoderConfig:
     """The config `load_pretrained` would give, read without loading the weights (to check a job before it trains).
 
     Raises:
@@ -107,7 +107,9 @@ def _check_fields(overrides: dict[str, Any]) -> None:
         raise ConfigError(f"model: unknown ModelConfig field '{unknown[0]}'")
 
 
-def _with(config: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
-    """`config` with ModelConfig `overrides` (the `model:` section of a fine-tuning config)."""
+def _with(config: ModelConfig | EncoderDecoderConfig, overrides: dict[str, Any]) -> ModelConfig | EncoderDecoderConfig:
+    """`config` with ModelConfig `overrides` (the `model:` section of a fine-tuning config; both halves of a pair)."""
     _check_fields(overrides)
+    if isinstance(config, EncoderDecoderConfig):
+        return config.replaced(**overrides)
     return replace(config, **overrides)

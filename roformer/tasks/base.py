@@ -24,7 +24,7 @@ from roformer.files import atomic_write_text
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
     from roformer.model.config import ModelConfig
-    from roformer.tasks.config import FinetuneDataConfig
+    from roformer.tasks.config import FinetuneDataConfig, Vocabulary
 
 
 class TokenRows:
@@ -97,6 +97,7 @@ class HeadOutputs:
     micro_batch_loss: str | None = None  # the loss is a mean of per-example terms: any batch_size, the same step
     cross_validation_folds: int | None = None  # the dev split is the dev file's: one run per (lr, seed)
     label_names: list[str] | None = None  # the head's outputs have no names (scores, spans, candidates)
+    submission_folder = "submission"  # where the selected run's files are published (write_submission)
 
     def __init__(
         self, data: FinetuneDataConfig, default_metrics: Sequence[str] | None = None, name: str | None = None
@@ -128,6 +129,38 @@ class HeadOutputs:
     def check_model(self, config: ModelConfig) -> None:
         """Say what the model's settings mean for the task, before training (nothing to say by default)."""
 
+    def token_batches(self, split: Any, cap: int) -> list[list[int]] | None:
+        """The training split's fixed batches by a token budget (each a micro-batch of one process), or None.
+
+        None (the default): steps are `train.batch_size` examples per micro-batch and process, from seeded
+        per-epoch permutations. A list: every step trains on the next processes x grad_accum of these batches, in
+        a seeded order per epoch (fairseq's `--max-tokens`).
+        """
+        return None
+
+    def loss_weight(self, split: Any, rows: list[int]) -> int:
+        """The number of terms the loss of a batch of `rows` averages over: its rows (a mean per example).
+
+        Token batches hold different numbers of rows (and tokens): each micro-batch's mean is weighted by this
+        count over the step's, so that the step's loss is the mean over all its terms, however they are batched.
+        """
+        return len(rows)
+
+    def padded_tokens(self, split: Any, rows: list[int], cap: int) -> int:
+        """Positions a batch of `rows` computes, padding included: `sequences` rows of its padded length."""
+        return split.sequences * len(rows) * self.padded_length(max(split.lengths[r] for r in rows), cap)
+
+    def result_notes(self, selected: dict[str, Any]) -> dict[str, Any]:
+        """Fields of results.json of the type's own, from the selected run's record (none by default)."""
+        return {}
+
+    def model_files(self, eval_batch_size: int) -> dict[str, str]:
+        """Files written beside every fine-tuned model of the task ({name: text}; none by default).
+
+        `eval_batch_size` is the run's prediction batch (a file may record it, to predict in the same batches).
+        """
+        return {}
+
 
 class FinetuneTask(Protocol):
     """One downstream task with its splits read: what the fine-tuning recipe asks of it.
@@ -136,7 +169,7 @@ class FinetuneTask(Protocol):
         name: The task's name in results.json, the metrics events (`task`) and the logs, e.g. `rte`.
         tracker_project: The experiment tracker's project of its runs.
         architecture: The model `roformer.load` builds for it, e.g. `sequence_classification`.
-        num_labels: The outputs of that model's head.
+        num_labels: The outputs of that model's head (None: a model without a label count, an encoder-decoder).
         metrics: The names of the dev metrics `evaluate` returns; their mean (`score`) selects checkpoints and
             learning rates.
         dev_splits: The labelled dev splits present; the first one selects checkpoints and learning rates.
@@ -150,12 +183,14 @@ class FinetuneTask(Protocol):
             per-example terms, which any batch_size gives alike.
         cross_validation_folds: k of a k-fold cross-validation of the training file: the grid's third axis (every
             (lr, seed) runs once per held-out fold, `fold` in its record); None: no folds.
+        submission_folder: The run directory's folder of the selected run's published files (`submission`;
+            translation's `hypotheses`).
     """
 
     name: str
     tracker_project: str
     architecture: str
-    num_labels: int
+    num_labels: int | None
     metrics: tuple[str, ...]
     dev_splits: list[str]
     test_splits: list[str]
@@ -163,6 +198,7 @@ class FinetuneTask(Protocol):
     pooling: str | None
     micro_batch_loss: str | None
     cross_validation_folds: int | None
+    submission_folder: str
 
     def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, EncodedSplit]:
         """Every split tokenized with `tokenizer`, rows of at most `max_length` tokens (ragged: batches pad)."""
@@ -184,6 +220,21 @@ class FinetuneTask(Protocol):
 
     def collate(self, split: EncodedSplit, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
         """The model inputs of `rows` of `split`, padded to `padded_length`, with their labels when it has them."""
+
+    def token_batches(self, split: EncodedSplit, cap: int) -> list[list[int]] | None:
+        """The training split's batches by a token budget, or None: batches of `train.batch_size` examples."""
+
+    def loss_weight(self, split: EncodedSplit, rows: list[int]) -> int:
+        """The terms a batch's loss averages over (`HeadOutputs`: its rows): token batches weight their means by it."""
+
+    def padded_tokens(self, split: EncodedSplit, rows: list[int], cap: int) -> int:
+        """Positions a batch of `rows` computes, padding included (throughput and padding figures)."""
+
+    def result_notes(self, selected: dict[str, Any]) -> dict[str, Any]:
+        """results.json fields of the type's own, from the selected run's record (`HeadOutputs`: none)."""
+
+    def model_files(self, eval_batch_size: int) -> dict[str, str]:
+        """Files beside every fine-tuned model ({name: text}): what using it needs (`HeadOutputs`: none)."""
 
     def predictions(self, logits: torch.Tensor, split: EncodedSplit, rows: list[int]) -> list[Any]:
         """What each row of a batch's logits predicts (picklable: several processes gather them)."""
@@ -272,7 +323,14 @@ class TaskSpec:
             ConfigError.
         needs_validation_file: Whether a `files` source needs `validation_file` for this data: section.
         own_vocabulary: The task makes its own tokenizer (`task.tokenizer()`), so a model can be trained from
-            scratch: `init:` empty, the config's `model:` section the whole model (synthetic tasks).
+            scratch: `init:` empty, the config's `model:` section the whole model (synthetic tasks, translation).
+        pretrained_init: With `own_vocabulary`: `init:` may also name a pretrained model of `architecture`, whose
+            tokenizer the task then reads (`task.pretrained_tokenizer(init)`) and whose `model:` section is
+            overrides, as for every other type (translation fine-tunes a converted encoder-decoder).
+        scratch_model: The config of the model trained from scratch, from the `model:` section and the task's
+            `Vocabulary` (raising ConfigError naming `model.<key>`); None: a `ModelConfig` of the section.
+        data_keys: Fields of `data:` that only this type reads (translation's `source_lang`, `train_prefix`...):
+            another type's config that sets one is refused, naming it.
     """
 
     name: str
@@ -292,6 +350,9 @@ class TaskSpec:
     check: Callable[[FinetuneDataConfig], None] | None = None
     needs_validation_file: Callable[[FinetuneDataConfig], bool] | None = None
     own_vocabulary: bool = False
+    pretrained_init: bool = False
+    scratch_model: Callable[[dict[str, Any], Vocabulary], Any] | None = None
+    data_keys: tuple[str, ...] = ()
 
     def known_metrics(self, data: FinetuneDataConfig) -> tuple[str, ...]:
         """The metrics `data.metrics` may name for `data`."""

@@ -1,7 +1,9 @@
 """The `data:` section of fine-tuning: `FinetuneDataConfig`, and the task types' settings (`data.tagging`, ...).
 
 Values only, checked on construction; what reads them is the task types' modules (roformer.tasks). The loader and the
-resume policy read what their field metadata says (roformer.config: PATH, MAY_CHANGE_ON_RESUME).
+resume policy read what their field metadata says (roformer.config: PATH, MAY_CHANGE_ON_RESUME). `Vocabulary` is what a
+model trained from scratch takes of its task's tokenizer (a type's `TaskSpec.scratch_model` builds its config from the
+`model:` section and it), here so that a config is checked without torch.
 """
 
 from __future__ import annotations
@@ -61,6 +63,13 @@ class FinetuneDataConfig:
             entity scheme, accuracy with `tagging.scheme: none`); question answering, exact_match and f1 (null =
             both); multiple choice and triplet, accuracy.
         threshold: `multi_label_classification`: a label is predicted when its probability is at least this.
+        source_lang: `translation`: the source language's suffix of the parallel files (`en`: PREFIX.en), or its
+            key in a hub dataset's `translation` records.
+        target_lang: `translation`: the target language's suffix (`de`: PREFIX.de), or its hub key.
+        train_prefix: `translation`, files: the training pair, PREFIX.<source_lang> and PREFIX.<target_lang> (or
+            their `.gz`), one sentence a line, paired by line number (fairseq's `--trainpref`).
+        validation_prefix: `translation`, files: the dev pair (`--validpref`): it selects checkpoints.
+        test_prefix: `translation`, files: a test pair (`--testpref`; optional), translated and scored at the end.
         sections: The settings of the task types, each under its own key (`data.tagging:` of
             `token_classification`, `data.qa:`, `data.choices:`, ...: the type's declaration names its section and
             its dataclass), and the folders a type reads (`data.beir_dir` of retrieval); read as `data.tagging`.
@@ -101,6 +110,11 @@ class FinetuneDataConfig:
     skip_labels: list[str] = field(default_factory=list)
     metrics: list[str] | None = None
     threshold: float = 0.5
+    source_lang: str | None = None
+    target_lang: str | None = None
+    train_prefix: str | None = field(default=None, metadata=PATH)
+    validation_prefix: str | None = field(default=None, metadata=PATH)
+    test_prefix: str | None = field(default=None, metadata=PATH)
     sections: dict[str, Any] = field(default_factory=dict, repr=False, metadata={SECTIONS: True})
     jieba: bool | None = None
     max_length: int = 512
@@ -120,6 +134,7 @@ class FinetuneDataConfig:
         else:
             self._check_files_or_hub()
         self._check_sections()
+        self._check_type_keys()
         if self.pad_to_multiple_of < 1:
             raise ConfigError(f"pad_to_multiple_of must be >= 1, got {self.pad_to_multiple_of}")
         if self.max_length < 8:
@@ -177,6 +192,14 @@ class FinetuneDataConfig:
         if not self.task:
             self.task = self.type
 
+    def _check_type_keys(self) -> None:
+        """A field that only some types read (their declaration's `data_keys`) is refused for every other type."""
+        for spec in registry.specs().values():
+            for key in spec.data_keys:
+                if getattr(self, key) is not None and key not in self.spec.data_keys:
+                    owners = [s.name for s in registry.specs().values() if key in s.data_keys]
+                    raise ConfigError(f"{key}: is for type: {' or '.join(owners)} (this task is type: {self.type})")
+
     def _check_sections(self) -> None:
         """The section of this type is filled with its defaults; another type's section is an error."""
         declared = _declared_sections()
@@ -233,3 +256,29 @@ FinetuneDataConfig.__init__ = _init_with_sections  # type: ignore[method-assign]
 
 def _declared_sections() -> dict[str, type]:
     return registry.settings_sections()
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What a model trained from scratch takes of its task's tokenizer: its size and special ids.
+
+    Attributes:
+        size: Ids of the tokenizer (the model's vocab_size).
+        pad_token_id: The padding id.
+        bos_token_id: The id a target starts from (a decoder's start token), or None.
+        eos_token_id: The id that ends a target, or None.
+    """
+
+    size: int
+    pad_token_id: int
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> Vocabulary:
+        """The vocabulary of a transformers tokenizer."""
+        return cls(len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
+
+
+# A vocabulary of every special id, for checking a `model:` section before any tokenizer is made
+PLACEHOLDER_VOCABULARY = Vocabulary(size=8, pad_token_id=0, bos_token_id=1, eos_token_id=2)

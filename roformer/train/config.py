@@ -32,9 +32,9 @@ from roformer.config import (
 from roformer.data.config import DataConfig
 from roformer.errors import ConfigError
 from roformer.model.config import ModelConfig
-from roformer.tasks.config import SECTIONS, FinetuneDataConfig
+from roformer.tasks.config import PLACEHOLDER_VOCABULARY, SECTIONS, FinetuneDataConfig, Vocabulary
 
-SCHEDULES = ("linear", "cosine", "constant", "wsd")
+SCHEDULES = ("linear", "cosine", "constant", "wsd", "inverse_sqrt")
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
 
 
@@ -49,9 +49,11 @@ class TrainArgs:
         grad_accum: Micro-batches per optimizer step.
         mixed_precision: `no` (fp32), `bf16` or `fp16` (GPU), through accelerate; null = the launcher's setting
             (`accelerate launch` config or --mixed_precision), fp32 without one. The effective value is logged.
-        schedule: `linear` or `cosine` decay to 0 at the last step after warmup, `constant`, or `wsd`
+        schedule: `linear` or `cosine` decay to 0 at the last step after warmup, `constant`, `wsd`
             (warmup-stable-decay: warmup, the peak held, then `decay_fraction` of the steps decaying to 0 in
-            `decay_shape`; Hu et al. 2024, MiniCPM; Hägele et al. 2024; mmBERT's recipe).
+            `decay_shape`; Hu et al. 2024, MiniCPM; Hägele et al. 2024; mmBERT's recipe), or `inverse_sqrt` (the
+            Transformer's: lr x min(s / warmup, sqrt(warmup / s)) at update s = 1, 2, ...; fairseq's
+            `inverse_sqrt`; it needs a warmup and does not depend on the run's length).
         decay_fraction: `wsd`: the last fraction of the steps that decays (0.2: Hägele et al.'s cooldown).
         decay_shape: `wsd`: the decay's shape: `linear`, `cosine` or `1-sqrt` (1 - sqrt(progress), which Hägele et
             al. 2024 found to match a cosine schedule's loss at the same length).
@@ -90,7 +92,9 @@ class TrainArgs:
     batch_size: int = field(default=32, metadata={**MAY_CHANGE_ON_RESUME, **STAGE})
     grad_accum: int = field(default=1, metadata={**MAY_CHANGE_ON_RESUME, **STAGE})
     mixed_precision: Literal["no", "bf16", "fp16"] | None = None
-    schedule: Literal["linear", "cosine", "constant", "wsd"] = field(default="linear", metadata=STAGE_LR_PHASE)
+    schedule: Literal["linear", "cosine", "constant", "wsd", "inverse_sqrt"] = field(
+        default="linear", metadata=STAGE_LR_PHASE
+    )
     warmup_steps: int | None = field(default=None, metadata=STAGE_LR_PHASE)
     warmup_fraction: float = field(default=0.06, metadata=STAGE_LR_PHASE)
     decay_fraction: float = field(default=0.2, metadata=STAGE_LR_PHASE)
@@ -130,6 +134,10 @@ class TrainArgs:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise ConfigError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
+        if self.schedule == "inverse_sqrt" and (
+            self.warmup_steps == 0 or (self.warmup_steps is None and self.warmup_fraction == 0)
+        ):
+            raise ConfigError("schedule: inverse_sqrt needs a warmup (warmup_steps >= 1, or warmup_fraction > 0)")
         if not 0.0 < self.decay_fraction <= 1.0:
             raise ConfigError(f"decay_fraction must be in (0, 1], got {self.decay_fraction}")
         check_seed("seed", self.seed)
@@ -201,6 +209,12 @@ class FinetuneTrainConfig(TrainArgs):
         max_steps: Optimizer steps (overrides epochs); 0 = evaluate the initial model only.
         lrs: A learning-rate grid: one run per lr and seed, the lr selected by mean dev score (empty: `lr` alone).
         seeds: One fine-tune per seed (head init, data order, dropout; empty: `seed` alone).
+        average_last: Average the weights of the run's last N models, one every `average_every` steps (fairseq's
+            `--save-interval-updates` with `scripts/average_checkpoints.py --num-update-checkpoints N`; the
+            RoFormer and Transformer papers averaged the last 5): the average is scored on dev and test beside the
+            best checkpoint and published as `averaged/` (of the selected run). 0 = off. Fewer than N: all of them.
+        average_every: Steps between the averaged models (the last step is always one); null = the evaluation
+            points (`eval_every`).
     """
 
     lr: float = field(default=2e-5, metadata=STAGE_LR_PHASE)  # the metadata of TrainArgs' fields, kept
@@ -212,9 +226,15 @@ class FinetuneTrainConfig(TrainArgs):
     max_steps: int | None = field(default=None, metadata=MAY_CHANGE_UNTIL_A_RUN_FINISHES)
     lrs: list[float] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
+    average_last: int = 0  # the points kept are decided at the start of a run: fixed on resume
+    average_every: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.average_last < 0:
+            raise ConfigError(f"average_last must be >= 0 (0 = off), got {self.average_last}")
+        if self.average_every is not None and self.average_every < 1:
+            raise ConfigError(f"average_every must be >= 1 or null (the evaluation points), got {self.average_every}")
         if self.epochs <= 0 and self.max_steps is None:
             raise ConfigError(f"epochs must be > 0, got {self.epochs}")
         if self.max_steps is not None and self.max_steps < 0:
@@ -469,18 +489,21 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         if "num_labels" in self.model:
             raise ConfigError("model.num_labels comes from the task (data.task); remove it")
-        own_vocabulary = self.data.spec.own_vocabulary
-        if not self.init and not own_vocabulary:
+        spec = self.data.spec
+        if not self.init and not spec.own_vocabulary:
             raise ConfigError("init is required: the model directory to fine-tune")
-        if self.init and own_vocabulary:
+        if self.init and spec.own_vocabulary and not spec.pretrained_init:
             raise ConfigError(
                 f"init: type {self.data.type} makes its own vocabulary and trains from scratch: leave it empty"
             )
         if not self.init:
-            self.scratch_model(vocab_size=1)  # the model: section checked now, before any work
+            self.scratch_model(PLACEHOLDER_VOCABULARY)  # the model: section checked now, before any work
 
-    def scratch_model(self, vocab_size: int, pad_token_id: int = 0) -> ModelConfig:
+    def scratch_model(self, vocabulary: Vocabulary) -> Any:
         """The model trained from scratch (`init:` empty): the `model:` section, the task's vocabulary.
+
+        A `ModelConfig` of the section, or what the type's declaration builds of it (`TaskSpec.scratch_model`:
+        translation's encoder-decoder).
 
         Raises:
             ConfigError: an unknown key or bad value of `model:` (named), or a vocab_size / pad_token_id given
@@ -489,7 +512,10 @@ class FinetuneConfig:
         for key in ("vocab_size", "pad_token_id"):
             if key in self.model:
                 raise ConfigError(f"model.{key} comes from the task's vocabulary; remove it")
-        section = {**self.model, "vocab_size": vocab_size, "pad_token_id": pad_token_id}
+        build = self.data.spec.scratch_model
+        if build is not None:
+            return build(dict(self.model), vocabulary)
+        section = {**self.model, "vocab_size": vocabulary.size, "pad_token_id": vocabulary.pad_token_id}
         return from_dict(ModelConfig, section, prefix="model.")
 
     def to_dict(self) -> dict[str, Any]:

@@ -218,6 +218,8 @@ class Engine:
 
         args, total = self.args, self.total_steps
         evaluate_at = self.eval_points(recipe)
+        # a recipe that keeps the weights of given steps (fine-tuning's train.average_last) says which
+        keep_at = recipe.snapshot_points() if hasattr(recipe, "snapshot_points") else set()
         stage_ends = {stage.end: stage for stage in recipe.stages if stage.name}
         show = self.is_main_process and args.progress
         bar = tqdm(total=total, initial=state.step, desc=desc, disable=not show)
@@ -245,6 +247,9 @@ class Engine:
                 with pace.spent("eval"):
                     if done in evaluate_at or ended:
                         self.evaluate(recipe, state)
+                with pace.spent("checkpoint"):  # before this step's checkpoint, which then holds it
+                    if done in keep_at:
+                        recipe.snapshot(done)
                 with pace.spent("stage"):
                     end_event = recipe.end_stage(ended, state) if ended else None
                 saved = (

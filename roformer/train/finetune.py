@@ -52,12 +52,14 @@ from roformer.data.tokenizer import check_fits, load_tokenizer, segmentation
 from roformer.errors import UserError
 from roformer.files import atomic_write_text
 from roformer.logs import quiet_loggers
-from roformer.model.config import ModelConfig
+from roformer.model.config import EncoderDecoderConfig, ModelConfig
 from roformer.model.model import ARCHITECTURES, Model
 from roformer.model.pretrained import load_pretrained, pretrained_config
 from roformer.tasks.base import EncodedSplit, FinetuneTask
+from roformer.tasks.config import Vocabulary
 from roformer.tasks.glue_metrics import ranked, seed_summary
 from roformer.tasks.registry import make_task
+from roformer.train.averaging import average_states, last_points
 from roformer.train.config import FinetuneConfig
 from roformer.train.engine import Engine
 from roformer.train.evaluate import eval_chunks
@@ -73,7 +75,6 @@ from roformer.train.run_dir import (
     PROGRESS_DIR,
     RESULTS_FILE,
     SENTENCE_FILE,
-    SUBMISSION_DIR,
     RunDir,
     pretraining_length,
     write_model_dir,
@@ -88,6 +89,12 @@ RECORD_FILE = "record.json"  # .progress/<run>/: the finished run's dev metrics 
 BEST_WEIGHTS_FILE = "best.safetensors"  # inside a fine-tuning checkpoint: the best dev weights so far
 CANDIDATE_SCORE_FILE = "score.json"  # .candidates/lr<lr>/: the dev score of the model kept there
 LABELS_FILE = "labels.json"  # best/: the names of the head's outputs in id order (classes, tags)
+AVERAGED_DIR = "averaged"  # the selected run's average of its last train.average_last models (beside best/)
+
+
+def snapshot_file(step: int) -> str:
+    """Inside a fine-tuning checkpoint: the weights after step `step`, one of those averaged at the end."""
+    return f"average-step-{step}.safetensors"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -167,6 +174,58 @@ class _FinetuneStep:
         return loss, loss.detach().float() / self.layout.grad_accum / self.layout.num_processes
 
 
+class _TokenBatchStep:
+    """One step of token batches: processes x grad_accum batches of the task's, one per micro-batch and process.
+
+    Batch k of the step is micro-batch k // processes of process k % processes, as `share` spreads examples, so the
+    same batches train a step under any layout of the same processes x grad_accum. Each batch's loss (a mean over
+    its terms, e.g. target tokens) is weighted by its share of the step's terms: the step's loss is the mean over
+    all of them (fairseq's normalisation), and the gradients of processes and micro-batches add up to its gradient.
+
+    Args:
+        batches: The step's batches of training rows, in order.
+        batch_of: The padded batch of a list of rows.
+        weight_of: The terms a batch's loss averages over (`FinetuneTask.loss_weight`).
+        padded_of: The positions a batch computes, padding included (`FinetuneTask.padded_tokens`).
+        tokens: Real tokens of every training row.
+        layout: This process's share of the step.
+        task_loss: The task's loss of a model and a batch.
+    """
+
+    def __init__(
+        self,
+        batches: list[list[int]],
+        batch_of: Callable[[list[int]], dict[str, torch.Tensor]],
+        weight_of: Callable[[list[int]], int],
+        padded_of: Callable[[list[int]], int],
+        tokens: list[int],
+        layout: ProcessLayout,
+        task_loss: Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor],
+    ) -> None:
+        self.batches, self.batch_of, self.layout, self.task_loss = batches, batch_of, layout, task_loss
+        self.tokens = sum(tokens[i] for rows in batches for i in rows)
+        self.padded_tokens = sum(padded_of(rows) for rows in batches)
+        weights = [weight_of(rows) for rows in batches]
+        total = max(1, sum(weights))
+        # a batch's weight: its share of the step's terms, times the batches (accelerate divides the loss by
+        # grad_accum and DDP averages the gradients over processes: the weights average to 1 over the step)
+        self.weights = [w * len(batches) / total for w in weights]
+
+    def micro(self, micro: int) -> tuple[dict[str, torch.Tensor], float]:
+        """This process's batch of micro-batch `micro`, on the device, and its loss weight."""
+        layout = self.layout
+        index = micro * layout.num_processes + layout.rank
+        batch = {k: to_device(v, layout.device) for k, v in self.batch_of(self.batches[index]).items()}
+        return batch, self.weights[index]
+
+    def loss(
+        self, model: torch.nn.Module, weighted: tuple[dict[str, torch.Tensor], float]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, weight = weighted
+        loss = self.task_loss(model, batch) * weight
+        return loss, loss.detach().float() / len(self.batches)
+
+
 class FinetuneRun(Unstaged):
     """The batches, evaluation and best-checkpoint keeping of one fine-tuning run.
 
@@ -176,24 +235,69 @@ class FinetuneRun(Unstaged):
         data: The task and its encoded splits.
         eval_size: Examples per prediction batch and process.
         group_by_length: Training batches of similar-length examples (data.group_by_length).
+        average_last: Models averaged at the end (train.average_last; 0: none).
+        average_every: Steps between them (train.average_every; None: the evaluation points).
     """
 
-    def __init__(self, engine: Engine, seed: int, data: EncodedTask, eval_size: int, group_by_length: bool) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        seed: int,
+        data: EncodedTask,
+        eval_size: int,
+        group_by_length: bool,
+        average_last: int = 0,
+        average_every: int | None = None,
+    ) -> None:
         self.engine, self.data, self.eval_size = engine, data, eval_size
         train = data.splits["train"]
         self.rows = RowSizes(train.lengths, train.tokens, train.sequences)  # computed once: every step reads them
         self.lengths = self.rows.lengths
-        if group_by_length:
-            self.sampler: EpochSampler = LengthGroupedSampler(self.lengths, engine.global_batch, seed)
+        self.token_batches = data.task.token_batches(train, data.max_length)
+        if self.token_batches is not None:  # the task's batches by tokens, processes x grad_accum of them a step
+            chunks = engine.global_batch // engine.args.batch_size
+            self.sampler: EpochSampler = EpochSampler(len(self.token_batches), chunks, seed)
+        elif group_by_length:
+            self.sampler = LengthGroupedSampler(self.lengths, engine.global_batch, seed)
         else:
             self.sampler = EpochSampler(len(self.lengths), engine.global_batch, seed)
         self.best: dict[str, Any] = {"score": -math.inf, "step": 0, "state": None, "dev": None}
+        self.average_last, self.average_every = average_last, average_every
+        self.average_points: list[int] = []  # set by `start`, once the run's length is known
+        self.snapshots: dict[int, dict[str, torch.Tensor]] = {}  # the weights at those points, as they are passed
 
-    def plan(self, step: int) -> _FinetuneStep:
+    def start(self) -> None:
+        """Decide the steps whose weights are averaged (the engine is set up: the run's length is known)."""
+        every, total = self.average_every, self.engine.total_steps
+        candidates = self.engine.eval_points(self) if every is None else set(range(every, total + 1, every))
+        self.average_points = last_points(candidates | ({total} if total else set()), self.average_last)
+
+    def snapshot_points(self) -> set[int]:
+        """The steps after which the engine calls `snapshot`: those whose weights are averaged at the end."""
+        return set(self.average_points)
+
+    def snapshot(self, step: int) -> None:
+        """Keep the weights after `step` (gathered by every process under FSDP), for the average at the end."""
+        self.snapshots[step] = {k: v.detach().cpu().clone() for k, v in self.engine.full_state_dict().items()}
+
+    def plan(self, step: int) -> _FinetuneStep | _TokenBatchStep:
+        layout, task = self.engine.layout, self.data.task
+        if self.token_batches is not None:
+            train = self.data.splits["train"]
+            batches = [self.token_batches[b] for b in self.sampler.indices(step).tolist()]
+            cap = self.data.max_length
+            return _TokenBatchStep(
+                batches,
+                partial(self.data.batch, "train"),
+                partial(task.loss_weight, train),
+                lambda rows: task.padded_tokens(train, rows, cap),
+                self.rows.tokens,
+                layout,
+                task.loss,
+            )
         indices = self.sampler.indices(step).tolist()
         batch_of = partial(self.data.batch, "train")
-        layout = self.engine.layout
-        return _FinetuneStep(indices, self.rows, batch_of, self.data.padded_length, layout, self.data.task.loss)
+        return _FinetuneStep(indices, self.rows, batch_of, self.data.padded_length, layout, task.loss)
 
     def evaluate(self, step: int) -> list[dict[str, Any]]:
         """Dev metrics of every dev split; the weights are kept when the first split's score improves."""
@@ -209,20 +313,32 @@ class FinetuneRun(Unstaged):
             self.best = {"score": score, "step": step, "state": state, "dev": dev, "predictions": predicted}
         return [{"split": split, **metrics} for split, metrics in dev.items()]
 
+    def averaged_state(self) -> dict[str, torch.Tensor] | None:
+        """The mean of the weights kept at the average points (None: averaging is off, or no point was reached)."""
+        states = [self.snapshots[step] for step in sorted(self.snapshots)]
+        return average_states(states) if states else None
+
     def epoch_of(self, step: int) -> float:
         return step / self.steps_per_epoch()
 
     def steps_per_epoch(self) -> float:
+        if self.token_batches is not None:
+            return len(self.token_batches) / self.sampler.global_batch
         return len(self.lengths) / self.engine.global_batch
 
     def save_checkpoint_state(self, directory: Path) -> dict[str, Any]:
         if self.best["state"] is not None:
             save_file({k: v.contiguous() for k, v in self.best["state"].items()}, str(directory / BEST_WEIGHTS_FILE))
-        return {k: v for k, v in self.best.items() if k not in ("state", "predictions")}  # predictions: redone
+        for step, state in self.snapshots.items():
+            save_file({k: v.contiguous() for k, v in state.items()}, str(directory / snapshot_file(step)))
+        kept = {k: v for k, v in self.best.items() if k not in ("state", "predictions")}  # predictions: redone
+        return {**kept, "snapshots": sorted(self.snapshots)}
 
     def load_checkpoint_state(self, directory: Path, state: dict[str, Any], step: int) -> None:
         weights = directory / BEST_WEIGHTS_FILE
+        snapshots = state.pop("snapshots", [])
         self.best = {**state, "state": load_file(str(weights)) if weights.is_file() else None}
+        self.snapshots = {point: load_file(str(directory / snapshot_file(point))) for point in snapshots}
 
     def micro_batch_loss(self) -> str | None:
         return self.data.task.micro_batch_loss
@@ -245,8 +361,9 @@ def predict(engine: Engine, data: EncodedTask, split: str, eval_size: int) -> li
     for chunk in eval_chunks(len(lengths), eval_size, acc.process_index, acc.num_processes):
         rows = [0] if chunk is None else [order[i] for i in chunk.tolist()]  # None: keeps FSDP in step
         batch = data.batch(split, rows)
-        logits = data.task.outputs(model, {k: to_device(v, acc.device) for k, v in batch.items()}).float()
-        if chunk is not None:
+        outputs = data.task.outputs(model, {k: on_device(v, acc.device) for k, v in batch.items()})
+        if chunk is not None:  # logits in float32; a task's own outputs (decoded targets) as they are
+            logits = outputs.float() if isinstance(outputs, torch.Tensor) else outputs
             predictions += data.task.predictions(logits, encoded, rows)
     gathered = gather_object([predictions]) if acc.num_processes > 1 else [predictions]
     by_length = [p for part in gathered for p in part]
@@ -256,27 +373,56 @@ def predict(engine: Engine, data: EncodedTask, split: str, eval_size: int) -> li
     return in_order
 
 
+def on_device(value: Any, device: torch.device) -> Any:
+    """A batch's tensor on `device`; anything else a batch carries (a task's decoding settings) as it is."""
+    return to_device(value, device) if isinstance(value, torch.Tensor) else value
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The job
 
 
-def task_inputs(config: FinetuneConfig) -> tuple[FinetuneTask, Tokenizer, ModelConfig]:
+def task_inputs(config: FinetuneConfig) -> tuple[FinetuneTask, Tokenizer, ModelConfig | EncoderDecoderConfig]:
     """The task (its splits read), its tokenizer (the init's) and its model's config, checked against each other.
+
+    A type that makes its own vocabulary (`TaskSpec.own_vocabulary`) trains from scratch without an init: its
+    tokenizer, and the model of the `model:` section; with one (`pretrained_init`), the init's tokenizer as the task
+    reads it and the init's model.
 
     Raises:
         UserError: a missing tokenizer or init, unreadable data, a tokenizer larger than the model's vocabulary.
     """
-    if not config.init:  # trained from scratch: the task's own vocabulary, the model: section
+    spec = config.data.spec
+    if spec.own_vocabulary:
         task = make_task(config.data)
-        tokenizer = task.tokenizer()
-        model_config = replace(config.scratch_model(len(tokenizer), tokenizer.pad_token_id), num_labels=task.num_labels)
-        return task, tokenizer, model_config
-    tokenizer = load_tokenizer(Path(config.init))
-    # the tasks read a decided data.jieba: the tokenizer's (config.data itself stays as written: config.yaml, resume)
-    task = make_task(replace(config.data, jieba=segmentation(tokenizer, config.data.jieba, config.init)))
+        if not config.init:  # trained from scratch: the task's own vocabulary, the model: section
+            tokenizer = task.tokenizer()
+            model_config = config.scratch_model(Vocabulary.of(tokenizer))
+            if isinstance(model_config, ModelConfig):
+                model_config = replace(model_config, num_labels=task.num_labels)
+            return task, tokenizer, model_config
+        tokenizer = task.pretrained_tokenizer(Path(config.init))
+    else:
+        tokenizer = load_tokenizer(Path(config.init))
+        # the tasks read a decided data.jieba: the tokenizer's (config.data stays as written: config.yaml, resume)
+        task = make_task(replace(config.data, jieba=segmentation(tokenizer, config.data.jieba, config.init)))
     model_config = pretrained_config(config.init, task.architecture, task.num_labels, **config.model)
-    check_fits(tokenizer, model_config.vocab_size, config.init)
+    check_fits(tokenizer, vocabulary_size(model_config), config.init)
     return task, tokenizer, model_config
+
+
+def vocabulary_size(config: ModelConfig | EncoderDecoderConfig) -> int:
+    """The ids a model's embeddings hold: an encoder-decoder's tokenizer (one joint vocabulary) must fit both halves."""
+    if isinstance(config, EncoderDecoderConfig):
+        return min(config.encoder.vocab_size, config.decoder.vocab_size)
+    return config.vocab_size
+
+
+def learned_length(config: ModelConfig | EncoderDecoderConfig) -> int | None:
+    """The longest input a learned position table holds (the shorter of an encoder-decoder's), None without one."""
+    halves = [config.encoder, config.decoder] if isinstance(config, EncoderDecoderConfig) else [config]
+    tables = [half.max_position_embeddings for half in halves if half.position_encoding == "learned"]
+    return min(tables) if tables else None
 
 
 def check_before_writing(config: FinetuneConfig, task: FinetuneTask | None = None) -> None:
@@ -318,7 +464,7 @@ class Finetuner:
         # a missing or unreadable init or data fails here, before any training
         self.task, self.tokenizer, model_config = task_inputs(config)
         self.model_config = model_config
-        self.classifier_head = model_config.classifier_head
+        self.classifier_head = getattr(model_config, "classifier_head", None)  # an encoder-decoder has none
         self.task.check_model(model_config)
         self.max_length = self._max_length(model_config)
         if resume:
@@ -350,16 +496,15 @@ class Finetuner:
             return ARCHITECTURES[self.task.architecture](self.model_config).train()
         return load_pretrained(self.config.init, self.task.architecture, self.task.num_labels, **self.config.model)
 
-    def _max_length(self, model: ModelConfig) -> int:
+    def _max_length(self, model: ModelConfig | EncoderDecoderConfig) -> int:
         """data.max_length, capped at the pretraining length (unless lifted) and at a learned position table."""
         length, data = self.config.data.max_length, self.config.data
         pretrained = pretraining_length(Path(self.config.init)) if self.config.init else None
         if pretrained is not None and length > pretrained and not data.beyond_pretraining_length:
             logger.info("max_length %d capped at the pretraining length %d", length, pretrained)
             length = pretrained
-        if model.position_encoding == "learned":
-            length = min(length, model.max_position_embeddings)
-        return length
+        table = learned_length(model)
+        return length if table is None else min(length, table)
 
     def run(self) -> dict[str, Any]:
         """Fine-tune every (lr, seed), then write results.json, predictions, submission/ and best/.
@@ -439,10 +584,12 @@ class Finetuner:
         data = self.run_data(fold)
         torch.manual_seed(seed)  # the head's initialisation
         model = self.load_model()
-        n = len(data.splits["train"].lengths)
-        steps = train.max_steps if train.max_steps is not None else math.ceil(train.epochs * n / engine.global_batch)
+        averaging = (train.average_last, train.average_every)
+        # made before the set-up: token batches decide the steps of an epoch
+        run = FinetuneRun(engine, seed, data, train.eval_size, self.config.data.group_by_length, *averaging)
+        steps = train.max_steps if train.max_steps is not None else math.ceil(train.epochs * run.steps_per_epoch())
         engine.setup(model, lr, steps)
-        run = FinetuneRun(engine, seed, data, train.eval_size, self.config.data.group_by_length)
+        run.start()
         state = RunState()
         if self.run_dir.resume:
             state = engine.resume(run)
@@ -452,9 +599,24 @@ class Finetuner:
         if steps == 0:
             engine.evaluate(run, state)
         engine.fit(run, state, checkpoint_at_end=False, desc=f"{self.task.name} {tag}")
+        splits = self.task.dev_splits + self.task.test_splits
+        scored = [s for s in self.task.test_splits if data.splits[s].labelled]
+        averaged = run.averaged_state()
+        averaged_predictions, averaged_record = None, None
+        if averaged is not None:  # scored like the best checkpoint, on every dev and test split
+            engine.load_full_state_dict(averaged)
+            averaged_predictions = {s: predict(engine, data, s, train.eval_size) for s in splits}
+            averaged_record = {
+                "points": sorted(run.snapshots),
+                "dev": {s: self.task.evaluate(data.splits[s], averaged_predictions[s]) for s in self.task.dev_splits},
+                **(
+                    {"test": {s: self.task.evaluate(data.splits[s], averaged_predictions[s]) for s in scored}}
+                    if scored
+                    else {}
+                ),
+            }
         engine.load_full_state_dict(run.best["state"])
         kept = run.best.get("predictions") or {}  # the best evaluation's (a resumed run's checkpoint has none)
-        splits = self.task.dev_splits + self.task.test_splits
         predictions = {s: kept[s] if s in kept else predict(engine, data, s, train.eval_size) for s in splits}
         record = {
             "peak_lr": lr,
@@ -465,17 +627,25 @@ class Finetuner:
             "dev": run.best["dev"],
             "global_batch": engine.global_batch,
         }
-        scored = [s for s in self.task.test_splits if data.splits[s].labelled]
         if scored:  # labelled test sets (FewCLUE's public test, CoNLL-2003's test): the best checkpoint's metrics
             record["test"] = {s: self.task.evaluate(data.splits[s], predictions[s]) for s in scored}
+        if averaged_record is not None:
+            record["averaged"] = averaged_record
 
         def write() -> None:  # the main process: predictions, the candidate model, the run's record
             folder = self.out / PREDICTIONS_DIR / tag
             folder.mkdir(parents=True, exist_ok=True)
             self.task.write_predictions(folder, data.splits, predictions)
-            best = type(engine.bare_model())(engine.bare_model().config)
+            bare = engine.bare_model()
+            best = type(bare)(bare.config)
             best.load_state_dict(run.best["state"])
-            self._keep_candidate(best, lr, run.best["score"])
+            average = None
+            if averaged is not None:
+                (folder / AVERAGED_DIR).mkdir(exist_ok=True)
+                self.task.write_predictions(folder / AVERAGED_DIR, data.splits, averaged_predictions)
+                average = type(bare)(bare.config)
+                average.load_state_dict(averaged)
+            self._keep_candidate(best, lr, run.best["score"], average)
             progress.mkdir(parents=True, exist_ok=True)
             atomic_write_text(progress / RECORD_FILE, json.dumps(record))
             shutil.rmtree(progress / CHECKPOINTS_DIR, ignore_errors=True)
@@ -484,18 +654,33 @@ class Finetuner:
         run_on_main(write)
         return record
 
-    def _keep_candidate(self, model: Model, lr: float, score: float) -> None:
-        """Keep the model of the best seed so far of this learning rate (at most one model per lr on disk)."""
+    def _keep_candidate(self, model: Model, lr: float, score: float, averaged: Model | None = None) -> None:
+        """Keep the model of the best seed so far of this learning rate (at most one model per lr on disk).
+
+        With `averaged` (the run's average of its last models), that one is kept beside it, as the same seed's.
+        """
         directory = self.out / CANDIDATES_DIR / f"lr{lr:g}"
         marker = directory / CANDIDATE_SCORE_FILE
         if marker.is_file() and ranked(json.loads(marker.read_text())["score"]) >= ranked(score):
             return
+        average_dir = averaged_candidate(directory)
+        shutil.rmtree(average_dir, ignore_errors=True)  # another seed's, or a stale one
+        for target, weights in ((directory, model), (average_dir, averaged)):
+            if weights is not None:
+                self._write_model(weights, target)
+        atomic_write_text(marker, json.dumps({"score": score}))
+
+    def _write_model(self, model: Model, directory: Path) -> None:
+        """A fine-tuned model, its tokenizer and what it needs to be used without the run's config."""
         write_model_dir(model, self.tokenizer, directory)
         if self.task.label_names is not None:  # what each output means: best/ is usable without the run's config
             atomic_write_text(directory / LABELS_FILE, json.dumps(self.task.label_names, ensure_ascii=False))
         if self.task.pooling is not None:  # the vectors it was trained on: `roformer embed` pools the same way
             atomic_write_text(directory / SENTENCE_FILE, json.dumps({"pooling": self.task.pooling}))
-        atomic_write_text(marker, json.dumps({"score": score}))
+        for name, text in self.task.model_files(
+            self.config.train.eval_size
+        ).items():  # e.g. the decoding settings of a translation model
+            atomic_write_text(directory / name, text)
 
     def select(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
         """The results of the finished runs, computed from their records alone (reads and writes nothing).
@@ -534,6 +719,8 @@ class Finetuner:
             },
             "summary": by_lr[best_lr],
             **self._test_summary([r for r in runs if f"{r['peak_lr']:g}" == best_lr]),
+            **({"averaged": selected["averaged"]} if "averaged" in selected else {}),
+            **self.task.result_notes(selected),
         }
 
     @staticmethod
@@ -560,11 +747,15 @@ class Finetuner:
         resume finds the records and publishes again; every step before it can be repeated.
         """
         selected = results["selected"]
-        submission = self.out / SUBMISSION_DIR
+        submission = self.out / self.task.submission_folder
         submission.mkdir(exist_ok=True)
         selected_run = self.out / PREDICTIONS_DIR / run_tag(selected["peak_lr"], selected["seed"], selected.get("fold"))
         self.task.write_submission(selected_run, submission)
         candidate = self.out / CANDIDATES_DIR / f"lr{selected['peak_lr']:g}"
+        average = averaged_candidate(candidate)
+        if average.is_dir():  # moved first: the best one's move below marks a finished publish
+            shutil.rmtree(self.out / AVERAGED_DIR, ignore_errors=True)
+            average.rename(self.out / AVERAGED_DIR)
         if candidate.is_dir():  # not yet moved (a first publish, or one interrupted before the move)
             (candidate / CANDIDATE_SCORE_FILE).unlink(missing_ok=True)
             shutil.rmtree(self.out / BEST_DIR, ignore_errors=True)
@@ -577,6 +768,11 @@ class Finetuner:
         """Remove the candidates and the progress records (a finished job's results.json holds what they held)."""
         shutil.rmtree(self.out / CANDIDATES_DIR, ignore_errors=True)
         shutil.rmtree(self.out / PROGRESS_DIR, ignore_errors=True)
+
+
+def averaged_candidate(candidate: Path) -> Path:
+    """Where the averaged model of a learning rate's kept seed waits for publishing, beside its best model."""
+    return candidate.with_name(f"{candidate.name}-{AVERAGED_DIR}")
 
 
 def run_tag(lr: float, seed: int, fold: int | None = None) -> str:

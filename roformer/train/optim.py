@@ -160,7 +160,9 @@ def lr_multiplier(
     schedule ends exactly at `train.max_steps` whatever the launch (a known pitfall of the HF example scripts).
     `wsd` (warmup-stable-decay) holds 1 after warmup until the last `decay_steps` steps, which decay to 0 in
     `decay_shape` (from the end of warmup if the two overlap). As in the other schedules, the run's last step is one
-    step of progress short of 0.
+    step of progress short of 0. `inverse_sqrt` (Vaswani et al. 2017, fairseq) is min(s / warmup, sqrt(warmup / s))
+    at update s = step + 1: the linear warmup, then the inverse square root of the update number, whatever the run's
+    length.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r} (known: {', '.join(SCHEDULES)})")
@@ -168,6 +170,10 @@ def lr_multiplier(
         return (step + 1) / warmup_steps
     if schedule == "constant":
         return 1.0
+    if schedule == "inverse_sqrt":
+        if warmup_steps < 1:
+            raise ValueError("the inverse_sqrt schedule needs warmup_steps >= 1")
+        return math.sqrt(warmup_steps / (step + 1))
     if schedule == "wsd":
         start = max(total_steps - decay_steps, warmup_steps)  # the decay's first step
         return 1.0 if step < start else decayed(min(1.0, (step - start) / max(1, total_steps - start)), decay_shape)

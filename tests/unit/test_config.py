@@ -58,6 +58,7 @@ CONFIG_LOADERS = {
     "glue": _load_glue_config,
     "finetune": _load_finetune_config,
     "synthetic": lambda path: load(FinetuneConfig, path),
+    "translation": lambda path: load(FinetuneConfig, path),
     "model": ModelConfig.from_yaml,
     "pretrain": lambda path: load(PretrainConfig, path),
     "accelerate": _load_accelerate_config,
@@ -441,9 +442,15 @@ def test_a_glue_task_config_loads_as_it_did_before_it_included_the_recipe(task: 
     added = {k: v for k, v in loaded["data"].items() if k not in expected["data"]}
     assert added == {k: v for k, v in data_section(FinetuneDataConfig(task=task, glue_dir="g")).items() if k in added}
     assert added["type"] == "glue"
-    # train.unpadding and the WSD settings came later too, with their defaults
+    # train.unpadding, the WSD settings and checkpoint averaging came later too, with their defaults
     later = {k: v for k, v in loaded["train"].items() if k not in expected["train"]}
-    assert later == {"unpadding": None, "decay_fraction": 0.2, "decay_shape": "1-sqrt"}
+    assert later == {
+        "unpadding": None,
+        "decay_fraction": 0.2,
+        "decay_shape": "1-sqrt",
+        "average_last": 0,
+        "average_every": None,
+    }
     loaded["train"] = {k: v for k, v in loaded["train"].items() if k not in later}
     assert {**loaded, "data": {k: v for k, v in loaded["data"].items() if k not in added}} == expected
 

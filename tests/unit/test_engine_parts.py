@@ -68,6 +68,29 @@ def test_warmup_stable_decay(shape: str) -> None:
         lr_multiplier(90, 10, 100, "wsd", 20, "step")
 
 
+def test_inverse_sqrt_is_its_formula() -> None:
+    """lr = peak * min(s / warmup, sqrt(warmup / s)) at update s = step + 1 (Vaswani et al. 2017; fairseq's)."""
+    warmup = 40
+    for step in range(500):
+        s = step + 1
+        expected = min(s / warmup, math.sqrt(warmup / s))
+        assert lr_multiplier(step, warmup, 10, "inverse_sqrt") == pytest.approx(expected, rel=1e-12)
+    assert lr_multiplier(warmup - 1, warmup, 10, "inverse_sqrt") == 1.0  # the peak at the warmup's last update
+    assert lr_multiplier(4 * warmup - 1, warmup, 10, "inverse_sqrt") == pytest.approx(0.5)  # 1/sqrt(4) later
+    with pytest.raises(ValueError, match="needs warmup_steps"):
+        lr_multiplier(5, 0, 10, "inverse_sqrt")
+
+
+def test_inverse_sqrt_needs_a_warmup() -> None:
+    from roformer.config import from_dict
+    from roformer.errors import ConfigError
+    from roformer.train.config import FinetuneTrainConfig
+
+    assert from_dict(FinetuneTrainConfig, {"schedule": "inverse_sqrt", "warmup_steps": 10}).warmup_for(5) == 10
+    with pytest.raises(ConfigError, match="inverse_sqrt needs a warmup"):
+        from_dict(FinetuneTrainConfig, {"schedule": "inverse_sqrt", "warmup_steps": 0})
+
+
 def test_the_wsd_settings_are_checked() -> None:
     from roformer.config import from_dict
     from roformer.train.config import TrainConfig

@@ -141,15 +141,16 @@ ROOMS = {
             "tagging_metrics",
             "qa_metrics",
             "ir_metrics",
+            "mt_metrics",
         },  # fmt: skip
-        {"config", "beir"},
-        {"texts", "conll", "squad"},
+        {"config", "beir", "parallel"},
+        {"texts", "conll", "squad", "translator"},
         {TASK_TYPES},  # the type modules: glue, classify, tagging, qa, choices, similarity, triplet, any new one
         {"retrieval"},  # listed: a type module above another (it imports similarity's pair batches)
         {"rerank"},  # reads retrieval's runs
     ],
     "roformer.train": [
-        {"config", "interval", "faults", "checkpoints", "evaluate", "sharded"},
+        {"config", "interval", "faults", "checkpoints", "evaluate", "sharded", "averaging"},
         {"launch", "optim", "run_dir", "recipe"},
         {"stages"},
         {"engine"},

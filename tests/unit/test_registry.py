@@ -43,7 +43,7 @@ def test_every_type_is_declared_once_with_what_the_rest_reads() -> None:
 def test_every_type_has_a_shipped_config() -> None:
     shipped = {
         (read_yaml(path).get("data") or {}).get("type", "glue")
-        for folder in ("finetune", "glue", "synthetic")
+        for folder in ("finetune", "glue", "synthetic", "translation")
         for path in (REPO / "configs" / folder).glob("*.yaml")
         if "tasks:" not in path.read_text()
     }

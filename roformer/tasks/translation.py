@@ -1,0 +1,536 @@
+"""`type: translation`: sentence pairs into an encoder-decoder, scored by sacreBLEU (the paper's sec. 4.2 setup).
+
+What a fairseq or HF translation user expects, through the one fine-tuning engine (exact resume, SIGTERM, the lr x
+seed grid, DDP under `accelerate launch`):
+
+- Data: parallel files named as fairseq names them, `data.train_prefix` / `validation_prefix` / `test_prefix` with
+  `data.source_lang` and `data.target_lang` (PREFIX.en and PREFIX.de, `.gz` accepted; roformer.tasks.parallel), or a
+  hub dataset of `translation` records (`data.source: hub`, WMT14's `wmt14` / `de-en`).
+- From scratch (`init:` empty): a joint BPE vocabulary trained on the training split's two sides
+  (`translation.vocab_size`), and the encoder-decoder of the `model:` section: ModelConfig keys for both halves,
+  `encoder:` / `decoder:` mappings for one, `share_embeddings` (default true: fairseq's `--share-all-embeddings`).
+  With `init:` a pretrained encoder-decoder directory (ours, or a converted HF `EncoderDecoderModel`) is fine-tuned,
+  read with its own tokenizer.
+- Batches by tokens (`translation.max_tokens` per micro-batch and process, as fairseq's `--max-tokens`: rows x the
+  longer side of the longest pair), each step's loss the mean over its target tokens, label-smoothed
+  (`translation.label_smoothing`, 0.1). The Transformer's schedule is `train.schedule: inverse_sqrt`, and the
+  average of the last checkpoints `train.average_last`.
+- Evaluation: dev loss, BLEU and chrF++ at every evaluation point, decoding with `translation.eval_beam` (greedy by
+  default: affordable); BLEU selects. At the end the best (and averaged) model translates the dev set again as
+  `valid` and the test set as `test` with the full search (`beam`, `length_penalty`, `max_len_a/b`), scored with
+  sacreBLEU's signatures in results.json (`translation`), the hypotheses one line per source line in
+  `predictions/<run>/` and, for the selected run, `hypotheses/best/` and `hypotheses/averaged/`.
+- Every model written gets `translation.json` (roformer.tasks.translator.Decoding): `roformer translate --model DIR`
+  then decodes as the run did.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+import torch.nn.functional as F
+
+from roformer.config import PATH, check_types, from_dict
+from roformer.errors import ConfigError, UserError
+from roformer.files import atomic_write_text
+from roformer.labels import IGNORE_INDEX
+from roformer.model.config import EncoderDecoderConfig, ModelConfig
+from roformer.tasks.base import HeadOutputs, TaskSpec, with_score
+from roformer.tasks.mt_metrics import corpus_scores, signatures
+from roformer.tasks.parallel import (
+    BOS,
+    EOS,
+    ParallelText,
+    load_translation_tokenizer,
+    read_hub_split,
+    read_parallel,
+    texts_of,
+    train_bpe,
+)
+from roformer.tasks.translator import (
+    DECODING_FILE,
+    Decoding,
+    encode_sources,
+    encode_targets,
+    generate_ids,
+    hypotheses,
+    needed_ids,
+    pad_sources,
+)
+
+if TYPE_CHECKING:
+    from roformer.data.tokenizer import Tokenizer
+    from roformer.tasks.config import FinetuneDataConfig, Vocabulary
+
+LANGUAGE_KEYS = ("source_lang", "target_lang", "train_prefix", "validation_prefix", "test_prefix")
+HUB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}  # our split: the hub dataset's (WMT14's names)
+FINAL_DEV = "valid"  # the dev set decoded at the end as the test set is (fairseq's `--gen-subset valid`)
+
+
+@dataclass
+class TranslationConfig:
+    """`data.translation`: the vocabulary, batches, loss and decoding of a translation task.
+
+    Attributes:
+        vocab_size: The joint BPE vocabulary's size when trained from scratch (37000 in the paper's WMT14 setup).
+        min_frequency: A BPE merge needs a pair seen at least this often.
+        tokenizer: A tokenizer to use instead of training one (a `save_pretrained` folder or a tokenizer.json with
+            <pad>, <unk>, <s> and </s>); from scratch only (an init brings its own).
+        max_tokens: Tokens per micro-batch and process: rows x the longer side of the batch's longest pair, padded
+            (fairseq's `--max-tokens`); a step trains on processes x grad_accum such batches.
+        label_smoothing: eps of the label-smoothed cross-entropy (0.1 in the Transformer and RoFormer setups).
+        beam: Beams of the final translations of the dev and test sets (the paper: 4).
+        length_penalty: Hypotheses score sum logprob / length^length_penalty (the paper: 0.6).
+        early_stopping: A source stops once it has `beam` finished hypotheses.
+        max_len_a: A target may have max_len_a x source tokens + max_len_b tokens (fairseq's options).
+        max_len_b: See max_len_a.
+        eval_beam: Beams of the dev translations at every evaluation point (1: greedy, which keeps evaluation
+            affordable); they select checkpoints, learning rates and seeds by BLEU.
+        too_long: A sentence longer than data.max_length (or a learned position table) is an `error` naming its
+            file and line, or is cut to it (`truncate`, counted in a log line).
+        empty_lines: A training pair with an empty side is an `error` naming its file and line, or is left out
+            (`skip`, counted in a log line); dev and test lines are always refused (their hypotheses keep the
+            sources' lines).
+    """
+
+    vocab_size: int = 8000
+    min_frequency: int = 2
+    tokenizer: str | None = field(default=None, metadata=PATH)
+    max_tokens: int = 4096
+    label_smoothing: float = 0.1
+    beam: int = 4
+    length_penalty: float = 0.6
+    early_stopping: bool = True
+    max_len_a: float = 1.2
+    max_len_b: int = 10
+    eval_beam: int = 1
+    too_long: Literal["error", "truncate"] = "error"
+    empty_lines: Literal["error", "skip"] = "error"
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("vocab_size", "min_frequency", "max_tokens", "beam", "eval_beam"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.vocab_size < 16:
+            raise ConfigError(f"vocab_size must be >= 16 (the specials and an alphabet), got {self.vocab_size}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.max_len_a < 0 or self.max_len_b < 0:
+            raise ConfigError(f"max_len_a and max_len_b must be >= 0, got {self.max_len_a} and {self.max_len_b}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The config: the data: keys and the model trained from scratch
+
+
+def check_data(data: FinetuneDataConfig) -> None:
+    """Languages, and the prefixes of files (or a hub dataset), not the files of the other types.
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    for key in ("source_lang", "target_lang"):
+        if not getattr(data, key):
+            raise ConfigError(f"{key} is required for type: translation (the suffix of its files, e.g. en)")
+    if data.source_lang == data.target_lang:
+        raise ConfigError(f"source_lang and target_lang are both {data.source_lang!r}")
+    for key in ("train_file", "validation_file", "test_file"):
+        if getattr(data, key):
+            raise ConfigError(f"{key}: type translation reads parallel files by prefix (data.train_prefix: PREFIX)")
+    prefixes = [key for key in LANGUAGE_KEYS[2:] if getattr(data, key)]
+    if data.source == "hub" and prefixes:
+        raise ConfigError(f"{prefixes[0]}: source: hub reads the dataset's splits, not files")
+    if data.source == "files":
+        for key in ("train_prefix", "validation_prefix"):
+            if not getattr(data, key):
+                raise ConfigError(f"{key} is required for type: translation with files (PREFIX of PREFIX.<lang>)")
+
+
+def encoder_decoder_config(section: dict[str, Any], vocabulary: Vocabulary) -> EncoderDecoderConfig:
+    """The encoder-decoder of a `model:` section, with the task's joint vocabulary and its start and end ids.
+
+    Keys of ModelConfig apply to both halves; `encoder:` and `decoder:` mappings to one; `share_embeddings`
+    (default true) makes one word table of the joint vocabulary (fairseq's `--share-all-embeddings`).
+
+    Raises:
+        ConfigError: naming `model.<key>` (or `model.encoder.<key>`).
+    """
+    section = dict(section)
+    share = section.pop("share_embeddings", True)
+    halves = {half: section.pop(half, None) or {} for half in ("encoder", "decoder")}
+    for key in ("decoder_start_token_id", "eos_token_id"):
+        if key in section:
+            raise ConfigError(f"model.{key} comes from the task's vocabulary; remove it")
+    specials = {"vocab_size": vocabulary.size, "pad_token_id": vocabulary.pad_token_id}
+    from_dict(ModelConfig, {**section, **specials}, prefix="model.")  # the shared keys named as written
+    configs = {}
+    for half, own in halves.items():
+        if not isinstance(own, dict):
+            raise ConfigError(f"model.{half}: expected a mapping of ModelConfig keys, got {type(own).__name__}")
+        for key in ("vocab_size", "pad_token_id"):
+            if key in own:
+                raise ConfigError(f"model.{half}.{key} comes from the task's vocabulary; remove it")
+        configs[half] = from_dict(ModelConfig, {**section, **own, **specials}, prefix=f"model.{half}.")
+    if not isinstance(share, bool):
+        raise ConfigError(f"model.share_embeddings must be true or false, got {share!r}")
+    try:
+        return EncoderDecoderConfig(
+            configs["encoder"],
+            configs["decoder"],
+            share_embeddings=share,
+            decoder_start_token_id=vocabulary.bos_token_id,
+            eos_token_id=vocabulary.eos_token_id,
+        )
+    except ConfigError as e:
+        raise ConfigError(f"model: {e}") from None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Encoded splits
+
+
+@dataclass
+class TranslationSplit:
+    """A split's pairs as ids: what batches hold, and the references hypotheses are scored against.
+
+    Attributes:
+        source_ids: Every source, its specials included.
+        target_ids: Every target as the decoder's labels: its tokens and eos.
+        references: The target sentences as read (sacreBLEU scores detokenized text against them).
+        decoding: How this split is translated (the dev split during training: `eval_beam`; the final ones: `beam`).
+    """
+
+    source_ids: list[list[int]]
+    target_ids: list[list[int]]
+    references: list[str]
+    decoding: Decoding | None
+    labelled: bool = True
+    sequences = 1
+
+    @property
+    def lengths(self) -> list[int]:
+        """Source tokens of every pair: prediction batches are in this order, and data.max_length caps it."""
+        return [len(row) for row in self.source_ids]
+
+    @property
+    def tokens(self) -> list[int]:
+        """Real tokens of every pair, both sides (throughput)."""
+        return [len(s) + len(t) for s, t in zip(self.source_ids, self.target_ids, strict=True)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The task
+
+
+class TranslationTask(HeadOutputs):
+    """Parallel sentences into an encoder-decoder: `type: translation`.
+
+    Args:
+        data: The data: section (its `translation:` settings, languages and prefixes).
+        texts: The splits read: `train`, `dev` and, when given, `test`.
+    """
+
+    architecture = "encoder_decoder"
+    num_labels = None  # an encoder-decoder has no label count
+    submission_folder = "hypotheses"
+
+    def __init__(self, data: FinetuneDataConfig, texts: dict[str, ParallelText]) -> None:
+        super().__init__(data)
+        self.settings: TranslationConfig = data.translation or TranslationConfig()
+        self.source_lang, self.target_lang = data.source_lang, data.target_lang
+        self.texts = texts
+        self.test_splits = [FINAL_DEV] + (["test"] if "test" in texts else [])
+        self.encoded_with: Tokenizer | None = None  # the tokenizer the splits were encoded with (decoding reads it)
+        self.eos_id: int | None = None  # the id that ends a target: the model's (`check_model`)
+        self.max_length = data.max_length
+
+    @classmethod
+    def from_config(cls, data: FinetuneDataConfig) -> TranslationTask:
+        """The task of a data: section, its splits read.
+
+        The training pairs are cut to data.max_train_examples, the dev and test pairs to data.max_eval_examples.
+
+        Raises:
+            UserError: a missing file, files of different line counts, an empty or non-UTF-8 line (file and line), a
+                hub dataset that does not load.
+        """
+        skip = (data.translation or TranslationConfig()).empty_lines == "skip"
+        read = _hub_reader(data) if data.source == "hub" else _file_reader(data)
+        texts = {"train": read("train", skip).head(data.max_train_examples)}
+        texts["dev"] = read("dev", False).head(data.max_eval_examples)
+        if data.source == "hub" or data.test_prefix:
+            texts["test"] = read("test", False).head(data.max_eval_examples)
+        if not len(texts["train"]):
+            raise UserError(f"{texts['train'].source_file}: no training pairs")
+        return cls(data, texts)
+
+    # -- vocabulary and model ------------------------------------------------------------------------------------
+
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer of a model trained from scratch.
+
+        `translation.tokenizer`, else a joint BPE trained on the training split's two sides.
+
+        Raises:
+            UserError: a given tokenizer without <s> or </s> (a target's start and end), or one that does not load.
+        """
+        if self.settings.tokenizer:
+            tokenizer = load_translation_tokenizer(self.settings.tokenizer)
+            for name, token in (("bos_token", BOS), ("eos_token", EOS)):
+                if getattr(tokenizer, f"{name}_id") is None:
+                    raise UserError(
+                        f"{self.settings.tokenizer}: the tokenizer has no {name} (e.g. {token}): a model trained from "
+                        "scratch starts every target from bos and ends it with eos"
+                    )
+            return tokenizer
+        return train_bpe(texts_of([self.texts["train"]]), self.settings.vocab_size, self.settings.min_frequency)
+
+    def pretrained_tokenizer(self, init: Path) -> Tokenizer:
+        """The tokenizer of a pretrained init (its start and end ids are its model's).
+
+        Raises:
+            UserError: none there, or one without padding; `translation.tokenizer` set too (the init has its own).
+        """
+        if self.settings.tokenizer:
+            raise UserError("data.translation.tokenizer: an init brings its own tokenizer; leave it empty")
+        return load_translation_tokenizer(init)
+
+    def check_model(self, config: Any) -> None:
+        """The model is an encoder-decoder that knows its start and end ids; targets end with its eos.
+
+        Raises:
+            UserError: it is not, or one of the ids is missing.
+        """
+        needed_ids(config, "init")
+        self.eos_id = config.eos_token_id
+
+    # -- encoding and batches ------------------------------------------------------------------------------------
+
+    def decoding(self, final: bool) -> Decoding:
+        """How a split is translated: the final search (`beam`), or evaluation's (`eval_beam`)."""
+        s = self.settings
+        return Decoding(
+            beam=s.beam if final else s.eval_beam,
+            length_penalty=s.length_penalty,
+            early_stopping=s.early_stopping,
+            max_len_a=s.max_len_a,
+            max_len_b=s.max_len_b,
+            max_length=self.max_length,
+            too_long=s.too_long,
+            pad_to_multiple_of=self.multiple,
+            source_lang=self.source_lang,
+            target_lang=self.target_lang,
+        )
+
+    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, TranslationSplit]:
+        """Every split as ids (sources with their specials, targets ending in the model's eos).
+
+        Raises:
+            UserError: a sentence longer than `max_length` under `too_long: error`, naming its file and line.
+        """
+        if self.eos_id is None:
+            raise RuntimeError("check_model must be called first: targets end with the model's eos")
+        self.encoded_with, self.max_length = tokenizer, max_length
+        advice = "data.max_length, or a learned position table; data.translation.too_long: truncate cuts such lines"
+        encoded = {}
+        for name, text in self.texts.items():
+            settings = (max_length, self.settings.too_long)
+            sources = encode_sources(tokenizer, text.sources, *settings, text.source_line, advice)
+            targets = encode_targets(tokenizer, text.targets, self.eos_id, *settings, text.target_line, advice)
+            decoding = None if name == "train" else self.decoding(final=name != "dev")
+            encoded[name] = TranslationSplit(sources, targets, text.targets, decoding)
+        encoded[FINAL_DEV] = replace(encoded["dev"], decoding=self.decoding(final=True))
+        self._check_budget(encoded["train"], max_length)
+        return encoded
+
+    def pair_sizes(self, split: TranslationSplit, cap: int) -> list[int]:
+        """What each pair costs a batch: its longer side, padded as batches are (fairseq's `num_tokens`)."""
+        return [
+            max(self.padded_length(len(s), cap), self.padded_length(len(t), cap))
+            for s, t in zip(split.source_ids, split.target_ids, strict=True)
+        ]
+
+    def _check_budget(self, train: TranslationSplit, cap: int) -> None:
+        """Every training pair fits a batch of `max_tokens` by itself (checked before any run directory is written).
+
+        Raises:
+            UserError: naming the key, the longest pair and where it is.
+        """
+        sizes = self.pair_sizes(train, cap)
+        longest = max(range(len(sizes)), key=sizes.__getitem__)
+        if sizes[longest] > self.settings.max_tokens:
+            text = self.texts["train"]
+            raise UserError(
+                f"data.translation.max_tokens ({self.settings.max_tokens}) is smaller than the longest training pair "
+                f"({sizes[longest]} tokens, padded: {text.source_line(longest)}): raise it"
+            )
+
+    def token_batches(self, split: TranslationSplit, cap: int) -> list[list[int]]:
+        """The training pairs in batches of at most `max_tokens` (rows x the longer side of the longest, padded)."""
+        from roformer.data.sampling import token_batches
+
+        # by source then target length (fairseq's order), so that a batch's pairs are alike and padding is small
+        order = sorted(
+            range(len(split.source_ids)), key=lambda i: (len(split.source_ids[i]), len(split.target_ids[i]), i)
+        )
+        return token_batches(self.pair_sizes(split, cap), order, self.settings.max_tokens)
+
+    def loss_weight(self, split: TranslationSplit, rows: list[int]) -> int:
+        """The target tokens of `rows`: a batch's loss is their mean."""
+        return sum(len(split.target_ids[r]) for r in rows)
+
+    def padded_tokens(self, split: TranslationSplit, rows: list[int], cap: int) -> int:
+        """Source and target positions of a batch of `rows`, padding included."""
+        source = self.padded_length(max(len(split.source_ids[r]) for r in rows), cap)
+        target = self.padded_length(max(len(split.target_ids[r]) for r in rows), cap)
+        return len(rows) * (source + target)
+
+    def collate(self, split: TranslationSplit, rows: list[int], pad_id: int, cap: int) -> dict[str, Any]:
+        """A batch of `rows`: sources and their mask, targets as labels with their decoder mask.
+
+        A split that is translated (dev, test) also gives its `decoding` settings (a value, not a tensor).
+        """
+        batch: dict[str, Any] = pad_sources([split.source_ids[r] for r in rows], pad_id, self.multiple, cap)
+        length = self.padded_length(max(len(split.target_ids[r]) for r in rows), cap)
+        labels = torch.full((len(rows), length), IGNORE_INDEX, dtype=torch.long)
+        for i, r in enumerate(rows):
+            labels[i, : len(split.target_ids[r])] = torch.tensor(split.target_ids[r], dtype=torch.long)
+        # the decoder reads the start token and the target but its last token: as many positions as labels
+        batch.update(labels=labels, decoder_attention_mask=(labels != IGNORE_INDEX).long())
+        if split.decoding is not None:
+            batch["decoding"] = split.decoding
+        return batch
+
+    # -- loss, outputs and metrics -------------------------------------------------------------------------------
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        """The label-smoothed cross-entropy, a mean over the batch's target tokens."""
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "labels", "decoder_attention_mask")}
+        return model(**inputs, label_smoothing=self.settings.label_smoothing).loss
+
+    def outputs(self, model: torch.nn.Module, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The translations of a batch (`ids`), and each pair's summed target log-loss (`nll`) over its `tokens`."""
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "labels", "decoder_attention_mask")}
+        logits = model(**inputs).logits.float()
+        labels = batch["labels"]
+        per_token = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="none")
+        ids = generate_ids(model, batch, batch["decoding"])
+        return {"ids": ids.cpu(), "nll": per_token.sum(-1).cpu(), "tokens": (labels != IGNORE_INDEX).sum(-1).cpu()}
+
+    def predictions(self, outputs: dict[str, torch.Tensor], split: TranslationSplit, rows: list[int]) -> list[dict]:
+        """Per pair: its hypothesis (detokenized text), summed log-loss and target tokens."""
+        texts = hypotheses(self.encoded_with, outputs["ids"])
+        return [
+            {"hypothesis": text, "nll": float(nll), "tokens": int(tokens)}
+            for text, nll, tokens in zip(texts, outputs["nll"].tolist(), outputs["tokens"].tolist(), strict=True)
+        ]
+
+    def evaluate(self, split: TranslationSplit, predictions: list[dict]) -> dict[str, float]:
+        """The corpus BLEU (sacreBLEU's) and chrF++ of the hypotheses, the target log-loss per token; `score`."""
+        scores = corpus_scores([p["hypothesis"] for p in predictions], split.references)
+        tokens = sum(p["tokens"] for p in predictions)
+        scores["loss"] = sum(p["nll"] for p in predictions) / max(1, tokens)
+        return with_score(scores, self.metrics)
+
+    # -- files ---------------------------------------------------------------------------------------------------
+
+    def hypothesis_file(self, split: str) -> str:
+        """The file of a split's hypotheses: `<split>.<target_lang>`, one line per source line."""
+        return f"{split}.{self.target_lang}"
+
+    def write_predictions(
+        self, folder: Path, encoded: dict[str, TranslationSplit], predictions: dict[str, list[dict]]
+    ) -> None:
+        """`<split>.<target_lang>` per dev and test split: the hypotheses, one per source line."""
+        for split in self.dev_splits + self.test_splits:
+            lines = "".join(p["hypothesis"] + "\n" for p in predictions[split])
+            atomic_write_text(folder / self.hypothesis_file(split), lines)
+
+    def write_submission(self, run_folder: Path, submission: Path) -> None:
+        """The selected run's final translations (`valid`, `test`): `best/` and, when averaged, `averaged/`."""
+        for model, folder in (("best", run_folder), ("averaged", run_folder / "averaged")):
+            if not folder.is_dir():
+                continue
+            (submission / model).mkdir(exist_ok=True)
+            for split in self.test_splits:
+                shutil.copyfile(folder / self.hypothesis_file(split), submission / model / self.hypothesis_file(split))
+
+    def result_notes(self, selected: dict[str, Any]) -> dict[str, Any]:
+        """`translation`: BLEU and chrF++ of the final translations, per model and split, with their signatures.
+
+        Also the search that made them and the languages: what an MT results table reports.
+        """
+        signature = signatures()
+        models = {"best": selected.get("test", {}), "averaged": selected.get("averaged", {}).get("test", {})}
+        scored = {
+            model: {
+                split: {
+                    "bleu": metrics["bleu"],
+                    "chrf": metrics["chrf"],
+                    "loss": metrics["loss"],
+                    "bleu_signature": signature["bleu"],
+                    "chrf_signature": signature["chrf"],
+                }
+                for split, metrics in splits.items()
+            }
+            for model, splits in models.items()
+            if splits
+        }
+        search = self.decoding(final=True)
+        return {
+            "metrics_in_percent": True,  # sacreBLEU's scale (the loss is per token, in nats)
+            "translation": {
+                "languages": f"{self.source_lang}-{self.target_lang}",
+                "search": {k: v for k, v in asdict(search).items() if k not in ("source_lang", "target_lang")},
+                "eval_beam": self.settings.eval_beam,
+                **scored,
+                "signatures": signature,
+            },
+        }
+
+    def model_files(self, eval_batch_size: int) -> dict[str, str]:
+        """`translation.json`: how `roformer translate` decodes with the model.
+
+        As the run's final translations, in batches of the same sentences: the same hypotheses.
+        """
+        return {DECODING_FILE: replace(self.decoding(final=True), batch_size=eval_batch_size).to_json()}
+
+
+def _file_reader(data: FinetuneDataConfig) -> Any:
+    """Reads split `train`, `dev` or `test` from its prefix's files."""
+    prefixes = {"train": data.train_prefix, "dev": data.validation_prefix, "test": data.test_prefix}
+    return lambda split, skip: read_parallel(prefixes[split], data.source_lang, data.target_lang, skip)
+
+
+def _hub_reader(data: FinetuneDataConfig) -> Any:
+    """Reads split `train`, `dev` or `test` of the hub dataset (its train, validation and test)."""
+    return lambda split, skip: read_hub_split(
+        data.hub_name, data.hub_config, HUB_SPLITS[split], data.source_lang, data.target_lang, skip
+    )
+
+
+SPECS = (
+    TaskSpec(
+        name="translation",
+        summary="sentence pairs (fairseq's PREFIX.<lang> files, or the hub) into an encoder-decoder: BLEU and chrF++",
+        builder=TranslationTask.from_config,
+        architecture="encoder_decoder",
+        metrics=("bleu", "chrf"),
+        default_metrics=("bleu",),
+        predictions="dev.<target_lang>",
+        docs="translation.md",
+        section="translation",
+        settings=TranslationConfig,
+        check=check_data,
+        needs_validation_file=lambda data: False,
+        own_vocabulary=True,
+        pretrained_init=True,
+        scratch_model=encoder_decoder_config,
+        data_keys=LANGUAGE_KEYS,
+    ),
+)

@@ -1,0 +1,285 @@
+"""The translation type's parts: parallel files, the joint BPE, token batches, checkpoint averaging, the model of a
+`model:` section, token-weighted losses and sacreBLEU's metrics (the run itself: tests/e2e/test_translation.py)."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+import torch
+
+from roformer.config import from_dict
+from roformer.data.sampling import token_batches
+from roformer.errors import ConfigError, UserError
+from roformer.tasks.config import PLACEHOLDER_VOCABULARY, FinetuneDataConfig, Vocabulary
+from roformer.tasks.mt_metrics import corpus_scores, signatures
+from roformer.tasks.parallel import (
+    EOS,
+    SPECIALS,
+    load_translation_tokenizer,
+    read_parallel,
+    side_file,
+    texts_of,
+    train_bpe,
+)
+from roformer.tasks.translation import TranslationConfig, encoder_decoder_config
+from roformer.train.averaging import average_states, last_points
+from roformer.train.finetune import _TokenBatchStep
+from roformer.train.recipe import ProcessLayout
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "translation" / "multi30k"
+ENGLISH = ["A man runs.", "Two dogs play in the snow.", "A woman reads a red book.", "The cat sleeps."]
+GERMAN = ["Ein Mann rennt.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein rotes Buch.", "Die Katze schläft."]
+
+
+def write_pair(folder: Path, prefix: str, source: list[str], target: list[str], gz: bool = False) -> Path:
+    """PREFIX.en and PREFIX.de (the German side gzipped when `gz`), one sentence a line."""
+    (folder / f"{prefix}.en").write_text("".join(s + "\n" for s in source), encoding="utf-8")
+    text = "".join(t + "\n" for t in target).encode("utf-8")
+    if gz:
+        (folder / f"{prefix}.de.gz").write_bytes(gzip.compress(text))
+    else:
+        (folder / f"{prefix}.de").write_bytes(text)
+    return folder / prefix
+
+
+# -- reading parallel files ----------------------------------------------------------------------------------------
+
+
+def test_pairs_are_read_by_line_number_from_plain_or_gzipped_files(tmp_path: Path) -> None:
+    prefix = write_pair(tmp_path, "train", ["  A man runs. ", *ENGLISH[1:]], GERMAN, gz=True)
+    pairs = read_parallel(prefix, "en", "de")
+    assert pairs.sources == ENGLISH and pairs.targets == GERMAN  # surrounding spaces stripped
+    assert pairs.lines == [1, 2, 3, 4] and pairs.target_file.endswith("train.de.gz")
+    assert side_file(prefix, "en") == tmp_path / "train.en"  # the plain file when there is one
+    (tmp_path / "crlf.en").write_bytes(b"One.\r\nTwo.\r\n")
+    (tmp_path / "crlf.de").write_bytes(b"Eins.\nZwei.")  # no final newline
+    crlf = read_parallel(tmp_path / "crlf", "en", "de")
+    assert crlf.sources == ["One.", "Two."] and crlf.targets == ["Eins.", "Zwei."]
+    assert read_parallel(prefix, "en", "de").head(2).targets == GERMAN[:2]
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "message"),
+    [
+        (ENGLISH, GERMAN[:3], r"train.en has 4 lines and .*train.de 3: parallel files pair their sentences"),
+        (ENGLISH[:2] + ["   "] + ENGLISH[3:], GERMAN, r"train.en:3: empty line \(in a pair, with .*train.de:3\)"),
+        (ENGLISH, GERMAN[:1] + [""] + GERMAN[2:], r"train.de:2: empty line"),
+    ],
+)
+def test_bad_pairs_name_the_file_and_line(tmp_path: Path, source: list[str], target: list[str], message: str) -> None:
+    prefix = write_pair(tmp_path, "train", source, target)
+    with pytest.raises(UserError, match=message):
+        read_parallel(prefix, "en", "de")
+
+
+def test_empty_training_pairs_may_be_skipped_and_counted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    prefix = write_pair(tmp_path, "train", ENGLISH[:2] + [""] + ENGLISH[3:], GERMAN)
+    with caplog.at_level("INFO"):
+        pairs = read_parallel(prefix, "en", "de", skip_empty=True)
+    assert pairs.sources == ENGLISH[:2] + ENGLISH[3:] and pairs.lines == [1, 2, 4]
+    assert "1 pairs with an empty side left out" in caplog.text
+
+
+def test_a_missing_file_and_a_line_that_is_not_utf8_are_named(tmp_path: Path) -> None:
+    prefix = write_pair(tmp_path, "train", ENGLISH, GERMAN)
+    with pytest.raises(UserError, match=r"train.fr: file not found \(nor train.fr.gz\)"):
+        read_parallel(prefix, "en", "fr")
+    (tmp_path / "train.de").write_bytes(b"Ein Mann rennt.\nZwei Hunde\n" + b"Eine Frau \xff liest.\nDie.\n")
+    with pytest.raises(UserError, match=r"train.de:3: not UTF-8 \(byte 0xff at column 11\)"):
+        read_parallel(prefix, "en", "de")
+    (tmp_path / "broken.en.gz").write_bytes(b"not gzip")
+    (tmp_path / "broken.de").write_text("x\n")
+    with pytest.raises(UserError, match=r"broken.en.gz: cannot read"):
+        read_parallel(tmp_path / "broken", "en", "de")
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="Multi30k is not in ../shared/data/translation/multi30k")
+def test_multi30k_reads_as_the_issue_describes_it() -> None:
+    sizes = {name: len(read_parallel(SHARED / name, "en", "de")) for name in ("train", "val", "test_2016_flickr")}
+    assert sizes == {"train": 29000, "val": 1014, "test_2016_flickr": 1000}
+
+
+# -- the joint BPE -------------------------------------------------------------------------------------------------
+
+
+def test_the_joint_bpe_is_deterministic_reversible_and_ends_sources_with_eos(tmp_path: Path) -> None:
+    pairs = read_parallel(write_pair(tmp_path, "train", ENGLISH * 3, GERMAN * 3), "en", "de")
+    tokenizer = train_bpe(texts_of([pairs]), vocab_size=120, min_frequency=1)
+    again = train_bpe(texts_of([pairs]), vocab_size=120, min_frequency=1)
+    assert tokenizer.get_vocab() == again.get_vocab()  # the same vocabulary on every process and every resume
+    assert [tokenizer.convert_ids_to_tokens(i) for i in range(4)] == list(SPECIALS)
+    assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id) == (0, 2, 3)
+    for text in ENGLISH + GERMAN + ["Die Frau rennt im Schnee."]:  # a sentence of seen characters
+        ids = tokenizer(text)["input_ids"]
+        assert ids[-1] == tokenizer.eos_token_id and EOS not in tokenizer.convert_ids_to_tokens(ids[:-1])
+        assert tokenizer.decode(ids, skip_special_tokens=True) == text  # exactly: sacreBLEU reads the text
+    tokenizer.save_pretrained(tmp_path / "tok")
+    loaded = load_translation_tokenizer(tmp_path / "tok")
+    assert loaded(GERMAN[2])["input_ids"] == tokenizer(GERMAN[2])["input_ids"] and loaded.eos_token_id == 3
+
+
+def test_a_tokenizer_json_without_the_specials_is_refused(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models
+
+    Tokenizer(models.WordLevel({"[PAD]": 0, "[UNK]": 1, "a": 2}, unk_token="[UNK]")).save(str(tmp_path / "t.json"))
+    with pytest.raises(UserError, match=r"t.json: the tokenizer has no <pad>, <unk>, <s>, </s>"):
+        load_translation_tokenizer(tmp_path / "t.json")
+    with pytest.raises(UserError, match=r"nowhere: tokenizer not found"):
+        load_translation_tokenizer(tmp_path / "nowhere")
+
+
+# -- batches by tokens ---------------------------------------------------------------------------------------------
+
+
+def test_token_batches_hold_every_row_once_within_the_budget() -> None:
+    sizes = [5, 9, 3, 12, 7, 7, 2, 16, 4, 8]
+    order = sorted(range(len(sizes)), key=sizes.__getitem__)
+    batches = token_batches(sizes, order, max_tokens=24)
+    assert sorted(r for b in batches for r in b) == list(range(len(sizes)))
+    assert [r for b in batches for r in b] == order  # in the given order
+    for batch in batches:
+        assert len(batch) * max(sizes[r] for r in batch) <= 24
+    # each batch is as full as the budget allows: the next row would have broken it
+    for batch, following in zip(batches, batches[1:], strict=False):
+        assert (len(batch) + 1) * max(sizes[r] for r in [*batch, following[0]]) > 24
+    with pytest.raises(ValueError, match="more than max_tokens"):
+        token_batches([30], [0], max_tokens=24)
+
+
+def test_a_token_batch_step_is_the_mean_over_all_its_tokens() -> None:
+    """Four batches of different token counts (2 processes x 2 micro-batches): the shares add up to the mean over the
+    step's tokens, and each batch's weighted loss is its tokens' sum over the step's mean count."""
+    tokens = {0: [1.0, 2.0], 1: [3.0, 4.0, 5.0, 6.0], 2: [7.0], 3: [8.0, 9.0, 10.0]}  # per batch: its token losses
+    batches = [[0], [1], [2], [3]]
+
+    def task_loss(model: object, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return batch["losses"].mean()  # a mean over the batch's tokens, as the task's loss is
+
+    def batch_of(rows: list[int]) -> dict[str, torch.Tensor]:
+        return {"losses": torch.tensor(tokens[rows[0]])}
+
+    everything = [v for values in tokens.values() for v in values]
+    shares = 0.0
+    for rank in range(2):
+        layout = ProcessLayout(rank, 2, batch_size=1, grad_accum=2, device=torch.device("cpu"))
+        step = _TokenBatchStep(batches, batch_of, lambda rows: len(tokens[rows[0]]), lambda rows: 0, [0] * 4,
+                               layout, task_loss)  # fmt: skip
+        for micro in range(2):
+            loss, share = step.loss(None, step.micro(micro))
+            index = micro * 2 + rank
+            assert loss.item() == pytest.approx(sum(tokens[index]) / (len(everything) / 4))
+            shares += share.item()
+    assert shares == pytest.approx(sum(everything) / len(everything))
+
+
+# -- checkpoint averaging ------------------------------------------------------------------------------------------
+
+
+def test_checkpoint_averaging_is_the_mean_of_the_weights() -> None:
+    states = [
+        {"w": torch.full((2, 3), float(i)), "b": torch.tensor([i, 2.0 * i]), "n": torch.tensor(int(i))}
+        for i in (1.0, 2.0, 6.0)
+    ]
+    averaged = average_states(states)
+    assert torch.equal(averaged["w"], torch.full((2, 3), 3.0)) and torch.equal(averaged["b"], torch.tensor([3.0, 6.0]))
+    assert averaged["n"] == 6 and averaged["n"].dtype == torch.int64  # counts are not averaged: the newest
+    torch.manual_seed(0)
+    halves = [{"x": torch.randn(4, 4, dtype=torch.bfloat16)} for _ in range(5)]
+    mean = torch.stack([h["x"].double() for h in halves]).mean(0).to(torch.bfloat16)
+    assert torch.equal(average_states(halves)["x"], mean) and average_states(halves)["x"].dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="different tensors"):
+        average_states([{"x": torch.zeros(1)}, {"y": torch.zeros(1)}])
+    with pytest.raises(ValueError, match="no state"):
+        average_states([])
+    assert last_points({200, 400, 600, 800}, 3) == [400, 600, 800] and last_points({5}, 3) == [5]
+    assert last_points({1, 2}, 0) == []
+
+
+# -- the model of a `model:` section -------------------------------------------------------------------------------
+
+
+def test_the_model_section_is_both_halves_with_the_task_vocabulary() -> None:
+    vocabulary = Vocabulary(size=100, pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    section = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "decoder": {"num_layers": 3}}
+    config = encoder_decoder_config(section, vocabulary)
+    assert (config.encoder.num_layers, config.decoder.num_layers) == (2, 3)
+    assert config.encoder.vocab_size == config.decoder.vocab_size == 100 and config.share_embeddings
+    assert (config.decoder_start_token_id, config.eos_token_id) == (2, 3)
+    assert config.decoder.cross_attention and config.decoder.attention_pattern == "causal"
+    assert not encoder_decoder_config({**section, "share_embeddings": False}, vocabulary).share_embeddings
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"hidden_sise": 32}, "unknown key 'model.hidden_sise'"),
+        ({"encoder": {"num_layerz": 2}}, "unknown key 'model.encoder.num_layerz'"),
+        ({"decoder": {"vocab_size": 9}}, "model.decoder.vocab_size comes from the task's vocabulary"),
+        ({"eos_token_id": 1}, "model.eos_token_id comes from the task's vocabulary"),
+        ({"encoder": 3}, "model.encoder: expected a mapping"),
+        ({"share_embeddings": "yes"}, "model.share_embeddings must be true or false"),
+        ({"encoder": {"embedding_size": 16}}, "share_embeddings needs one vocabulary"),
+    ],
+)
+def test_a_bad_model_section_names_its_key(section: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        encoder_decoder_config(section, PLACEHOLDER_VOCABULARY)
+
+
+# -- settings ------------------------------------------------------------------------------------------------------
+
+
+def data_section(**extra: object) -> dict:
+    return {"type": "translation", "source_lang": "en", "target_lang": "de", "train_prefix": "a/train",
+            "validation_prefix": "a/val", **extra}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"translation": {"beam": 0}}, "translation: beam must be >= 1, got 0"),
+        ({"translation": {"eval_beam": 0}}, "eval_beam must be >= 1"),
+        ({"translation": {"max_tokens": 0}}, "max_tokens must be >= 1"),
+        ({"translation": {"label_smoothing": 1.0}}, "label_smoothing must be in"),
+        ({"translation": {"too_long": "drop"}}, "too_long"),
+        ({"target_lang": "en"}, "source_lang and target_lang are both 'en'"),
+        ({"source_lang": None}, "source_lang is required"),
+        ({"validation_prefix": None}, "validation_prefix is required"),
+        ({"train_file": "x.tsv"}, "train_file: type translation reads parallel files by prefix"),
+    ],
+)
+def test_bad_translation_settings_name_their_key(extra: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        from_dict(FinetuneDataConfig, data_section(**extra))
+
+
+def test_the_language_keys_belong_to_the_translation_type() -> None:
+    data = from_dict(FinetuneDataConfig, data_section())
+    assert data.translation == TranslationConfig() and data.source == "files"
+    with pytest.raises(ConfigError, match="train_prefix: is for type: translation"):
+        from_dict(FinetuneDataConfig, {"type": "classification", "train_file": "a", "validation_file": "b",
+                                       "train_prefix": "x"})  # fmt: skip
+    hub = from_dict(FinetuneDataConfig, {**data_section(train_prefix=None, validation_prefix=None),
+                                         "hub_name": "wmt/wmt14", "hub_config": "de-en"})  # fmt: skip
+    assert hub.source == "hub"
+
+
+# -- metrics -------------------------------------------------------------------------------------------------------
+
+
+def test_bleu_and_chrf_are_sacrebleu_s_with_its_signatures() -> None:
+    import sacrebleu
+
+    hypotheses = ["Ein Mann läuft.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch."]
+    scores = corpus_scores(hypotheses, GERMAN[:3])
+    assert scores["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [GERMAN[:3]]).score, abs=1e-12)
+    chrf = sacrebleu.corpus_chrf(hypotheses, [GERMAN[:3]], word_order=2).score
+    assert scores["chrf"] == pytest.approx(chrf, abs=1e-12)
+    assert corpus_scores(GERMAN, GERMAN)["bleu"] == pytest.approx(100.0)
+    signature = signatures()
+    assert signature["bleu"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert signature["chrf"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:2|space:no|version:")
+    with pytest.raises(ValueError, match="2 hypotheses for 3 references"):
+        corpus_scores(hypotheses[:2], GERMAN[:3])
