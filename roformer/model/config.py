@@ -11,7 +11,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from roformer.config import STAGE, check_types, from_dict, read_yaml, write_yaml
 from roformer.errors import ConfigError
@@ -119,8 +119,28 @@ ARCHITECTURE_NAMES = (
 POOLINGS = ("cls", "mean", "pooler", "last")
 
 
+class YamlFile:
+    """A model config's YAML file: `from_yaml` (a mapping of its fields, or one under a `model:` key), `to_yaml`."""
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> Self:
+        """Load a config from a YAML file (a mapping of field names, or one under a `model:` key)."""
+        data = read_yaml(path)
+        if isinstance(data, dict) and set(data) == {"model"}:
+            data = data["model"]
+        return from_dict(cls, data, source=str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of all fields, nested sections as dicts (YAML-safe)."""
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    def to_yaml(self, path: str | Path) -> None:
+        """Write all fields to a YAML file."""
+        write_yaml(path, self.to_dict())
+
+
 @dataclass
-class ModelConfig:
+class ModelConfig(YamlFile):
     """Shape and behaviour of the encoder. One config for RoFormer and the BERT baseline.
 
     Attributes:
@@ -380,22 +400,6 @@ class ModelConfig:
             return self.sinusoidal_scale
         return self.initializer_range * math.sqrt(2.0)
 
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> ModelConfig:
-        """Load a config from a YAML file (a mapping of field names, or one under a `model:` key)."""
-        data = read_yaml(path)
-        if isinstance(data, dict) and set(data) == {"model"}:
-            data = data["model"]
-        return from_dict(cls, data, source=str(path))
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict of all fields (YAML-safe)."""
-        return dataclasses.asdict(self)
-
-    def to_yaml(self, path: str | Path) -> None:
-        """Write all fields to a YAML file."""
-        write_yaml(path, self.to_dict())
-
 
 def position_fields() -> tuple[str, ...]:
     """The names of the ModelConfig fields that make up the position encoding (metadata `POSITION`), in field order."""
@@ -403,7 +407,7 @@ def position_fields() -> tuple[str, ...]:
 
 
 @dataclass
-class EncoderDecoderConfig:
+class EncoderDecoderConfig(YamlFile):
     """An encoder-decoder (translation, the paper's Table 1): an encoder and a decoder, each a `ModelConfig`.
 
     The decoder is made a decoder here whatever its mapping says: causal self-attention (`attention_pattern:
@@ -466,19 +470,3 @@ class EncoderDecoderConfig:
             if halves:
                 changed[half] = dataclasses.replace(changed.get(half, getattr(self, half)), **halves)
         return dataclasses.replace(self, **changed)
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> EncoderDecoderConfig:
-        """Load a config from a YAML file (`encoder:` and `decoder:` mappings of ModelConfig fields, the rest)."""
-        data = read_yaml(path)
-        if isinstance(data, dict) and set(data) == {"model"}:
-            data = data["model"]
-        return from_dict(cls, data, source=str(path))
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict of all fields, the halves as nested dicts (YAML-safe)."""
-        return dataclasses.asdict(self)
-
-    def to_yaml(self, path: str | Path) -> None:
-        """Write all fields to a YAML file."""
-        write_yaml(path, self.to_dict())
