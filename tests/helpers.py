@@ -399,3 +399,20 @@ def small_beir(folder: Path, documents: int = 60, seed: int = 0) -> Path:
         lines = "".join(f"{q}\t{d}\t{s}\n" for q, d, s in rows)
         (folder / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n" + lines)
     return folder
+
+
+def stop_in_process(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
+    """SIGTERM to this process after optimizer step `step` (1-based) of the engine."""
+    import signal
+
+    from roformer.train.engine import Engine
+
+    original = Engine.train_step
+
+    def train_step(self, recipe, index):  # noqa: ANN001, ANN202
+        result = original(self, recipe, index)
+        if index + 1 == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+    monkeypatch.setattr(Engine, "train_step", train_step)

@@ -12,18 +12,15 @@ SIGTERM, as a scheduler would.
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
-from helpers import launch_processes, stop_after, task_config, tiny_run_config, write_wrapper
+from helpers import launch_processes, stop_after, stop_in_process, task_config, tiny_run_config, write_wrapper
 
 from roformer.cli import main
 from roformer.config import read_yaml, write_yaml
 from roformer.data.builtin import generate_documents
 from roformer.train.checkpoints import CheckpointManager
-from roformer.train.engine import Engine
 from roformer.train.run_dir import read_metrics
 
 DROPOUT = {"hidden_dropout": 0.1, "attention_dropout": 0.1}
@@ -49,19 +46,6 @@ def assert_same_events(run: Path, reference: Path, tolerance: float = 1e-5) -> f
             else:
                 assert value == other[key], (mine["step"], key)
     return max(abs(a["loss"] - b["loss"]) for a, b in zip(ours, theirs, strict=True) if a["event"] == "train")
-
-
-def stop_in_process(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
-    """SIGTERM to this process after optimizer step `step` (1-based) of the engine."""
-    original = Engine.train_step
-
-    def train_step(self, recipe, index):
-        result = original(self, recipe, index)
-        if index + 1 == step:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return result
-
-    monkeypatch.setattr(Engine, "train_step", train_step)
 
 
 def launch(count: int, wrapper: Path, args: list[str], code: int) -> str:

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import random
 import re
-import signal
 import sys
 from io import BytesIO, TextIOWrapper
 from pathlib import Path
@@ -17,13 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import launch_processes, stop_after
+from helpers import launch_processes, stop_after, stop_in_process
 from safetensors.torch import load_file
 
 from roformer.cli import main
 from roformer.model.model import load
 from roformer.model.seq2seq import EncoderDecoder
-from roformer.train.engine import Engine
 from roformer.train.run_dir import read_metrics
 
 WORDS = dict(
@@ -151,19 +148,6 @@ def test_translate_gives_the_run_s_hypotheses_from_a_file_and_from_stdin(
     assert main(["translate", "--model", str(run / "best"), "--quiet", "--beam", "1"]) == 0
     lines = capsys.readouterr().out.split("\n")
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
-
-
-def stop_in_process(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
-    """SIGTERM to this process after optimizer step `step` (1-based)."""
-    original = Engine.train_step
-
-    def train_step(self, recipe, index):
-        result = original(self, recipe, index)
-        if index + 1 == step:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return result
-
-    monkeypatch.setattr(Engine, "train_step", train_step)
 
 
 def assert_same_run(run: Path, reference: Path) -> None:
