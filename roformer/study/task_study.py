@@ -307,7 +307,7 @@ def measure_decay(out: Path, tasks: dict[str, dict[str, FinetuneConfig]], seed: 
                 continue
             task_object = make_task(config.data)
             split = "test_2x" if "test_2x" in task_object.test_splits else task_object.test_splits[-1]
-            encoded = task_object.encode(load_tokenizer(model_dir), config.data.max_length)[split]
+            encoded = task_object.split(split, load_tokenizer(model_dir).get_vocab())  # that split alone
             windows = torch.tensor(encoded.ids[:DECAY_ROWS])  # rows of one length: no padding
             model = load_model(model_dir).eval()
             write_attention_distance(attention_distance(model, windows, str(model_dir), f"{task} {split}"), target)

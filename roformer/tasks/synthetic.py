@@ -345,19 +345,20 @@ class SyntheticTask(HeadOutputs):
                 f"tokens + [CLS] and [SEP]): raise it"
             )
         ids = tokenizer.get_vocab()
+        return {name: self.split(name, ids) for name in ["train", *self.dev_splits, *self.test_splits]}
+
+    def split(self, name: str, ids: dict[str, int]) -> SyntheticSplit:
+        """One split (`train`, `dev` or `test_<m>x`) in the token ids `ids`: each split from a seed of its own."""
+        settings = self.settings
         shortest, longest = settings.train_lengths
-        splits = {
-            "train": generate_split(settings, ids, settings.train_examples, (shortest, longest), settings.seed),
-            "dev": generate_split(
-                settings, ids, settings.eval_examples, (shortest, longest), settings.seed + DEV_SEED_OFFSET
-            ),
-        }
-        for m in settings.test_multiples:
-            seed = settings.seed + (m + 1) * DEV_SEED_OFFSET
-            splits[test_split_name(m)] = generate_split(
-                settings, ids, settings.eval_examples, (longest * m, longest * m), seed
-            )
-        return splits
+        if name == "train":
+            return generate_split(settings, ids, settings.train_examples, (shortest, longest), settings.seed)
+        if name == "dev":
+            seed = settings.seed + DEV_SEED_OFFSET
+            return generate_split(settings, ids, settings.eval_examples, (shortest, longest), seed)
+        m = int(name.removeprefix("test_").removesuffix("x"))
+        seed = settings.seed + (m + 1) * DEV_SEED_OFFSET
+        return generate_split(settings, ids, settings.eval_examples, (longest * m, longest * m), seed)
 
     def collate(self, split: SyntheticSplit, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
         """Padded ids, mask and labels of `rows`, and `position_ids` when the positions are randomized."""
