@@ -14,7 +14,9 @@
 #   lease     all of it inside one device call of GPU_CHECK_SECONDS (default 560): the stages in order of what the
 #             GPU issues need most (eager bench; compiled bench at T=512; packing; base pretraining with the GPU
 #             tests beside it; every encoding, eager; compiled bench at T=128 if time is left), each cut at the
-#             deadline, results packed every 20 s into $OUT/results.tgz (the device tool returns at most 8 files)
+#             deadline (the encoder-decoder's checks and speed, scripts/seq2seq_gpu_check.py, after packing;
+#             GPU_CHECK_PRETRAIN=0 skips the pretraining), results packed every 20 s into $OUT/results.tgz (the
+#             device tool returns at most 8 files)
 # Results go to $OUT (the device tool's folder) or runs/gpu-check; run data to /tmp/gpu-check. Prepare .gpu/ first
 # with scripts/gpu_prepare.sh (wheels and data for a machine without network). GPU_CHECK_SMOKE=1 runs every stage at
 # toy sizes (also on a CPU, in fp32 there) to check the plumbing; GPU_CHECK_MODES="eager" skips the compiled bench.
@@ -47,6 +49,7 @@ if [ "${GPU_CHECK_SMOKE:-0}" = 1 ]; then
     packing_args=(--model configs/model/roformer-tiny.yaml --length 64 --documents 16 --steps 2
         "--device=$(python -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")"
         "--dtype=$([ "$dtype" = bf16 ] && echo bfloat16 || echo float32)")
+    seq2seq_args=(--smoke)
 else
     bench_args=(--shape base --seq-lens 128,512 --batch-sizes 128,32 --repeats 3 --steps 5)
     relative_args=(--shape base --seq-lens 512 --batch-sizes 32 --repeats 3 --steps 5 --compile)
@@ -58,6 +61,7 @@ else
     # documents of 8-512 tokens: 45-50% padding a row each, the packing target's shape
     packing_args=(--model configs/model/roformer-base.yaml --length 512 --documents 96 --steps 6 --device cuda
         --dtype bfloat16)
+    seq2seq_args=()
 fi
 
 run_tests() {
@@ -113,20 +117,29 @@ run_lease() {
     }
     local bench=(python scripts/bench_model.py "${device_args[@]}" --dtype "$dtype")
     within 100 env GPU_CHECK_MODES=eager OUT="$results" bash "$0" bench
-    within 200 "${bench[@]}" "${lease_compiled[@]}" --compile --json "$results/bench-compiled.json"
+    local compiled=1  # GPU_CHECK_MODES=eager leaves the compiled benchmarks out of the lease too
+    [[ " ${GPU_CHECK_MODES:-eager compiled} " == *" compiled "* ]] || compiled=0
+    ((compiled)) && within 200 "${bench[@]}" "${lease_compiled[@]}" --compile --json "$results/bench-compiled.json"
     within 60 bash -c "python scripts/bench_packing.py ${packing_args[*]} > $results/packing.md"
-    # the GPU tests beside the pretraining: neither is a timing (the pretraining's tokens/s are shared with them)
+    # the encoder-decoder (issue 56): its CUDA checks and its Transformer-base speed, alone on the GPU
+    within 150 bash -c "python scripts/seq2seq_gpu_check.py ${seq2seq_args[*]} --out $results/seq2seq.json \
+        > $results/seq2seq.log 2>&1"
+    # the GPU tests beside the pretraining: neither is a timing (the pretraining's tokens/s are shared with them);
+    # GPU_CHECK_PRETRAIN=0 leaves the pretraining out (a lease that already has its curves)
     (within 240 python -m pytest -q -m gpu tests/e2e/test_gpu.py -p no:cacheprovider \
         --junitxml "$results/gpu-tests.xml" > "$results/gpu-tests.log" 2>&1) &
     local tests=$!
-    within 300 env OUT="$results" bash "$0" pretrain > "$results/pretrain.log" 2>&1
+    if [ "${GPU_CHECK_PRETRAIN:-1}" = 1 ]; then
+        within 300 env OUT="$results" bash "$0" pretrain > "$results/pretrain.log" 2>&1
+    fi
     wait "$tests"
     local eager_relative=()
     for arg in "${relative_args[@]}"; do [ "$arg" = --compile ] || eager_relative+=("$arg"); done
     within 90 "${bench[@]}" "${eager_relative[@]}" --baseline ours-rotary --json "$results/bench-relative.json" \
         --models ours-rotary,ours-rotary-unfused,ours-sinusoidal,ours-none,ours-shaw,ours-shaw-values,ours-t5_bias,ours-alibi
     within 40 bash -c "python scripts/bench_relative_terms.py ${terms_args[*]} > $results/relative-terms.md"
-    within 200 "${bench[@]}" "${lease_compiled_short[@]}" --compile --json "$results/bench-compiled-short.json"
+    ((compiled)) && within 200 "${bench[@]}" "${lease_compiled_short[@]}" --compile \
+        --json "$results/bench-compiled-short.json"
     python scripts/gpu_report.py "$results" --runs "$work/base" > "$results/gpu-report.md" || true
     kill "$packer" 2>/dev/null || true
     tar czf "$pack/results.tgz" -C "$results" .
