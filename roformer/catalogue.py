@@ -28,6 +28,8 @@ SHIPPED_FOLDERS = {
     "experiments": "roformer experiment (the folder may be left out)",
     "model": "the model: section of a pretraining config",
     "accelerate": 'accelerate launch --config_file "$(roformer configs accelerate/NAME)" -m roformer ...',
+    "synthetic": "roformer finetune: the length-generalization tasks, a model trained from scratch (init: '')",
+    "translation": "roformer finetune: an encoder-decoder trained from scratch; roformer translate reads its best/",
 }
 
 

@@ -224,10 +224,15 @@ def test_fsdp_pretraining_resumes_on_another_number_of_gpus(tmp_path: Path) -> N
 
 
 def launch(launcher: str, *args: str) -> None:
-    """`accelerate launch` with one of configs/accelerate/*.yaml on every visible GPU; fails with its stderr."""
+    """`accelerate launch` with one of configs/accelerate/*.yaml on every visible GPU; fails with its stderr.
+
+    The failure shows the first traceback (where it broke: a long error message repeated per parameter pushes it
+    out of any tail) and the end of the output.
+    """
     processes = str(torch.cuda.device_count())
     done = accelerate_launch(["-m", "roformer", *args], launcher, "--num_processes", processes)
-    assert done.returncode == 0, done.stderr[-4000:]
+    first = done.stderr.find("Traceback")
+    assert done.returncode == 0, done.stderr[max(first, 0) :][:3000] + "\n...\n" + done.stderr[-1500:]
 
 
 def sst2_files(folder: Path) -> dict[str, Path]:

@@ -6,9 +6,15 @@ import argparse
 from pathlib import Path
 
 import pytest
+import torch
 
 from roformer.cli import COMMANDS, main
 from roformer.data.builtin import generate_documents
+from roformer.model.seq2seq import EncoderDecoder
+from roformer.tasks.config import Vocabulary
+from roformer.tasks.parallel import train_bpe
+from roformer.tasks.translation import encoder_decoder_config
+from roformer.train.run_dir import write_model_dir
 
 # `--out` of each command below `new` (inputs made in `work`); what the command must have written there
 OUT_CASES = {
@@ -38,6 +44,11 @@ OUT_CASES = {
         ["embed", "--model", str(model), "--input", str(_texts(work)), "--out", str(new / "v.npy")],
         new / "v.npy",
     ),
+    "translate": lambda model, work, new: (
+        ["translate", "--model", str(_translation_model(work)), "--input", str(_texts(work)), "--quiet"]
+        + ["--beam", "1", "--out", str(new / "out.de")],
+        new / "out.de",
+    ),
     "compare": lambda model, work, new: (
         ["compare", *map(str, _probe_files(model, work)), "--out", str(new / "compare")],
         new / "compare/probes.png",
@@ -49,6 +60,18 @@ def _texts(folder: Path) -> Path:
     path = folder / "texts.txt"
     path.write_text("one two three\nfour five six\n")
     return path
+
+
+def _translation_model(folder: Path) -> Path:
+    """A fresh 1 + 1 layer encoder-decoder with a joint BPE of the test's texts: what `roformer translate` reads."""
+    texts = ["one two three", "four five six", "eins zwei drei", "vier fünf sechs"]
+    tokenizer = train_bpe(texts, vocab_size=60, min_frequency=1)
+    vocabulary = Vocabulary(size=len(tokenizer), pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    section = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}
+    torch.manual_seed(0)
+    model = EncoderDecoder(encoder_decoder_config(section, vocabulary))
+    write_model_dir(model, tokenizer, folder / "translator")
+    return folder / "translator"
 
 
 def _text_folder(folder: Path) -> Path:

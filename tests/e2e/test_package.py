@@ -131,7 +131,16 @@ def test_configs_command_lists_every_shipped_config(capsys: pytest.CaptureFixtur
 
 
 def test_the_folder_table_names_every_shipped_folder_in_lookup_order() -> None:
-    assert list(catalogue.SHIPPED_FOLDERS) == ["pretrain", "glue", "finetune", "experiments", "model", "accelerate"]
+    assert list(catalogue.SHIPPED_FOLDERS) == [
+        "pretrain",
+        "glue",
+        "finetune",
+        "experiments",
+        "model",
+        "accelerate",
+        "synthetic",
+        "translation",
+    ]
     assert set(catalogue.SHIPPED_FOLDERS) == {p.name for p in CONFIGS.iterdir() if p.is_dir()}
 
 
