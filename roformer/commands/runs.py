@@ -155,6 +155,11 @@ def experiment_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="experiment YAML, or a shipped experiment's name")
     parser.add_argument("--output-dir", metavar="DIR", help="default: runs/experiments/<config name>")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override every arm")
+    parser.add_argument(
+        "--compare-only",
+        action="store_true",
+        help="a task study (tasks:): train nothing, tabulate the runs that finished (a study in progress)",
+    )
 
 
 def experiment_command(args: argparse.Namespace) -> None:
@@ -164,7 +169,7 @@ def experiment_command(args: argparse.Namespace) -> None:
     if args.config is None:
         raise UserError("--config is required")
     config_path, out = config_and_output(args, "experiments", "experiments")
-    summary = run_experiment(config_path, out, args.set)
+    summary = run_experiment(config_path, out, args.set, compare_only=args.compare_only)
     if summary:
         report = f"\nreport: {out / REPORT_FILE} (runs in {out})"
         print((out / COMPARE_DIR / SUMMARY_MARKDOWN_FILE).read_text() + report)

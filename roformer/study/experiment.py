@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from roformer.config import check_seed, check_types, config_path, load, read_yaml
-from roformer.errors import ConfigError, naming
+from roformer.errors import ConfigError, UserError, naming
 from roformer.files import check_output_dir
 from roformer.model.config import ModelConfig, position_fields
 from roformer.model.weights import WEIGHTS_FILE
@@ -319,14 +319,25 @@ def arm_run_path(out: Path, label: str, seed: int) -> Path:
     return out / f"{label}-seed{seed}"
 
 
-def run_experiment(path: str | Path, out: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
-    """Run (or continue) every arm and seed and the optional stages, then compare and report; returns the summary."""
+def run_experiment(
+    path: str | Path, out: str | Path, overrides: list[str] | None = None, compare_only: bool = False
+) -> dict[str, Any]:
+    """Run (or continue) every arm and seed and the optional stages, then compare and report; returns the summary.
+
+    Raises:
+        UserError: `compare_only` for a pretraining experiment (its comparison runs at its end, `roformer compare`
+            reads runs), or for a task study with no run yet.
+    """
     path, out = Path(path), Path(out)
     check_output_dir(out, overwrite=False, resume=True)  # an experiment continues what its directory holds
     experiment, arms = load_experiment(path, overrides)
+    if compare_only and not experiment.tasks:
+        raise UserError(f"{path}: --compare-only is for a task study (tasks:); `roformer compare RUN...` reads runs")
+    if compare_only and not out.is_dir():
+        raise UserError(f"{out}: no such directory: --compare-only tabulates the runs of a study that has started")
     if experiment.tasks:
         out.mkdir(parents=True, exist_ok=True)
-        return run_task_study(experiment, path, out, overrides)
+        return run_task_study(experiment, path, out, overrides, compare_only=compare_only)
     check_stage_inputs(experiment, path, arms)  # before hours of pretraining
     out.mkdir(parents=True, exist_ok=True)
     runs = pretrain_arms(experiment, arms, out)

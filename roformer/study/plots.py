@@ -126,6 +126,45 @@ def plot_probes(rows: list[dict[str, Any]], path: Path) -> None:
 STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))  # a line style per scaling
 
 
+def plot_bleu_by_length(rows: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> None:
+    """bleu-by-length.png: test BLEU against source length (buckets of words), a panel per task, a line per arm.
+
+    Each line is the mean over seeds with its 95% band; a task trained on short sources gets a grey line where
+    its training lengths end.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4.2), squeeze=False, sharey=True)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        data = summary["tasks"][task]
+        for arm in dict.fromkeys(r["arm"] for r in rows if r["task"] == task):
+            points = [r for r in rows if r["task"] == task and r["arm"] == arm]
+            x = [r["x"] for r in points]
+            (line,) = ax.plot(x, [r["bleu"] for r in points], marker="o", label=arm)
+            low, high = [r["interval"][0] for r in points], [r["interval"][1] for r in points]
+            ax.fill_between(x, low, high, color=line.get_color(), alpha=0.1, linewidth=0)
+        buckets = data["buckets"]
+        if data.get("max_source_words"):  # between the last trained bucket and the first longer one
+            trained = [
+                i for i, b in enumerate(buckets) if int(b.split("-")[-1].rstrip("+")) <= data["max_source_words"]
+            ]
+            if trained:
+                ax.axvline(trained[-1] + 0.5, color="grey", linestyle=(0, (2, 2)), linewidth=1)
+        ax.set_xticks(range(len(buckets)), buckets)
+        ax.set_xlabel("source words")
+        ax.set_ylabel("test BLEU")
+        ax.set_title(task)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_lengths(table: dict[str, list[dict[str, Any]]], path: Path) -> None:
     """length.png: eval MLM loss against sequence length per arm (lengths an arm cannot take are left out)."""
     import matplotlib

@@ -158,6 +158,17 @@ def difference(values: dict[int, float], baseline: dict[int, float], confidence:
     return _with_notes(out, notes)
 
 
+def mean_interval(values: list[float], confidence: float = CONFIDENCE) -> dict[str, Any]:
+    """`mean` of seeds' values with its Student-t `interval` (None for fewer than two values; mean None for none)."""
+    if not values:
+        return {"mean": None, "interval": None}
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return {"mean": mean, "interval": None}
+    half = t_quantile(0.5 + confidence / 2, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return {"mean": mean, "interval": [mean - half, mean + half]}
+
+
 def _with_notes(result: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     return {**result, "note": "; ".join(notes)} if notes else result
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -34,7 +33,9 @@ from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_write_text
 from roformer.model.config import position_fields
 from roformer.study.outputs import COMPARE_DIR, REPORT_FILE, SUMMARY_JSON_FILE, SUMMARY_MARKDOWN_FILE
-from roformer.study.stats import t_quantile, wilson_interval
+from roformer.study.stats import mean_interval, wilson_interval
+from roformer.study.translation_study import PLOT_FILE as BLEU_PLOT_FILE
+from roformer.study.translation_study import bleu_plot_rows, summarise_translation, translation_markdown
 from roformer.train.finetune import run_tag
 from roformer.train.run_dir import METRICS_FILE, PREDICTIONS_DIR, RESULTS_FILE, RunDir
 
@@ -49,6 +50,7 @@ DECAY_DIR = "attention-distance"  # compare/: per task and arm, the measured dec
 DECAY_ROWS = 32  # rows of the test_2x split measured
 # The data fields an arm may set besides the model's position fields: how positions are presented to the model
 ARM_DATA_FIELDS = ("synthetic.randomized_positions",)
+STUDY_TYPES = ("synthetic", "translation")  # the task types trained from scratch that a study compares
 
 
 def load_task_arms(
@@ -70,9 +72,10 @@ def load_task_arms(
             config = load(FinetuneConfig, source, arm.set + experiment.overrides + list(overrides or []))
             arms[label] = replace(config, label=label)
         first = next(iter(arms.values()))
-        if first.data.type != "synthetic":
+        if first.data.type not in STUDY_TYPES:
             raise ConfigError(
-                f"{path}: tasks: {task_file} is type {first.data.type}; a task study compares type synthetic"
+                f"{path}: tasks: {task_file} is type {first.data.type}; a task study compares types "
+                f"{' and '.join(STUDY_TYPES)}"
             )
         if first.init:
             raise ConfigError(
@@ -122,13 +125,20 @@ def run_path(out: Path, task: str, label: str, seed: int) -> Path:
     return out / task / f"{label}-seed{seed}"
 
 
-def run_task_study(experiment: ExperimentConfig, path: Path, out: Path, overrides: list[str] | None) -> dict[str, Any]:
-    """Train every (task, arm, seed) that has no results yet, then compare; returns the summary."""
+def run_task_study(
+    experiment: ExperimentConfig, path: Path, out: Path, overrides: list[str] | None, compare_only: bool = False
+) -> dict[str, Any]:
+    """Train every (task, arm, seed) that has no results yet, then compare; returns the summary.
+
+    Seeds come first: every task and arm gets its first seed before any gets a second, so that a study stopped
+    part-way (or read with `compare_only`, which trains nothing and tabulates the finished runs) already compares
+    every arm.
+    """
     from roformer.train.finetune import finetune
 
     tasks = load_task_arms(experiment, path, overrides)
-    for task, arms in tasks.items():
-        for index, seed in enumerate(experiment.seeds):
+    for index, seed in enumerate([] if compare_only else experiment.seeds):
+        for task, arms in tasks.items():
             # the arm order alternates between seeds: one-time warm-up costs do not always land on one arm
             order = list(arms.items()) if index % 2 == 0 else list(reversed(arms.items()))
             for label, arm in order:
@@ -161,18 +171,28 @@ def summarise(
     """
     summary: dict[str, Any] = {"target": target, "seeds": seeds, "tasks": {}}
     for task, arms in tasks.items():
-        settings = next(iter(arms.values())).data.synthetic
+        first = next(iter(arms.values()))
+        if first.data.type == "translation":
+            directories = {label: [run_path(out, task, label, seed) for seed in seeds] for label in arms}
+            summary["tasks"][task] = summarise_translation(directories, first, seeds)
+            continue
+        settings = first.data.synthetic
         longest = settings.train_lengths[1]
         lengths = {f"test_{m}x": longest * m for m in settings.test_multiples}
         table = {}
         for label in arms:
-            runs = [run_record(run_path(out, task, label, seed), list(lengths), target) for seed in seeds]
+            finished = [seed for seed in seeds if (run_path(out, task, label, seed) / RESULTS_FILE).is_file()]
+            if not finished:  # a study in progress: the arm has no finished run yet
+                continue
+            runs = [run_record(run_path(out, task, label, seed), list(lengths), target) for seed in finished]
             table[label] = {
+                "seeds": finished,
                 "splits": {split: over_seeds([r["splits"][split] for r in runs]) for split in lengths},
                 "steps_to_target": [r["steps_to_target"] for r in runs],
                 "seconds": [r["seconds"] for r in runs],
             }
         summary["tasks"][task] = {
+            "kind": "synthetic",
             "chance": settings.chance,
             "train_lengths": settings.train_lengths,
             "lengths": lengths,
@@ -201,23 +221,27 @@ def run_record(directory: Path, splits: list[str], target: float) -> dict[str, A
             right += sum(p == a for p, a in zip(row["predicted"], row["answers"], strict=True))
             total += len(row["answers"])
         record["splits"][split] = {"accuracy": right / total, "correct": right, "answers": total}
-    events = [json.loads(line) for line in (directory / METRICS_FILE).read_text().splitlines() if line.strip()]
+    events = run_events(directory)
     evals = sorted((e for e in events if e.get("event") == "eval" and e.get("split") == "dev"), key=lambda e: e["step"])
     record["steps_to_target"] = next((e["step"] for e in evals if e["accuracy"] >= target), None)
-    record["seconds"] = max((e.get("elapsed_sec", 0.0) for e in events), default=0.0)
+    record["seconds"] = run_seconds(directory)
     return record
+
+
+def run_events(directory: Path) -> list[dict[str, Any]]:
+    """A run's metrics.jsonl events."""
+    return [json.loads(line) for line in (directory / METRICS_FILE).read_text().splitlines() if line.strip()]
+
+
+def run_seconds(directory: Path) -> float:
+    """How long a run trained: the largest `elapsed_sec` of its events (a resumed run's count continues)."""
+    return max((e.get("elapsed_sec", 0.0) for e in run_events(directory)), default=0.0)
 
 
 def over_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Every seed's accuracy with its 95% Wilson interval, their mean with a 95% t-interval (none for one seed)."""
-    values = [r["accuracy"] for r in runs]
-    mean = statistics.fmean(values)
-    half = 0.0
-    if len(values) > 1:
-        half = t_quantile(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
     return {
-        "mean": mean,
-        "interval": [mean - half, mean + half] if len(values) > 1 else None,
+        **mean_interval([r["accuracy"] for r in runs]),
         "seeds": [{**r, "wilson": list(wilson_interval(r["correct"], r["answers"]))} for r in runs],
     }
 
@@ -226,11 +250,15 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     """A table per task: accuracy (%) per arm and test length, mean [95% interval] over seeds; steps; seconds."""
     parts = []
     for task, data in summary["tasks"].items():
+        if data["kind"] == "translation":
+            parts.append(translation_markdown(task, data, summary["seeds"]))
+            continue
         lengths = data["lengths"]
         shortest, longest = data["train_lengths"]
         parts.append(
             f"### {task}\n\ntrained on {shortest}-{longest} tokens; chance {100 * data['chance']:.1f}%; accuracy (%) "
-            f"over the answers at each test length, mean over {len(summary['seeds'])} seeds [95% t-interval]; steps "
+            f"over the answers at each test length, mean over the finished seeds of {len(summary['seeds'])} [95% "
+            "t-interval]; steps "
             f"to {100 * summary['target']:.0f}% dev accuracy per seed (- = not reached); seconds per run\n"
         )
         header = ["arm", *(f"{split.removeprefix('test_')} ({n})" for split, n in lengths.items()), "steps", "s/run"]
@@ -253,6 +281,8 @@ def plot_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The summary as probe-plot rows: a panel per task, a line per arm (roformer.study.plots.plot_probes)."""
     rows = []
     for task, data in summary["tasks"].items():
+        if data["kind"] != "synthetic":
+            continue
         for label, arm in data["arms"].items():
             for split, length in data["lengths"].items():
                 cell = arm["splits"][split]
@@ -272,21 +302,29 @@ def plot_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def write_summary(folder: Path, summary: dict[str, Any]) -> None:
-    """summary.json, summary.md and generalization.png into `folder`."""
-    from roformer.study.plots import plot_probes
+    """summary.json, summary.md, and generalization.png (synthetic tasks) and bleu-by-length.png (translation)."""
+    from roformer.study.plots import plot_bleu_by_length, plot_probes
 
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(folder / SUMMARY_JSON_FILE, json.dumps(summary, indent=2))
     atomic_write_text(folder / SUMMARY_MARKDOWN_FILE, summary_markdown(summary))
-    plot_probes(plot_rows(summary), folder / PLOT_FILE)
+    if rows := plot_rows(summary):
+        plot_probes(rows, folder / PLOT_FILE)
+    if rows := bleu_plot_rows(summary):
+        plot_bleu_by_length(rows, summary, folder / BLEU_PLOT_FILE)
+
+
+def plot_names(summary: dict[str, Any]) -> list[str]:
+    """The plots `write_summary` draws for this summary."""
+    kinds = {data["kind"] for data in summary["tasks"].values()}
+    return [name for name, kind in ((PLOT_FILE, "synthetic"), (BLEU_PLOT_FILE, "translation")) if kind in kinds]
 
 
 def report(summary: dict[str, Any], path: Path, overrides: list[str] | None) -> str:
     """report.md: how to reproduce the study, then its tables."""
     command = f"roformer experiment --config {path}" + "".join(f" --set {o}" for o in overrides or [])
-    return (
-        f"# {path.stem}\n\n```\n{command}\n```\n\n{summary_markdown(summary)}\n![accuracy]({COMPARE_DIR}/{PLOT_FILE})\n"
-    )
+    images = "".join(f"![{name}]({COMPARE_DIR}/{name})\n" for name in plot_names(summary))
+    return f"# {path.stem}\n\n```\n{command}\n```\n\n{summary_markdown(summary)}\n{images}"
 
 
 def measure_decay(out: Path, tasks: dict[str, dict[str, FinetuneConfig]], seed: int) -> None:
@@ -303,7 +341,9 @@ def measure_decay(out: Path, tasks: dict[str, dict[str, FinetuneConfig]], seed: 
         for label, config in arms.items():
             target = folder / f"{task}-{label}.json"
             model_dir = run_path(out, task, label, seed) / BEST_DIR
-            if target.is_file() or config.model.get("attention") == "linear":
+            if config.data.type != "synthetic" or target.is_file() or config.model.get("attention") == "linear":
+                continue  # the decay of an encoder's self-attention: not measured for an encoder-decoder
+            if not model_dir.is_dir():  # a study in progress: that seed has not finished
                 continue
             task_object = make_task(config.data)
             split = "test_2x" if "test_2x" in task_object.test_splits else task_object.test_splits[-1]

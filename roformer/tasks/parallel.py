@@ -72,6 +72,31 @@ class ParallelText:
             self.sources[:count], self.targets[:count], self.source_file, self.target_file, self.lines[:count]
         )
 
+    def pairs(self, keep: list[int]) -> ParallelText:
+        """The pairs at the indices `keep`, in that order (their file lines kept for messages)."""
+        return ParallelText(
+            [self.sources[i] for i in keep],
+            [self.targets[i] for i in keep],
+            self.source_file,
+            self.target_file,
+            [self.lines[i] for i in keep],
+        )
+
+    def split_by_source_words(self, max_words: int) -> tuple[ParallelText, ParallelText]:
+        """(pairs whose source has at most `max_words` words, the rest), each in file order.
+
+        Words are the source's whitespace-separated tokens, as a length split of the literature counts them
+        (Rosendahl et al. 2019 train on short sentences and test on longer ones).
+        """
+        short = [i for i, text in enumerate(self.sources) if source_words(text) <= max_words]
+        chosen = set(short)
+        return self.pairs(short), self.pairs([i for i in range(len(self)) if i not in chosen])
+
+
+def source_words(text: str) -> int:
+    """The words of a sentence: its whitespace-separated tokens (before any subword tokenization)."""
+    return len(text.split())
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # Files

@@ -17,7 +17,8 @@ seed grid, DDP under `accelerate launch`):
   average of the last checkpoints `train.average_last`.
 - Evaluation: dev loss, BLEU and chrF++ at every evaluation point, decoding with `translation.eval_beam` (greedy by
   default: affordable); BLEU selects. At the end the best (and averaged) model translates the dev set again as
-  `valid` and the test set as `test` with the full search (`beam`, `length_penalty`, `max_len_a/b`), scored with
+  `valid`, the test set as `test` (and, with `translation.max_source_words`, the held-out longer training pairs as
+  `long`) with the full search (`beam`, `length_penalty`, `max_len_a/b`), scored with
   sacreBLEU's signatures in results.json (`translation`), the hypotheses one line per source line in
   `predictions/<run>/` and, for the selected run, `hypotheses/best/` and `hypotheses/averaged/`.
 - Every model written gets `translation.json` (roformer.tasks.translator.Decoding): `roformer translate --model DIR`
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
 
 LANGUAGE_KEYS = ("source_lang", "target_lang", "train_prefix", "validation_prefix", "test_prefix")
 HUB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}  # our split: the hub dataset's (WMT14's names)
+LONG_SPLIT = "long"  # the held-out training pairs longer than data.translation.max_source_words
 FINAL_DEV = "valid"  # the dev set decoded at the end as the test set is (fairseq's `--gen-subset valid`)
 
 
@@ -95,6 +97,11 @@ class TranslationConfig:
         empty_lines: A training pair with an empty side is an `error` naming its file and line, or is left out
             (`skip`, counted in a log line); dev and test lines are always refused (their hypotheses keep the
             sources' lines).
+        max_source_words: A length-generalization split: only training pairs whose source has at most this many
+            words are trained on; the rest (the first `long_test_pairs` of them, in file order) are translated and
+            scored at the end as the test split `long` (Rosendahl et al. 2019's setup: lengths never trained on).
+            The dev set stays whole.
+        long_test_pairs: How many of the held-out longer training pairs make the `long` split.
     """
 
     vocab_size: int = 8000
@@ -110,10 +117,12 @@ class TranslationConfig:
     eval_beam: int = 1
     too_long: Literal["error", "truncate"] = "error"
     empty_lines: Literal["error", "skip"] = "error"
+    max_source_words: int | None = None
+    long_test_pairs: int = 1000
 
     def __post_init__(self) -> None:
         check_types(self)
-        for name in ("vocab_size", "min_frequency", "max_tokens", "beam", "eval_beam"):
+        for name in ("vocab_size", "min_frequency", "max_tokens", "beam", "eval_beam", "long_test_pairs"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.vocab_size < 16:
@@ -122,6 +131,8 @@ class TranslationConfig:
             raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.max_len_a < 0 or self.max_len_b < 0:
             raise ConfigError(f"max_len_a and max_len_b must be >= 0, got {self.max_len_a} and {self.max_len_b}")
+        if self.max_source_words is not None and self.max_source_words < 1:
+            raise ConfigError(f"max_source_words must be >= 1 (or null: every pair), got {self.max_source_words}")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -244,7 +255,7 @@ class TranslationTask(HeadOutputs):
         self.settings: TranslationConfig = data.translation or TranslationConfig()
         self.source_lang, self.target_lang = data.source_lang, data.target_lang
         self.texts = texts
-        self.test_splits = [FINAL_DEV] + (["test"] if "test" in texts else [])
+        self.test_splits = [FINAL_DEV] + [name for name in ("test", LONG_SPLIT) if name in texts]
         self.encoded_with: Tokenizer | None = None  # the tokenizer the splits were encoded with (decoding reads it)
         self.eos_id: int | None = None  # the id that ends a target: the model's (`check_model`)
         self.max_length = data.max_length
@@ -259,9 +270,17 @@ class TranslationTask(HeadOutputs):
             UserError: a missing file, files of different line counts, an empty or non-UTF-8 line (file and line), a
                 hub dataset that does not load.
         """
-        skip = (data.translation or TranslationConfig()).empty_lines == "skip"
+        settings = data.translation or TranslationConfig()
         read = _hub_reader(data) if data.source == "hub" else _file_reader(data)
-        texts = {"train": read("train", skip).head(data.max_train_examples)}
+        texts = {"train": read("train", settings.empty_lines == "skip").head(data.max_train_examples)}
+        if settings.max_source_words is not None:
+            texts["train"], longer = texts["train"].split_by_source_words(settings.max_source_words)
+            if not len(longer):
+                raise UserError(
+                    f"data.translation.max_source_words: no training pair of {texts['train'].source_file} has a "
+                    f"source of more than {settings.max_source_words} words: the split `{LONG_SPLIT}` would be empty"
+                )
+            texts[LONG_SPLIT] = longer.head(settings.long_test_pairs)
         texts["dev"] = read("dev", False).head(data.max_eval_examples)
         if data.source == "hub" or data.test_prefix:
             texts["test"] = read("test", False).head(data.max_eval_examples)

@@ -376,3 +376,60 @@ def test_bad_translate_input_is_one_line_and_writes_nothing(
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "long.en:1: the source has" in err if "{long}" in args else True
     assert not (tmp_path / "out.de").exists()
+
+
+# -- a study of arms -----------------------------------------------------------------------------------------------
+
+
+def test_a_translation_study_compares_bleu_by_length_with_intervals_and_a_bootstrap(
+    tmp_path: Path, corpus: Path, capsys: pytest.CaptureFixture
+) -> None:
+    import sacrebleu
+
+    settings = yaml.safe_load(config(tmp_path, corpus, max_steps=4, save_every=0).read_text())
+    settings["data"].update(task="tiny-short")
+    settings["data"]["translation"]["max_source_words"] = 6  # sources of 3-9 words: the rest tests longer ones
+    (tmp_path / "task.yaml").write_text(yaml.safe_dump(settings))
+    study = {"tasks": ["task.yaml"], "arms": {"rotary": {"set": []}, "none": {"set": ["model.position_encoding=none"]}},
+             "seeds": [0, 1]}  # fmt: skip
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study, sort_keys=False))  # rotary first: the baseline
+    command, out = ["experiment", "--config", str(tmp_path / "study.yaml")], tmp_path / "out"
+    assert main([*command, "--output-dir", str(out), "--compare-only"]) == 2  # nothing to tabulate yet
+    assert "--compare-only tabulates the runs of a study that has started" in capsys.readouterr().err
+    assert main([*command, "--output-dir", str(out)]) == 0
+    summary = json.loads((out / "compare" / "summary.json").read_text())["tasks"]["tiny-short"]
+    assert summary["kind"] == "translation" and summary["model"] == "averaged" and summary["max_source_words"] == 6
+    references = (corpus / "test.de").read_text().splitlines()
+    sources = (corpus / "test.en").read_text().splitlines()
+    assert summary["splits"]["test"] == len(references) and 0 < summary["splits"]["long"] <= 240
+    rotary = summary["arms"]["rotary"]
+    assert rotary["seeds"] == [0, 1] and len(rotary["seconds"]) == 2
+    for seed, bleu in zip((0, 1), rotary["splits"]["test"]["bleu"]["seeds"], strict=True):
+        run = out / "tiny-short" / f"rotary-seed{seed}"
+        hypotheses = (run / "hypotheses" / "averaged" / "test.de").read_text(encoding="utf-8").splitlines()
+        assert bleu == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+    cell = rotary["splits"]["test"]["bleu"]
+    assert cell["mean"] == pytest.approx(sum(cell["seeds"]) / 2) and cell["interval"][0] <= cell["mean"]
+    buckets = rotary["splits"]["test"]["buckets"]
+    assert sum(b["sentences"] for b in buckets.values()) == len(sources) and set(buckets) <= set(summary["buckets"])
+    test = summary["bootstrap"]["test"]
+    assert test["baseline"] == "rotary" and test["systems"]["rotary"]["p_value"] is None
+    assert "bs:1000" in test["signature"]
+    none = test["systems"]["none"]  # 4 steps of training: the two arms may translate alike, and are then marked so
+    assert (none["p_value"] is None) if none["identical"] else (0 < none["p_value"] <= 1)
+    best = summary["best_seeds"]["rotary"]
+    assert rotary["dev_bleu"][best] == max(rotary["dev_bleu"])  # the best seed is chosen by dev BLEU, not test
+    text = (out / "compare" / "summary.md").read_text()
+    assert "| rotary | 2 |" in text and "Paired bootstrap on long" in text and "BLEU by source words, test" in text
+    assert (out / "compare" / "bleu-by-length.png").stat().st_size > 0
+    assert not (out / "compare" / "generalization.png").exists()  # nor a decay: an encoder-decoder's is not measured
+    assert not list((out / "compare" / "attention-distance").glob("*"))
+    # a study in progress: --compare-only tabulates the finished runs and trains none
+    (out / "tiny-short" / "none-seed1" / "results.json").unlink()
+    assert main([*command, "--output-dir", str(out), "--compare-only"]) == 0
+    summary = json.loads((out / "compare" / "summary.json").read_text())["tasks"]["tiny-short"]
+    assert (
+        summary["arms"]["none"]["seeds"] == [0]
+        and summary["arms"]["none"]["splits"]["test"]["bleu"]["interval"] is None
+    )
+    assert not (out / "tiny-short" / "none-seed1" / "results.json").exists()

@@ -23,7 +23,7 @@ from roformer.tasks.parallel import (
     texts_of,
     train_bpe,
 )
-from roformer.tasks.translation import TranslationConfig, encoder_decoder_config
+from roformer.tasks.translation import TranslationConfig, TranslationTask, encoder_decoder_config
 from roformer.train.averaging import average_states, last_points
 from roformer.train.finetune import _TokenBatchStep
 from roformer.train.recipe import ProcessLayout
@@ -248,6 +248,8 @@ def data_section(**extra: object) -> dict:
         ({"source_lang": None}, "source_lang is required"),
         ({"validation_prefix": None}, "validation_prefix is required"),
         ({"train_file": "x.tsv"}, "train_file: type translation reads parallel files by prefix"),
+        ({"translation": {"max_source_words": 0}}, "max_source_words must be >= 1"),
+        ({"translation": {"long_test_pairs": 0}}, "long_test_pairs must be >= 1"),
     ],
 )
 def test_bad_translation_settings_name_their_key(extra: dict, message: str) -> None:
@@ -283,3 +285,39 @@ def test_bleu_and_chrf_are_sacrebleu_s_with_its_signatures() -> None:
     assert signature["chrf"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:2|space:no|version:")
     with pytest.raises(ValueError, match="2 hypotheses for 3 references"):
         corpus_scores(hypotheses[:2], GERMAN[:3])
+
+
+# -- the length split ----------------------------------------------------------------------------------------------
+
+
+def test_a_length_split_trains_on_short_sources_and_tests_on_the_longer_rest(tmp_path: Path) -> None:
+    english = ["A man runs.", "Two big dogs play in the deep snow.", "A cat.", "A woman reads a red book today."]
+    write_pair(tmp_path, "train", english, GERMAN)
+    write_pair(tmp_path, "val", ENGLISH[:2], GERMAN[:2])
+    section = data_section(train_prefix=str(tmp_path / "train"), validation_prefix=str(tmp_path / "val"))
+    data = from_dict(FinetuneDataConfig, {**section, "translation": {"max_source_words": 3, "long_test_pairs": 1}})
+    task = TranslationTask.from_config(data)
+    assert task.texts["train"].sources == ["A man runs.", "A cat."]  # 3 and 2 words: kept, in file order
+    assert task.texts["train"].targets == [GERMAN[0], GERMAN[2]] and task.texts["train"].lines == [1, 3]
+    assert task.texts["long"].sources == [english[1]] and task.texts["long"].lines == [2]  # the first longer pair
+    assert task.test_splits == ["valid", "long"]
+    too_long = {**section, "translation": {"max_source_words": 8}}
+    with pytest.raises(UserError, match="no training pair of .*train.en has a source of more than 8 words"):
+        TranslationTask.from_config(from_dict(FinetuneDataConfig, too_long))
+
+
+def test_the_paired_bootstrap_is_sacrebleu_s_and_marks_equal_outputs() -> None:
+    import sacrebleu
+
+    from roformer.study.translation_study import paired_bootstrap
+
+    references = GERMAN * 10
+    good = GERMAN[:3] * 10 + ["Die Katze schläft nicht."] * 10
+    bad = ["Ein Mann.", "Zwei Hunde.", "Eine Frau.", "Die Katze."] * 10
+    test = paired_bootstrap({"good": good, "same": list(good), "bad": bad}, references)
+    assert test["baseline"] == "good" and "bs:1000" in test["signature"]
+    systems = test["systems"]
+    assert systems["good"]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(good, [references]).score)
+    assert systems["good"]["p_value"] is None and not systems["good"]["identical"]
+    assert systems["same"]["identical"] and systems["same"]["p_value"] is None  # sacreBLEU would say 0.001
+    assert systems["bad"]["bleu"] < systems["good"]["bleu"] and systems["bad"]["p_value"] < 0.05

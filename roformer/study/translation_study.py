@@ -1,0 +1,241 @@
+"""The comparison of a task study whose tasks are translation (configs/experiments/translation-multi30k.yaml).
+
+Per task and arm, over the seeds that finished: test BLEU and chrF++ (sacreBLEU's, detokenized and cased) of each
+seed and their mean with a 95% t-interval, on every final split but the dev set (`test`, and `long` for a task
+trained with `data.translation.max_source_words`); BLEU by source length (buckets of source words) on those splits;
+and sacreBLEU's paired bootstrap (Koehn 2004, 1000 resamples, its fixed seed) of every arm's best seed against the
+first arm's best seed, a seed being best by its dev BLEU (never by test). The translations scored are the averaged
+model's where every run has one (the paper's setup: the average of the last checkpoints), else the best
+checkpoint's. `bleu-by-length.png` draws BLEU against source length, a panel per task, a line per arm, 95% bands.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from roformer.study.stats import mean_interval
+from roformer.tasks.mt_metrics import corpus_scores
+from roformer.tasks.parallel import source_words
+from roformer.tasks.registry import make_task
+from roformer.train.run_dir import RESULTS_FILE
+
+if TYPE_CHECKING:
+    from roformer.train.config import FinetuneConfig
+
+PLOT_FILE = "bleu-by-length.png"
+# Source words per bucket: Multi30k's test_2016_flickr has 281, 380, 194, 108 and 37 sentences in them, so the
+# longest bucket still holds a corpus BLEU's worth of sentences; a task trained on sources of <= 15 words meets
+# lengths it never saw in the last two.
+BUCKETS = ((1, 9), (10, 12), (13, 15), (16, 20), (21, None))
+BOOTSTRAP_SAMPLES = 1000
+HYPOTHESES_DIR = "hypotheses"  # a finished run's final translations: hypotheses/<best|averaged>/<split>.<lang>
+
+
+def bucket_name(low: int, high: int | None) -> str:
+    """`10-12`, or `21+` for the open last bucket."""
+    return f"{low}+" if high is None else f"{low}-{high}"
+
+
+def summarise_translation(
+    directories: dict[str, list[Path]], config: FinetuneConfig, seeds: list[int]
+) -> dict[str, Any]:
+    """One translation task's comparison.
+
+    Args:
+        directories: {arm: its runs' directories, one per seed in `seeds` order}.
+        config: The task's config (any arm's: the data are the same).
+        seeds: The study's seeds.
+
+    Returns:
+        The task's entry of the study summary: `kind: translation`, its splits, buckets, the model scored, and per
+        arm its finished seeds, their scores and intervals, BLEU by bucket, dev BLEU, seconds, and the bootstrap.
+    """
+    from roformer.study.task_study import run_seconds
+
+    task = make_task(config.data)
+    splits = [name for name in task.test_splits if name != "valid"]
+    sources = {name: task.texts[name].sources for name in splits}
+    references = {name: task.texts[name].targets for name in splits}
+    finished = {arm: [d for d in runs if (d / RESULTS_FILE).is_file()] for arm, runs in directories.items()}
+    every = [d for runs in finished.values() for d in runs]
+    model = "averaged" if every and all((d / HYPOTHESES_DIR / "averaged").is_dir() for d in every) else "best"
+    suffix = f".{config.data.target_lang}"
+    arms: dict[str, Any] = {}
+    best_seed: dict[str, Path] = {}
+    for arm, runs in finished.items():
+        hypotheses = [
+            {name: read_lines(d / HYPOTHESES_DIR / model / f"{name}{suffix}") for name in splits} for d in runs
+        ]
+        dev = [dev_bleu(d) for d in runs]
+        table: dict[str, Any] = {"seeds": [seeds[directories[arm].index(d)] for d in runs], "dev_bleu": dev}
+        table["seconds"] = [run_seconds(d) for d in runs]
+        table["splits"] = {}
+        for name in splits:
+            scores = [corpus_scores(h[name], references[name]) for h in hypotheses]
+            table["splits"][name] = {
+                metric: {"seeds": [s[metric] for s in scores], **mean_interval([s[metric] for s in scores])}
+                for metric in ("bleu", "chrf")
+            }
+            table["splits"][name]["buckets"] = {
+                bucket: {"sentences": count, "seeds": values, **mean_interval(values)}
+                for bucket, (count, values) in bleu_by_bucket(
+                    [h[name] for h in hypotheses], references[name], sources[name]
+                ).items()
+            }
+        arms[arm] = table
+        if runs:
+            best_seed[arm] = runs[max(range(len(runs)), key=lambda i: dev[i])]
+    bootstrap = {
+        name: paired_bootstrap(
+            {arm: read_lines(d / HYPOTHESES_DIR / model / f"{name}{suffix}") for arm, d in best_seed.items()},
+            references[name],
+        )
+        for name in splits
+        if len(best_seed) > 1
+    }
+    return {
+        "kind": "translation",
+        "languages": f"{config.data.source_lang}-{config.data.target_lang}",
+        "max_source_words": task.settings.max_source_words,
+        "model": model,
+        "splits": {name: len(references[name]) for name in splits},
+        "buckets": [bucket_name(*b) for b in BUCKETS],
+        "arms": arms,
+        "best_seeds": {arm: seeds[directories[arm].index(d)] for arm, d in best_seed.items()},
+        "bootstrap": bootstrap,
+    }
+
+
+def read_lines(path: Path) -> list[str]:
+    """A hypotheses file's lines (one per source line)."""
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def dev_bleu(directory: Path) -> float:
+    """The BLEU of a run's best dev evaluation (what selected its checkpoint)."""
+    results = json.loads((directory / RESULTS_FILE).read_text())
+    selected = results["selected"]
+    run = next(r for r in results["runs"] if (r["peak_lr"], r["seed"]) == (selected["peak_lr"], selected["seed"]))
+    return float(run["dev"]["dev"]["bleu"])
+
+
+def bleu_by_bucket(
+    hypotheses: list[list[str]], references: list[str], sources: list[str]
+) -> dict[str, tuple[int, list[float]]]:
+    """{bucket: (its sentences, each seed's corpus BLEU on them)} over BUCKETS of source words (empty ones left out)."""
+    out = {}
+    words = [source_words(text) for text in sources]
+    for low, high in BUCKETS:
+        rows = [i for i, n in enumerate(words) if n >= low and (high is None or n <= high)]
+        if rows:
+            values = [corpus_scores([h[i] for i in rows], [references[i] for i in rows])["bleu"] for h in hypotheses]
+            out[bucket_name(low, high)] = (len(rows), values)
+    return out
+
+
+def paired_bootstrap(systems: dict[str, list[str]], references: list[str]) -> dict[str, Any]:
+    """The paired bootstrap of BLEU (sacreBLEU's): the first system against each other one.
+
+    Returns:
+        `baseline`, `signature`, and per system its BLEU, the bootstrap mean with its 95% half-width, and (not for
+        the baseline) the p-value of the difference: sacreBLEU's, (resamples whose difference exceeds the observed
+        one + 1) / (resamples + 1), which is its smallest value for a system equal to the baseline (multeval's
+        choice: "a zero difference should not be attributed to chance"). Such a system is marked `identical` and
+        its p-value left out, so a table never shows a significant difference between equal outputs.
+    """
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    named = list(systems.items())
+    signatures, results = PairedTest(
+        named, {"BLEU": BLEU()}, [references], test_type="bs", n_samples=BOOTSTRAP_SAMPLES
+    )()
+    per_system = {}
+    baseline = named[0][1]
+    for (name, hypotheses), result in zip(named, results["BLEU"], strict=True):
+        identical = name != named[0][0] and hypotheses == baseline
+        per_system[name] = {
+            "bleu": float(result.score),
+            "mean": float(result.mean),
+            "half_width": float(result.ci),
+            "p_value": None if result.p_value is None or identical else float(result.p_value),
+            "identical": identical,
+        }
+    return {"baseline": named[0][0], "signature": str(signatures["BLEU"]), "systems": per_system}
+
+
+def translation_markdown(task: str, data: dict[str, Any], seeds: list[int]) -> str:
+    """A task's tables: BLEU and chrF++ per split, BLEU by source length, the bootstrap."""
+    note = f"; trained on sources of <= {data['max_source_words']} words" if data["max_source_words"] else ""
+    parts = [
+        f"### {task}\n\n{data['languages']}{note}; sacreBLEU BLEU and chrF++ (detokenized, cased) of the "
+        f"{data['model']} model, mean over the finished seeds of {len(seeds)} [95% t-interval]; dev BLEU of each seed; "
+        "seconds per run\n"
+    ]
+    header = ["arm", "seeds"]
+    for name, count in data["splits"].items():
+        header += [f"{name} BLEU ({count})", f"{name} chrF++"]
+    header += ["dev BLEU", "s/run"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for arm, table in data["arms"].items():
+        cells = [arm, str(len(table["seeds"]))]
+        for name in data["splits"]:
+            cells += [interval_cell(table["splits"][name][m]) for m in ("bleu", "chrf")]
+        cells.append(", ".join(f"{v:.1f}" for v in table["dev_bleu"]))
+        cells.append(f"{sum(table['seconds']) / max(1, len(table['seconds'])):.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    parts.append("\n".join(lines) + "\n")
+    for name in data["splits"]:
+        header = ["arm", *data["buckets"]]
+        lines = [f"BLEU by source words, {name}:\n", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for arm, table in data["arms"].items():
+            buckets = table["splits"][name]["buckets"]
+            cells = [interval_cell(buckets[b]) if b in buckets else "" for b in data["buckets"]]
+            lines.append("| " + " | ".join([arm, *cells]) + " |")
+        sizes = next(iter(data["arms"].values()))["splits"][name]["buckets"] if data["arms"] else {}
+        lines.append(
+            "| sentences | "
+            + " | ".join(str(sizes[b]["sentences"]) if b in sizes else "0" for b in data["buckets"])
+            + " |"
+        )
+        parts.append("\n".join(lines) + "\n")
+    for name, test in data["bootstrap"].items():
+        lines = [
+            f"Paired bootstrap on {name}, each arm's best seed by dev BLEU ({test['signature']}):\n",
+            "| arm | seed | BLEU | bootstrap mean +- 95% | p vs " + test["baseline"] + " |",
+            "|---|---|---|---|---|",
+        ]
+        for arm, result in test["systems"].items():
+            p = "identical" if result["identical"] else "-" if result["p_value"] is None else f"{result['p_value']:.4f}"
+            lines.append(
+                f"| {arm} | {data['best_seeds'][arm]} | {result['bleu']:.2f} | {result['mean']:.2f} +- "
+                f"{result['half_width']:.2f} | {p} |"
+            )
+        parts.append("\n".join(lines) + "\n")
+    return "\n".join(parts)
+
+
+def interval_cell(cell: dict[str, Any]) -> str:
+    """`26.4 [25.1, 27.7]` (a mean and its interval; the mean alone for one seed)."""
+    interval = cell["interval"]
+    spread = f" [{interval[0]:.1f}, {interval[1]:.1f}]" if interval else ""
+    return f"{cell['mean']:.1f}{spread}"
+
+
+def bleu_plot_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Points of BLEU against source length: per translation task and arm, its `test` split's buckets."""
+    rows = []
+    for task, data in summary["tasks"].items():
+        if data.get("kind") != "translation":
+            continue
+        for arm, table in data["arms"].items():
+            buckets = table["splits"].get("test", {}).get("buckets", {})
+            for position, bucket in enumerate(data["buckets"]):
+                if bucket in buckets:
+                    cell = buckets[bucket]
+                    interval = cell["interval"] or [cell["mean"], cell["mean"]]
+                    rows.append({"task": task, "arm": arm, "x": position, "bucket": bucket, "bleu": cell["mean"],
+                                 "interval": interval})  # fmt: skip
+    return rows
