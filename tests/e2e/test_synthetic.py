@@ -144,3 +144,17 @@ def test_a_bad_task_study_is_one_line_before_any_run(
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not (out / "shift").exists()
+
+
+def test_compare_only_is_for_a_task_study_that_has_started(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    shipped = REPO / "configs" / "experiments"
+    cases = [
+        (shipped / "rope-vs-bert-tiny.yaml", "--compare-only is for a task study (tasks:)"),
+        (shipped / "length-generalization-tiny.yaml", "--compare-only tabulates the runs of a study that has started"),
+    ]
+    for config, message in cases:
+        command = ["experiment", "--config", str(config), "--output-dir", str(tmp_path / "out"), "--compare-only"]
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1
+        assert not (tmp_path / "out").exists()
