@@ -367,7 +367,14 @@ def _biased(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: f
 
 def _grouped(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
     # q and k unrotated: `GroupedRotation.logits` rotates them at the positions of each (query, key) pair
-    return grouped_attention(ctx.rotary.logits(q, k), v.transpose(1, 2), ctx.mask, dropout_p).transpose(1, 2)
+    logits = ctx.rotary.logits(q, k)  # (B, H, T, S)
+    mask = causal_grid(*logits.shape[-2:], logits.device) if ctx.causal else ctx.mask  # causal: SDPA's flag, no mask
+    return grouped_attention(logits, v.transpose(1, 2), mask, dropout_p).transpose(1, 2)
+
+
+def causal_grid(queries: int, keys: int, device: torch.device) -> Tensor:
+    """(T, S) bool: query i attends keys 0..i (what SDPA's `is_causal` does, for the kernels that build a mask)."""
+    return torch.ones(queries, keys, dtype=torch.bool, device=device).tril()
 
 
 def _linear(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
@@ -439,7 +446,7 @@ def attention_logits(attention: SelfAttention, x: Tensor, ctx: AttentionContext)
 def _masked_logits(logits: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
     """(B, H, T, S) logits with the context's mask: a float mask (a bias, -inf included) added, a bool one as -inf."""
     if causal:
-        mask = torch.ones(logits.shape[-2:], dtype=torch.bool, device=logits.device).tril()
+        mask = causal_grid(*logits.shape[-2:], logits.device)
     if mask is None:
         return logits
     if mask.is_floating_point():
