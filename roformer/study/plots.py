@@ -148,12 +148,11 @@ def plot_bleu_by_length(rows: list[dict[str, Any]], summary: dict[str, Any], pat
             low, high = [r["interval"][0] for r in points], [r["interval"][1] for r in points]
             ax.fill_between(x, low, high, color=line.get_color(), alpha=0.1, linewidth=0)
         buckets = data["buckets"]
-        if data.get("max_source_words"):  # between the last trained bucket and the first longer one
-            trained = [
-                i for i, b in enumerate(buckets) if int(b.split("-")[-1].rstrip("+")) <= data["max_source_words"]
-            ]
-            if trained:
-                ax.axvline(trained[-1] + 0.5, color="grey", linestyle=(0, (2, 2)), linewidth=1)
+        if data.get("max_source_words"):  # before the first bucket with no trained length in it
+            lows = [int(b.split("-")[0].rstrip("+")) for b in buckets]
+            beyond = [i for i, low in enumerate(lows) if low > data["max_source_words"]]
+            if beyond:
+                ax.axvline(beyond[0] - 0.5, color="grey", linestyle=(0, (2, 2)), linewidth=1)
         ax.set_xticks(range(len(buckets)), buckets)
         ax.set_xlabel("source words")
         ax.set_ylabel("test BLEU")

@@ -81,6 +81,12 @@ def load_task_arms(
             raise ConfigError(
                 f"{path}: tasks: {task_file} starts from init {first.init!r}: a task study trains from scratch"
             )
+        varied_data = sorted(key for key in experiment.vary if key.startswith("data."))
+        if first.data.type == "translation" and varied_data:
+            raise ConfigError(
+                f"{path}: vary: {varied_data[0]}: the arms of a translation task share its data (one set of "
+                "references scores them all)"
+            )
         name = first.data.task
         if name in tasks:
             raise ConfigError(f"{path}: tasks: two configs of task {name!r} (set data.task to tell them apart)")
@@ -150,10 +156,17 @@ def run_task_study(
                 resume = RunDir.started(directory)
                 logger.info("%s: %s", directory, "resuming" if resume else "starting")
                 finetune(config, directory, overwrite=not resume, resume=resume)
+    if compare_only and not any(
+        (run_path(out, task, label, seed) / RESULTS_FILE).is_file()
+        for task, arms in tasks.items()
+        for label in arms
+        for seed in experiment.seeds
+    ):
+        raise UserError(f"{out}: no run of this study has finished yet: nothing to compare")
     summary = summarise(out, tasks, experiment.seeds, experiment.target)
-    write_summary(out / COMPARE_DIR, summary)
+    plots = write_summary(out / COMPARE_DIR, summary)
     measure_decay(out, tasks, experiment.seeds[0])
-    atomic_write_text(out / REPORT_FILE, report(summary, path, overrides))
+    atomic_write_text(out / REPORT_FILE, report(summary, path, overrides, plots))
     return summary
 
 
@@ -302,28 +315,30 @@ def plot_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def write_summary(folder: Path, summary: dict[str, Any]) -> None:
-    """summary.json, summary.md, and generalization.png (synthetic tasks) and bleu-by-length.png (translation)."""
+    """summary.json, summary.md, and generalization.png (synthetic tasks) and bleu-by-length.png (translation).
+
+    Returns:
+        The names of the plots drawn (a plot with no point to draw is not), for the report to link.
+    """
     from roformer.study.plots import plot_bleu_by_length, plot_probes
 
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(folder / SUMMARY_JSON_FILE, json.dumps(summary, indent=2))
     atomic_write_text(folder / SUMMARY_MARKDOWN_FILE, summary_markdown(summary))
+    drawn = []
     if rows := plot_rows(summary):
         plot_probes(rows, folder / PLOT_FILE)
+        drawn.append(PLOT_FILE)
     if rows := bleu_plot_rows(summary):
         plot_bleu_by_length(rows, summary, folder / BLEU_PLOT_FILE)
+        drawn.append(BLEU_PLOT_FILE)
+    return drawn
 
 
-def plot_names(summary: dict[str, Any]) -> list[str]:
-    """The plots `write_summary` draws for this summary."""
-    kinds = {data["kind"] for data in summary["tasks"].values()}
-    return [name for name, kind in ((PLOT_FILE, "synthetic"), (BLEU_PLOT_FILE, "translation")) if kind in kinds]
-
-
-def report(summary: dict[str, Any], path: Path, overrides: list[str] | None) -> str:
-    """report.md: how to reproduce the study, then its tables."""
+def report(summary: dict[str, Any], path: Path, overrides: list[str] | None, plots: list[str]) -> str:
+    """report.md: how to reproduce the study, then its tables and `plots` (names in compare/)."""
     command = f"roformer experiment --config {path}" + "".join(f" --set {o}" for o in overrides or [])
-    images = "".join(f"![{name}]({COMPARE_DIR}/{name})\n" for name in plot_names(summary))
+    images = "".join(f"![{name}]({COMPARE_DIR}/{name})\n" for name in plots)
     return f"# {path.stem}\n\n```\n{command}\n```\n\n{summary_markdown(summary)}\n{images}"
 
 

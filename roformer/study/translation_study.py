@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from roformer.errors import UserError
 from roformer.study.stats import mean_interval
 from roformer.tasks.mt_metrics import corpus_scores
 from roformer.tasks.parallel import source_words
@@ -41,84 +42,122 @@ def bucket_name(low: int, high: int | None) -> str:
 def summarise_translation(
     directories: dict[str, list[Path]], config: FinetuneConfig, seeds: list[int]
 ) -> dict[str, Any]:
-    """One translation task's comparison.
+    """One translation task's comparison (its sources and references read from the task's files).
 
     Args:
         directories: {arm: its runs' directories, one per seed in `seeds` order}.
-        config: The task's config (any arm's: the data are the same).
+        config: The task's config (any arm's: arms differ in position fields alone, so the data are the same).
         seeds: The study's seeds.
 
     Returns:
-        The task's entry of the study summary: `kind: translation`, its splits, buckets, the model scored, and per
-        arm its finished seeds, their scores and intervals, BLEU by bucket, dev BLEU, seconds, and the bootstrap.
+        The task's entry of the study summary (`compare_translations`).
+    """
+    task = make_task(config.data)
+    splits = [name for name in task.test_splits if name != "valid"]
+    texts = {name: task.texts[name] for name in splits}
+    summary = compare_translations(
+        directories,
+        seeds,
+        {name: t.sources for name, t in texts.items()},
+        {name: t.targets for name, t in texts.items()},
+        config.data.target_lang,
+    )
+    return {
+        "languages": f"{config.data.source_lang}-{config.data.target_lang}",
+        "max_source_words": task.settings.max_source_words,
+        **summary,
+    }
+
+
+def compare_translations(
+    directories: dict[str, list[Path]],
+    seeds: list[int],
+    sources: dict[str, list[str]],
+    references: dict[str, list[str]],
+    target_lang: str,
+) -> dict[str, Any]:
+    """Score every finished run's final translations of each split and compare the arms.
+
+    Args:
+        directories: {arm: its runs' directories, one per seed in `seeds` order}; an arm with no finished run is
+            left out.
+        seeds: The study's seeds.
+        sources: {split: its source sentences} (for the length buckets).
+        references: {split: its reference translations}.
+        target_lang: The suffix of the hypothesis files (`hypotheses/<model>/<split>.<target_lang>`).
+
+    Returns:
+        `kind: translation`, the splits' sizes, the buckets, the model scored, per arm its finished seeds, their
+        BLEU and chrF++ with intervals, BLEU by bucket, the scored model's dev BLEU and seconds per seed, each arm's
+        best seed by that dev BLEU, and the bootstrap of the best seeds against the first arm's.
     """
     from roformer.study.task_study import run_seconds
 
-    task = make_task(config.data)
-    splits = [name for name in task.test_splits if name != "valid"]
-    sources = {name: task.texts[name].sources for name in splits}
-    references = {name: task.texts[name].targets for name in splits}
     finished = {arm: [d for d in runs if (d / RESULTS_FILE).is_file()] for arm, runs in directories.items()}
+    finished = {arm: runs for arm, runs in finished.items() if runs}
     every = [d for runs in finished.values() for d in runs]
     model = "averaged" if every and all((d / HYPOTHESES_DIR / "averaged").is_dir() for d in every) else "best"
-    suffix = f".{config.data.target_lang}"
     arms: dict[str, Any] = {}
-    best_seed: dict[str, Path] = {}
+    best_seed: dict[str, int] = {}
+    best_hypotheses: dict[str, dict[str, list[str]]] = {}
     for arm, runs in finished.items():
-        hypotheses = [
-            {name: read_lines(d / HYPOTHESES_DIR / model / f"{name}{suffix}") for name in splits} for d in runs
-        ]
-        dev = [dev_bleu(d) for d in runs]
+        files = {name: [d / HYPOTHESES_DIR / model / f"{name}.{target_lang}" for d in runs] for name in references}
+        hypotheses = {name: [read_hypotheses(f, len(references[name])) for f in files[name]] for name in references}
+        dev = [dev_bleu(d, model) for d in runs]
         table: dict[str, Any] = {"seeds": [seeds[directories[arm].index(d)] for d in runs], "dev_bleu": dev}
         table["seconds"] = [run_seconds(d) for d in runs]
         table["splits"] = {}
-        for name in splits:
-            scores = [corpus_scores(h[name], references[name]) for h in hypotheses]
+        for name, refs in references.items():
+            scores = [corpus_scores(h, refs) for h in hypotheses[name]]
             table["splits"][name] = {
                 metric: {"seeds": [s[metric] for s in scores], **mean_interval([s[metric] for s in scores])}
                 for metric in ("bleu", "chrf")
             }
             table["splits"][name]["buckets"] = {
                 bucket: {"sentences": count, "seeds": values, **mean_interval(values)}
-                for bucket, (count, values) in bleu_by_bucket(
-                    [h[name] for h in hypotheses], references[name], sources[name]
-                ).items()
+                for bucket, (count, values) in bleu_by_bucket(hypotheses[name], refs, sources[name]).items()
             }
         arms[arm] = table
-        if runs:
-            best_seed[arm] = runs[max(range(len(runs)), key=lambda i: dev[i])]
+        best = max(range(len(runs)), key=lambda i: dev[i])  # by dev BLEU: test never chooses
+        best_seed[arm] = table["seeds"][best]
+        best_hypotheses[arm] = {name: hypotheses[name][best] for name in references}
     bootstrap = {
-        name: paired_bootstrap(
-            {arm: read_lines(d / HYPOTHESES_DIR / model / f"{name}{suffix}") for arm, d in best_seed.items()},
-            references[name],
-        )
-        for name in splits
-        if len(best_seed) > 1
+        name: paired_bootstrap({arm: h[name] for arm, h in best_hypotheses.items()}, refs)
+        for name, refs in references.items()
+        if len(best_hypotheses) > 1
     }
     return {
         "kind": "translation",
-        "languages": f"{config.data.source_lang}-{config.data.target_lang}",
-        "max_source_words": task.settings.max_source_words,
         "model": model,
-        "splits": {name: len(references[name]) for name in splits},
+        "splits": {name: len(refs) for name, refs in references.items()},
         "buckets": [bucket_name(*b) for b in BUCKETS],
         "arms": arms,
-        "best_seeds": {arm: seeds[directories[arm].index(d)] for arm, d in best_seed.items()},
+        "best_seeds": best_seed,
         "bootstrap": bootstrap,
     }
 
 
-def read_lines(path: Path) -> list[str]:
-    """A hypotheses file's lines (one per source line)."""
-    return path.read_text(encoding="utf-8").splitlines()
+def read_hypotheses(path: Path, expected: int) -> list[str]:
+    """A hypotheses file's lines, one per source line.
+
+    Split at newlines alone: a hypothesis may hold any other line-breaking character (str.splitlines would split it).
+
+    Raises:
+        UserError: the file holds another number of lines than its split has sources.
+    """
+    lines = path.read_text(encoding="utf-8").split("\n")[:-1]
+    if len(lines) != expected:
+        raise UserError(f"{path}: {len(lines)} hypotheses for {expected} sources (the run's files are incomplete)")
+    return lines
 
 
-def dev_bleu(directory: Path) -> float:
-    """The BLEU of a run's best dev evaluation (what selected its checkpoint)."""
+def dev_bleu(directory: Path, model: str) -> float:
+    """The dev BLEU of a run's `best` checkpoint (what selected it) or of its `averaged` model."""
     results = json.loads((directory / RESULTS_FILE).read_text())
     selected = results["selected"]
     run = next(r for r in results["runs"] if (r["peak_lr"], r["seed"]) == (selected["peak_lr"], selected["seed"]))
-    return float(run["dev"]["dev"]["bleu"])
+    scored = run["averaged"] if model == "averaged" else run
+    return float(scored["dev"]["dev"]["bleu"])
 
 
 def bleu_by_bucket(
@@ -171,8 +210,8 @@ def translation_markdown(task: str, data: dict[str, Any], seeds: list[int]) -> s
     note = f"; trained on sources of <= {data['max_source_words']} words" if data["max_source_words"] else ""
     parts = [
         f"### {task}\n\n{data['languages']}{note}; sacreBLEU BLEU and chrF++ (detokenized, cased) of the "
-        f"{data['model']} model, mean over the finished seeds of {len(seeds)} [95% t-interval]; dev BLEU of each seed; "
-        "seconds per run\n"
+        f"{data['model']} model, mean over the finished seeds of {len(seeds)} [95% t-interval]; the same model's dev "
+        "BLEU of each seed (what picks an arm's best seed); seconds per run\n"
     ]
     header = ["arm", "seeds"]
     for name, count in data["splits"].items():

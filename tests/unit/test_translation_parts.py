@@ -321,3 +321,55 @@ def test_the_paired_bootstrap_is_sacrebleu_s_and_marks_equal_outputs() -> None:
     assert systems["good"]["p_value"] is None and not systems["good"]["identical"]
     assert systems["same"]["identical"] and systems["same"]["p_value"] is None  # sacreBLEU would say 0.001
     assert systems["bad"]["bleu"] < systems["good"]["bleu"] and systems["bad"]["p_value"] < 0.05
+
+
+def fake_run(folder: Path, seed: int, dev: dict[str, float], test: list[str]) -> Path:
+    """A finished translation run's files as a study reads them: results.json, metrics.jsonl, the hypotheses."""
+    import json
+
+    run = {"peak_lr": 1e-3, "seed": seed, "dev": {"dev": {"bleu": dev["best"]}}}
+    run["averaged"] = {"dev": {"dev": {"bleu": dev["averaged"]}}}
+    folder.mkdir(parents=True)
+    results = {"selected": {"peak_lr": 1e-3, "seed": seed}, "runs": [run]}
+    (folder / "results.json").write_text(json.dumps(results))
+    (folder / "metrics.jsonl").write_text(json.dumps({"event": "train", "elapsed_sec": 10.0 + seed}) + "\n")
+    for model in ("best", "averaged"):
+        (folder / "hypotheses" / model).mkdir(parents=True)
+        (folder / "hypotheses" / model / "test.de").write_text("".join(line + "\n" for line in test))
+    return folder
+
+
+def test_a_translation_comparison_picks_best_seeds_by_dev_and_leaves_out_arms_not_run(tmp_path: Path) -> None:
+    import sacrebleu
+
+    from roformer.study.translation_study import compare_translations
+
+    references = GERMAN * 5
+    sources = ENGLISH * 5
+    worse = ["Ein Mann.", "Zwei Hunde spielen.", "Eine Frau liest.", "Die Katze."] * 5
+    runs = {
+        # seed 0 translates the test set perfectly but its averaged model is worse on dev: seed 1 is the best
+        "rotary": [
+            fake_run(tmp_path / "rotary-seed0", 0, {"best": 30.0, "averaged": 10.0}, references),
+            fake_run(tmp_path / "rotary-seed1", 1, {"best": 5.0, "averaged": 20.0}, worse),
+        ],
+        "none": [tmp_path / "none-seed0", fake_run(tmp_path / "none-seed1", 1, {"best": 1, "averaged": 1}, worse)],
+        "learned": [tmp_path / "learned-seed0", tmp_path / "learned-seed1"],  # nothing finished yet
+    }
+    summary = compare_translations(runs, [0, 1], {"test": sources}, {"test": references}, "de")
+    assert summary["model"] == "averaged" and list(summary["arms"]) == ["rotary", "none"]
+    rotary = summary["arms"]["rotary"]
+    assert rotary["seeds"] == [0, 1] and rotary["dev_bleu"] == [10.0, 20.0] and rotary["seconds"] == [10.0, 11.0]
+    bleu = [sacrebleu.corpus_bleu(h, [references]).score for h in (references, worse)]
+    assert rotary["splits"]["test"]["bleu"]["seeds"] == pytest.approx(bleu)
+    assert (
+        summary["arms"]["none"]["seeds"] == [1]
+        and summary["arms"]["none"]["splits"]["test"]["bleu"]["interval"] is None
+    )
+    assert summary["best_seeds"] == {"rotary": 1, "none": 1}  # by the averaged model's dev BLEU, not by test
+    test = summary["bootstrap"]["test"]["systems"]
+    assert test["rotary"]["bleu"] == pytest.approx(bleu[1]) and test["none"]["identical"]
+    assert sum(b["sentences"] for b in rotary["splits"]["test"]["buckets"].values()) == len(sources)
+    (tmp_path / "rotary-seed1" / "hypotheses" / "averaged" / "test.de").write_text("one line\n")
+    with pytest.raises(UserError, match="rotary-seed1/hypotheses/averaged/test.de: 1 hypotheses for 20 sources"):
+        compare_translations(runs, [0, 1], {"test": sources}, {"test": references}, "de")
