@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from roformer.errors import UserError
 from roformer.study.stats import mean_interval
-from roformer.tasks.mt_metrics import corpus_scores
+from roformer.tasks.mt_metrics import corpus_scores, lowercase_bleu
 from roformer.tasks.parallel import source_words
 from roformer.tasks.registry import make_task
 from roformer.train.run_dir import RESULTS_FILE
@@ -108,10 +108,10 @@ def compare_translations(
         table["seconds"] = [run_seconds(d) for d in runs]
         table["splits"] = {}
         for name, refs in references.items():
-            scores = [corpus_scores(h, refs) for h in hypotheses[name]]
+            scores = [{**corpus_scores(h, refs), "bleu_lc": lowercase_bleu(h, refs)[0]} for h in hypotheses[name]]
             table["splits"][name] = {
                 metric: {"seeds": [s[metric] for s in scores], **mean_interval([s[metric] for s in scores])}
-                for metric in ("bleu", "chrf")
+                for metric in ("bleu", "chrf", "bleu_lc")
             }
             table["splits"][name]["buckets"] = {
                 bucket: {"sentences": count, "seeds": values, **mean_interval(values)}
@@ -129,6 +129,7 @@ def compare_translations(
     return {
         "kind": "translation",
         "model": model,
+        "bleu_lc_signature": lowercase_bleu(["a"], ["a"])[1],
         "splits": {name: len(refs) for name, refs in references.items()},
         "buckets": [bucket_name(*b) for b in BUCKETS],
         "arms": arms,
@@ -215,16 +216,17 @@ def translation_markdown(task: str, data: dict[str, Any], seeds: list[int]) -> s
     ]
     header = ["arm", "seeds"]
     for name, count in data["splits"].items():
-        header += [f"{name} BLEU ({count})", f"{name} chrF++"]
+        header += [f"{name} BLEU ({count})", f"{name} chrF++", f"{name} BLEU lc"]
     header += ["dev BLEU", "s/run"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for arm, table in data["arms"].items():
         cells = [arm, str(len(table["seeds"]))]
         for name in data["splits"]:
-            cells += [interval_cell(table["splits"][name][m]) for m in ("bleu", "chrf")]
+            cells += [interval_cell(table["splits"][name][m]) for m in ("bleu", "chrf", "bleu_lc")]
         cells.append(", ".join(f"{v:.1f}" for v in table["dev_bleu"]))
         cells.append(f"{sum(table['seconds']) / max(1, len(table['seconds'])):.0f}")
         lines.append("| " + " | ".join(cells) + " |")
+    lines.append(f"\nBLEU lc: lower-cased ({data['bleu_lc_signature']}), for comparing with tokenized lower-cased BLEU")
     parts.append("\n".join(lines) + "\n")
     for name in data["splits"]:
         header = ["arm", *data["buckets"]]

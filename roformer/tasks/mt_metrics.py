@@ -44,3 +44,16 @@ def signatures() -> dict[str, str]:
     for metric in (bleu, chrf):  # the signature names the reference count, known once a corpus was scored
         metric.corpus_score(["a"], [["a"]])
     return {"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())}
+
+
+def lowercase_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
+    """BLEU of lower-cased text as sacreBLEU computes it (`case:lc`, `13a` tokenization), and its signature.
+
+    The nearest sacreBLEU has to the tokenized, lower-cased `multi-bleu.perl` BLEU that Multi30k papers report (Moses
+    tokenization differs from 13a in details, so the two are close, not equal); for comparing with those numbers.
+    """
+    from sacrebleu.metrics import BLEU
+
+    metric = BLEU(lowercase=True)
+    score = metric.corpus_score(list(hypotheses), [list(references)]).score
+    return float(score), str(metric.get_signature())

@@ -342,7 +342,7 @@ def fake_run(folder: Path, seed: int, dev: dict[str, float], test: list[str]) ->
 def test_a_translation_comparison_picks_best_seeds_by_dev_and_leaves_out_arms_not_run(tmp_path: Path) -> None:
     import sacrebleu
 
-    from roformer.study.translation_study import compare_translations
+    from roformer.study.translation_study import compare_translations, translation_markdown
 
     references = GERMAN * 5
     sources = ENGLISH * 5
@@ -362,6 +362,9 @@ def test_a_translation_comparison_picks_best_seeds_by_dev_and_leaves_out_arms_no
     assert rotary["seeds"] == [0, 1] and rotary["dev_bleu"] == [10.0, 20.0] and rotary["seconds"] == [10.0, 11.0]
     bleu = [sacrebleu.corpus_bleu(h, [references]).score for h in (references, worse)]
     assert rotary["splits"]["test"]["bleu"]["seeds"] == pytest.approx(bleu)
+    lowercase = [sacrebleu.corpus_bleu(h, [references], lowercase=True).score for h in (references, worse)]
+    assert rotary["splits"]["test"]["bleu_lc"]["seeds"] == pytest.approx(lowercase)
+    assert "case:lc" in summary["bleu_lc_signature"]
     assert (
         summary["arms"]["none"]["seeds"] == [1]
         and summary["arms"]["none"]["splits"]["test"]["bleu"]["interval"] is None
@@ -370,6 +373,8 @@ def test_a_translation_comparison_picks_best_seeds_by_dev_and_leaves_out_arms_no
     test = summary["bootstrap"]["test"]["systems"]
     assert test["rotary"]["bleu"] == pytest.approx(bleu[1]) and test["none"]["identical"]
     assert sum(b["sentences"] for b in rotary["splits"]["test"]["buckets"].values()) == len(sources)
+    text = translation_markdown("multi30k", {**summary, "languages": "en-de", "max_source_words": None}, [0, 1])
+    assert "| rotary | 2 | 59." in text and "| none | 1 |" in text and "case:lc" in text and "| identical |" in text
     (tmp_path / "rotary-seed1" / "hypotheses" / "averaged" / "test.de").write_text("one line\n")
     with pytest.raises(UserError, match="rotary-seed1/hypotheses/averaged/test.de: 1 hypotheses for 20 sources"):
         compare_translations(runs, [0, 1], {"test": sources}, {"test": references}, "de")
