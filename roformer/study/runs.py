@@ -304,3 +304,8 @@ def read_probe_file(path: Path) -> dict[str, Any] | None:
     if not isinstance(result, dict) or "probe" not in result or not isinstance(result.get("rows"), list):
         raise UserError(f"{path}: not the results of roformer probe (no probe and rows)")
     return result
+
+
+def run_seconds(directory: Path) -> float:
+    """How long a run trained: the largest `elapsed_sec` of its metrics.jsonl events (a resumed run's count goes on)."""
+    return max((e.get("elapsed_sec", 0.0) for e in read_metrics(directory / METRICS_FILE)), default=0.0)

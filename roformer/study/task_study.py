@@ -33,11 +33,12 @@ from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_write_text
 from roformer.model.config import position_fields
 from roformer.study.outputs import COMPARE_DIR, REPORT_FILE, SUMMARY_JSON_FILE, SUMMARY_MARKDOWN_FILE
+from roformer.study.runs import run_seconds
 from roformer.study.stats import mean_interval, wilson_interval
 from roformer.study.translation_study import PLOT_FILE as BLEU_PLOT_FILE
 from roformer.study.translation_study import bleu_plot_rows, summarise_translation, translation_markdown
 from roformer.train.finetune import run_tag
-from roformer.train.run_dir import METRICS_FILE, PREDICTIONS_DIR, RESULTS_FILE, RunDir
+from roformer.train.run_dir import METRICS_FILE, PREDICTIONS_DIR, RESULTS_FILE, RunDir, read_metrics
 
 if TYPE_CHECKING:
     from roformer.study.experiment import ExperimentConfig
@@ -234,21 +235,11 @@ def run_record(directory: Path, splits: list[str], target: float) -> dict[str, A
             right += sum(p == a for p, a in zip(row["predicted"], row["answers"], strict=True))
             total += len(row["answers"])
         record["splits"][split] = {"accuracy": right / total, "correct": right, "answers": total}
-    events = run_events(directory)
+    events = read_metrics(directory / METRICS_FILE)
     evals = sorted((e for e in events if e.get("event") == "eval" and e.get("split") == "dev"), key=lambda e: e["step"])
     record["steps_to_target"] = next((e["step"] for e in evals if e["accuracy"] >= target), None)
     record["seconds"] = run_seconds(directory)
     return record
-
-
-def run_events(directory: Path) -> list[dict[str, Any]]:
-    """A run's metrics.jsonl events."""
-    return [json.loads(line) for line in (directory / METRICS_FILE).read_text().splitlines() if line.strip()]
-
-
-def run_seconds(directory: Path) -> float:
-    """How long a run trained: the largest `elapsed_sec` of its events (a resumed run's count continues)."""
-    return max((e.get("elapsed_sec", 0.0) for e in run_events(directory)), default=0.0)
 
 
 def over_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from roformer.errors import UserError
+from roformer.study.runs import run_seconds
 from roformer.study.stats import mean_interval
 from roformer.tasks.mt_metrics import corpus_scores, lowercase_bleu
 from roformer.tasks.parallel import source_words
@@ -91,8 +92,6 @@ def compare_translations(
         BLEU and chrF++ with intervals, BLEU by bucket, the scored model's dev BLEU and seconds per seed, each arm's
         best seed by that dev BLEU, and the bootstrap of the best seeds against the first arm's.
     """
-    from roformer.study.task_study import run_seconds
-
     finished = {arm: [d for d in runs if (d / RESULTS_FILE).is_file()] for arm, runs in directories.items()}
     finished = {arm: runs for arm, runs in finished.items() if runs}
     every = [d for runs in finished.values() for d in runs]
@@ -277,6 +276,6 @@ def bleu_plot_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 if bucket in buckets:
                     cell = buckets[bucket]
                     interval = cell["interval"] or [cell["mean"], cell["mean"]]
-                    rows.append({"task": task, "arm": arm, "x": position, "bucket": bucket, "bleu": cell["mean"],
-                                 "interval": interval})  # fmt: skip
+                    point = {"task": task, "arm": arm, "x": position, "bucket": bucket, "bleu": cell["mean"]}
+                    rows.append({**point, "interval": interval})
     return rows

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import transformers
 from helpers import VOCAB, hf_output, make_hf, our_output, padded_batch, tiny_config
 from torch.testing import assert_close
@@ -16,6 +17,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "roformer", *args], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_convert_cli_round_trip(tmp_path) -> None:
     hf_model = make_hf("roformer-mlm")
     hf_dir, ours_dir, back_dir = tmp_path / "hf", tmp_path / "ours", tmp_path / "back"

@@ -55,6 +55,7 @@ def launch(count: int, wrapper: Path, args: list[str], code: int) -> str:
     return results[0][1]
 
 
+@pytest.mark.slow
 def test_pretraining_stopped_on_two_resumed_on_one_and_finished_on_three_processes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

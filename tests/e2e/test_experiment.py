@@ -84,6 +84,7 @@ def test_arms_start_from_the_same_weights(tmp_path: Path) -> None:
     assert all((models["roformer"][k] == models["bert"][k]).all() for k in models["roformer"])
 
 
+@pytest.mark.slow
 def test_experiment_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = experiment_files(tmp_path)
     reference = run_experiment(config, tmp_path / "full")

@@ -224,6 +224,7 @@ def test_two_processes_run_a_glue_suite_with_a_slow_rank(tmp_path: Path, pretrai
     assert (tmp_path / "out" / "results.json").is_file()
 
 
+@pytest.mark.slow
 def test_interrupted_grid_resumes_exactly(tmp_path: Path, pretrained: Path, number_task: dict, monkeypatch) -> None:
     """Killed in the second run after a checkpoint: --resume keeps the finished run and continues the other exactly."""
     from safetensors.torch import load_file
@@ -344,6 +345,7 @@ def test_bf16_finetuning_on_cpu(tmp_path: Path, pretrained: Path, number_task: d
     assert all(0.0 < p < 0.9 for p in padding), padding  # sentences of mixed lengths, padded to multiples of 8
 
 
+@pytest.mark.slow
 def test_length_grouped_batches_pad_less(tmp_path: Path, pretrained: Path, number_task: dict) -> None:
     from roformer.train.run_dir import read_metrics
 
@@ -387,6 +389,7 @@ def test_console_summary_lists_every_dev_metric(tmp_path: Path, pretrained: Path
     assert "  dev: accuracy " in out and "score " in out and str(tmp_path / "run" / "best") in out
 
 
+@pytest.mark.slow
 def test_a_publish_interrupted_before_results_json_is_done_again_on_resume(
     tmp_path: Path, pretrained: Path, number_task: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -389,6 +389,7 @@ def test_a_translation_study_compares_bleu_by_length_with_intervals_and_a_bootst
     settings = yaml.safe_load(config(tmp_path, corpus, max_steps=4, save_every=0).read_text())
     settings["data"].update(task="tiny-short")
     settings["data"]["translation"]["max_source_words"] = 6  # sources of 3-9 words: the rest tests longer ones
+    settings["data"]["translation"]["long_test_pairs"] = 24
     (tmp_path / "task.yaml").write_text(yaml.safe_dump(settings))
     study = {"tasks": ["task.yaml"], "arms": {"rotary": {"set": []}, "none": {"set": ["model.position_encoding=none"]}},
              "seeds": [0, 1]}  # fmt: skip
@@ -401,7 +402,7 @@ def test_a_translation_study_compares_bleu_by_length_with_intervals_and_a_bootst
     assert summary["kind"] == "translation" and summary["model"] == "averaged" and summary["max_source_words"] == 6
     references = (corpus / "test.de").read_text().splitlines()
     sources = (corpus / "test.en").read_text().splitlines()
-    assert summary["splits"]["test"] == len(references) and 0 < summary["splits"]["long"] <= 240
+    assert summary["splits"]["test"] == len(references) and summary["splits"]["long"] == 24
     rotary = summary["arms"]["rotary"]
     assert rotary["seeds"] == [0, 1] and len(rotary["seconds"]) == 2
     for seed, bleu in zip((0, 1), rotary["splits"]["test"]["bleu"]["seeds"], strict=True):

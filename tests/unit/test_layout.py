@@ -163,7 +163,7 @@ ROOMS = {
     "roformer.study": [
         {"outputs", "markdown", "runs", "length_eval"},
         {"stats", "plots", "report", "suite"},
-        {"compare", "probes", "decay"},
+        {"compare", "probes", "decay", "translation_study"},
         {"task_study"},
         {"experiment", "hub"},
     ],
