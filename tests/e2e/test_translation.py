@@ -184,6 +184,7 @@ def test_sigterm_exits_75_and_the_resume_equals_the_uninterrupted_run(
     assert_same_run(out, ref)
 
 
+@pytest.mark.slow  # the engine's 2 -> 1 resume stays in CI (test_elastic); translation's SIGTERM resume too
 def test_two_processes_stopped_then_one_process_give_the_one_process_run(
     reference: tuple[Path, Path], tmp_path: Path, corpus: Path
 ) -> None:
