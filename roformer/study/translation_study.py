@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from roformer.train.config import FinetuneConfig
 
 PLOT_FILE = "bleu-by-length.png"
-# Source words per bucket: Multi30k's test_2016_flickr has 281, 380, 194, 108 and 37 sentences in them, so the
+# Source words per bucket: Multi30k's test_2016_flickr has 281, 353, 221, 108 and 37 sentences in them, so the
 # longest bucket still holds a corpus BLEU's worth of sentences; a task trained on sources of <= 15 words meets
 # lengths it never saw in the last two.
 BUCKETS = ((1, 9), (10, 12), (13, 15), (16, 20), (21, None))
@@ -131,6 +131,7 @@ def compare_translations(
         "bleu_lc_signature": lowercase_bleu(["a"], ["a"])[1],
         "splits": {name: len(refs) for name, refs in references.items()},
         "buckets": [bucket_name(*b) for b in BUCKETS],
+        "bucket_sentences": {name: bucket_sizes(text) for name, text in sources.items()},
         "arms": arms,
         "best_seeds": best_seed,
         "bootstrap": bootstrap,
@@ -160,17 +161,30 @@ def dev_bleu(directory: Path, model: str) -> float:
     return float(scored["dev"]["dev"]["bleu"])
 
 
+def bucket_rows(sources: list[str]) -> dict[str, list[int]]:
+    """{bucket: the indices of its sources} over BUCKETS of source words; empty buckets left out."""
+    words = [source_words(text) for text in sources]
+    out = {}
+    for low, high in BUCKETS:
+        rows = [i for i, n in enumerate(words) if n >= low and (high is None or n <= high)]
+        if rows:
+            out[bucket_name(low, high)] = rows
+    return out
+
+
+def bucket_sizes(sources: list[str]) -> dict[str, int]:
+    """{bucket: how many sources it holds} (empty buckets left out)."""
+    return {bucket: len(rows) for bucket, rows in bucket_rows(sources).items()}
+
+
 def bleu_by_bucket(
     hypotheses: list[list[str]], references: list[str], sources: list[str]
 ) -> dict[str, tuple[int, list[float]]]:
     """{bucket: (its sentences, each seed's corpus BLEU on them)} over BUCKETS of source words (empty ones left out)."""
     out = {}
-    words = [source_words(text) for text in sources]
-    for low, high in BUCKETS:
-        rows = [i for i, n in enumerate(words) if n >= low and (high is None or n <= high)]
-        if rows:
-            values = [corpus_scores([h[i] for i in rows], [references[i] for i in rows])["bleu"] for h in hypotheses]
-            out[bucket_name(low, high)] = (len(rows), values)
+    for bucket, rows in bucket_rows(sources).items():
+        values = [corpus_scores([h[i] for i in rows], [references[i] for i in rows])["bleu"] for h in hypotheses]
+        out[bucket] = (len(rows), values)
     return out
 
 
@@ -234,12 +248,8 @@ def translation_markdown(task: str, data: dict[str, Any], seeds: list[int]) -> s
             buckets = table["splits"][name]["buckets"]
             cells = [interval_cell(buckets[b]) if b in buckets else "" for b in data["buckets"]]
             lines.append("| " + " | ".join([arm, *cells]) + " |")
-        sizes = next(iter(data["arms"].values()))["splits"][name]["buckets"] if data["arms"] else {}
-        lines.append(
-            "| sentences | "
-            + " | ".join(str(sizes[b]["sentences"]) if b in sizes else "0" for b in data["buckets"])
-            + " |"
-        )
+        sizes = data["bucket_sentences"][name]
+        lines.append("| sentences | " + " | ".join(str(sizes.get(b, 0)) for b in data["buckets"]) + " |")
         parts.append("\n".join(lines) + "\n")
     for name, test in data["bootstrap"].items():
         lines = [

@@ -373,6 +373,9 @@ def test_a_translation_comparison_picks_best_seeds_by_dev_and_leaves_out_arms_no
     test = summary["bootstrap"]["test"]["systems"]
     assert test["rotary"]["bleu"] == pytest.approx(bleu[1]) and test["none"]["identical"]
     assert sum(b["sentences"] for b in rotary["splits"]["test"]["buckets"].values()) == len(sources)
+    assert summary["bucket_sentences"]["test"] == {
+        k: b["sentences"] for k, b in rotary["splits"]["test"]["buckets"].items()
+    }
     text = translation_markdown("multi30k", {**summary, "languages": "en-de", "max_source_words": None}, [0, 1])
     assert "| rotary | 2 | 59." in text and "| none | 1 |" in text and "case:lc" in text and "| identical |" in text
     (tmp_path / "rotary-seed1" / "hypotheses" / "averaged" / "test.de").write_text("one line\n")
