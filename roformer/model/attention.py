@@ -218,7 +218,7 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, drop
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
     logits = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-1, -2)  # (B, H, T, S)
     if causal:  # SDPA's is_causal: query i sees keys 0..i (no cache here, so T == S)
-        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        mask = causal_grid(q.shape[-2], k.shape[-2], q.device)
     if mask is not None:  # added in place: the product's backward needs q and k, not its output
         logits.add_(
             mask if mask.is_floating_point() else torch.zeros_like(mask, dtype=q.dtype).masked_fill(~mask, -math.inf)
