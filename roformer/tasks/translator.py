@@ -131,17 +131,11 @@ def encode_sources(
         UserError: a source longer than max_length under `error`, naming its file and line.
     """
     ids = tokenizer(list(texts))["input_ids"] if texts else []
-    long = [i for i, row in enumerate(ids) if len(row) > max_length]
-    if long and too_long == "error":
-        first = long[0]
-        raise UserError(
-            f"{where(first)}: the source has {len(ids[first])} tokens, more than the {max_length} accepted ({advice})"
-        )
+    long = rows_to_cut(ids, "source", max_length, too_long, where, advice)
     if long:
         cut = tokenizer([texts[i] for i in long], truncation=True, max_length=max_length)["input_ids"]
         for i, row in zip(long, cut, strict=True):
             ids[i] = row
-        logger.info("%d sources of %s cut to %d tokens", len(long), where(long[0]).rsplit(":", 1)[0], max_length)
     return ids
 
 
@@ -161,17 +155,28 @@ def encode_targets(
     """
     rows = tokenizer(list(texts), add_special_tokens=False)["input_ids"] if texts else []
     ids = [row + [eos] for row in rows]
+    for i in rows_to_cut(ids, "target", max_length, too_long, where, advice):
+        ids[i] = ids[i][: max_length - 1] + [eos]
+    return ids
+
+
+def rows_to_cut(
+    ids: Sequence[Sequence[int]], side: str, max_length: int, too_long: str, where: Callable[[int], str], advice: str
+) -> list[int]:
+    """The rows longer than max_length, which the caller cuts (`truncate`; counted in a log line).
+
+    Raises:
+        UserError: such a row under `error`, naming the first one's file and line.
+    """
     long = [i for i, row in enumerate(ids) if len(row) > max_length]
     if long and too_long == "error":
         first = long[0]
         raise UserError(
-            f"{where(first)}: the target has {len(ids[first])} tokens, more than the {max_length} accepted ({advice})"
+            f"{where(first)}: the {side} has {len(ids[first])} tokens, more than the {max_length} accepted ({advice})"
         )
-    for i in long:
-        ids[i] = ids[i][: max_length - 1] + [eos]
     if long:
-        logger.info("%d targets of %s cut to %d tokens", len(long), where(long[0]).rsplit(":", 1)[0], max_length)
-    return ids
+        logger.info("%d %ss of %s cut to %d tokens", len(long), side, where(long[0]).rsplit(":", 1)[0], max_length)
+    return long
 
 
 def pad_sources(rows: Sequence[Sequence[int]], pad_id: int, multiple: int, cap: int) -> dict[str, torch.Tensor]:
