@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from roformer.errors import UserError
 from roformer.study.runs import run_seconds
 from roformer.study.stats import mean_interval
-from roformer.tasks.mt_metrics import corpus_scores, lowercase_bleu
+from roformer.tasks.mt_metrics import corpus_bleu, corpus_scores, lowercase_signature
 from roformer.tasks.parallel import source_words
 from roformer.tasks.registry import make_task
 from roformer.train.run_dir import RESULTS_FILE
@@ -107,7 +107,9 @@ def compare_translations(
         table["seconds"] = [run_seconds(d) for d in runs]
         table["splits"] = {}
         for name, refs in references.items():
-            scores = [{**corpus_scores(h, refs), "bleu_lc": lowercase_bleu(h, refs)[0]} for h in hypotheses[name]]
+            scores = [
+                {**corpus_scores(h, refs), "bleu_lc": corpus_bleu(h, refs, lowercase=True)} for h in hypotheses[name]
+            ]
             table["splits"][name] = {
                 metric: {"seeds": [s[metric] for s in scores], **mean_interval([s[metric] for s in scores])}
                 for metric in ("bleu", "chrf", "bleu_lc")
@@ -128,7 +130,7 @@ def compare_translations(
     return {
         "kind": "translation",
         "model": model,
-        "bleu_lc_signature": lowercase_bleu(["a"], ["a"])[1],
+        "bleu_lc_signature": lowercase_signature(),
         "splits": {name: len(refs) for name, refs in references.items()},
         "buckets": [bucket_name(*b) for b in BUCKETS],
         "bucket_sentences": {name: bucket_sizes(text) for name, text in sources.items()},
@@ -183,7 +185,7 @@ def bleu_by_bucket(
     """{bucket: (its sentences, each seed's corpus BLEU on them)} over BUCKETS of source words (empty ones left out)."""
     out = {}
     for bucket, rows in bucket_rows(sources).items():
-        values = [corpus_scores([h[i] for i in rows], [references[i] for i in rows])["bleu"] for h in hypotheses]
+        values = [corpus_bleu([h[i] for i in rows], [references[i] for i in rows]) for h in hypotheses]
         out[bucket] = (len(rows), values)
     return out
 

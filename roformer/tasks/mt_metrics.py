@@ -27,33 +27,46 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[
     Raises:
         ValueError: the two lists differ in length.
     """
+    _, chrf = _metrics()
+    return {
+        "bleu": corpus_bleu(hypotheses, references),
+        "chrf": float(chrf.corpus_score(list(hypotheses), [list(references)]).score),
+    }
+
+
+def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], lowercase: bool = False) -> float:
+    """The corpus BLEU alone, as sacreBLEU computes it (`corpus_scores`'s `bleu`), or of lower-cased text.
+
+    Lower-cased (`case:lc`, `13a` tokenization) is the nearest sacreBLEU has to the tokenized, lower-cased
+    `multi-bleu.perl` BLEU that Multi30k papers report (Moses tokenization differs from 13a in details, so the two
+    are close, not equal); for comparing with those numbers.
+
+    Raises:
+        ValueError: the two lists differ in length.
+    """
+    from sacrebleu.metrics import BLEU
+
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
-    bleu, chrf = _metrics()
-    hypotheses, references = list(hypotheses), [list(references)]
-    return {
-        "bleu": float(bleu.corpus_score(hypotheses, references).score),
-        "chrf": float(chrf.corpus_score(hypotheses, references).score),
-    }
+    return float(BLEU(lowercase=lowercase).corpus_score(list(hypotheses), [list(references)]).score)
+
+
+def _signature(metric: Any) -> str:
+    """A metric's signature as it scores one reference each (the count is known once a corpus was scored)."""
+    metric.corpus_score(["a"], [["a"]])
+    return str(metric.get_signature())
 
 
 @cache
 def signatures() -> dict[str, str]:
     """The signature of each metric (`bleu`, `chrf`) as `corpus_scores` computes it: one reference each."""
     bleu, chrf = _metrics()
-    for metric in (bleu, chrf):  # the signature names the reference count, known once a corpus was scored
-        metric.corpus_score(["a"], [["a"]])
-    return {"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())}
+    return {"bleu": _signature(bleu), "chrf": _signature(chrf)}
 
 
-def lowercase_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
-    """BLEU of lower-cased text as sacreBLEU computes it (`case:lc`, `13a` tokenization), and its signature.
-
-    The nearest sacreBLEU has to the tokenized, lower-cased `multi-bleu.perl` BLEU that Multi30k papers report (Moses
-    tokenization differs from 13a in details, so the two are close, not equal); for comparing with those numbers.
-    """
+@cache
+def lowercase_signature() -> str:
+    """The signature of `corpus_bleu(..., lowercase=True)`."""
     from sacrebleu.metrics import BLEU
 
-    metric = BLEU(lowercase=True)
-    score = metric.corpus_score(list(hypotheses), [list(references)]).score
-    return float(score), str(metric.get_signature())
+    return _signature(BLEU(lowercase=True))
