@@ -12,6 +12,7 @@ checkpoint's. `bleu-by-length.png` draws BLEU against source length, a panel per
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -204,9 +205,15 @@ def paired_bootstrap(systems: dict[str, list[str]], references: list[str]) -> di
     from sacrebleu.significance import PairedTest
 
     named = list(systems.items())
-    signatures, results = PairedTest(
-        named, {"BLEU": BLEU()}, [references], test_type="bs", n_samples=BOOTSTRAP_SAMPLES
-    )()
+    sacrebleu_log = logging.getLogger("sacrebleu")
+    level = sacrebleu_log.level
+    sacrebleu_log.setLevel(logging.WARNING)  # its per-system progress lines (INFO) would interleave with our tqdm
+    try:
+        signatures, results = PairedTest(
+            named, {"BLEU": BLEU()}, [references], test_type="bs", n_samples=BOOTSTRAP_SAMPLES
+        )()
+    finally:
+        sacrebleu_log.setLevel(level)
     per_system = {}
     baseline = named[0][1]
     for (name, hypotheses), result in zip(named, results["BLEU"], strict=True):

@@ -306,7 +306,9 @@ def test_a_length_split_trains_on_short_sources_and_tests_on_the_longer_rest(tmp
         TranslationTask.from_config(from_dict(FinetuneDataConfig, too_long))
 
 
-def test_the_paired_bootstrap_is_sacrebleu_s_and_marks_equal_outputs() -> None:
+def test_the_paired_bootstrap_is_sacrebleu_s_and_marks_equal_outputs(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
     import sacrebleu
 
     from roformer.study.translation_study import paired_bootstrap
@@ -314,7 +316,10 @@ def test_the_paired_bootstrap_is_sacrebleu_s_and_marks_equal_outputs() -> None:
     references = GERMAN * 10
     good = GERMAN[:3] * 10 + ["Die Katze schläft nicht."] * 10
     bad = ["Ein Mann.", "Zwei Hunde.", "Eine Frau.", "Die Katze."] * 10
-    test = paired_bootstrap({"good": good, "same": list(good), "bad": bad}, references)
+    with caplog.at_level(logging.INFO):
+        test = paired_bootstrap({"good": good, "same": list(good), "bad": bad}, references)
+    assert not [r for r in caplog.records if r.name == "sacrebleu"], "sacreBLEU's progress lines are not kept quiet"
+    assert logging.getLogger("sacrebleu").level == logging.NOTSET  # and its level is given back
     assert test["baseline"] == "good" and "bs:1000" in test["signature"]
     systems = test["systems"]
     assert systems["good"]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(good, [references]).score)
