@@ -232,9 +232,13 @@ def run_python(args: list[str]) -> subprocess.CompletedProcess:
 
 
 def accelerate_launch(program: list[str], launcher: str = "multi-cpu", *options: str) -> subprocess.CompletedProcess:
-    """`accelerate launch --config_file configs/accelerate/LAUNCHER.yaml OPTIONS PROGRAM` (e.g. `-m roformer ...`)."""
+    """`accelerate launch --config_file configs/accelerate/LAUNCHER.yaml OPTIONS PROGRAM` (e.g. `-m roformer ...`).
+
+    The group meets on a free port (accelerate's default, 29500, would be shared by tests running at once: `-n auto`).
+    """
     config = str(REPO / "configs" / "accelerate" / f"{launcher}.yaml")
-    return run_python(["-m", "accelerate.commands.launch", "--config_file", config, *options, *program])
+    port = ["--main_process_port", str(free_port())]
+    return run_python(["-m", "accelerate.commands.launch", "--config_file", config, *port, *options, *program])
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str]:

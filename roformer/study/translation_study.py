@@ -207,7 +207,7 @@ def paired_bootstrap(systems: dict[str, list[str]], references: list[str]) -> di
     named = list(systems.items())
     sacrebleu_log = logging.getLogger("sacrebleu")
     level = sacrebleu_log.level
-    sacrebleu_log.setLevel(logging.WARNING)  # its per-system progress lines (INFO) would interleave with our tqdm
+    sacrebleu_log.setLevel(max(level, logging.WARNING))  # its progress lines (INFO) would interleave with our tqdm
     try:
         signatures, results = PairedTest(
             named, {"BLEU": BLEU()}, [references], test_type="bs", n_samples=BOOTSTRAP_SAMPLES

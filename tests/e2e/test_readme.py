@@ -4,7 +4,10 @@ import re
 
 from helpers import REPO
 
-TEST_COMMAND = 'pip install torch==2.13.0 && pip install -e ".[dev]" && python -m pytest -q -n auto'
+TEST_COMMAND = (
+    'pip install torch==2.13.0 && pip install -e ".[dev]" && '
+    "python -m pytest -q -n auto --dist worksteal --maxprocesses 4"
+)
 
 
 def test_ci_runs_the_readme_test_command_in_a_new_virtualenv() -> None:
