@@ -67,6 +67,9 @@ class SyntheticConfig:
         symbols: The alphabet: shift's symbols, passkey-binding's filler, mqar's keys (and as many values).
         keys: passkey-binding: the key alphabet (the answer is one of them).
         pairs: mqar: key-value pairs per row.
+        query_gap_power: mqar: a > 0 draws the queries' places after the pairs with probability proportional to
+            (g + 1)^(a - 1) for the g-th free place (Zoology's `power_a`, 0.01 there: most queries right after the
+            pairs); null: uniform.
         offset: shift: the distance k to the answer's source.
         direction: shift: `left` (the symbol at i - k) or `right` (at i + k).
         mask_rate: shift: the fraction of positions masked (at least one per row).
@@ -83,6 +86,7 @@ class SyntheticConfig:
     symbols: int = 16
     keys: int = 10
     pairs: int = 4
+    query_gap_power: float | None = None
     offset: int = 2
     direction: Literal["left", "right"] = "left"
     mask_rate: float = 0.15
@@ -108,6 +112,8 @@ class SyntheticConfig:
             or len(set(self.test_multiples)) != len(self.test_multiples)
         ):
             raise ConfigError(f"test_multiples must be distinct integers >= 1, got {self.test_multiples}")
+        if self.query_gap_power is not None and self.query_gap_power <= 0:
+            raise ConfigError(f"query_gap_power must be > 0 (or null: uniform), got {self.query_gap_power}")
         if not 0.0 < self.mask_rate < 1.0:
             raise ConfigError(f"mask_rate must be in (0, 1), got {self.mask_rate}")
         shortest = self.train_lengths[0]
@@ -222,7 +228,7 @@ def mqar_row(settings: SyntheticConfig, length: int, rng: random.Random) -> Row:
     for i, (k, v) in enumerate(zip(keys, values, strict=True)):
         content[2 * i : 2 * i + 2] = [f"s{k}", f"v{v}"]
     start = 2 * len(keys)
-    slots = rng.sample(range((length - start) // 2), len(keys))  # non-overlapping (key, [MASK]) places
+    slots = query_slots((length - start) // 2, len(keys), settings.query_gap_power, rng)
     answers: dict[int, str] = {}
     for k, v, slot in zip(keys, values, slots, strict=True):
         at = start + 2 * slot
@@ -230,6 +236,24 @@ def mqar_row(settings: SyntheticConfig, length: int, rng: random.Random) -> Row:
         answers[at + 1] = f"v{v}"
     # the filler must not hold a key's own value token elsewhere: values appear only in the pairs
     return content, answers
+
+
+def query_slots(places: int, count: int, power: float | None, rng: random.Random) -> list[int]:
+    """`count` distinct places of `places`, each a (key, [MASK]) pair of tokens after the row's pairs.
+
+    Uniform (`power` None), or the g-th with weight (g + 1)^(power - 1), drawn one at a time without replacement
+    (Zoology's power-law query gaps).
+    """
+    if power is None:
+        return rng.sample(range(places), count)
+    free = list(range(places))
+    weights = [(g + 1) ** (power - 1) for g in free]
+    chosen = []
+    for _ in range(count):
+        i = rng.choices(range(len(free)), weights=weights)[0]
+        chosen.append(free.pop(i))
+        weights.pop(i)
+    return chosen
 
 
 GENERATORS: dict[str, Callable[[SyntheticConfig, int, random.Random], Row]] = {

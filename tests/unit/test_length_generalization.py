@@ -166,6 +166,34 @@ def test_mqar_asks_every_key_after_its_pairs() -> None:
             assert at >= 8 and pairs[content[at - 1]] == answer
 
 
+def test_mqar_without_binding_reaches_the_commonest_value_level() -> None:
+    """The level every mqar arm sits at (docs): answering the value the row holds most often, whichever key was asked,
+    is right E[largest count of 4 values from 16] / 4 = 33.7% of the time (exact, over all 16^4 value draws)."""
+    from collections import Counter
+    from itertools import product
+
+    exact = sum(max(Counter(draw).values()) for draw in product(range(16), repeat=4)) / 16**4 / 4
+    assert round(exact, 3) == 0.337
+    hits = total = 0
+    for content, answers in rows("mqar", 32, count=3000, pairs=4, symbols=16, train_lengths=[16, 32]):
+        commonest = Counter(content[1:8:2]).most_common(1)[0][1]
+        hits, total = hits + commonest, total + len(answers)  # each answer is right iff it is the guessed value
+    assert abs(hits / total - exact) < 0.01
+
+
+@pytest.mark.parametrize("power", [None, 0.01])
+def test_mqar_query_places_are_uniform_or_zoologys_power_law(power: float | None) -> None:
+    places = (64 - 2) // 2  # one pair, then (key, [MASK]) places
+    counts = [0] * places
+    for content, answers in rows("mqar", 64, count=6000, pairs=1, train_lengths=[4, 64], query_gap_power=power):
+        ((at, answer),) = answers.items()
+        assert content[at - 1] == content[0] and answer == content[1]
+        counts[(at - 3) // 2] += 1
+    weights = [1.0] * places if power is None else [(g + 1) ** (power - 1) for g in range(places)]
+    for g in (0, 1, places // 2):
+        assert abs(counts[g] / 6000 - weights[g] / sum(weights)) < 0.015
+
+
 def test_splits_are_a_function_of_the_seed_with_masks_at_the_answers() -> None:
     settings = SyntheticConfig(task="shift", randomized_positions=400)
     ids = {t: i for i, t in enumerate(vocabulary(settings))}
@@ -197,6 +225,7 @@ def test_the_vocabulary_is_one_id_per_token() -> None:
         ({"task": "mqar", "pairs": 4, "train_lengths": [8, 32]}, "at least 16"),
         ({"randomized_positions": 100}, "randomized_positions"),
         ({"symbols": 1}, "symbols"),
+        ({"task": "mqar", "query_gap_power": 0.0}, "query_gap_power"),
     ],
 )
 def test_impossible_settings_are_refused(settings: dict, message: str) -> None:
