@@ -32,6 +32,7 @@ symbols and the task's markers, as a word-level tokenizer written with the model
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,8 +69,8 @@ class SyntheticConfig:
         keys: passkey-binding: the key alphabet (the answer is one of them).
         pairs: mqar: key-value pairs per row.
         query_gap_power: mqar: a > 0 draws the queries' places after the pairs with probability proportional to
-            (g + 1)^(a - 1) for the g-th free place (Zoology's `power_a`, 0.01 there: most queries right after the
-            pairs); null: uniform.
+            (g + 1)^(a - 1) for the g-th free place (Zoology's `power_a`, 0.01 there: biased toward the places
+            right after the pairs); null: uniform.
         offset: shift: the distance k to the answer's source.
         direction: shift: `left` (the symbol at i - k) or `right` (at i + k).
         mask_rate: shift: the fraction of positions masked (at least one per row).
@@ -114,6 +115,8 @@ class SyntheticConfig:
             raise ConfigError(f"test_multiples must be distinct integers >= 1, got {self.test_multiples}")
         if self.query_gap_power is not None and self.query_gap_power <= 0:
             raise ConfigError(f"query_gap_power must be > 0 (or null: uniform), got {self.query_gap_power}")
+        if self.query_gap_power is not None and self.task != "mqar":
+            raise ConfigError(f"query_gap_power places mqar's queries; {self.task} has none")
         if not 0.0 < self.mask_rate < 1.0:
             raise ConfigError(f"mask_rate must be in (0, 1), got {self.mask_rate}")
         shortest = self.train_lengths[0]
@@ -247,12 +250,13 @@ def query_slots(places: int, count: int, power: float | None, rng: random.Random
     if power is None:
         return rng.sample(range(places), count)
     free = list(range(places))
-    weights = [(g + 1) ** (power - 1) for g in free]
+    log_weights = [(power - 1) * math.log(g + 1) for g in free]  # logs: a large power neither overflows nor underflows
     chosen = []
     for _ in range(count):
-        i = rng.choices(range(len(free)), weights=weights)[0]
+        top = max(log_weights)
+        i = rng.choices(range(len(free)), weights=[math.exp(w - top) for w in log_weights])[0]
         chosen.append(free.pop(i))
-        weights.pop(i)
+        log_weights.pop(i)
     return chosen
 
 

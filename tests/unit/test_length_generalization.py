@@ -194,6 +194,15 @@ def test_mqar_query_places_are_uniform_or_zoologys_power_law(power: float | None
         assert abs(counts[g] / 6000 - weights[g] / sum(weights)) < 0.015
 
 
+@pytest.mark.parametrize("length", [16, 256])
+@pytest.mark.parametrize("power", [0.01, 1e3])
+def test_mqar_power_law_places_every_query_once_and_a_large_power_does_not_overflow(power: float, length: int) -> None:
+    for content, answers in rows("mqar", length, count=300, pairs=4, train_lengths=[16, 32], query_gap_power=power):
+        pairs = {content[2 * i]: content[2 * i + 1] for i in range(4)}
+        assert len(answers) == 4 and sorted(pairs.values()) == sorted(answers.values())  # four distinct places
+        assert all(pairs[content[at - 1]] == answer for at, answer in answers.items())
+
+
 def test_splits_are_a_function_of_the_seed_with_masks_at_the_answers() -> None:
     settings = SyntheticConfig(task="shift", randomized_positions=400)
     ids = {t: i for i, t in enumerate(vocabulary(settings))}
@@ -226,6 +235,7 @@ def test_the_vocabulary_is_one_id_per_token() -> None:
         ({"randomized_positions": 100}, "randomized_positions"),
         ({"symbols": 1}, "symbols"),
         ({"task": "mqar", "query_gap_power": 0.0}, "query_gap_power"),
+        ({"task": "shift", "query_gap_power": 0.01}, "query_gap_power"),
     ],
 )
 def test_impossible_settings_are_refused(settings: dict, message: str) -> None:
