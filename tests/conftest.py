@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download; fail fast instead of hanging
-
 import tempfile
 
 # The packed-data cache of the tests lives in a fresh directory, never in the user's ~/.cache/roformer.
