@@ -41,7 +41,12 @@ from roformer.files import atomic_write_text
 from roformer.labels import IGNORE_INDEX
 from roformer.model.config import EncoderDecoderConfig, ModelConfig
 from roformer.tasks.base import HeadOutputs, TaskSpec, with_score
-from roformer.tasks.mt_metrics import corpus_scores, signatures
+from roformer.tasks.mt_metrics import (
+    TOKENIZED_LOWERCASE_RECIPE,
+    corpus_scores,
+    signatures,
+    tokenized_lowercase_signature,
+)
 from roformer.tasks.parallel import (
     BOS,
     EOS,
@@ -71,6 +76,10 @@ LANGUAGE_KEYS = ("source_lang", "target_lang", "train_prefix", "validation_prefi
 HUB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}  # our split: the hub dataset's (WMT14's names)
 LONG_SPLIT = "long"  # the held-out training pairs longer than data.translation.max_source_words
 FINAL_DEV = "valid"  # the dev set decoded at the end as the test set is (fairseq's `--gen-subset valid`)
+# the largest joint BPE trained from scratch: far above any translation vocabulary (WMT's 32,000-40,000, the largest
+# multilingual tables about 256,000), and far below what aborts the `tokenizers` trainer without a message (it
+# allocates for the whole size up front: 35 GB at 500,000,000)
+MAX_VOCAB_SIZE = 1_000_000
 
 
 @dataclass
@@ -127,6 +136,11 @@ class TranslationConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.vocab_size < 16:
             raise ConfigError(f"vocab_size must be >= 16 (the specials and an alphabet), got {self.vocab_size}")
+        if self.vocab_size > MAX_VOCAB_SIZE:
+            raise ConfigError(
+                f"vocab_size must be <= {MAX_VOCAB_SIZE:,} (a BPE vocabulary; WMT's are 32,000-40,000), "
+                f"got {self.vocab_size:,}"
+            )
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.max_len_a < 0 or self.max_len_b < 0:
@@ -451,7 +465,7 @@ class TranslationTask(HeadOutputs):
 
     def evaluate(self, split: TranslationSplit, predictions: list[dict]) -> dict[str, float]:
         """The corpus BLEU (sacreBLEU's) and chrF++ of the hypotheses, the target log-loss per token; `score`."""
-        scores = corpus_scores([p["hypothesis"] for p in predictions], split.references)
+        scores = corpus_scores([p["hypothesis"] for p in predictions], split.references, self.target_lang)
         tokens = sum(p["tokens"] for p in predictions)
         scores["loss"] = sum(p["nll"] for p in predictions) / max(1, tokens)
         return with_score(scores, self.metrics)
@@ -494,6 +508,7 @@ class TranslationTask(HeadOutputs):
                     "loss": metrics["loss"],
                     "bleu_signature": signature["bleu"],
                     "chrf_signature": signature["chrf"],
+                    **tokenized_lowercase(metrics),
                 }
                 for split, metrics in splits.items()
             }
@@ -518,6 +533,17 @@ class TranslationTask(HeadOutputs):
         As the run's final translations, in batches of the same sentences: the same hypotheses.
         """
         return {DECODING_FILE: replace(self.decoding(final=True), batch_size=eval_batch_size).to_json()}
+
+
+def tokenized_lowercase(metrics: dict[str, Any]) -> dict[str, Any]:
+    """`bleu_tok_lc` of a split's final metrics with its signature and recipe (none in a record made before it)."""
+    if "bleu_tok_lc" not in metrics:
+        return {}
+    return {
+        "bleu_tok_lc": metrics["bleu_tok_lc"],
+        "bleu_tok_lc_signature": tokenized_lowercase_signature(),
+        "bleu_tok_lc_recipe": TOKENIZED_LOWERCASE_RECIPE,
+    }
 
 
 def _file_reader(data: FinetuneDataConfig) -> Any:

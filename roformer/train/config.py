@@ -215,6 +215,9 @@ class FinetuneTrainConfig(TrainArgs):
             best checkpoint and published as `averaged/` (of the selected run). 0 = off. Fewer than N: all of them.
         average_every: Steps between the averaged models (the last step is always one); null = the evaluation
             points (`eval_every`).
+        patience: Stop a run once the first dev split's score has not improved for this many evaluations in a row
+            (fairseq's `--patience`); `max_steps` (or `epochs`) stays the ceiling. null = never. With `average_last`,
+            the averaged models are the last N taken before the run stops.
     """
 
     lr: float = field(default=2e-5, metadata=STAGE_LR_PHASE)  # the metadata of TrainArgs' fields, kept
@@ -228,9 +231,12 @@ class FinetuneTrainConfig(TrainArgs):
     seeds: list[int] = field(default_factory=list)
     average_last: int = 0  # the points kept are decided at the start of a run: fixed on resume
     average_every: int | None = None
+    patience: int | None = field(default=None, metadata=MAY_CHANGE_UNTIL_A_RUN_FINISHES)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.patience is not None and self.patience < 1:
+            raise ConfigError(f"patience must be >= 1 (evaluations without improvement) or null, got {self.patience}")
         if self.average_last < 0:
             raise ConfigError(f"average_last must be >= 0 (0 = off), got {self.average_last}")
         if self.average_every is not None and self.average_every < 1:

@@ -222,6 +222,8 @@ class Engine:
         keep_at = recipe.snapshot_points() if hasattr(recipe, "snapshot_points") else set()
         stage_ends = {stage.end: stage for stage in recipe.stages if stage.name}
         show = self.is_main_process and args.progress
+        if state.step and recipe.converged(state.step):  # resumed after the step where it stopped early
+            return state
         bar = tqdm(total=total, initial=state.step, desc=desc, disable=not show)
         interval = self.interval
         pace = Pace()
@@ -265,6 +267,9 @@ class Engine:
                     self.log({"event": "stage_end", **self.tags, "stage": ended.name, "step": done, **where})
                 if any_process(stop.requested):  # every process stops after the same step
                     self._stop(recipe, state, stop.signal_name or "a signal on another process", already_saved=saved)
+                if done in evaluate_at and done < total and recipe.converged(done):
+                    self._end_early(recipe, state, already_saved=saved or not checkpoint_at_end)
+                    break
         bar.close()
         if report_throughput and pace.steps and state.step == total:
             self.log({"event": "throughput", **self.tags, "step": total, **pace.event()})
@@ -309,6 +314,12 @@ class Engine:
                 f"{state.bad_steps} consecutive steps with a non-finite loss or gradient norm (up to step "
                 f"{state.step}, train.max_bad_steps={self.args.max_bad_steps}); {last}"
             )
+
+    def _end_early(self, recipe: Recipe, state: RunState, already_saved: bool) -> None:
+        """Log a run's early end (`Recipe.converged`) and checkpoint it, so that a resume ends it too."""
+        self.log({"event": "converged", **self.tags, "step": state.step, "of_steps": self.total_steps})
+        if not already_saved:
+            self.save_checkpoint(recipe, state)
 
     def _stop(self, recipe: Recipe, state: RunState, reason: str, already_saved: bool) -> None:
         """Checkpoint (unless this step just was) and raise Preempted."""

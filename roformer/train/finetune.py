@@ -237,6 +237,8 @@ class FinetuneRun(Unstaged):
         group_by_length: Training batches of similar-length examples (data.group_by_length).
         average_last: Models averaged at the end (train.average_last; 0: none).
         average_every: Steps between them (train.average_every; None: the evaluation points).
+        patience: Evaluations without a better first dev score after which the run stops (train.patience; None:
+            it runs to its last step).
     """
 
     def __init__(
@@ -248,6 +250,7 @@ class FinetuneRun(Unstaged):
         group_by_length: bool,
         average_last: int = 0,
         average_every: int | None = None,
+        patience: int | None = None,
     ) -> None:
         self.engine, self.data, self.eval_size = engine, data, eval_size
         train = data.splits["train"]
@@ -262,23 +265,43 @@ class FinetuneRun(Unstaged):
         else:
             self.sampler = EpochSampler(len(self.lengths), engine.global_batch, seed)
         self.best: dict[str, Any] = {"score": -math.inf, "step": 0, "state": None, "dev": None}
-        self.average_last, self.average_every = average_last, average_every
+        self.average_last, self.average_every, self.patience = average_last, average_every, patience
         self.average_points: list[int] = []  # set by `start`, once the run's length is known
         self.snapshots: dict[int, dict[str, torch.Tensor]] = {}  # the weights at those points, as they are passed
+        self.evaluation_points: list[int] = []  # set by `start`: where `converged` counts evaluations
 
     def start(self) -> None:
-        """Decide the steps whose weights are averaged (the engine is set up: the run's length is known)."""
+        """Decide the steps whose weights are averaged (the engine is set up: the run's length is known).
+
+        A run that may stop early (`patience`) cannot know its last models in advance: it takes one at every
+        candidate point and keeps the newest `average_last` (`snapshot`); the others are fixed here.
+        """
         every, total = self.average_every, self.engine.total_steps
-        candidates = self.engine.eval_points(self) if every is None else set(range(every, total + 1, every))
-        self.average_points = last_points(candidates | ({total} if total else set()), self.average_last)
+        self.evaluation_points = sorted(self.engine.eval_points(self))
+        candidates = set(self.evaluation_points) if every is None else set(range(every, total + 1, every))
+        candidates |= {total} if total else set()
+        kept = len(candidates) if self.patience is not None and self.average_last else self.average_last
+        self.average_points = last_points(candidates, kept)
 
     def snapshot_points(self) -> set[int]:
         """The steps after which the engine calls `snapshot`: those whose weights are averaged at the end."""
         return set(self.average_points)
 
     def snapshot(self, step: int) -> None:
-        """Keep the weights after `step` (gathered by every process under FSDP), for the average at the end."""
+        """Keep the weights after `step` (gathered by every process under FSDP), for the average at the end.
+
+        Only the newest `average_last` are kept (with `patience`, points are taken all along the run).
+        """
         self.snapshots[step] = {k: v.detach().cpu().clone() for k, v in self.engine.full_state_dict().items()}
+        for old in sorted(self.snapshots)[: -self.average_last]:
+            del self.snapshots[old]
+
+    def converged(self, step: int) -> bool:
+        """Whether the run stops after `step`: `patience` evaluations in a row without a better first dev score."""
+        if self.patience is None or self.best["state"] is None:
+            return False
+        since_best = [p for p in self.evaluation_points if self.best["step"] < p <= step]
+        return len(since_best) >= self.patience
 
     def plan(self, step: int) -> _FinetuneStep | _TokenBatchStep:
         layout, task = self.engine.layout, self.data.task
@@ -584,7 +607,7 @@ class Finetuner:
         data = self.run_data(fold)
         torch.manual_seed(seed)  # the head's initialisation
         model = self.load_model()
-        averaging = (train.average_last, train.average_every)
+        averaging = (train.average_last, train.average_every, train.patience)
         # made before the set-up: token batches decide the steps of an epoch
         run = FinetuneRun(engine, seed, data, train.eval_size, self.config.data.group_by_length, *averaging)
         steps = train.max_steps if train.max_steps is not None else math.ceil(train.epochs * run.steps_per_epoch())
@@ -598,7 +621,7 @@ class Finetuner:
         engine.start_logging(self.task.tracker_project, config, tracker_prefix=f"{tag}/")
         if steps == 0:
             engine.evaluate(run, state)
-        engine.fit(run, state, checkpoint_at_end=False, desc=f"{self.task.name} {tag}")
+        state = engine.fit(run, state, checkpoint_at_end=False, desc=f"{self.task.name} {tag}")
         splits = self.task.dev_splits + self.task.test_splits
         scored = [s for s in self.task.test_splits if data.splits[s].labelled]
         averaged = run.averaged_state()
@@ -624,6 +647,7 @@ class Finetuner:
             **fold_column(fold),
             "best_step": run.best["step"],
             "steps": steps,
+            **({"stopped_at": state.step} if state.step < steps else {}),  # train.patience ended it early
             "dev": run.best["dev"],
             "global_batch": engine.global_batch,
         }

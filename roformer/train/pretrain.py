@@ -448,6 +448,9 @@ class Pretrainer:
     def micro_batch_loss(self) -> str | None:
         return None  # normalised over the global batch's masked tokens: the same step under any batch_size
 
+    def converged(self, step: int) -> bool:
+        return False  # pretraining runs its steps: its curves are compared at equal steps
+
 
 def pretrain(config: PretrainConfig, output_dir: str | Path, resume: bool = False, overwrite: bool = False) -> Path:
     """Run MLM pretraining; returns the run directory. See the module docstring for the layout.

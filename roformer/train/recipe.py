@@ -80,6 +80,12 @@ class Recipe(Protocol):
         batch_size examples give the same steps however they are spread, but another batch_size gives other steps.
         """
 
+    def converged(self, step: int) -> bool:
+        """Whether the run ends after `step`, before its last step (fine-tuning's `train.patience`).
+
+        Decided from what every process computed alike (the dev scores), so that every process stops together.
+        """
+
     def enter_stage(self, stage: ResolvedStage) -> None:
         """Make the model compute as `stage` trains (e.g. its rotary base)."""
 

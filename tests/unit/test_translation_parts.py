@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,13 @@ from roformer.config import from_dict
 from roformer.data.sampling import token_batches
 from roformer.errors import ConfigError, UserError
 from roformer.tasks.config import PLACEHOLDER_VOCABULARY, FinetuneDataConfig, Vocabulary
-from roformer.tasks.mt_metrics import corpus_scores, signatures
+from roformer.tasks.mt_metrics import (
+    corpus_scores,
+    moses_tokenized_lowercase,
+    signatures,
+    tokenized_lowercase_bleu,
+    tokenized_lowercase_signature,
+)
 from roformer.tasks.parallel import (
     EOS,
     SPECIALS,
@@ -24,6 +31,7 @@ from roformer.tasks.parallel import (
     train_bpe,
 )
 from roformer.tasks.translation import TranslationConfig, TranslationTask, encoder_decoder_config
+from roformer.tasks.translator import DECODING_FILE, Decoding
 from roformer.train.averaging import average_states, last_points
 from roformer.train.finetune import _TokenBatchStep
 from roformer.train.recipe import ProcessLayout
@@ -93,6 +101,23 @@ def test_a_missing_file_and_a_line_that_is_not_utf8_are_named(tmp_path: Path) ->
     (tmp_path / "broken.de").write_text("x\n")
     with pytest.raises(UserError, match=r"broken.en.gz: cannot read"):
         read_parallel(tmp_path / "broken", "en", "de")
+
+
+def test_a_byte_order_mark_is_not_text_and_every_line_end_ends_a_line(tmp_path: Path) -> None:
+    """A Windows editor's mark (it made a perfect hypothesis score 86.3 BLEU), CR LF, and CR alone (classic Mac OS)."""
+    (tmp_path / "train.en").write_bytes(b"\xef\xbb\xbf" + "\r".join(ENGLISH).encode("utf-8") + b"\r")
+    (tmp_path / "train.de").write_bytes(gzip.compress(b"\xef\xbb\xbf" + "\r\n".join(GERMAN).encode("utf-8")))
+    (tmp_path / "train.de").rename(tmp_path / "train.de.gz")
+    pairs = read_parallel(tmp_path / "train", "en", "de")
+    assert pairs.sources == ENGLISH and pairs.targets == GERMAN and pairs.lines == [1, 2, 3, 4]
+    # a mark inside a line is text (U+FEFF, a zero-width no-break space), and so are the other Unicode line breaks
+    inside = ["A \ufeffman runs.", "Two\u2028dogs.", "A\x85woman.", "The\x0ccat."]
+    (tmp_path / "odd.en").write_bytes("\n".join(inside).encode("utf-8"))
+    (tmp_path / "odd.de").write_bytes("\r".join(GERMAN).encode("utf-8"))
+    assert read_parallel(tmp_path / "odd", "en", "de").sources == inside
+    (tmp_path / "odd.en").write_bytes(b"\xef\xbb\xbfA man.\rTwo \xc3\xa9 \xff dogs.\rA.\rB.\r")
+    with pytest.raises(UserError, match=r"odd.en:2: not UTF-8 \(byte 0xff at column 8\)"):  # columns in bytes
+        read_parallel(tmp_path / "odd", "en", "de")
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="Multi30k is not in ../shared/data/translation/multi30k")
@@ -250,11 +275,24 @@ def data_section(**extra: object) -> dict:
         ({"train_file": "x.tsv"}, "train_file: type translation reads parallel files by prefix"),
         ({"translation": {"max_source_words": 0}}, "max_source_words must be >= 1"),
         ({"translation": {"long_test_pairs": 0}}, "long_test_pairs must be >= 1"),
+        ({"translation": {"vocab_size": 500_000_000}}, "vocab_size must be <= 1,000,000 .*, got 500,000,000"),
+        ({"translation": {"length_penalty": float("nan")}}, "'translation.length_penalty' must be a finite number"),
     ],
 )
 def test_bad_translation_settings_name_their_key(extra: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         from_dict(FinetuneDataConfig, data_section(**extra))
+
+
+@pytest.mark.parametrize("field", ["length_penalty", "max_len_a"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_decoding_settings_are_finite_numbers(field: str, value: float, tmp_path: Path) -> None:
+    """As a config's are: nan passes every range check and reorders the beams without a word."""
+    with pytest.raises(UserError, match=f"{field} must be a finite number, got {value}"):
+        Decoding(**{field: value})
+    (tmp_path / DECODING_FILE).write_text(json.dumps({field: value}))  # Python's json writes NaN and Infinity
+    with pytest.raises(UserError, match=f"translation.json: not decoding settings \\({field} must be a finite"):
+        Decoding.read(tmp_path)
 
 
 def test_the_language_keys_belong_to_the_translation_type() -> None:
@@ -285,6 +323,21 @@ def test_bleu_and_chrf_are_sacrebleu_s_with_its_signatures() -> None:
     assert signature["chrf"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:2|space:no|version:")
     with pytest.raises(ValueError, match="2 hypotheses for 3 references"):
         corpus_scores(hypotheses[:2], GERMAN[:3])
+
+
+def test_the_tokenized_lower_cased_bleu_is_moses_then_sacrebleu_without_tokenization() -> None:
+    """Case, punctuation normalisation and Moses' splitting do not count; words do (Multi30k's lc.norm.tok BLEU)."""
+    assert moses_tokenized_lowercase(["Ein Mann mit „Hut“ läuft – schnell, oder?"], "de") == [
+        'ein mann mit " hut " läuft - schnell , oder ?'
+    ]  # „ “ become ", the en dash -, and the punctuation stands apart
+    assert tokenized_lowercase_bleu(["ein MANN rennt ."], ["Ein Mann rennt."], "de") == pytest.approx(100.0)
+    hypotheses = ["Ein Mann läuft.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch."]
+    scores = corpus_scores(hypotheses, GERMAN[:3], "de")
+    assert 0 < scores["bleu_tok_lc"] < 100 and set(scores) == {"bleu", "chrf", "bleu_tok_lc"}
+    assert "bleu_tok_lc" not in corpus_scores(hypotheses, GERMAN[:3])  # no language: the detokenized scores alone
+    assert tokenized_lowercase_signature().startswith("nrefs:1|case:mixed|eff:no|tok:none|smooth:exp|version:")
+    with pytest.raises(ValueError, match="2 hypotheses for 3 references"):
+        tokenized_lowercase_bleu(hypotheses[:2], GERMAN[:3], "de")
 
 
 # -- the length split ----------------------------------------------------------------------------------------------
