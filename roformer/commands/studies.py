@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from roformer.commands.common import Command, positive_int
+from roformer.commands.common import Command, finite_float, positive_int
 from roformer.errors import UserError
 from roformer.model.config import POOLINGS
 
@@ -176,7 +176,7 @@ def translate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", metavar="FILE", help="source sentences, one a line (.gz accepted; default: stdin)")
     parser.add_argument("--out", metavar="FILE", help="the translations, one per input line (default: stdout)")
     parser.add_argument("--beam", type=positive_int, help="beams per sentence, 1 = greedy (default: the run's)")
-    parser.add_argument("--length-penalty", type=float, help="sum logprob / length^this (default: the run's)")
+    parser.add_argument("--length-penalty", type=finite_float, help="sum logprob / length^this (default: the run's)")
     parser.add_argument("--batch-size", type=positive_int, help="sentences per batch (default: the run's)")
     parser.add_argument(
         "--too-long", choices=["error", "truncate"], help="a line longer than the model takes (default: the run's)"
@@ -190,7 +190,8 @@ def translate_command(args: argparse.Namespace) -> None:
     from tqdm.auto import tqdm
 
     from roformer.files import atomic_write_text, check_output_file
-    from roformer.tasks.parallel import decode_line, read_lines
+    from roformer.study.length_eval import check_device
+    from roformer.tasks.parallel import read_lines, split_lines
     from roformer.tasks.translator import Translator
 
     out = Path(args.out) if args.out else None
@@ -198,14 +199,15 @@ def translate_command(args: argparse.Namespace) -> None:
         if out.exists() and not args.overwrite:
             raise UserError(f"{out}: exists (pass --overwrite to replace it)")
         check_output_file(out)
+    if args.device:  # a machine without it: one line now, not a traceback once the model moves there
+        check_device(args.device)
     if args.input:
         source = Path(args.input)
-        if not source.is_file():
-            raise UserError(f"{source}: file not found")
+        check_input_file(source)
         lines = read_lines(source)
     else:
         source = Path("<stdin>")
-        lines = [decode_line(raw, source, i) for i, raw in enumerate(sys.stdin.buffer, start=1)]
+        lines = split_lines(sys.stdin.buffer, source)
     settings = {"beam": args.beam, "length_penalty": args.length_penalty, "batch_size": args.batch_size}
     translator = Translator.load(args.model, args.device, **settings, too_long=args.too_long)
     with tqdm(total=len(lines), unit="sent", desc="translate", file=sys.stderr, disable=args.quiet) as bar:
@@ -217,6 +219,18 @@ def translate_command(args: argparse.Namespace) -> None:
         return
     atomic_write_text(out, text)
     print(f"{len(translations)} translations written to {out}", file=sys.stderr)
+
+
+def check_input_file(path: Path) -> None:
+    """Refuse an `--input` that is not a file, saying what it is instead.
+
+    Raises:
+        UserError: a folder, or nothing at `path`.
+    """
+    if path.is_dir():
+        raise UserError(f"--input {path}: a folder, not a file (one sentence a line)")
+    if not path.is_file():
+        raise UserError(f"--input {path}: file not found")
 
 
 def compare_arguments(parser: argparse.ArgumentParser) -> None:

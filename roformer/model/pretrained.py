@@ -35,7 +35,8 @@ def pretrained_config(
     if is_roformer_dir(path):
         if not (path / WEIGHTS_FILE).is_file():
             raise CheckpointError(f"{path / WEIGHTS_FILE}: weights file not found")
-        config = read_model_config(path)[1]
+        saved, config = read_model_config(path)
+        _check_pair(saved, architecture, path)  # before the overrides: an encoder-decoder's keys are not ModelConfig's
     else:
         config = hf_model_config(str(source), architecture)
     labels = {} if num_labels is None else {"num_labels": num_labels}
@@ -98,6 +99,16 @@ def _check_source(source: str | Path) -> Path:
     if path.exists() and not is_roformer_dir(path) and not (path / "config.json").is_file():
         raise UserError(f"{path}: no model here (neither {MODEL_CONFIG_FILE} nor an HF config.json)")
     return path
+
+
+def _check_pair(saved: str, architecture: str, path: Path) -> None:
+    """Refuse a single model where an encoder-decoder is wanted, in those words.
+
+    Raises:
+        CheckpointError: `architecture` is encoder_decoder and the directory holds another model.
+    """
+    if architecture == "encoder_decoder" != saved:
+        raise CheckpointError(f"{path}: not an encoder-decoder (a {saved} model); encoder_decoder needs one")
 
 
 def _check_fields(overrides: dict[str, Any]) -> None:

@@ -2,8 +2,9 @@
 
 Files are named as fairseq names them (`fairseq-preprocess --trainpref PREFIX --source-lang en --target-lang de`):
 PREFIX.en and PREFIX.de, or their gzipped PREFIX.en.gz and PREFIX.de.gz, one sentence a line, the pair by line
-number. Every line is read as UTF-8; a line that is not, an empty line, a missing file and files of different line
-counts are errors naming the file and line (`UserError`), never a pair silently lost. A hub dataset (`datasets`: WMT14's
+number. Every line is read as UTF-8 (a leading byte-order mark is dropped; a line ends at a newline, a carriage
+return, or the two); a line that is not, an empty line, a missing file and files of different line counts are errors
+naming the file and line (`UserError`), never a pair silently lost. A hub dataset (`datasets`: WMT14's
 `wmt14`, `de-en`) holds records `{"translation": {"de": ..., "en": ...}}`.
 
 The tokenizer is one BPE vocabulary for both languages (fairseq's joint BPE with `--share-all-embeddings`), trained with
@@ -16,13 +17,15 @@ included, as sacreBLEU wants detokenized hypotheses. Specials: `<pad>` 0, `<unk>
 from __future__ import annotations
 
 import gzip
+import io
 import logging
+import re
 import sys
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from roformer.errors import UserError
 
@@ -33,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
 SPECIALS = (PAD, UNK, BOS, EOS)  # in id order
+ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # a byte that is not UTF-8, as surrogateescape decodes it
 
 
 @dataclass
@@ -118,34 +122,51 @@ def side_file(prefix: str | Path, lang: str) -> Path:
 
 
 def read_lines(path: Path) -> list[str]:
-    """Every line of a UTF-8 text file (gzipped when it ends in .gz), without its line ending.
+    """Every line of a UTF-8 text file (gzipped when it ends in .gz), as `split_lines` reads them.
 
     Raises:
         UserError: a line that is not UTF-8 (file:line and the byte), a damaged gzip file, an unreadable file.
     """
-    lines = []
     try:
         with gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb") as f:
-            for number, raw in enumerate(f, start=1):
-                lines.append(decode_line(raw, path, number))
+            return split_lines(f, path)
     except (OSError, EOFError, zlib.error) as e:  # gzip raises BadGzipFile (an OSError), EOFError when cut short
         raise UserError(f"{path}: cannot read ({e})") from None
-    return lines
 
 
-def decode_line(raw: bytes, path: Path, number: int) -> str:
-    """A line's bytes as text, without its line ending (a newline, or a carriage return and a newline).
+def split_lines(stream: BinaryIO, path: Path) -> list[str]:
+    """Every line of a UTF-8 byte stream without its line end: a newline, a carriage return, or the two together.
+
+    A byte-order mark at the start is not text (Windows editors write one), and a file saved with carriage returns
+    alone (classic Mac OS) has as many lines as it has returns, not one.
 
     Raises:
-        UserError: the bytes are not UTF-8, naming the file, line, column and byte.
+        UserError: a line that is not UTF-8, naming the file, line, column and byte.
     """
+    # utf-8-sig drops a leading mark; newline=None reads every line end as "\n"; surrogateescape keeps a bad byte
+    # as one character (U+DC80 + byte), so that the line, column and byte can still be named
+    text = io.TextIOWrapper(stream, encoding="utf-8-sig", errors="surrogateescape", newline=None)
     try:
-        return raw.decode("utf-8").rstrip("\n").rstrip("\r")
-    except UnicodeDecodeError as e:
-        raise UserError(
-            f"{path}:{number}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); parallel text is read "
-            "as UTF-8"
-        ) from None
+        return [checked_line(line.removesuffix("\n"), path, number) for number, line in enumerate(text, start=1)]
+    finally:
+        text.detach()  # the caller closes its own stream
+
+
+def checked_line(line: str, path: Path, number: int) -> str:
+    """`line` if every byte of it was UTF-8.
+
+    Raises:
+        UserError: an undecodable byte, naming the file, line, column and byte.
+    """
+    found = ESCAPED_BYTE.search(line)
+    if found is None:
+        return line
+    bad = found.start()
+    column = len(line[:bad].encode("utf-8", "surrogateescape")) + 1  # in bytes, as the file has them
+    raise UserError(
+        f"{path}:{number}: not UTF-8 (byte 0x{ord(line[bad]) - 0xDC00:02x} at column {column}); parallel text is "
+        "read as UTF-8"
+    )
 
 
 def read_parallel(prefix: str | Path, source_lang: str, target_lang: str, skip_empty: bool = False) -> ParallelText:

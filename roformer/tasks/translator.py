@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -68,6 +69,9 @@ class Decoding:
             raise UserError(f"beam must be >= 1, got {self.beam}")
         if self.batch_size < 1 or self.max_length < 2 or self.pad_to_multiple_of < 1:
             raise UserError("batch_size and pad_to_multiple_of must be >= 1 and max_length >= 2")
+        for name in ("length_penalty", "max_len_a"):  # nan passes every range check, and reorders the beams
+            if not math.isfinite(getattr(self, name)):
+                raise UserError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.max_len_a < 0 or self.max_len_b < 0:
             raise UserError(f"max_len_a and max_len_b must be >= 0, got {self.max_len_a}, {self.max_len_b}")
         if self.too_long not in ("error", "truncate"):

@@ -150,6 +150,24 @@ def test_translate_gives_the_run_s_hypotheses_from_a_file_and_from_stdin(
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
 
 
+def test_translate_drops_a_byte_order_mark_and_reads_every_line_end(
+    reference: tuple[Path, Path], corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """The run's test file saved as Windows (a mark, CR LF) and classic Mac OS (CR alone) editors save it."""
+    _, run = reference
+    expected = (run / "hypotheses" / "best" / "test.de").read_text(encoding="utf-8")
+    lines = (corpus / "test.en").read_text(encoding="utf-8").splitlines()
+    for name, end in (("crlf", "\r\n"), ("cr", "\r")):
+        source = tmp_path / f"{name}.en"
+        source.write_bytes(b"\xef\xbb\xbf" + "".join(line + end for line in lines).encode("utf-8"))
+        out = tmp_path / f"{name}.de"
+        assert main(["translate", "--model", str(run / "best"), "--input", str(source), "--out", str(out)]) == 0
+        assert out.read_text(encoding="utf-8") == expected, name
+    monkeypatch.setattr(sys, "stdin", TextIOWrapper(BytesIO((tmp_path / "cr.en").read_bytes()), encoding="utf-8"))
+    assert main(["translate", "--model", str(run / "best"), "--quiet"]) == 0
+    assert capsys.readouterr().out == expected
+
+
 def assert_same_run(run: Path, reference: Path) -> None:
     """Equal events, results, hypotheses and models."""
     assert events(run) == events(reference)
@@ -320,6 +338,13 @@ def test_a_long_source_may_be_truncated_instead(tmp_path: Path, corpus: Path) ->
     assert finetune(path, tmp_path / "run", "data.translation.too_long=truncate") == 0
 
 
+def placed(text: str, places: dict[str, str]) -> str:
+    """`text` with every placeholder of `places` (TOKENIZER, MLM) replaced by its path."""
+    for name, value in places.items():
+        text = text.replace(name, value)
+    return text
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -332,6 +357,11 @@ def test_a_long_source_may_be_truncated_instead(tmp_path: Path, corpus: Path) ->
         (["model.encoder.hidden_sise=8"], "unknown key 'model.encoder.hidden_sise'"),
         (["data.source_lang=de"], "source_lang and target_lang are both 'de'"),
         (["data.translation.tokenizer=TOKENIZER"], "the tokenizer has no <pad>, <unk>, <s>, </s>"),
+        # the tokenizers library aborted (exit 134, no message) trying to allocate 35 GB for it
+        (["data.translation.vocab_size=500000000"], "vocab_size must be <= 1,000,000 (a BPE vocabulary"),
+        # an encoder-decoder's own key in the model: section was refused as not a ModelConfig field
+        (["init=MLM", "model.share_embeddings=true"], "MLM: not an encoder-decoder (a masked_lm model)"),
+        (["init=MLM"], "MLM: not an encoder-decoder (a masked_lm model)"),
     ],
 )
 def test_bad_settings_are_one_line_and_write_nothing(
@@ -341,9 +371,21 @@ def test_bad_settings_are_one_line_and_write_nothing(
 
     tokenizer = tmp_path / "tokenizer.json"  # a tokenizer without a translation's specials
     Tokenizer(models.WordLevel({"[PAD]": 0, "[UNK]": 1, "der": 2}, unk_token="[UNK]")).save(str(tokenizer))
+    mlm = tmp_path / "mlm"  # a masked LM and its tokenizer: not an encoder-decoder
+    if any("MLM" in o for o in overrides):
+        from helpers import tiny_config
+
+        from roformer.data.tokenizer import save_tokenizer, train_tokenizer
+        from roformer.model.model import MaskedLM
+
+        words = train_tokenizer(sentences(40, 0)[0], vocab_size=120)
+        MaskedLM(tiny_config(vocab_size=len(words))).save(mlm)
+        save_tokenizer(words, mlm)
+    places = {"TOKENIZER": str(tokenizer), "MLM": str(mlm)}
     path = config(tmp_path, corpus)
-    assert finetune(path, tmp_path / "run", *[o.replace("TOKENIZER", str(tokenizer)) for o in overrides]) == 2
+    assert finetune(path, tmp_path / "run", *[placed(o, places) for o in overrides]) == 2
     err = capsys.readouterr().err.strip()
+    message = placed(message, places)
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert not (tmp_path / "run").exists()
 
@@ -355,6 +397,17 @@ def test_bad_settings_are_one_line_and_write_nothing(
         (["--model", "{best}", "--input", "{bad}"], "bad.en:2: not UTF-8 (byte 0xff at column 2)"),
         (["--model", "{best}", "--input", "{long}"], "tokens, more than the 32 accepted (--too-long truncate cuts"),
         (["--model", "{best}", "--input", "{tmp}/missing.en"], "missing.en: file not found"),
+        (["--model", "{best}", "--input", "{tmp}"], "--input {tmp}: a folder, not a file (one sentence a line)"),
+        (
+            ["--model", "{best}", "--input", "{good}", "--length-penalty", "nan"],
+            "argument --length-penalty: expected a finite number, got 'nan'",
+        ),
+        (
+            ["--model", "{best}", "--input", "{good}", "--length-penalty", "inf"],
+            "argument --length-penalty: expected a finite number, got 'inf'",
+        ),
+        # no machine has a 100th GPU: the case of `--device cuda` on one without CUDA, wherever the test runs
+        (["--model", "{best}", "--input", "{good}", "--device", "cuda:99"], "--device 'cuda:99': not a device this"),
         (["--model", "{tmp}/nowhere", "--input", "{good}"], "nowhere: model directory not found"),
     ],
 )
@@ -374,7 +427,7 @@ def test_bad_translate_input_is_one_line_and_writes_nothing(
         code = e.code
     assert code == 2
     err = capsys.readouterr().err.strip()
-    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert message.format(**places) in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "long.en:1: the source has" in err if "{long}" in args else True
     assert not (tmp_path / "out.de").exists()
 
