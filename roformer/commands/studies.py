@@ -121,10 +121,33 @@ def attention_distance_command(args: argparse.Namespace) -> None:
     from roformer.study.markdown import attention_distance_table
 
     settings = DistanceSettings(length=args.length, samples=args.samples, batch_size=args.batch_size)
+    check_encoder_model(args.model)
     result, plot = run_attention_distance(
         args.model, args.data, settings, args.out, device=args.device, overwrite=args.overwrite
     )
     print(attention_distance_table(result) + f"written to {args.out} and {plot}")
+
+
+def check_encoder_model(model_dir: str) -> None:
+    """Refuse an encoder-decoder before the study loads it (it would speak of a tokenizer without [MASK]).
+
+    The study measures one stack's self-attention over text its MLM tokenizer reads.
+
+    Raises:
+        UserError: `model_dir` holds an encoder-decoder (any other trouble is the study's to say).
+    """
+    from roformer.errors import naming
+    from roformer.model.weights import MODEL_CONFIG_FILE, read_model_config
+
+    if not (Path(model_dir) / MODEL_CONFIG_FILE).is_file():
+        return
+    with naming("--model"):
+        architecture, _ = read_model_config(model_dir)
+    if architecture == "encoder_decoder":
+        raise UserError(
+            f"--model {model_dir}: an encoder-decoder; attention-distance needs an encoder model (one stack of "
+            "self-attention, e.g. a masked LM)"
+        )
 
 
 def embed_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@ import roformer
 from roformer.cli import main
 from roformer.data.builtin import generate_documents
 from roformer.data.tokenizer import save_tokenizer, train_tokenizer
+from roformer.model.config import EncoderDecoderConfig
 
 ENCODINGS = ["rotary", "sinusoidal", "learned", "shaw", "t5_bias", "alibi", "none"]
 LENGTH = 24
@@ -34,6 +35,10 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         roformer.MaskedLM(tiny_config(vocab_size=len(tokenizer), **fields)).save(tmp / name)
         save_tokenizer(tokenizer, tmp / name)
         found[name] = tmp / name
+    halves = EncoderDecoderConfig(tiny_config(vocab_size=len(tokenizer)), tiny_config(vocab_size=len(tokenizer)))
+    roformer.EncoderDecoder(halves).save(tmp / "encoder_decoder")  # with the MLM tokenizer: the model is refused
+    save_tokenizer(tokenizer, tmp / "encoder_decoder")
+    found["encoder_decoder"] = tmp / "encoder_decoder"
     return found
 
 
@@ -73,6 +78,8 @@ def test_every_encoding_gives_curves_per_layer_and_head(
         ("linear", [], "linear attention has no softmax logits"),
         ("learned", ["--length", "100"], "--length 100: {model} has learned positions for 64 tokens"),
         ("rotary", ["--length", "50000"], "a window of --length 50000 needs 49998"),
+        # it spoke of a tokenizer without [MASK], or of a tokenizer its model has no use for
+        ("encoder_decoder", [], "--model {model}: an encoder-decoder; attention-distance needs an encoder model"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
