@@ -65,6 +65,8 @@ class ForwardInputs(TypedDict, total=False):
         encoder_states: (B, S, C) an encoder's last hidden states, which every block of a model with
             `cross_attention` attends to (an encoder-decoder's decoder); refused by a model without it.
         encoder_mask: (B, S) 1 for the encoder's real tokens, 0 for its padding (never attended); None: no padding.
+
+    A new field that is one per row of the batch is named in `PER_ROW_INPUTS` too.
     """
 
     position_ids: Tensor | None
@@ -73,6 +75,11 @@ class ForwardInputs(TypedDict, total=False):
     cache: KVCache | None
     encoder_states: Tensor | None
     encoder_mask: Tensor | None
+
+
+# The ForwardInputs whose first dimension is the batch's row (a head that makes rows of its own, multiple choice's K
+# choices of each, reshapes these and hands every other input on as given: a flag, a cache, a value of the batch)
+PER_ROW_INPUTS = frozenset({"position_ids", "document_ids", "encoder_states", "encoder_mask"})
 
 
 @dataclass

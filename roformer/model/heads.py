@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from roformer.labels import IGNORE_INDEX
-from roformer.model.attention import ForwardInputs
+from roformer.model.attention import PER_ROW_INPUTS, ForwardInputs
 from roformer.model.backbone import Backbone, Model, ModelOutput, pool_states
 from roformer.model.config import ModelConfig
 from roformer.model.dropout import Dropout
@@ -348,6 +348,15 @@ class QuestionAnswering(Model):
         return ModelOutput(logits=logits, loss=loss, hidden_states=hidden, pooled=pooled)
 
 
+def choices_as_rows(inputs: ForwardInputs, rows: int) -> ForwardInputs:
+    """The per-row `inputs` of (B, K, ...) choices as `rows` = B*K rows (B*K, ...); every other input as given.
+
+    Which are per row is declared (`PER_ROW_INPUTS`), not guessed from a tensor's type: a new input of the whole
+    batch (a tensor too) is not cut into choices.
+    """
+    return {k: v.reshape(rows, *v.shape[2:]) if k in PER_ROW_INPUTS and v is not None else v for k, v in inputs.items()}
+
+
 class MultipleChoice(Model):
     """Backbone + one score per choice: inputs (B, K, T), logits (B, K), cross-entropy over the K choices.
 
@@ -385,8 +394,7 @@ class MultipleChoice(Model):
         ids, mask, types = (
             t.reshape(B * K, T) if t is not None else None for t in (input_ids, attention_mask, token_type_ids)
         )
-        # every tensor input is per choice (positions, documents): (B, K, T, ...) -> (B*K, T, ...), choices as rows
-        inputs = {k: v.reshape(B * K, -1, *v.shape[3:]) if isinstance(v, Tensor) else v for k, v in inputs.items()}
+        inputs = choices_as_rows(inputs, B * K)
         x, hidden, pooled = self.run_backbone(ids, mask, types, **inputs)  # (B*K, T, C), (B*K, C)
         if self.config.classifier_head == "pooler":
             summary = self.dropout(pooled)  # (B*K, C)

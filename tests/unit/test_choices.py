@@ -12,6 +12,7 @@ from helpers import tiny_config
 
 from roformer.data.tokenizer import train_tokenizer
 from roformer.errors import ConfigError, UserError
+from roformer.model.attention import PER_ROW_INPUTS, ForwardInputs, SelfAttention
 from roformer.model.model import MultipleChoice
 from roformer.tasks import choices as choices_module
 from roformer.tasks import records as records_module
@@ -98,6 +99,28 @@ def test_num_labels_does_not_change_the_choice_head() -> None:
     # load_pretrained passes num_labels = K; the head scores each choice with one output whatever it says
     shapes = [{k: v.shape for k, v in MultipleChoice(tiny_config(num_labels=k)).state_dict().items()} for k in (2, 7)]
     assert shapes[0] == shapes[1] and shapes[0]["out.weight"] == (1, tiny_config().hidden_size)
+
+
+def test_only_the_per_row_forward_inputs_are_cut_into_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new forward input of the whole batch (a tensor, not one per row) reaches attention as given.
+
+    Every tensor input was reshaped as if it had a row per choice: such an input crashed the head.
+    """
+    monkeypatch.setattr(ForwardInputs, "__optional_keys__", ForwardInputs.__optional_keys__ | {"batch_scale"})
+    seen = []
+    forward = SelfAttention.forward
+    monkeypatch.setattr(SelfAttention, "forward", lambda self, x, ctx: seen.append(ctx.inputs) or forward(self, x, ctx))
+    B, K, T = 2, 3, 7
+    ids = torch.randint(1, 50, (B, K, T), generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(T).expand(B, K, T) + 2  # per row: every choice its own
+    scale = torch.tensor([2.0])  # of the batch
+    torch.manual_seed(0)
+    with torch.no_grad():
+        logits = MultipleChoice(tiny_config()).eval()(ids, position_ids=positions, batch_scale=scale).logits
+    assert logits.shape == (B, K) and len(seen) == tiny_config().num_layers
+    assert all(inputs["batch_scale"] is scale for inputs in seen)
+    assert all(torch.equal(inputs["position_ids"], positions.reshape(B * K, T)) for inputs in seen)
+    assert "batch_scale" not in PER_ROW_INPUTS and PER_ROW_INPUTS < ForwardInputs.__optional_keys__
 
 
 def test_blank_and_question_together_are_refused(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from helpers import RELATIVE, padded_batch, short_range, tiny_config
 import roformer
 import roformer.model.backbone as backbone_module
 from roformer.errors import ConfigError
-from roformer.model.attention import ATTENTION_KERNELS, ForwardInputs, SelfAttention
+from roformer.model.attention import ATTENTION_KERNELS, PER_ROW_INPUTS, ForwardInputs, SelfAttention
 from roformer.model.config import PositionEncoding, RopeScaling
 from roformer.model.masks import KVCache
 from roformer.model.model import ARCHITECTURES
@@ -44,9 +44,17 @@ def given_inputs(batch: dict[str, torch.Tensor]) -> dict[str, object]:
     }
 
 
+# Whether each field has one value per row of the batch (PER_ROW_INPUTS: multiple choice makes rows of its choices and
+# reshapes these alone); a field of the whole batch, a tensor or not, reaches every row as given
+PER_ROW = {"position_ids": True, "document_ids": True, "output_hidden_states": False, "cache": False,
+           "encoder_states": True, "encoder_mask": True}  # fmt: skip
+
+
 def test_the_guard_covers_every_forward_input() -> None:
-    """A new ForwardInputs field (a decoder's encoder states) needs a value above before this file passes."""
-    assert set(given_inputs(padded_batch())) == ForwardInputs.__optional_keys__
+    """A new ForwardInputs field (a decoder's encoder states) needs a value above and a line in PER_ROW, as
+    attention.py declares it, before this file passes."""
+    assert set(given_inputs(padded_batch())) == ForwardInputs.__optional_keys__ == set(PER_ROW)
+    assert {name for name, per_row in PER_ROW.items() if per_row} == PER_ROW_INPUTS
 
 
 @pytest.mark.parametrize("field", sorted(ForwardInputs.__optional_keys__))
@@ -66,10 +74,9 @@ def test_every_forward_input_reaches_the_attention_context(
     if architecture == "multiple_choice":  # K = 2 choices of each row; the choices reach attention as rows
         batch = {name: t[:, None].expand(-1, 2, -1) for name, t in batch.items()}
         inputs = {
-            name: v[:, None].expand(-1, 2, *v.shape[1:]) if isinstance(v, torch.Tensor) else v
-            for name, v in inputs.items()
+            name: v[:, None].expand(-1, 2, *v.shape[1:]) if name in PER_ROW_INPUTS else v for name, v in inputs.items()
         }
-        if isinstance(expected, torch.Tensor):
+        if field in PER_ROW_INPUTS:  # any other input reaches attention as given (tests/unit/test_choices.py)
             expected = inputs[field].reshape(-1, *inputs[field].shape[2:])
     with torch.no_grad():
         model(**batch, **inputs)
