@@ -2,8 +2,9 @@
 
 One table of key patterns (`_BACKBONE_KEYS`, `_HEAD_KEYS`) serves both directions. HF's separate query/key/value
 projections become our fused `qkv` (and a decoder's cross-attention key/value our fused `kv`); HF RoFormer's
-sinusoidal table (`encoder.embed_positions`) is derived, not learned, so it is dropped on import and rebuilt on
-export. A BERT baseline with sinusoidal (or no) positions exports to HF BERT with the scaled table written into
+sinusoidal table (`encoder.embed_positions`) is derived, not learned: on import it is checked against the table our
+rotary positions compute (a checkpoint whose table differs is refused) and dropped, and it is rebuilt on export. A
+BERT baseline with sinusoidal (or no) positions exports to HF BERT with the scaled table written into
 `position_embeddings`, exact up to `max_position_embeddings`. HF's `EncoderDecoderModel` (a RoFormerModel or
 BertModel encoder, a RoFormerForCausalLM or BertLMHeadModel decoder with `add_cross_attention`) is our
 `EncoderDecoder`: each half converts as the single models do, `enc_to_dec_proj` is `encoder_projection`.
@@ -23,6 +24,7 @@ from roformer.errors import CheckpointError, ConfigError
 from roformer.model.config import ACTIVATION_NAMES, EncoderDecoderConfig, ModelConfig
 from roformer.model.hf_files import checkpoint_directory, read_hf_checkpoint, read_hf_config, read_hf_weights
 from roformer.model.model import ARCHITECTURES, EncoderDecoder, Model, convert_rotary_layout
+from roformer.model.rotary import rotary_angles
 from roformer.model.weights import load_weights, report_fresh
 
 logger = logging.getLogger(__name__)
@@ -168,21 +170,57 @@ def from_hf(
                 "this transformers model was built from a RoFormerV2 config (norm_type/use_bias): transformers gave "
                 "it LayerNorms and biases V2 does not have; convert the checkpoint directory instead"
             )
-    model = _converted(hf_config, state, family, arch)
+    model = _converted(hf_config, state, family, arch, where)
     model = _retargeted(model, architecture or arch, overrides, where)
     if rotary_layout != model.config.rotary_layout:
         model = convert_rotary_layout(model, rotary_layout)
     return model.eval()
 
 
-def _converted(hf_config: Any, state: dict[str, torch.Tensor], family: str, arch: str) -> Model:
+def _converted(hf_config: Any, state: dict[str, torch.Tensor], family: str, arch: str, where: str) -> Model:
     """Our model of architecture `arch` holding an HF RoFormer or BERT model's config and weights."""
     config = _config_from_hf(hf_config, family, arch, set(state))
+    if family == "roformer":
+        _check_rotary_table(state, config, where)
     model = ARCHITECTURES[arch](config)
     missing, unexpected = model.load_state_dict(_state_from_hf(state, family, arch, config), strict=False)
     if missing or unexpected:
         raise CheckpointError(f"HF conversion left missing keys {missing[:5]} and unexpected keys {unexpected[:5]}")
     return model
+
+
+def _check_rotary_table(state: dict[str, torch.Tensor], config: ModelConfig, where: str) -> None:
+    """HF RoFormer's saved sinusoidal table is the one our rotary positions compute, or the checkpoint is refused.
+
+    We do not read the table: our rotation computes its angles from the head size and the base. A checkpoint whose
+    table is not that sinusoid (edited, or trained) would convert into another model without a word. HF's layout is
+    sin of every angle, then cos (`RoFormerSinusoidalPositionalEmbedding`); compared at the default tolerances of the
+    table's dtype (fp32's for an fp32 checkpoint). A checkpoint without the table is HF's own sinusoid when loaded.
+
+    Raises:
+        CheckpointError: naming the key, the largest difference and where it is.
+    """
+    key = next((k for k in state if k.endswith("encoder.embed_positions.weight")), None)
+    if key is None:
+        return
+    table = state[key].detach().cpu()
+    angles = rotary_angles(config.max_position_embeddings, config.head_size, config.rotary_base)  # float64
+    expected = torch.cat([angles.sin(), angles.cos()], dim=1).to(table.dtype)
+    if table.shape == expected.shape:
+        try:
+            torch.testing.assert_close(table, expected)
+            return
+        except AssertionError:
+            pass
+        gap = (table.double() - expected.double()).abs()
+        position, feature = divmod(int(gap.argmax()), gap.shape[1])
+        found = f"differs by up to {float(gap.max()):.3g} (position {position}, feature {feature})"
+    else:
+        found = f"is {tuple(table.shape)}, not {tuple(expected.shape)}"
+    raise CheckpointError(
+        f"{where}: {key} {found} from the sinusoidal table of rotary positions (base {config.rotary_base:g}, head "
+        f"size {config.head_size}): it would convert into another model"
+    )
 
 
 def _encoder_decoder_from_hf(
@@ -207,7 +245,7 @@ def _encoder_decoder_from_hf(
         if family not in _PREFIX:
             raise CheckpointError(f"{where}: the {name} is {family!r}, not roformer or bert")
         half_state = {k.removeprefix(f"{name}."): v for k, v in state.items() if k.startswith(f"{name}.")}
-        halves[name] = _converted(half_config, half_state, family, arch)
+        halves[name] = _converted(half_config, half_state, family, arch, f"{where} ({name})")
     decoder = hf_config.decoder
 
     def token(name: str) -> int | None:

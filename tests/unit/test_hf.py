@@ -13,9 +13,11 @@ from torch.testing import assert_close
 from transformers.activations import ACT2FN
 
 import roformer
+import roformer.model.hf as hf_module
 from roformer.model.config import ACTIVATION_NAMES
 from roformer.model.layers import ACTIVATIONS
 from roformer.model.model import ARCHITECTURES
+from roformer.model.rotary import rotary_angles
 
 
 @pytest.mark.parametrize("name", list(HF_CASES))
@@ -134,6 +136,30 @@ def test_loading_a_saved_rotary_model_in_the_other_layout_keeps_its_outputs(tmp_
     target = ARCHITECTURES["masked_lm"](replace(ours.config, rotary_layout="half")).eval()
     load_weights_from(target, tmp_path)
     assert_close(our_output(target, batch), our_output(ours, batch))
+
+
+def test_a_checkpoint_whose_rotary_table_is_not_the_sinusoid_is_refused(tmp_path) -> None:
+    """HF RoFormer's saved table is compared with ours, not rebuilt: one of another base (or shape) is another model.
+
+    It converted without a word into a model whose logits were HF's own table's, not the checkpoint's.
+    """
+    hf_model = make_hf("roformer-mlm")
+    table = hf_model.roformer.encoder.embed_positions.weight
+    angles = rotary_angles(table.shape[0], table.shape[1], base=500.0)
+    with torch.no_grad():
+        table.copy_(torch.cat([angles.sin(), angles.cos()], dim=1))
+    message = r"RoFormerForMaskedLM: roformer.encoder.embed_positions.weight differs by up to [\d.]+ \(position \d+, "
+    with pytest.raises(roformer.CheckpointError, match=message + r"feature \d+\) from the sinusoidal table of rotary"):
+        roformer.from_hf(hf_model)
+    hf_model.save_pretrained(tmp_path / "saved")  # read from its files too, naming the directory
+    with pytest.raises(roformer.CheckpointError, match=rf"{tmp_path / 'saved'}: roformer.encoder.embed_positions"):
+        roformer.from_hf(tmp_path / "saved")
+    state = make_hf("roformer-mlm").state_dict()
+    state["roformer.encoder.embed_positions.weight"] = state["roformer.encoder.embed_positions.weight"][:32]
+    with pytest.raises(roformer.CheckpointError, match=r"embed_positions.weight is \(32, 8\), not \(64, 8\)"):
+        hf_module._check_rotary_table(state, roformer.from_hf(make_hf("roformer-mlm")).config, "x")
+    for dtype in (torch.float16, torch.bfloat16):  # HF's own table, rounded to the checkpoint's dtype: accepted
+        roformer.from_hf(make_hf("roformer-mlm").to(dtype))
 
 
 def test_unsupported_hf_models_give_clear_errors(tmp_path) -> None:
