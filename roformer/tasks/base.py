@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import torch
 
 from roformer.files import atomic_write_text
+from roformer.tasks.baselines import Guess, scored
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
@@ -154,6 +155,18 @@ class HeadOutputs:
         """Fields of results.json of the type's own, from the selected run's record (none by default)."""
         return {}
 
+    def baseline(self, splits: dict[str, Any], split: str) -> dict[str, Any] | None:
+        """The trivial baseline of a labelled split (roformer.tasks.baselines): its kind and its metrics, or None.
+
+        The constant guess comes from the training split (`trivial_guess`); None where a type has none.
+        """
+        guess = self.trivial_guess(splits["train"])
+        return None if guess is None else scored(guess, splits[split], self.evaluate)
+
+    def trivial_guess(self, train: Any) -> Guess | None:
+        """The constant answer of a model that learned nothing of the input (None: the type defines none)."""
+        return None
+
     def model_files(self, eval_batch_size: int) -> dict[str, str]:
         """Files written beside every fine-tuned model of the task ({name: text}; none by default).
 
@@ -235,6 +248,9 @@ class FinetuneTask(Protocol):
 
     def model_files(self, eval_batch_size: int) -> dict[str, str]:
         """Files beside every fine-tuned model ({name: text}): what using it needs (`HeadOutputs`: none)."""
+
+    def baseline(self, splits: dict[str, EncodedSplit], split: str) -> dict[str, Any] | None:
+        """A labelled split's trivial baseline `{"kind": ..., <metric>: ...}` (`HeadOutputs`: from `trivial_guess`)."""
 
     def predictions(self, logits: torch.Tensor, split: EncodedSplit, rows: list[int]) -> list[Any]:
         """What each row of a batch's logits predicts (picklable: several processes gather them)."""

@@ -37,6 +37,7 @@ from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_copy, atomic_write_text
 from roformer.tasks.base import HeadOutputs, TaskSpec, cut_to_limits, pad_rows
+from roformer.tasks.baselines import Guess, label_guess
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.glue_metrics import compute
 from roformer.tasks.records import Record, example_id, field, read_split_records, text_field
@@ -444,6 +445,11 @@ class ChoicesTask(HeadOutputs):
     def evaluate(self, split: EncodedChoices, predictions: list[int]) -> dict[str, float]:
         """The metrics (accuracy) of the chosen indices against the labels, and `score`, their mean."""
         return compute(self.metrics, predictions, split.labels)
+
+    def trivial_guess(self, train: EncodedChoices) -> Guess | None:
+        """The candidate position most often right in training, for every question."""
+        guess = label_guess(train.labels)
+        return None if guess is None else Guess("commonest_answer", guess.predict)
 
     def write_predictions(
         self, folder: Path, encoded: dict[str, EncodedChoices], predictions: dict[str, list[int]]

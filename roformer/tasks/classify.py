@@ -27,6 +27,7 @@ from roformer.data.text import is_integer_text
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import UserError
 from roformer.tasks.base import Encoded, HeadOutputs, TaskSpec, pad_rows
+from roformer.tasks.baselines import Guess, label_guess
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.glue_metrics import METRICS, compute
 from roformer.tasks.records import Record, read_split_records
@@ -287,6 +288,10 @@ class TextTask(HeadOutputs):
     def label_name(self, value: Any) -> str:
         """How a prediction or label is written: its name, the score, or the names joined by commas."""
         return self.kind.name(value)
+
+    def trivial_guess(self, train: Encoded) -> Guess | None:
+        """The commonest training class (or label set) for every row; regression: the training mean."""
+        return label_guess(train.labels)
 
     def write_predictions(self, folder: Path, encoded: dict[str, Encoded], predictions: dict[str, list[Any]]) -> None:
         """`<split>.tsv` of every split: index, prediction (and label where the split has labels)."""

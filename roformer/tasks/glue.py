@@ -17,6 +17,7 @@ import torch
 from roformer.errors import UserError
 from roformer.files import atomic_copy
 from roformer.tasks.base import Encoded, HeadOutputs, TaskSpec, cut_to_limits, pad_rows, padded_length, write_tsv
+from roformer.tasks.baselines import Guess, label_guess
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.glue_metrics import compute
 from roformer.tasks.glue_tasks import Example, Split, Task, get_task, read_files, read_glue_dir, read_hub
@@ -125,6 +126,10 @@ class GlueTask(HeadOutputs):
     def evaluate(self, split: Encoded, predictions: list[int | float]) -> dict[str, float]:
         """The task's official metrics (roformer.tasks.glue_metrics) and `score`, the one that selects."""
         return compute(self.metrics, predictions, split.labels)
+
+    def trivial_guess(self, train: Encoded) -> Guess | None:
+        """The commonest training class (or label set) for every row; regression: the training mean."""
+        return label_guess(train.labels)
 
     def server_label(self, value: int | float) -> str:
         """Server format: class names for classification, the score (3 decimals, clipped to [0, 5]) for STS-B."""

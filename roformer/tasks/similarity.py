@@ -27,6 +27,7 @@ from roformer.config import check_types
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError
 from roformer.tasks.base import HeadOutputs, TaskSpec, pad_rows
+from roformer.tasks.baselines import Guess, label_guess
 from roformer.tasks.config import FinetuneDataConfig, Pooling
 from roformer.tasks.objectives import cosent_loss, in_batch_negatives_loss
 from roformer.tasks.records import Record, read_split_records, text_field
@@ -197,6 +198,10 @@ class SimilarityTask(HeadOutputs):
     def evaluate(self, split: PairRows, predictions: list[float]) -> dict[str, float]:
         """The configured correlations of the cosines with the gold scores, and `score`, their mean."""
         return self.scores.evaluate(self.metrics, predictions, split.labels)
+
+    def trivial_guess(self, train: PairRows) -> Guess | None:
+        """The mean training score for every pair (a constant: its correlations are 0)."""
+        return label_guess(train.labels)
 
     def write_predictions(self, folder: Path, encoded: dict[str, PairRows], predictions: dict[str, list[Any]]) -> None:
         """`<split>.tsv` of every split: index, cosine (and the gold score where the split has scores)."""

@@ -55,6 +55,7 @@ from roformer.files import atomic_copy, atomic_write_text
 from roformer.labels import IGNORE_INDEX
 from roformer.logs import MAIN_ONLY
 from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, pad_rows, with_score
+from roformer.tasks.baselines import Guess, commonest
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.conll import Sentence, TaggingConfig, TagNames, conll_text, hub_tag_names, read_splits
 from roformer.tasks.tagging_metrics import (
@@ -371,6 +372,16 @@ class TaggingTask(HeadOutputs):
         else:
             scores = {"accuracy": token_accuracy(split.gold, predicted)}
         return with_score(scores, self.metrics)
+
+    def trivial_guess(self, train: EncodedTags) -> Guess | None:
+        """`O` for every word (entity tags: nothing found); plain tags: the commonest training tag everywhere."""
+        if self.entities:
+            tag, kind = self.outside_id, "all_outside"
+        elif train.gold:
+            tag, kind = self.label_ids[commonest([t for row in train.gold for t in row])], "commonest_tag"
+        else:
+            return None
+        return Guess(kind, lambda split: [[tag] * len(words) for words in split.positions])
 
     def tag_names(self, predictions: list[list[int]]) -> list[list[str]]:
         """Predicted tag ids as names."""

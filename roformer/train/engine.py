@@ -40,7 +40,7 @@ import torch
 from roformer.data.sampling import global_batch_size
 from roformer.errors import Diverged, Preempted, UserError, WriteFailed
 from roformer.files import describe_write_error, read_json, write_errors
-from roformer.logs import MAIN_ONLY
+from roformer.logs import MAIN_ONLY, evaluation_line
 from roformer.model.model import Model
 from roformer.train.checkpoints import CheckpointManager, first_problem
 from roformer.train.config import ResolvedStage, TrainArgs
@@ -373,7 +373,10 @@ class Engine:
         """Run the recipe's evaluation after `state.step` steps and log its events."""
         for event in recipe.evaluate(state.step):
             record = {"event": "eval", **self.tags, **self.stage_tags, "step": state.step, **event}
-            self.log({**record, "epoch": _epoch(recipe, state.step), "elapsed_sec": state.elapsed_sec})
+            record = {**record, "epoch": _epoch(recipe, state.step), "elapsed_sec": state.elapsed_sec}
+            self.log(record)
+            if self.is_main_process:  # as HF Trainer and fairseq print each validation: the result where it is made
+                logger.info(evaluation_line(record, [tag for tag in self.tags if tag != "task"]))
 
     def log(self, event: dict[str, Any]) -> None:
         """Write an event to metrics.jsonl (main process) and its numbers to the trackers.

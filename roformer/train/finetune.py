@@ -56,6 +56,7 @@ from roformer.model.config import EncoderDecoderConfig, ModelConfig
 from roformer.model.model import ARCHITECTURES, Model
 from roformer.model.pretrained import load_pretrained, pretrained_config
 from roformer.tasks.base import EncodedSplit, FinetuneTask
+from roformer.tasks.baselines import constant_predictions
 from roformer.tasks.config import Vocabulary
 from roformer.tasks.glue_metrics import ranked, seed_summary
 from roformer.tasks.registry import make_task
@@ -653,6 +654,9 @@ class Finetuner:
         }
         if scored:  # labelled test sets (FewCLUE's public test, CoNLL-2003's test): the best checkpoint's metrics
             record["test"] = {s: self.task.evaluate(data.splits[s], predictions[s]) for s in scored}
+        baselines = {s: self.task.baseline(data.splits, s) for s in self.task.dev_splits + scored}
+        record["baseline"] = {s: b for s, b in baselines.items() if b is not None}
+        warn_if_trivial(f"{self.task.name} {tag}", predictions, record)
         if averaged_record is not None:
             record["averaged"] = averaged_record
 
@@ -744,6 +748,7 @@ class Finetuner:
             "summary": by_lr[best_lr],
             **self._test_summary([r for r in runs if f"{r['peak_lr']:g}" == best_lr]),
             **({"averaged": selected["averaged"]} if "averaged" in selected else {}),
+            "baseline": selected.get("baseline", {}),  # the trivial baseline of every scored split
             **self.task.result_notes(selected),
         }
 
@@ -792,6 +797,25 @@ class Finetuner:
         """Remove the candidates and the progress records (a finished job's results.json holds what they held)."""
         shutil.rmtree(self.out / CANDIDATES_DIR, ignore_errors=True)
         shutil.rmtree(self.out / PROGRESS_DIR, ignore_errors=True)
+
+
+def warn_if_trivial(run: str, predictions: dict[str, list[Any]], record: dict[str, Any]) -> None:
+    """A warning per scored split whose predictions are all one answer, or whose score is at or below its baseline.
+
+    A degenerate run (one class everywhere: small models on RTE) otherwise reads like a result.
+    """
+    for split, baseline in record["baseline"].items():
+        metrics = record["dev"].get(split) or record.get("test", {}).get(split)
+        if metrics is None:
+            continue
+        if constant_predictions(predictions[split]):
+            logger.warning("%s: every %s prediction is the same (%r): the model learned one answer", run, split,
+                           predictions[split][0])  # fmt: skip
+        elif ranked(metrics["score"]) <= ranked(baseline["score"]):
+            logger.warning(
+                "%s: %s score %.4g is at or below its %s baseline (%.4g)",
+                run, split, metrics["score"], baseline["kind"].replace("_", " "), baseline["score"],
+            )  # fmt: skip
 
 
 def averaged_candidate(candidate: Path) -> Path:

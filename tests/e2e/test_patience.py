@@ -20,9 +20,7 @@ def test_a_run_without_improvement_stops_after_patience_evaluations(tmp_path: Pa
     assert finetune(path, tmp_path / "run", *FLAT) == 0
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     run = results["runs"][0]
-    assert (
-        run["best_step"] == 2 and run["stopped_at"] == 6 and run["steps"] == 12
-    )  # 4, 6: no better
+    assert run["best_step"] == 2 and run["stopped_at"] == 6 and run["steps"] == 12  # 4, 6: no better
     assert results["averaged"]["points"] == [4, 6]  # the last two models before the stop, not the last two of 12 steps
     found = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [e["step"] for e in found if e["event"] == "eval"] == [2, 4, 6]

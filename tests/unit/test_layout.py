@@ -131,6 +131,7 @@ ROOMS = {
         {"mlm"},
     ],
     "roformer.tasks": [
+        {"baselines"},  # under base: the protocol's default baseline is built from it
         {
             "base",
             "registry",
