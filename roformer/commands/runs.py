@@ -100,6 +100,7 @@ def finetune_command(args: argparse.Namespace) -> None:
     from roformer.config import load
     from roformer.train.config import FinetuneConfig
     from roformer.train.finetune import finetune
+    from roformer.train.results_card import RESULTS_MARKDOWN_FILE, results_markdown
     from roformer.train.run_dir import BEST_DIR, RUN_CONFIG_FILE
 
     if args.config is None and not (args.resume and args.output_dir):
@@ -109,18 +110,9 @@ def finetune_command(args: argparse.Namespace) -> None:
         out = Path("runs", "finetune", config_path.stem)  # GLUE tasks keep runs/glue/<task>
     config = load(FinetuneConfig, config_path or out / RUN_CONFIG_FILE, args.set)
     results = finetune(config, out, overwrite=args.overwrite, resume=args.resume)
-    if results:
-        runs = len(results["summary"][results["selection_split"]]["score"]["values"])
-        over = f"{runs} run(s): seeds x folds" if "fold" in results["selected"] else f"{runs} seed(s)"
-        print(
-            f"{results['task']}: dev metrics of lr {results['selected']['peak_lr']:g} (mean ± std over {over}, %, "
-            "each run at its best dev checkpoint)"
-        )
-        scale = 1 if results.get("metrics_in_percent") else 100  # BLEU and chrF are percentages already
-        for split, metrics in results["summary"].items():
-            cells = ", ".join(f"{name} {scale * m['mean']:.2f} ± {scale * m['std']:.2f}" for name, m in metrics.items())
-            print(f"  {split}: {cells}")
-        print(f"results in {out} (best model in {out / BEST_DIR})")
+    if results:  # the page results.md holds: dev and test beside their baselines (translation: the final BLEU)
+        print(results_markdown(results))
+        print(f"results in {out} (best model in {out / BEST_DIR}; this page: {out / RESULTS_MARKDOWN_FILE})")
 
 
 def suite_command(runs_subdir: str) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[..., None]]:

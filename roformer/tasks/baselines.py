@@ -5,8 +5,8 @@ of its dev set, and a model that predicts one class everywhere scores exactly th
 is the dev set's minority). Every scored split of a task with labels gets one (results.json's `baseline`):
 
     majority_class          the commonest training class for every row (classification, GLUE)
-    training_mean           the mean training score for every row (regression: its correlations are 0, a
-                            constant has none; its error is the variance)
+    training_mean           the mean training score for every row (regression, similarity: its correlations
+                            are 0, since a constant has none)
     commonest_label_set     the commonest training set of labels (multi-label classification)
     commonest_answer        the commonest right position among the K candidates (multiple choice)
     all_outside             `O` for every word (entity tagging: no entity found)

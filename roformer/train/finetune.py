@@ -8,7 +8,8 @@ checkpoint. A run directory holds:
     metrics.jsonl     train and eval events of every run (with `task`, `peak_lr`, `seed` and any `fold`)
     results.json      per run (peak_lr, seed, and fold when cross-validated): dev metrics of the best checkpoint
                       and its step; per learning rate: mean, std, median and max over its runs; the selected
-                      learning rate (best mean dev score)
+                      learning rate (best mean dev score); every scored split's trivial baseline (`baseline`)
+    results.md        the same for people (roformer.train.results_card): dev and test beside their baselines
     predictions/      per run: dev predictions (index, prediction, label) and test predictions
     submission/       the selected run's submission files (GLUE: the server's SST-2.tsv, MNLI-m.tsv, AX.tsv, ...)
     best/             the selected run's model + tokenizer (roformer.load-able)
@@ -67,6 +68,7 @@ from roformer.train.evaluate import eval_chunks
 from roformer.train.interval import RunState
 from roformer.train.launch import check_run_settings, process_state, run_on_main
 from roformer.train.recipe import ProcessLayout, Unstaged, to_device
+from roformer.train.results_card import RESULTS_MARKDOWN_FILE, results_markdown
 from roformer.train.run_dir import (
     BEST_DIR,
     CANDIDATES_DIR,
@@ -550,6 +552,8 @@ class Finetuner:
                 runs.append(self._finished_run(record))
             else:
                 runs.append(self._run_one(lr, seed, fold))
+                if len(self.grid) > 1:  # a grid's progress on the console: each run's result as it ends
+                    logger.info(run_finished_line(self.task.name, runs[-1], len(runs), len(self.grid)))
         self._record_resumed_config()
         results = run_on_main(lambda: self.publish(self.select(runs)))
         return results or {}
@@ -789,6 +793,7 @@ class Finetuner:
             (candidate / CANDIDATE_SCORE_FILE).unlink(missing_ok=True)
             shutil.rmtree(self.out / BEST_DIR, ignore_errors=True)
             candidate.rename(self.out / BEST_DIR)
+        atomic_write_text(self.out / RESULTS_MARKDOWN_FILE, results_markdown(results))  # before: results.json ends
         atomic_write_text(self.out / RESULTS_FILE, json.dumps(results, indent=2))
         self.clean_up()
         return results
@@ -797,6 +802,14 @@ class Finetuner:
         """Remove the candidates and the progress records (a finished job's results.json holds what they held)."""
         shutil.rmtree(self.out / CANDIDATES_DIR, ignore_errors=True)
         shutil.rmtree(self.out / PROGRESS_DIR, ignore_errors=True)
+
+
+def run_finished_line(task: str, record: dict[str, Any], done: int, total: int) -> str:
+    """`rte lr 2e-05 seed 1 finished (3/6): dev score 61.37 at step 230` (the first dev split's, in %)."""
+    split = next(iter(record["dev"]))
+    where = f"lr {record['peak_lr']:g} seed {record['seed']}" + (f" fold {record['fold']}" if "fold" in record else "")
+    score = record["dev"][split]["score"]
+    return f"{task} {where} finished ({done}/{total}): {split} score {score:.4g} at step {record['best_step']}"
 
 
 def warn_if_trivial(run: str, predictions: dict[str, list[Any]], record: dict[str, Any]) -> None:

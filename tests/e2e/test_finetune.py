@@ -381,12 +381,24 @@ def test_compiled_finetuning_matches_eager(tmp_path: Path, pretrained: Path, num
     assert compiled["summary"]["dev"] == eager["summary"]["dev"]
 
 
-def test_console_summary_lists_every_dev_metric(tmp_path: Path, pretrained: Path, number_task: dict, capsys) -> None:
+def test_console_summary_lists_every_dev_metric(
+    tmp_path: Path, pretrained: Path, number_task: dict, capsys, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
     yaml = task_config(tmp_path / "c.yaml", pretrained, number_task, max_steps=2, seeds=[0, 1])
     assert main(["finetune", "--config", str(yaml), "--output-dir", str(tmp_path / "run")]) == 0
-    out = capsys.readouterr().out
-    assert "sst2: dev metrics of lr 0.001 (mean ± std over 2 seed(s)" in out
-    assert "  dev: accuracy " in out and "score " in out and str(tmp_path / "run" / "best") in out
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "## Dev (lr 0.001: mean ± std over 2 run(s), each at its best checkpoint)" in out
+    assert "| split | accuracy | score |" in out and str(tmp_path / "run" / "best") in out
+    majority = json.loads((tmp_path / "run" / "results.json").read_text())["baseline"]["dev"]
+    assert majority["kind"] == "majority_class" and 0.4 < majority["accuracy"] < 0.6  # the dev file is balanced
+    row = f"| dev: majority class (baseline) | {100 * majority['accuracy']:.2f} | {100 * majority['score']:.2f} |"
+    assert row in out and (tmp_path / "run" / "results.md").read_text() in out
+    # a grid's runs each end with a line; two steps learn one class: said, not left for the reader to find
+    said = caplog.text  # the console's lines (logging; the CLI writes them to stderr, above any progress bar)
+    assert "sst2 lr 0.001 seed 0 finished (1/2): dev score" in said and "step 2 (epoch " in said
+    assert any(warning in said for warning in ("every dev prediction is the same", "at or below its majority class"))
 
 
 @pytest.mark.slow
