@@ -19,11 +19,19 @@ which task, its alphabet, lengths and seed:
     mqar               multi-query associative recall (Arora et al. 2023, Zoology): `pairs` key-value pairs first,
                        then filler with each key asked again, its [MASK] right after it. Chance: 1 / values.
 
+Chance is not the level to read a model against: a model that ignores positions sees the row's bag of tokens, and
+the bag alone does better than a uniform guess. `position_blind_floor` is the best accuracy such a model can reach
+(the Bayes-optimal guess given the bag, derived per task in `row_floor`), for every split; results.json carries it
+per split (`baseline.<split>`) and the study tables and draws it.
+
 Training lengths (content tokens) are drawn from `train_lengths` [shortest, longest]; the dev split (which selects
 checkpoints) is drawn alike from another seed; the test splits `test_<m>x` hold rows of exactly m times the longest
-trained length, for every m of `test_multiples`. `randomized_positions: L` gives every row a sorted sample of
-positions from [0, L) in place of 0..T-1 (Ruoss et al. 2023, sec. 3), in training and evaluation alike, drawn with the
-row, so that test lengths reuse positions seen in training; it applies to every encoding that reads positions.
+trained length, for every m of `test_multiples`. The dev rows, and those of a test split at a trained length
+(`test_1x`), are never training rows: a generated row equal to one is drawn again (`DisjointRows`).
+`randomized_positions: L` gives every row a sorted sample of positions from [0, L) in place of 0..T-1 (Ruoss et al.
+2023, sec. 3), in training and evaluation alike, so that test lengths reuse positions seen in training; it applies
+to every encoding that reads positions. The positions come from a random stream of their own (`positions_seed`), so
+an arm with them sees the very rows of an arm without.
 
 The model is built from the config's `model:` section (`init:` empty) with this task's vocabulary: the specials, the
 symbols and the task's markers, as a word-level tokenizer written with the model.
@@ -34,11 +42,15 @@ from __future__ import annotations
 import json
 import math
 import random
+import statistics
+from collections import Counter
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import torch
 
 from roformer.config import check_types
@@ -117,6 +129,10 @@ class SyntheticConfig:
             raise ConfigError(f"query_gap_power must be > 0 (or null: uniform), got {self.query_gap_power}")
         if self.query_gap_power is not None and self.task != "mqar":
             raise ConfigError(f"query_gap_power places mqar's queries; {self.task} has none")
+        if self.task == "mqar" and self.pairs > self.symbols:
+            raise ConfigError(
+                f"pairs ({self.pairs}) must be <= symbols ({self.symbols}): mqar's keys are distinct symbols"
+            )
         if not 0.0 < self.mask_rate < 1.0:
             raise ConfigError(f"mask_rate must be in (0, 1), got {self.mask_rate}")
         shortest = self.train_lengths[0]
@@ -189,7 +205,7 @@ def shift_row(settings: SyntheticConfig, length: int, rng: random.Random) -> Row
     content = [f"s{rng.randrange(settings.symbols)}" for _ in range(length)]
     step = -settings.offset if settings.direction == "left" else settings.offset
     askable = [i for i in range(length) if 0 <= i + step < length]
-    wanted = max(1, round(settings.mask_rate * length))
+    wanted = shift_masks_wanted(settings, length)
     answers: dict[int, str] = {}
     for i in rng.sample(askable, len(askable)):
         if len(answers) == wanted:
@@ -217,15 +233,15 @@ def passkey_binding_row(settings: SyntheticConfig, length: int, rng: random.Rand
     content[tag : tag + 2] = ["[KEY]", key]
     content[ask : ask + 2] = ["[ASK]", key]
     free = [i for i in range(length) if i not in (tag, tag + 1, ask, ask + 1)]
-    count = min(len(free), max(1, settings.distractors * length // 16))
-    for i in rng.sample(free, count):  # uniform keys, the answer's among them: copying a key is at chance
+    count = distractor_count(settings, length)
+    for i in rng.sample(free, count):  # uniform keys, the answer's among them: the commonest key is the bag's guess
         content[i] = f"k{rng.randrange(settings.keys)}"
     return content, {ask + 1: key}
 
 
 def mqar_row(settings: SyntheticConfig, length: int, rng: random.Random) -> Row:
     """`pairs` key-value pairs, then filler in which every key is asked once more, its value masked after it."""
-    keys = rng.sample(range(settings.symbols), min(settings.pairs, settings.symbols))
+    keys = rng.sample(range(settings.symbols), settings.pairs)  # pairs <= symbols (checked)
     values = [rng.randrange(settings.symbols) for _ in keys]
     content = [f"s{rng.randrange(settings.symbols)}" for _ in range(length)]
     for i, (k, v) in enumerate(zip(keys, values, strict=True)):
@@ -260,12 +276,224 @@ def query_slots(places: int, count: int, power: float | None, rng: random.Random
     return chosen
 
 
+def shift_masks_wanted(settings: SyntheticConfig, length: int) -> int:
+    """The masks shift asks for in a row of `length` content tokens (it places fewer only when none is left)."""
+    return max(1, round(settings.mask_rate * length))
+
+
+def distractor_count(settings: SyntheticConfig, length: int) -> int:
+    """The untagged keys of a passkey-binding row of `length` content tokens."""
+    return min(length - 4, max(1, settings.distractors * length // 16))
+
+
 GENERATORS: dict[str, Callable[[SyntheticConfig, int, random.Random], Row]] = {
     "shift": shift_row,
     "missing-duplicate": missing_duplicate_row,
     "passkey-binding": passkey_binding_row,
     "mqar": mqar_row,
 }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The position-blind floor: the best a model that ignores positions can do
+
+
+MONTE_CARLO_ROWS = 20_000  # rows per length where a floor needs a Monte Carlo (shift's mask counts, rarely)
+MONTE_CARLO_SEED = "position-blind floor"  # its stream: a string seeds random.Random the same on every platform
+
+
+@dataclass(frozen=True)
+class Floor:
+    """A level to read a split's scores against: what a guess of the row's bag of tokens scores.
+
+    Attributes:
+        kind: `position_blind` (the best guess given the bag: the floor) or the name of a simpler guess.
+        accuracy: Its expected accuracy over the split's answers (expected right answers over expected answers).
+        sequence_accuracy: Its expected share of rows with every answer right.
+        guess: What it answers, in words.
+        method: `exact` (computed in float64 from the generator's definition) or the Monte Carlo behind it.
+    """
+
+    kind: str
+    accuracy: float
+    sequence_accuracy: float
+    guess: str
+    method: str = "exact"
+
+    def to_dict(self) -> dict[str, str | float]:
+        """As results.json and the study's summary.json hold it."""
+        return {
+            "kind": self.kind,
+            "accuracy": self.accuracy,
+            "sequence_accuracy": self.sequence_accuracy,
+            "guess": self.guess,
+            "method": self.method,
+        }
+
+
+@dataclass(frozen=True)
+class RowFloor:
+    """The position-blind guess on a row of one length: expected right answers, answers, P(every answer right)."""
+
+    right: float
+    answers: float
+    whole: float
+    method: str = "exact"
+
+
+def commonest_counts(draws: int, alphabet: int) -> list[float]:
+    """P(the largest count among `draws` uniform draws from `alphabet` symbols = t), t = 0..draws, in float64.
+
+    With Y_1..Y_A independent Poisson(draws / A), the counts are the Y conditioned on their sum being `draws`, so
+    P(max <= t) = P(sum Y = draws, every Y <= t) / P(sum Y = draws): the coefficient of x^draws in
+    (sum_{j<=t} P(Y = j) x^j)^A over P(Poisson(draws) = draws). Computed until it is 1 to float64's resolution.
+    """
+    if draws < 1 or alphabet < 1:
+        raise ValueError(f"commonest_counts needs draws and alphabet >= 1, got {draws} and {alphabet}")
+    rate = draws / alphabet
+    pmf = np.exp([j * math.log(rate) - rate - math.lgamma(j + 1) for j in range(draws + 1)])
+    total = math.exp(draws * math.log(draws) - draws - math.lgamma(draws + 1))
+    at_most = [0.0] * (draws + 1)
+    for t in range(draws + 1):
+        at_most[t] = 1.0 if t == draws else min(1.0, _power_coefficient(pmf[: t + 1], alphabet, draws) / total)
+        if t > rate and 1.0 - at_most[t] < 1e-17:
+            at_most[t:] = [1.0] * (draws + 1 - t)
+            break
+    return [at_most[0], *(max(0.0, at_most[t] - at_most[t - 1]) for t in range(1, draws + 1))]
+
+
+def commonest_share(draws: int, alphabet: int) -> float:
+    """E[the largest count among `draws` uniform draws from `alphabet` symbols] / draws: the commonest's share."""
+    return sum(t * p for t, p in enumerate(commonest_counts(draws, alphabet))) / draws
+
+
+def _power_coefficient(poly: np.ndarray, power: int, degree: int) -> float:
+    """The coefficient of x^degree in poly(x)^power, by squaring (every product cut at `degree`)."""
+    result, base = np.ones(1), poly
+    while power:
+        if power & 1:
+            result = np.convolve(result, base)[: degree + 1]
+        power >>= 1
+        if power:
+            base = np.convolve(base, base)[: degree + 1]
+    return float(result[degree]) if len(result) > degree else 0.0
+
+
+def shift_masks_always_wanted(settings: SyntheticConfig, length: int) -> bool:
+    """Whether every shift row of `length` gets exactly `shift_masks_wanted` masks.
+
+    The masks are placed greedily in a random order, none `offset` away from another: a maximal independent set of
+    the askable positions joined at distance `offset`, which fall into `offset` chains (one per residue). Every
+    maximal independent set of a chain of L positions has at least ceil(L / 3) of them, so when those bounds add up
+    to the masks wanted, the greedy placement always reaches them.
+    """
+    k = settings.offset
+    chains = [len(range(k + r, length, k)) for r in range(k)]  # the askable positions of each residue
+    return sum(math.ceil(size / 3) for size in chains) >= shift_masks_wanted(settings, length)
+
+
+def shift_mask_counts(settings: SyntheticConfig, length: int) -> tuple[dict[int, float], str]:
+    """P(masks = m) of a shift row of `length`: exact when the placement always reaches its target, else Monte Carlo."""
+    if shift_masks_always_wanted(settings, length):
+        return {shift_masks_wanted(settings, length): 1.0}, "exact"
+    rng, counts = random.Random(f"{MONTE_CARLO_SEED} {length}"), Counter[int]()
+    for _ in range(MONTE_CARLO_ROWS):
+        counts[len(shift_row(settings, length, rng)[1])] += 1
+    method = f"exact given the mask counts, a Monte Carlo of {MONTE_CARLO_ROWS} rows per length (seeded)"
+    return {m: c / MONTE_CARLO_ROWS for m, c in counts.items()}, method
+
+
+def row_floor(settings: SyntheticConfig, length: int) -> RowFloor:
+    """The position-blind floor on a row of `length` content tokens (the expectations of `RowFloor`).
+
+    A model that ignores positions sees the row's bag of tokens (the multiset, its size included) and answers every
+    [MASK] alike: identical tokens without positions get identical outputs. Its best guess is the answer most
+    probable under the generator given the bag. Per task, from the generators above:
+
+    - shift: the m masks (their number depends on the length alone) hide symbols nobody asks for, and the m answers
+      are the symbols at m of the N = n - m visible positions. The symbols are independent of which positions are
+      masked, so given the bag the answers are m draws without replacement from the visible symbols: a guess of s
+      gets m c_s / N right on average (and all m with probability C(c_s, m) / C(N, m)), best for the commonest
+      visible symbol. The visible symbols are N uniform draws: E[right] = m commonest_share(N, symbols).
+    - missing-duplicate: every bit of the string stands twice, so the count of 1s is even before the mask; the
+      masked bit is the one whose visible count is odd. The bag answers it always: the floor is 1. (The guess of the
+      more frequent visible bit, which a model that does not count exactly falls back on, is `frequent_bit_level`.)
+    - passkey-binding: the visible keys are the tagged answer and d distractors, each uniform over the keys: the
+      bag's key counts c are the answer's one plus a multinomial, so P(answer = j | bag) is proportional to c_j
+      (the multinomial's probability of c minus one j). The best guess is the commonest key, right max_j c_j /
+      (d + 1) of the time; the d + 1 visible keys are uniform draws (the answer being uniform too):
+      E[right] = commonest_share(d + 1, keys).
+    - mqar: each key is asked once, so the answers are exactly the row's `pairs` values, visible in the pairs; one
+      guess for every mask gets the count of that value right, best the commonest value:
+      E[right] = pairs commonest_share(pairs, symbols) at every length; every answer right iff the values are one.
+    """
+    if settings.task == "shift":
+        masks, method = shift_mask_counts(settings, length)
+        right = whole = 0.0
+        for m, p in masks.items():
+            visible = length - m
+            counts = commonest_counts(visible, settings.symbols)
+            right += p * m * sum(t * q for t, q in enumerate(counts)) / visible
+            whole += p * sum(math.comb(t, m) * q for t, q in enumerate(counts)) / math.comb(visible, m)
+        return RowFloor(right, sum(p * m for m, p in masks.items()), whole, method)
+    if settings.task == "missing-duplicate":
+        return RowFloor(1.0, 1.0, 1.0)
+    if settings.task == "passkey-binding":
+        share = commonest_share(distractor_count(settings, length) + 1, settings.keys)
+        return RowFloor(share, 1.0, share)
+    pairs = settings.pairs
+    return RowFloor(pairs * commonest_share(pairs, settings.symbols), pairs, settings.symbols ** (1 - pairs))
+
+
+def frequent_bit_level(half: int, padding: int) -> float:
+    """missing-duplicate: the accuracy of guessing the more frequent visible bit (a tie: either, half the time).
+
+    With k ones among the `half` bits, the masked bit is 1 with probability k / half; then the visible bits are
+    2k - 1 ones and 2 (half - k) + padding zeros, else 2k ones and 2 (half - k) - 1 + padding zeros. Exact, summed
+    over k ~ Binomial(half, 1/2).
+    """
+
+    def right(ones: int, zeros: int, answer_is_one: bool) -> float:
+        if ones == zeros:
+            return 0.5
+        return float((ones > zeros) == answer_is_one)
+
+    level = 0.0
+    for k in range(half + 1):
+        weight = math.comb(half, k) / 2**half
+        level += weight * k / half * right(2 * k - 1, 2 * (half - k) + padding, True)
+        level += weight * (half - k) / half * right(2 * k, 2 * (half - k) - 1 + padding, False)
+    return level
+
+
+POSITION_BLIND_GUESS = {
+    "shift": "the commonest visible symbol",
+    "missing-duplicate": "the bit whose visible count is odd (every bit stands twice)",
+    "passkey-binding": "the commonest visible key",
+    "mqar": "the commonest value of the row's pairs",
+}
+
+
+def position_blind_floor(settings: SyntheticConfig, lengths: tuple[int, int]) -> Floor:
+    """The best scores a model that ignores positions reaches on rows of `lengths` (inclusive, drawn uniformly).
+
+    Accuracy is expected right answers over expected answers, over the lengths (a large split's accuracy); sequence
+    accuracy the mean probability of a row's answers all right (`row_floor`).
+    """
+    rows = [row_floor(settings, n) for n in range(lengths[0], lengths[1] + 1)]
+    method = next((row.method for row in rows if row.method != "exact"), "exact")
+    accuracy = sum(row.right for row in rows) / sum(row.answers for row in rows)
+    whole = statistics.fmean(row.whole for row in rows)
+    return Floor("position_blind", accuracy, whole, POSITION_BLIND_GUESS[settings.task], method)
+
+
+def floors(settings: SyntheticConfig, lengths: tuple[int, int]) -> list[Floor]:
+    """The position-blind floor of rows of `lengths`, then the simpler guesses worth reading against (if any)."""
+    out = [position_blind_floor(settings, lengths)]
+    if settings.task == "missing-duplicate":
+        level = statistics.fmean(frequent_bit_level(n // 2, n % 2) for n in range(lengths[0], lengths[1] + 1))
+        out.append(Floor("frequent_bit", level, level, "the more frequent visible bit"))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -290,15 +518,67 @@ class SyntheticSplit(TokenRows):
     labelled: bool = True
 
 
-def generate_split(
-    settings: SyntheticConfig, ids: dict[str, int], rows: int, lengths: tuple[int, int], seed: int
-) -> SyntheticSplit:
-    """`rows` rows of content lengths drawn uniformly from `lengths` (inclusive), from `seed` alone."""
+RowKey = tuple[tuple[str, ...], tuple[tuple[int, str], ...]]
+MAX_DRAWS_PER_ROW = 100  # a split kept apart from the training rows gives up after this many draws per row
+
+
+def row_key(row: Row) -> RowKey:
+    """A row's identity: its tokens and what is asked where (the positions it is shown at are no part of it)."""
+    content, answers = row
+    return tuple(content), tuple(sorted(answers.items()))
+
+
+def generate_rows(
+    settings: SyntheticConfig,
+    rows: int,
+    lengths: tuple[int, int],
+    seed: int,
+    exclude: AbstractSet[RowKey] = frozenset(),
+) -> list[Row]:
+    """`rows` rows of content lengths drawn uniformly from `lengths` (inclusive), from `seed` alone, none in `exclude`.
+
+    A row of `exclude` is drawn again from the same stream, so the split stays a function of its seed: the
+    generator's rows with those of `exclude` left out (a split without `exclude` is unchanged by it).
+
+    Raises:
+        ConfigError: naming data.synthetic.train_lengths, when `MAX_DRAWS_PER_ROW` draws per row do not find
+            `rows` rows outside `exclude` (a task with too few distinct rows at these lengths).
+    """
     rng = random.Random(seed)
     generate = GENERATORS[settings.task]
-    all_ids, all_labels, all_positions = [], [], []
-    for _ in range(rows):
-        content, answers = generate(settings, rng.randint(*lengths), rng)
+    kept: list[Row] = []
+    draws = 0
+    while len(kept) < rows and draws < MAX_DRAWS_PER_ROW * rows:
+        draws += 1
+        row = generate(settings, rng.randint(*lengths), rng)
+        if not exclude or row_key(row) not in exclude:
+            kept.append(row)
+    if len(kept) < rows:
+        raise ConfigError(
+            f"data.synthetic.train_lengths: {settings.task} has too few distinct rows of {lengths[0]}-{lengths[1]} "
+            f"tokens for {rows} evaluation rows apart from the training rows ({len(kept)} found in {draws} "
+            "draws): lengthen the rows or lower data.synthetic.train_examples"
+        )
+    return kept
+
+
+def positions_seed(seed: int) -> str:
+    """The seed of a split's randomized positions: a stream of their own, so that they change no row."""
+    return f"{seed} positions"
+
+
+def random_positions(settings: SyntheticConfig, lengths: list[int], seed: int) -> list[list[int]] | None:
+    """Per row of `lengths` tokens, a sorted sample of distinct positions from [0, randomized_positions); or None."""
+    if settings.randomized_positions is None:
+        return None
+    rng = random.Random(positions_seed(seed))
+    return [sorted(rng.sample(range(settings.randomized_positions), length)) for length in lengths]
+
+
+def encode_rows(rows: list[Row], ids: dict[str, int]) -> tuple[list[list[int]], list[list[int]]]:
+    """`[CLS] content [SEP]` ids with [MASK] at the asked positions, and the labels (the answers' ids there)."""
+    all_ids, all_labels = [], []
+    for content, answers in rows:
         row = [ids["[CLS]"]] + [ids["[MASK]"] if i in answers else ids[t] for i, t in enumerate(content)]
         row.append(ids["[SEP]"])
         labels = [IGNORE_INDEX] * len(row)
@@ -306,10 +586,51 @@ def generate_split(
             labels[1 + i] = ids[answer]
         all_ids.append(row)
         all_labels.append(labels)
-        if settings.randomized_positions is not None:
-            all_positions.append(sorted(rng.sample(range(settings.randomized_positions), len(row))))
+    return all_ids, all_labels
+
+
+def generate_split(
+    settings: SyntheticConfig,
+    ids: dict[str, int],
+    rows: int,
+    lengths: tuple[int, int],
+    seed: int,
+    exclude: AbstractSet[RowKey] = frozenset(),
+) -> SyntheticSplit:
+    """`rows` rows of content lengths drawn uniformly from `lengths` (inclusive), from `seed` alone, none in `exclude`.
+
+    The randomized positions (if any) come from a stream of their own: the rows are those of the same split without.
+    """
+    return encode_split(settings, ids, generate_rows(settings, rows, lengths, seed, exclude), lengths, seed)
+
+
+def encode_split(
+    settings: SyntheticConfig, ids: dict[str, int], rows: list[Row], lengths: tuple[int, int], seed: int
+) -> SyntheticSplit:
+    """Generated rows as a split in the token ids `ids`, with the positions of `seed`'s stream when randomized."""
+    all_ids, all_labels = encode_rows(rows, ids)
+    positions = random_positions(settings, [len(row) for row in all_ids], seed)
     fixed = lengths[0] if lengths[0] == lengths[1] else None
-    return SyntheticSplit(all_ids, all_labels, all_positions or None, fixed)
+    return SyntheticSplit(all_ids, all_labels, positions, fixed)
+
+
+def split_lengths(settings: SyntheticConfig, name: str) -> tuple[int, int]:
+    """The content lengths of a split: the training range (`train`, `dev`), m x the longest (`test_<m>x`)."""
+    shortest, longest = settings.train_lengths
+    if name in ("train", "dev"):
+        return shortest, longest
+    m = int(name.removeprefix("test_").removesuffix("x"))
+    return longest * m, longest * m
+
+
+def split_seed(settings: SyntheticConfig, name: str) -> int:
+    """Each split's seed of its own, far apart: `seed` (train), + DEV_SEED_OFFSET (dev), + (m + 1) x it (test_<m>x)."""
+    if name == "train":
+        return settings.seed
+    if name == "dev":
+        return settings.seed + DEV_SEED_OFFSET
+    m = int(name.removeprefix("test_").removesuffix("x"))
+    return settings.seed + (m + 1) * DEV_SEED_OFFSET
 
 
 def test_split_name(multiple: int) -> str:
@@ -337,6 +658,8 @@ class SyntheticTask(HeadOutputs):
         self.settings: SyntheticConfig = data.synthetic or SyntheticConfig()
         self.tokens = vocabulary(self.settings)
         self.test_splits = [test_split_name(m) for m in self.settings.test_multiples]
+        self._training_rows: list[Row] | None = None
+        self._floors: dict[str, list[Floor]] | None = None
 
     @classmethod
     def from_config(cls, data: FinetuneDataConfig) -> SyntheticTask:
@@ -366,27 +689,72 @@ class SyntheticTask(HeadOutputs):
         Raises:
             UserError: a test row longer than `max_length` (data.max_length), which would be cut.
         """
-        settings = self.settings
-        if settings.longest_row + 2 > max_length:
+        self.check_length(max_length)
+        ids = tokenizer.get_vocab()
+        return {name: self.split(name, ids) for name in ["train", *self.evaluated_splits]}
+
+    def check_length(self, max_length: int) -> None:
+        """The longest test row must fit `max_length` (data.max_length, capped at a learned table) uncut.
+
+        Raises:
+            UserError: it does not, naming data.max_length.
+        """
+        if self.settings.longest_row + 2 > max_length:
             raise UserError(
-                f"data.max_length ({max_length}) is shorter than the longest test row ({settings.longest_row} "
+                f"data.max_length ({max_length}) is shorter than the longest test row ({self.settings.longest_row} "
                 f"tokens + [CLS] and [SEP]): raise it"
             )
-        ids = tokenizer.get_vocab()
-        return {name: self.split(name, ids) for name in ["train", *self.dev_splits, *self.test_splits]}
 
     def split(self, name: str, ids: dict[str, int]) -> SyntheticSplit:
         """One split (`train`, `dev` or `test_<m>x`) in the token ids `ids`: each split from a seed of its own."""
+        lengths = split_lengths(self.settings, name)
+        return encode_split(self.settings, ids, self.rows(name), lengths, split_seed(self.settings, name))
+
+    def rows(self, name: str) -> list[Row]:
+        """A split's generated rows; dev's and those of a test split at a trained length exclude the training rows.
+
+        Raises:
+            ConfigError: too few distinct rows to keep them apart (`generate_rows`).
+        """
         settings = self.settings
-        shortest, longest = settings.train_lengths
+        lengths, seed = split_lengths(settings, name), split_seed(settings, name)
         if name == "train":
-            return generate_split(settings, ids, settings.train_examples, (shortest, longest), settings.seed)
-        if name == "dev":
-            seed = settings.seed + DEV_SEED_OFFSET
-            return generate_split(settings, ids, settings.eval_examples, (shortest, longest), seed)
-        m = int(name.removeprefix("test_").removesuffix("x"))
-        seed = settings.seed + (m + 1) * DEV_SEED_OFFSET
-        return generate_split(settings, ids, settings.eval_examples, (longest * m, longest * m), seed)
+            if self._training_rows is None:  # kept: every split apart from it asks for it
+                self._training_rows = generate_rows(settings, settings.train_examples, lengths, seed)
+            return self._training_rows
+        shortest, longest = settings.train_lengths
+        trained = lengths[0] <= longest and lengths[1] >= shortest  # it could draw a training row
+        exclude = {row_key(row) for row in self.rows("train")} if trained else frozenset()
+        return generate_rows(settings, settings.eval_examples, lengths, seed, exclude)
+
+    def floors(self) -> dict[str, list[Floor]]:
+        """Per dev and test split, its position-blind floor and the simpler guesses worth reading against."""
+        if self._floors is None:  # computed once: every run of the job asks for them
+            self._floors = {
+                name: floors(self.settings, split_lengths(self.settings, name)) for name in self.evaluated_splits
+            }
+        return self._floors
+
+    @property
+    def evaluated_splits(self) -> list[str]:
+        """The dev split, then the test splits."""
+        return [*self.dev_splits, *self.test_splits]
+
+    def baseline(self, splits: dict[str, Any], split: str) -> dict[str, Any]:
+        """results.json's `baseline` of a dev or test split: its position-blind floor, simpler guesses beside it.
+
+        `{"kind": "position_blind", "accuracy", "sequence_accuracy", "score", "guess", "method", "references": [...]}`,
+        of the generator's distribution at the split's lengths (not of its few hundred rows, whose answers the floor
+        does not look at); `references` holds the simpler guesses worth reading against (missing-duplicate's frequent
+        bit), scored alike.
+        """
+        floor, *references = self.floors()[split]
+        metrics = {"accuracy": floor.accuracy, "sequence_accuracy": floor.sequence_accuracy}
+        return {
+            **floor.to_dict(),
+            "score": with_score(metrics, self.metrics)["score"],
+            "references": [level.to_dict() for level in references],
+        }
 
     def collate(self, split: SyntheticSplit, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
         """Padded ids, mask and labels of `rows`, and `position_ids` when the positions are randomized."""
@@ -432,7 +800,7 @@ class SyntheticTask(HeadOutputs):
     ) -> None:
         """`<split>.jsonl` per dev and test split: every row's ids, answers and predictions (token names)."""
         names = self.tokens
-        for split in self.dev_splits + self.test_splits:
+        for split in self.evaluated_splits:
             data = encoded[split]
             lines = []
             for ids, labels, predicted in zip(data.ids, data.labels, predictions[split], strict=True):
