@@ -41,7 +41,7 @@ from roformer.study.probes import ProbeSettings, haystack_documents, mlm_key_ids
 from roformer.study.report import write_report
 from roformer.study.runs import PretrainRun, check_same_vocabulary, load_runs
 from roformer.study.suite import load_suite, run_suite
-from roformer.study.task_study import load_task_arms, run_task_study
+from roformer.study.task_study import check_task_runs, load_task_arms, run_task_study
 from roformer.tasks.registry import make_task
 from roformer.train.config import PretrainConfig
 from roformer.train.launch import check_run_settings, process_state, run_on_main
@@ -175,7 +175,8 @@ class ExperimentConfig:
         arms: {label: pretraining YAML, or {config: YAML, set: [overrides of this arm]}}; the label names the arm.
         seeds: One run per arm and seed.
         overrides: `--set` style overrides applied to every arm (e.g. `train.max_steps=300`).
-        baseline: The baseline arm for steps-to-target ratios (default: the first non-rotary arm).
+        baseline: The baseline arm for steps-to-target ratios (default: the first non-rotary arm); in a task study,
+            the arm every other is compared with, paired on the same rows (default: the first arm).
         targets: Target eval losses (default: the baseline's final eval loss and a few levels above).
         vary: Fields besides the position-encoding ones that the arms may set differently: the fields under
             comparison. Model fields by name (e.g. [attention] for softmax vs linear), and the tokenization fields
@@ -191,7 +192,7 @@ class ExperimentConfig:
             into `<out>/compare-<name>/` and a section of the report.
         tasks: Fine-tuning configs that train from scratch (configs/synthetic/*.yaml): the experiment trains each
             task under every arm, whose entries are then overrides alone (`{set: [...]}`), and compares accuracy by
-            test length (roformer.study.task_study). Empty: arms are pretraining configs.
+            test length (roformer.study.task_study). Absent: arms are pretraining configs (an empty list is refused).
         target: A task study's dev accuracy whose first step is reported (steps to target), e.g. 0.9.
     """
 
@@ -205,7 +206,7 @@ class ExperimentConfig:
     length: LengthStage | None = None
     probes: ProbeStage | None = None
     comparisons: dict[str, Comparison] = field(default_factory=dict)
-    tasks: list[str] = field(default_factory=list)
+    tasks: list[str] | None = None
     target: float = 0.9
 
     def __post_init__(self) -> None:
@@ -213,6 +214,13 @@ class ExperimentConfig:
         self.arms = {
             label: arm if isinstance(arm, ArmSpec) else ArmSpec(config=arm) for label, arm in self.arms.items()
         }
+        for label in self.arms:  # a label names its runs' folders: `<out>/<label>-seed<k>`, `<out>/<task>/<label>-...`
+            check_folder_name(f"arms: {label!r}", label)
+        if self.tasks == []:
+            raise ConfigError(
+                "tasks: is empty: list the task configs a task study trains (e.g. configs/synthetic/*.yaml), or leave "
+                "tasks: out for arms that are pretraining configs"
+            )
         if self.tasks:
             self._check_task_study()
         else:
@@ -246,13 +254,25 @@ class ExperimentConfig:
         if given:
             raise ConfigError(f"arms.{given[0]}: with tasks:, an arm is {{set: [...]}} over every task, not a config")
         stages = [name for name in ("glue", "length", "probes") if getattr(self, name) is not None]
-        if stages or self.comparisons or self.targets or self.baseline:
-            what = stages[0] if stages else "comparisons, targets and baseline"
+        if stages or self.comparisons or self.targets:
+            what = stages[0] if stages else "comparisons and targets"
             raise ConfigError(f"{what}: for pretraining arms; a task study (tasks:) compares accuracy by length")
         if len(set(self.tasks)) != len(self.tasks):
             raise ConfigError(f"tasks: a config named twice {self.tasks}")
         if not 0.0 < self.target <= 1.0:
             raise ConfigError(f"target must be a dev accuracy in (0, 1], got {self.target}")
+
+
+def check_folder_name(key: str, name: str) -> None:
+    """A name that becomes a folder must stay one: letters, digits, '-', '_' or '.' (no '/', so no '../').
+
+    The rule of a pretraining stage's name (roformer.train.config.Stage), said of `key`.
+
+    Raises:
+        ConfigError: naming `key` and the name.
+    """
+    if not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise ConfigError(f"{key}: a name must be letters, digits, '-', '_' or '.' (a folder name), got {name!r}")
 
 
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tuple[ExperimentConfig, dict[str, Any]]:
@@ -336,6 +356,8 @@ def run_experiment(
     if compare_only and not out.is_dir():
         raise UserError(f"{out}: no such directory: --compare-only tabulates the runs of a study that has started")
     if experiment.tasks:
+        if not compare_only:
+            check_task_runs(arms)  # every arm, before the first trains
         out.mkdir(parents=True, exist_ok=True)
         return run_task_study(experiment, path, out, overrides, compare_only=compare_only)
     check_stage_inputs(experiment, path, arms)  # before hours of pretraining

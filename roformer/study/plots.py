@@ -75,9 +75,11 @@ def plot_probes(rows: list[dict[str, Any]], path: Path) -> None:
     """probes.png: accuracy against length, a panel per probe, a line per arm and scaling.
 
     An arm is a colour and a scaling a line style, named once each in a legend below the panels, so that two dozen
-    lines stay legible; each line's 95% interval is a faint band around it, chance a grey dashed line. Rows of
-    several distances at one length (passkey-MLM) should come pooled (`probe_table(..., pool_distances=True)`); the
-    summary's table keeps them apart.
+    lines stay legible; each line's 95% interval is a faint band around it, chance a grey dashed line. Rows that
+    carry a `floor` (a task study's position-blind floor at their length) draw it in chance's place, a grey dashed
+    line through the lengths, and their `references` ({name: accuracy}, simpler guesses) as grey dotted lines.
+    Rows of several distances at one length (passkey-MLM) should come pooled (`probe_table(...,
+    pool_distances=True)`); the summary's table keeps them apart.
     """
     import matplotlib
 
@@ -103,8 +105,11 @@ def plot_probes(rows: list[dict[str, Any]], path: Path) -> None:
             ax.plot(x, [r["accuracy"] for r in points], color=colour[label], linestyle=style[scaling], marker=".")
             low, high = [r["interval"][0] for r in points], [r["interval"][1] for r in points]
             ax.fill_between(x, low, high, color=colour[label], alpha=0.06, linewidth=0)
-        chance = next((r["chance"] for r in rows if r["probe"] == probe and "chance" in r), None)
-        if chance is not None:
+        panel = [r for r in rows if r["probe"] == probe]
+        chance = next((r["chance"] for r in panel if "chance" in r), None)
+        if any("floor" in r for r in panel):
+            _draw_floors(ax, panel)
+        elif chance is not None:
             ax.axhline(chance, color="grey", linestyle=(0, (2, 2)), linewidth=1)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("input length (tokens)")
@@ -114,6 +119,11 @@ def plot_probes(rows: list[dict[str, Any]], path: Path) -> None:
     handles = [Line2D([], [], color=colour[label], label=label) for label in labels]
     if len(scalings) > 1 or scalings != ["none"]:
         handles += [Line2D([], [], color="black", linestyle=style[s], label=f"scaling: {s}") for s in scalings]
+    if any("floor" in r for r in rows):
+        handles.append(Line2D([], [], color="grey", linestyle=FLOOR_STYLE, linewidth=1.2, label="position-blind floor"))
+    if any(r.get("references") for r in rows):
+        label = ", ".join(dict.fromkeys(name for r in rows for name in r.get("references", {})))
+        handles.append(Line2D([], [], color="grey", linestyle=REFERENCE_STYLE, linewidth=1, label=label))
     if any("chance" in r for r in rows):
         handles.append(Line2D([], [], color="grey", linestyle=(0, (2, 2)), linewidth=1, label="chance"))
     columns = min(len(handles), 6, 3 * len(probes))  # a panel holds three legend columns
@@ -124,6 +134,18 @@ def plot_probes(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))  # a line style per scaling
+FLOOR_STYLE = (0, (4, 2))  # the position-blind floor: grey, dashed
+REFERENCE_STYLE = (0, (1, 2))  # a simpler guess's level: grey, dotted
+
+
+def _draw_floors(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """A panel's floor through its lengths (grey dashed) and each reference level (grey dotted)."""
+    by_length = {r["length"]: r for r in rows if "floor" in r}
+    lengths = sorted(by_length)
+    ax.plot(lengths, [by_length[n]["floor"] for n in lengths], color="grey", linestyle=FLOOR_STYLE, linewidth=1.2)
+    for name in dict.fromkeys(name for r in by_length.values() for name in r.get("references", {})):
+        levels = [by_length[n]["references"][name] for n in lengths]
+        ax.plot(lengths, levels, color="grey", linestyle=REFERENCE_STYLE, linewidth=1)
 
 
 def plot_bleu_by_length(rows: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> None:

@@ -10,8 +10,11 @@ results. Arms may differ only in position-encoding fields of the model and in `d
 The comparison (`<out>/compare/`) reads each run's files and gives, per task, arm and test split: the accuracy of
 every seed with its 95% Wilson interval over the split's answers, the mean over seeds with a 95% t-interval, and the
 steps to reach a target dev accuracy (`target`, 0.9: at the trained lengths, the paper's "faster convergence" in its
-purest form), and the seconds each run trained. `summary.md` and `summary.json` hold the tables, `generalization.png`
-the accuracy against test length (a panel per task, a line per arm, interval bands, the chance line), and
+purest form), and the seconds each run trained; per task and split its position-blind floor (what a model that
+ignores positions can reach, roformer.tasks.synthetic.floors), and every arm's difference from the `baseline` arm,
+paired by seed and by row: the arms of a seed answer the same rows. `summary.md` and `summary.json` hold the
+tables, `generalization.png` the accuracy against test length (a panel per task, a line per arm, interval bands, the
+floor line), and
 `attention-distance/<task>-<arm>.json` and `.png` the first seed's mean pre-softmax logit and attention weight
 against the distance |m - n| per layer (roformer.study.decay), on 32 rows of its task's `test_2x` split (else its
 longest) at positions 0..T-1, beside the paper's bound.
@@ -19,6 +22,7 @@ longest) at positions 0..T-1, beside the paper's bound.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import statistics
@@ -29,15 +33,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from roformer.config import config_path, load
-from roformer.errors import ConfigError, UserError
+from roformer.errors import ConfigError, UserError, naming
 from roformer.files import atomic_write_text
 from roformer.model.config import position_fields
 from roformer.study.outputs import COMPARE_DIR, REPORT_FILE, SUMMARY_JSON_FILE, SUMMARY_MARKDOWN_FILE
 from roformer.study.runs import run_seconds
-from roformer.study.stats import mean_interval, wilson_interval
+from roformer.study.stats import difference, mean_interval, wilson_interval
 from roformer.study.translation_study import PLOT_FILE as BLEU_PLOT_FILE
 from roformer.study.translation_study import bleu_plot_rows, summarise_translation, translation_markdown
+from roformer.tasks.synthetic import floors, split_lengths
 from roformer.train.finetune import run_tag
+from roformer.train.launch import check_run_settings
 from roformer.train.run_dir import METRICS_FILE, PREDICTIONS_DIR, RESULTS_FILE, RunDir, read_metrics
 
 if TYPE_CHECKING:
@@ -127,6 +133,35 @@ def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def check_task_runs(tasks: dict[str, dict[str, FinetuneConfig]]) -> None:
+    """What would stop a run only when its turn comes, checked for every (task, arm) before the first one trains.
+
+    Each arm's model against its task (a learned position table that cannot hold the longest test row, a
+    data.max_length that would cut it) and its run settings; each synthetic task's rows are generated once (dev
+    rows kept apart from training rows may be too few).
+
+    Raises:
+        UserError: naming the task and arm.
+    """
+    from roformer.train.finetune import check_before_writing, learned_length, task_inputs
+
+    for task, arms in tasks.items():
+        for index, (label, config) in enumerate(arms.items()):
+            with naming(f"task {task}, arm {label!r}"):
+                if config.data.type != "synthetic":
+                    check_run_settings(config.train)  # a translation task's data and tokenizer: read by its run
+                    continue
+                task_object, tokenizer, model_config = task_inputs(config)
+                check_before_writing(config, task_object)
+                task_object.check_model(model_config)
+                table = learned_length(model_config)
+                max_length = config.data.max_length if table is None else min(config.data.max_length, table)
+                if index == 0:  # the rows are the same for every arm: generated (and checked) once
+                    task_object.encode(tokenizer, max_length)
+                else:
+                    task_object.check_length(max_length)
+
+
 def run_path(out: Path, task: str, label: str, seed: int) -> Path:
     """Where the run of a task, arm and seed lives: `<out>/<task>/<label>-seed<seed>/`."""
     return out / task / f"{label}-seed{seed}"
@@ -164,7 +199,7 @@ def run_task_study(
         for seed in experiment.seeds
     ):
         raise UserError(f"{out}: no run of this study has finished yet: nothing to compare")
-    summary = summarise(out, tasks, experiment.seeds, experiment.target)
+    summary = summarise(out, tasks, experiment.seeds, experiment.target, experiment.baseline)
     plots = write_summary(out / COMPARE_DIR, summary)
     measure_decay(out, tasks, experiment.seeds[0])
     atomic_write_text(out / REPORT_FILE, report(summary, path, overrides, plots))
@@ -176,12 +211,14 @@ def run_task_study(
 
 
 def summarise(
-    out: Path, tasks: dict[str, dict[str, FinetuneConfig]], seeds: list[int], target: float
+    out: Path, tasks: dict[str, dict[str, FinetuneConfig]], seeds: list[int], target: float, baseline: str | None = None
 ) -> dict[str, Any]:
-    """What the comparison holds: per task its chance level, test lengths and, per arm, the results of its seeds.
+    """What the comparison holds: per task its chance level, floors, test lengths and, per arm, its seeds' results.
 
     Per arm: the accuracy at every test split (each seed with a Wilson interval, their mean with a t-interval), the
-    steps to `target` dev accuracy and the seconds of every run.
+    steps to `target` dev accuracy and the seconds of every run. Per task: the position-blind floor of the dev and
+    every test split (and the simpler guesses worth reading against, roformer.tasks.synthetic.floors), and every arm
+    against `baseline` (default: the first arm), paired on the rows both answered (`paired_differences`).
     """
     summary: dict[str, Any] = {"target": target, "seeds": seeds, "tasks": {}}
     for task, arms in tasks.items():
@@ -193,30 +230,41 @@ def summarise(
         settings = first.data.synthetic
         longest = settings.train_lengths[1]
         lengths = {f"test_{m}x": longest * m for m in settings.test_multiples}
-        table = {}
+        table, records = {}, {}
         for label in arms:
             finished = [seed for seed in seeds if (run_path(out, task, label, seed) / RESULTS_FILE).is_file()]
             if not finished:  # a study in progress: the arm has no finished run yet
                 continue
             runs = [run_record(run_path(out, task, label, seed), list(lengths), target) for seed in finished]
+            records[label] = dict(zip(finished, runs, strict=True))
             table[label] = {
                 "seeds": finished,
                 "splits": {split: over_seeds([r["splits"][split] for r in runs]) for split in lengths},
                 "steps_to_target": [r["steps_to_target"] for r in runs],
                 "seconds": [r["seconds"] for r in runs],
             }
+        reference = baseline if baseline in records else next(iter(records), None)
         summary["tasks"][task] = {
             "kind": "synthetic",
             "chance": settings.chance,
+            "floors": {
+                split: [floor.to_dict() for floor in floors(settings, split_lengths(settings, split))]
+                for split in ["dev", *lengths]
+            },
             "train_lengths": settings.train_lengths,
             "lengths": lengths,
             "arms": table,
+            "baseline": reference,
+            "differences": paired_differences(records, reference, list(lengths)) if reference else {},
         }
     return summary
 
 
 def run_record(directory: Path, splits: list[str], target: float) -> dict[str, Any]:
-    """One run's test accuracies (with the counts behind them), steps to `target` dev accuracy and training time.
+    """One run's test accuracies (with the counts and rows behind them), steps to `target` dev accuracy, its time.
+
+    Per split: `accuracy`, `correct`, `answers` and `rows`, a digest of its rows (inputs and answers: two runs with
+    equal digests answered the same rows); `hits` holds every row's right answers, for paired comparisons.
 
     Raises:
         UserError: the run has no results (it did not finish).
@@ -227,19 +275,74 @@ def run_record(directory: Path, splits: list[str], target: float) -> dict[str, A
     results = json.loads(results_file.read_text())
     selected = results["selected"]
     tag = run_tag(selected["peak_lr"], selected["seed"])
-    record: dict[str, Any] = {"splits": {}}
+    record: dict[str, Any] = {"splits": {}, "hits": {}}
     for split in splits:
-        right = total = 0
+        digest, hits, answers = hashlib.sha256(), [], []
         for line in (directory / PREDICTIONS_DIR / tag / f"{split}.jsonl").read_text().splitlines():
             row = json.loads(line)
-            right += sum(p == a for p, a in zip(row["predicted"], row["answers"], strict=True))
-            total += len(row["answers"])
-        record["splits"][split] = {"accuracy": right / total, "correct": right, "answers": total}
+            digest.update(json.dumps([row["input"], row["answers"]]).encode())
+            hits.append(sum(p == a for p, a in zip(row["predicted"], row["answers"], strict=True)))
+            answers.append(len(row["answers"]))
+        record["splits"][split] = {
+            "accuracy": sum(hits) / sum(answers),
+            "correct": sum(hits),
+            "answers": sum(answers),
+            "rows": digest.hexdigest()[:16],
+        }
+        record["hits"][split] = hits
     events = read_metrics(directory / METRICS_FILE)
     evals = sorted((e for e in events if e.get("event") == "eval" and e.get("split") == "dev"), key=lambda e: e["step"])
     record["steps_to_target"] = next((e["step"] for e in evals if e["accuracy"] >= target), None)
     record["seconds"] = run_seconds(directory)
     return record
+
+
+def paired_differences(
+    records: dict[str, dict[int, dict[str, Any]]], baseline: str, splits: list[str]
+) -> dict[str, dict[str, Any]]:
+    """{arm: {split: its accuracy - the baseline's}} for every other arm, paired by seed and, within one, by row.
+
+    The arms of one seed answer the same rows (each split is a function of the data seed; randomized positions
+    change no row), so a seed's difference carries no row-sampling noise between the arms. Per split: the mean
+    over the seeds both arms finished with a paired t-interval over them (roformer.study.stats.difference), and per
+    seed the difference with a t-interval over its rows (every row's right answers of the arm minus the
+    baseline's, per answer). `same_rows` says whether the two runs' rows are equal (runs from before the positions
+    had a stream of their own are not): without it a seed has no row interval.
+    """
+    base = records[baseline]
+    out: dict[str, dict[str, Any]] = {}
+    for label, runs in records.items():
+        if label == baseline:
+            continue
+        out[label] = {}
+        for split in splits:
+            common = [seed for seed in runs if seed in base]
+            per_seed = [seed_difference(runs[seed], base[seed], split) | {"seed": seed} for seed in common]
+            mine = {seed: runs[seed]["splits"][split]["accuracy"] for seed in common}
+            theirs = {seed: base[seed]["splits"][split]["accuracy"] for seed in common}
+            out[label][split] = {
+                **difference(mine, theirs),
+                "same_rows": all(s["same_rows"] for s in per_seed),
+                "seeds": per_seed,
+            }
+    return out
+
+
+def seed_difference(run: dict[str, Any], base: dict[str, Any], split: str) -> dict[str, Any]:
+    """One seed's accuracy difference (arm - baseline) on a split, with a t-interval over its rows if they are equal.
+
+    A row's value is its right answers minus the baseline's, over the split's mean answers per row, so that their
+    mean is the difference of the accuracies (a test split's rows all hold the same number of answers).
+    """
+    mine, theirs = run["splits"][split], base["splits"][split]
+    same = mine["rows"] == theirs["rows"]
+    out = {"difference": mine["accuracy"] - theirs["accuracy"], "same_rows": same, "interval": None}
+    if same:
+        per_row = mine["answers"] / len(run["hits"][split])
+        values = [(a - b) / per_row for a, b in zip(run["hits"][split], base["hits"][split], strict=True)]
+        if len(set(values)) > 1:  # rows that all differ alike (or not at all) have no spread to draw from
+            out["interval"] = mean_interval(values)["interval"]
+    return out
 
 
 def over_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -251,7 +354,10 @@ def over_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def summary_markdown(summary: dict[str, Any]) -> str:
-    """A table per task: accuracy (%) per arm and test length, mean [95% interval] over seeds; steps; seconds."""
+    """A table per task: accuracy (%) per arm and test length under its floors; then the paired differences.
+
+    Accuracy is the mean [95% interval] over seeds; steps to the target dev accuracy and seconds per run beside it.
+    """
     parts = []
     for task, data in summary["tasks"].items():
         if data["kind"] == "translation":
@@ -259,14 +365,17 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             continue
         lengths = data["lengths"]
         shortest, longest = data["train_lengths"]
+        dev_floor = data["floors"]["dev"][0]["accuracy"]
         parts.append(
-            f"### {task}\n\ntrained on {shortest}-{longest} tokens; chance {100 * data['chance']:.1f}%; accuracy (%) "
-            f"over the answers at each test length, mean over the finished seeds of {len(summary['seeds'])} [95% "
-            "t-interval]; steps "
-            f"to {100 * summary['target']:.0f}% dev accuracy per seed (- = not reached); seconds per run\n"
+            f"### {task}\n\ntrained on {shortest}-{longest} tokens; chance {100 * data['chance']:.1f}%; the first "
+            f"row{'s' if len(data['floors']['dev']) > 1 else ''}: what a guess of the row's bag of tokens scores, "
+            f"the position-blind floor first (dev: {100 * dev_floor:.1f}%); accuracy (%) over the answers at each "
+            f"test length, mean over the finished seeds of {len(summary['seeds'])} [95% t-interval]; steps to "
+            f"{100 * summary['target']:.0f}% dev accuracy per seed (- = not reached); seconds per run\n"
         )
         header = ["arm", *(f"{split.removeprefix('test_')} ({n})" for split, n in lengths.items()), "steps", "s/run"]
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += floor_lines(data["floors"], list(lengths))
         for label, arm in data["arms"].items():
             cells = [label]
             for split in lengths:
@@ -278,11 +387,55 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             cells.append(f"{statistics.fmean(arm['seconds']):.0f}")
             lines.append("| " + " | ".join(cells) + " |")
         parts.append("\n".join(lines) + "\n")
+        if data["differences"]:
+            parts.append(differences_markdown(task, data))
     return "\n".join(parts)
 
 
+FLOOR_NAMES = {"position_blind": "*position-blind floor*", "frequent_bit": "*frequent visible bit*"}
+
+
+def floor_lines(split_floors: dict[str, list[dict[str, Any]]], splits: list[str]) -> list[str]:
+    """A table row per floor (the position-blind one first): its accuracy (%) at every test split."""
+    lines = []
+    for i, level in enumerate(split_floors[splits[0]]):
+        name = FLOOR_NAMES.get(level["kind"], f"*{level['kind']}*")
+        cells = [name, *(f"{100 * split_floors[split][i]['accuracy']:.1f}" for split in splits), "", ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def differences_markdown(task: str, data: dict[str, Any]) -> str:
+    """The paired differences of a task: points of accuracy, arm - baseline, per test length.
+
+    A cell is the mean over seeds with its paired t-interval; with one seed, that seed's interval over rows. A cell
+    marked † pairs runs whose rows differ (made before positions had a stream of their own).
+    """
+    lengths = data["lengths"]
+    lines = [
+        f"{task}: arm - {data['baseline']} in points of accuracy on the same rows, mean over seeds [95% paired "
+        "t-interval; one seed: over its rows]\n",
+        "| arm | " + " | ".join(split.removeprefix("test_") for split in lengths) + " |",
+        "|" + "---|" * (len(lengths) + 1),
+    ]
+    for label, splits in data["differences"].items():
+        cells = [label]
+        for split in lengths:
+            cell = splits[split]
+            if cell["mean"] is None:
+                cells.append("-")
+                continue
+            interval = [cell["low"], cell["high"]] if cell["low"] is not None else None
+            if interval is None and len(cell["seeds"]) == 1:
+                interval = cell["seeds"][0]["interval"]
+            spread = f" [{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]" if interval else ""
+            cells.append(f"{100 * cell['mean']:+.1f}{spread}{'' if cell['same_rows'] else ' †'}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """The summary as probe-plot rows: a panel per task, a line per arm (roformer.study.plots.plot_probes)."""
+    """The summary as probe-plot rows: a panel per task, a line per arm, its floors (study.plots.plot_probes)."""
     rows = []
     for task, data in summary["tasks"].items():
         if data["kind"] != "synthetic":
@@ -291,6 +444,7 @@ def plot_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
             for split, length in data["lengths"].items():
                 cell = arm["splits"][split]
                 interval = cell["interval"] or [cell["mean"], cell["mean"]]
+                floor, *references = data["floors"][split]
                 rows.append(
                     {
                         "probe": task,
@@ -299,13 +453,14 @@ def plot_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
                         "length": length,
                         "accuracy": cell["mean"],
                         "interval": interval,
-                        "chance": data["chance"],
+                        "floor": floor["accuracy"],
+                        "references": {FLOOR_NAMES[r["kind"]].strip("*"): r["accuracy"] for r in references},
                     }
                 )
     return rows
 
 
-def write_summary(folder: Path, summary: dict[str, Any]) -> None:
+def write_summary(folder: Path, summary: dict[str, Any]) -> list[str]:
     """summary.json, summary.md, and generalization.png (synthetic tasks) and bleu-by-length.png (translation).
 
     Returns:

@@ -44,6 +44,9 @@ def test_every_shipped_task_trains_from_scratch_and_scores_every_test_length(tmp
     assert finetune(tmp_path / "run", *lengths, config=config) == 0
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["init"] == "" and set(results["runs"][0]["test"]) == {"test_1x", "test_2x"}
+    for split in ("dev", "test_1x", "test_2x"):  # every split beside its position-blind floor
+        baseline = results["baseline"][split]
+        assert baseline["kind"] == "position_blind" and 0 < baseline["accuracy"] <= 1 and baseline["method"] == "exact"
     for split in ("dev", "test_1x", "test_2x"):
         rows = (tmp_path / "run" / "predictions" / "lr0.001-seed0" / f"{split}.jsonl").read_text().splitlines()
         assert len(rows) == 8 and all(json.loads(r)["answers"] for r in rows)
@@ -75,6 +78,15 @@ def test_randomized_positions_reach_the_model(tmp_path: Path) -> None:
         (["data.max_length=12"], "data.max_length"),
         (["data.synthetic.task=copy"], "synthetic.task"),
         (["data.synthetic.randomized_positions=10"], "randomized_positions"),
+        (  # 24 distinct rows of 2-4 bits, every one a training row: no dev row can be new
+            [
+                "data.synthetic.task=missing-duplicate",
+                "data.synthetic.train_lengths=[2,4]",
+                "data.synthetic.train_examples=500",
+            ],
+            "data.synthetic.train_lengths: missing-duplicate has too few distinct rows",
+        ),
+        (["data.synthetic.task=mqar", "data.synthetic.pairs=20", "data.synthetic.train_lengths=[80,84]"], "pairs (20)"),
     ],
 )
 def test_bad_settings_are_one_line_and_write_nothing(
@@ -103,9 +115,14 @@ def write_study(tmp_path: Path, **extra: object) -> Path:
 
 
 def test_a_task_study_trains_every_arm_and_seed_and_compares_by_length(tmp_path: Path) -> None:
-    path, out = write_study(tmp_path), tmp_path / "out"
+    arms = {
+        "rotary": {"set": []},
+        "alibi-asymmetric": {"set": ["model.position_encoding=alibi", "model.alibi_form=asymmetric"]},
+        "rotary-randomized": {"set": ["data.synthetic.randomized_positions=64"]},
+    }
+    path, out = write_study(tmp_path, arms=arms, baseline="rotary"), tmp_path / "out"
     assert main(["experiment", "--config", str(path), "--output-dir", str(out)]) == 0
-    for arm in ("rotary", "alibi-asymmetric"):
+    for arm in arms:
         for seed in (0, 1):
             assert (out / "shift" / f"{arm}-seed{seed}" / "results.json").is_file()
     summary = json.loads((out / "compare" / "summary.json").read_text())
@@ -117,7 +134,22 @@ def test_a_task_study_trains_every_arm_and_seed_and_compares_by_length(tmp_path:
         assert low <= seed["accuracy"] <= high and seed["answers"] > 0
     assert summary["tasks"]["shift"]["lengths"] == {"test_1x": 8, "test_2x": 16}
     assert (out / "compare" / "generalization.png").stat().st_size > 0
-    assert "| rotary |" in (out / "compare" / "summary.md").read_text()
+    table = (out / "compare" / "summary.md").read_text()
+    assert "| rotary |" in table
+    # the floor of every split, its row first in the table; every arm against the first, paired on the same rows
+    task = summary["tasks"]["shift"]
+    floor = task["floors"]["test_2x"][0]
+    assert floor["kind"] == "position_blind" and floor["method"] == "exact" and list(task["floors"])[0] == "dev"
+    assert f"| *position-blind floor* | {100 * task['floors']['test_1x'][0]['accuracy']:.1f} |" in table
+    assert task["baseline"] == "rotary" and set(task["differences"]) == {"alibi-asymmetric", "rotary-randomized"}
+    for arm in ("alibi-asymmetric", "rotary-randomized"):  # randomized positions change no row
+        cell = task["differences"][arm]["test_2x"]
+        assert cell["same_rows"] and cell["test"] in ("paired t", None) and len(cell["seeds"]) == 2
+        mine = [s["accuracy"] for s in task["arms"][arm]["splits"]["test_2x"]["seeds"]]
+        theirs = [s["accuracy"] for s in task["arms"]["rotary"]["splits"]["test_2x"]["seeds"]]
+        assert cell["mean"] == pytest.approx(sum(mine) / 2 - sum(theirs) / 2)
+        assert [s["difference"] for s in cell["seeds"]] == pytest.approx([a - b for a, b in zip(mine, theirs)])
+    assert "shift: arm - rotary in points of accuracy on the same rows" in table and "†" not in table
     decay = json.loads((out / "compare" / "attention-distance" / "shift-alibi-asymmetric.json").read_text())
     assert decay["length"] == 18 and len(decay["layers"]) == 2 and decay["position_encoding"] == "alibi"
     assert (out / "compare" / "attention-distance" / "shift-rotary.png").is_file()
@@ -144,6 +176,35 @@ def test_a_bad_task_study_is_one_line_before_any_run(
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not (out / "shift").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (  # its run would be <out>/esc-seed0, outside the task's folder
+            {"arms": {"rotary": {"set": []}, "../esc": {"set": ["model.position_encoding=none"]}}},
+            "arms: '../esc': a name must be letters, digits, '-', '_' or '.' (a folder name), got '../esc'",
+        ),
+        (  # found when its turn came, after the arms before it had trained
+            {
+                "arms": {
+                    "rotary": {"set": []},
+                    "learned-short": {"set": ["model.position_encoding=learned", "model.max_position_embeddings=12"]},
+                }
+            },
+            "task shift, arm 'learned-short': model.max_position_embeddings (12) must hold 18 positions",
+        ),
+        ({"tasks": []}, "tasks: is empty: list the task configs a task study trains"),
+    ],
+)
+def test_a_study_that_cannot_run_every_arm_is_one_line_before_the_first_trains(
+    tmp_path: Path, capsys: pytest.CaptureFixture, extra: dict, message: str
+) -> None:
+    path, out = write_study(tmp_path, **extra), tmp_path / "out"
+    assert main(["experiment", "--config", str(path), "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists() and not (tmp_path / "esc-seed0").exists()
 
 
 def test_compare_only_is_for_a_task_study_that_has_started(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
