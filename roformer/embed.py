@@ -81,7 +81,7 @@ class SentenceEncoder:
             raise UserError(f"pooling {self.pooling!r}: expected one of {', '.join(POOLINGS)}")
         if self.pooling == "pooler" and not config.add_pooler:
             raise UserError("pooling 'pooler': this model has no pooler (add_pooler: false); use cls, mean or last")
-        limit = config.max_position_embeddings if config.position_encoding == "learned" else None
+        limit = config.position_limit
         self.max_length = max_length or min(DEFAULT_MAX_LENGTH, limit or DEFAULT_MAX_LENGTH)
         if limit is not None and self.max_length > limit:
             raise UserError(f"max_length {self.max_length} exceeds the learned position table ({limit} positions)")

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import roformer
+from roformer.model.config import encodings
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("ROFORMER_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -84,7 +85,11 @@ def assert_checkpointing_changes_nothing(build: Callable[[], roformer.Model], ba
     return model
 
 
-RELATIVE = ["shaw", "t5_bias", "alibi"]  # the relative position encodings
+# Every declared position encoding (roformer.model.config.encodings: one module each), and those that add to the
+# attention logits (a bias folded into the mask, or Shaw's terms of each layer): linear attention refuses them, HF has
+# none of them.
+ENCODINGS = tuple(encodings())
+BIASED = tuple(name for name, spec in encodings().items() if spec.adds_to_logits)
 
 
 def short_range(encoding: str, **fields) -> roformer.ModelConfig:

@@ -1,15 +1,26 @@
-"""`ModelConfig`: the shape and behaviour of one encoder for both arms of the comparison.
+"""`ModelConfig`: the shape and behaviour of one encoder for both arms of the comparison, and the position encodings.
 
 RoFormer (rotary positions) and the BERT baseline (sinusoidal or learned absolute positions) share every other field,
 so a comparison changes nothing else. Loaded from YAML with the strict loader of `roformer.config`: an unknown or
 mistyped key, a wrong type or an impossible value raises `ConfigError` naming the field and the file.
+
+The position encodings are found as the task types are: every module of `roformer.model` that ends in
+`ENCODINGS = (EncodingSpec(...), ...)` declares its encodings, and `encodings()` collects them. What the config accepts
+for `position_encoding`, which fields belong to which encoding, which attention each refuses and the table of them in
+docs/baselines.md (`encodings_table`) come from those declarations; a new encoding is a new module
+(docs/adding-a-position-encoding.md). The declaring modules are imported when the first config is checked, not when
+this one is: it imports no torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
+import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -42,11 +53,6 @@ ACTIVATION_NAMES = (
     "sqrtsoftplus",
     "linear",
 )
-
-PositionEncoding = Literal["rotary", "sinusoidal", "learned", "shaw", "t5_bias", "alibi", "none"]
-
-# Encodings that enter attention as a function of the distance between two tokens, not of the tokens' own positions.
-RELATIVE_ENCODINGS = ("rotary", "shaw", "t5_bias", "alibi")
 
 # Metadata of the ModelConfig fields that make up a model's position encoding (`position_fields()`): the fields in
 # which two arms of an experiment may differ, everything else being equal.
@@ -119,6 +125,68 @@ ARCHITECTURE_NAMES = (
 POOLINGS = ("cls", "mean", "pooler", "last")
 
 
+@dataclass(frozen=True)
+class EncodingSpec:
+    """The declaration of one position encoding: all that the rest of the package knows of it.
+
+    A module of `roformer.model` declares its encodings at its end, `ENCODINGS = (EncodingSpec(...), ...)`, and
+    `encodings()` finds them: the config's accepted names and checks, the forward's module, HF export and the table
+    of encodings come from here.
+
+    Attributes:
+        name: The value of `position_encoding`.
+        summary: One line for the table of encodings (docs/baselines.md).
+        acts: Where it enters. `embeddings`: `build` makes a module that `layers.Embeddings` registers under its
+            `attribute` and adds, called as module(length, device, dtype, position_ids) -> (T, E) or (B, T, E).
+            `attention`: `build` makes an `AttentionPositions` (`roformer.model.terms`) that the backbone registers
+            under its `attribute`. `nothing`: no positions at all.
+        relative: Its attention terms depend on two tokens' positions through their distance alone: shifting every
+            position by one amount changes no output.
+        hf: The HF family it converts to (`roformer`, `bert`), or None: `to_hf` refuses it in one line.
+        kernel: The attention kernel its terms need, a key of `roformer.model.attention.ATTENTION_KERNELS` (an
+            encoding that acts in attention; the module's own `kernel` says the same).
+        folds_bias: Its terms are a float bias of the logits, computed once per forward and folded into the mask
+            (`roformer.model.terms.FoldedBias`).
+        refuses: The `attention` types it cannot run with (linear attention has no logits to add a bias to).
+        fields: The ModelConfig fields that belong to it: any other encoding refuses a value other than their
+            default.
+        settings: A dataclass of settings of its own, given under `position_settings: {<name>: {...}}` (filled with
+            its defaults when left out), or None.
+        rotates: It rotates q and k in the pairs of `rotary_layout`: changing the layout permutes its q/k rows.
+        limited: Its positions are the rows of a table of `max_position_embeddings` (`ModelConfig.position_limit`).
+        build: config -> its module (None when it acts on nothing).
+        check: config -> None: raises ConfigError for what it cannot compute (an odd head size, say), or None.
+        paper: Where it comes from (authors and year), for the table.
+    """
+
+    name: str
+    summary: str
+    acts: Literal["embeddings", "attention", "nothing"]
+    relative: bool
+    hf: str | None
+    kernel: str | None = None
+    folds_bias: bool = False
+    refuses: tuple[str, ...] = ()
+    fields: tuple[str, ...] = ()
+    settings: type | None = None
+    rotates: bool = False
+    limited: bool = False
+    build: Callable[[ModelConfig], Any] | None = None
+    check: Callable[[ModelConfig], None] | None = None
+    paper: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.build is None) != (self.acts == "nothing"):
+            raise ValueError(f"encoding {self.name!r}: a module to build exactly when it acts on something")
+        if (self.kernel is None) != (self.acts != "attention"):
+            raise ValueError(f"encoding {self.name!r}: a kernel exactly when it acts inside attention")
+
+    @property
+    def adds_to_logits(self) -> bool:
+        """It adds to the attention logits (a folded bias, or each layer's own terms): no variable-length kernel."""
+        return self.folds_bias or self.kernel == "biased"
+
+
 class YamlFile:
     """A model config's YAML file: `from_yaml` (a mapping of its fields, or one under a `model:` key), `to_yaml`."""
 
@@ -158,13 +226,12 @@ class ModelConfig(YamlFile):
         type_vocab_size: Number of token types (segments).
         pad_token_id: Padding id; its embedding row starts at zero and gets no gradient (as in HF).
         initializer_range: Std of the normal init of linear and embedding weights (BERT init).
-        position_encoding: `rotary` (RoFormer), `sinusoidal` or `learned` absolute positions (BERT), the relative
-            baselines the paper names (sec. 2.3): `shaw` (Shaw et al. 2018: learned embeddings of the clipped
-            distance added to the keys, optionally the values), `t5_bias` (Raffel et al. 2020: a learned scalar per
-            distance bucket and head added to the logits, shared by all layers), `alibi` (Press et al. 2022: the
-            fixed bias -slope_h |i - j|), or `none` (an ablation: a bag of tokens).
+        position_encoding: The position encoding, by the name its module declares (`EncodingSpec`): `rotary`
+            (RoFormer, the default), BERT's absolute ones, the relative baselines the paper names (sec. 2.3) and
+            the encodings after it. Every one is a row of the table in docs/baselines.md ("Every position
+            encoding"), generated from the declarations (`encodings_table`).
         max_position_embeddings: Rows of the learned position table; unused by the other encodings, which have no
-            length limit. Kept for HF conversion.
+            length limit (`position_limit`). Kept for HF conversion.
         rotary_base: Base of the rotary frequencies, theta_i = base^(-2i/d) (paper eq. 15).
         rotary_layout: `interleaved` pairs (x1,x2),(x3,x4),... as in the paper and HF; `half` pairs (x_i, x_{i+d/2})
             as in GPT-NeoX/LLaMA.
@@ -195,6 +262,9 @@ class ModelConfig(YamlFile):
         sinusoidal_scale: Multiplier of the sinusoidal table added to the token embeddings. None picks the default
             that keeps the table at the scale of the token embedding init (see `resolved_sinusoidal_scale`).
         sinusoidal_scale_learned: Make that multiplier a learned scalar (Cramming-style), initialised at the value.
+        position_settings: The settings of an encoding that declares its own (`EncodingSpec.settings`), under its
+            name: `{p_rope: {unrotated_fraction: 0.25}}`. Filled with that encoding's defaults when left out; the
+            settings of another encoding are refused.
         tie_word_embeddings: The MLM decoder reuses the word embedding matrix.
         num_labels: Outputs of the sequence classification head; 1 means regression (MSE).
         classifier_head: `mlp` (HF RoFormer: dropout, dense, hidden_act, dropout, linear on x[:,0]), `pooler`
@@ -237,7 +307,7 @@ class ModelConfig(YamlFile):
     type_vocab_size: int = 2
     pad_token_id: int = 0
     initializer_range: float = 0.02
-    position_encoding: PositionEncoding = field(default="rotary", metadata=POSITION)
+    position_encoding: str = field(default="rotary", metadata=POSITION)
     max_position_embeddings: int = field(default=512, metadata=POSITION)
     rotary_base: float = field(default=10000.0, metadata={**POSITION, **STAGE})
     rotary_layout: Literal["interleaved", "half"] = field(default="interleaved", metadata=POSITION)
@@ -253,6 +323,7 @@ class ModelConfig(YamlFile):
     attention: Literal["softmax", "linear"] = "softmax"
     sinusoidal_scale: float | None = field(default=None, metadata=POSITION)
     sinusoidal_scale_learned: bool = field(default=False, metadata=POSITION)
+    position_settings: dict[str, Any] = field(default_factory=dict, metadata=POSITION)
     tie_word_embeddings: bool = True
     num_labels: int = 2
     classifier_head: Literal["pooler", "mlp", "mean"] = "mlp"
@@ -279,14 +350,14 @@ class ModelConfig(YamlFile):
             raise ConfigError(f"embedding_size must be > 0 or null, got {self.embedding_size}")
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})")
-        if self.position_encoding == "rotary" and self.head_size % 2:
-            raise ConfigError(f"rotary needs an even head size, got hidden_size/num_heads = {self.head_size}")
-        if self.position_encoding == "sinusoidal" and self.embedding_dim % 2:
-            raise ConfigError(f"sinusoidal positions need an even embedding size, got {self.embedding_dim}")
-        if self.rotary_value and self.position_encoding != "rotary":
-            raise ConfigError("rotary_value is only meaningful with position_encoding: rotary")
-        self._validate_rotary_extensions()
-        self._validate_relative()
+        if self.relative_max_distance < 1:
+            raise ConfigError(f"relative_max_distance must be >= 1, got {self.relative_max_distance}")
+        self._validate_position_encoding()
+        if self.attention_log_scale is not None and (self.attention_log_scale < 2 or self.attention == "linear"):
+            raise ConfigError(
+                f"attention_log_scale must be a trained length >= 2 with softmax attention, got "
+                f"{self.attention_log_scale} ({self.attention} attention)"
+            )
         if self.hidden_act not in ACTIVATION_NAMES:
             raise ConfigError(f"hidden_act '{self.hidden_act}' is not one of: {', '.join(ACTIVATION_NAMES)}")
         for name in ("hidden_dropout", "attention_dropout"):
@@ -319,59 +390,53 @@ class ModelConfig(YamlFile):
                 "mlm_head: bare multiplies the hidden states by the embeddings: embedding_size must be null"
             )
 
-    def _validate_relative(self) -> None:
-        if self.relative_max_distance < 1:
-            raise ConfigError(f"relative_max_distance must be >= 1, got {self.relative_max_distance}")
-        if self.position_encoding == "t5_bias":
-            if self.relative_num_buckets < 4 or self.relative_num_buckets % 2:
-                raise ConfigError(f"relative_num_buckets must be even and >= 4, got {self.relative_num_buckets}")
-            # T5's log-spaced buckets start at num_buckets / 4 (half per direction, half of those exact); a causal
-            # decoder has one direction, so at num_buckets / 2
-            directions = 1 if self.attention_pattern == "causal" else 2
-            exact = self.relative_num_buckets // (2 * directions)
-            if self.relative_max_distance <= exact:
-                raise ConfigError(
-                    f"relative_max_distance ({self.relative_max_distance}) must exceed relative_num_buckets / "
-                    f"{2 * directions} ({exact}), where T5's log-spaced buckets start"
-                )
-        if self.alibi_form != "symmetric" and self.position_encoding != "alibi":
-            raise ConfigError("alibi_form is only meaningful with position_encoding: alibi")
-        if self.attention_log_scale is not None and (self.attention_log_scale < 2 or self.attention == "linear"):
-            raise ConfigError(
-                f"attention_log_scale must be a trained length >= 2 with softmax attention, got "
-                f"{self.attention_log_scale} ({self.attention} attention)"
-            )
-        for name in ("shaw_values", "shaw_shared_layers"):
-            if getattr(self, name) and self.position_encoding != "shaw":
-                raise ConfigError(f"{name} is only meaningful with position_encoding: shaw")
-        if self.attention == "linear" and self.position_encoding in ("shaw", "t5_bias", "alibi"):
-            # eq. 19 never forms the T x T logits that these add to
-            raise ConfigError(
-                f"attention: linear has no attention logits to bias: {self.position_encoding} needs softmax"
-            )
+    def _validate_position_encoding(self) -> None:
+        """The encoding is declared; no other encoding's fields or settings are set; its attention and own checks."""
+        spec = encoding_of(self.position_encoding)
+        for name, owners in encoding_fields().items():
+            if name not in spec.fields and getattr(self, name) != _default(name):
+                raise ConfigError(f"{name} is only meaningful with position_encoding: {' or '.join(owners)}")
+        self._resolve_position_settings(spec)
+        if self.attention in spec.refuses:  # linear: eq. 19 never forms the T x T logits that a bias adds to
+            reason = "has no attention logits to bias" if self.attention == "linear" else "cannot run it"
+            raise ConfigError(f"attention: {self.attention} {reason}: {spec.name} needs softmax")
+        if spec.check is not None:
+            spec.check(self)
 
-    def _validate_rotary_extensions(self) -> None:
-        for name in ("rotary_dim", "rope_scaling"):
-            if getattr(self, name) is not None and self.position_encoding != "rotary":
-                raise ConfigError(f"{name} is only meaningful with position_encoding: rotary")
-        if self.rotary_dim is not None and not (2 <= self.rotary_dim <= self.head_size and self.rotary_dim % 2 == 0):
-            raise ConfigError(f"rotary_dim must be even and in [2, head size {self.head_size}], got {self.rotary_dim}")
-        if self.attention == "linear" and self.rotary_value:
-            raise ConfigError("attention: linear rotates the feature-mapped q and k (eq. 19): rotary_value must be off")
-        if self.rope_scaling is not None and self.rope_scaling.type == "ntk" and self.rotary_size <= 2:
-            raise ConfigError("rope_scaling ntk needs more than 2 rotated features (base * factor^(d / (d - 2)))")
-        if self.rope_scaling is not None and self.rope_scaling.type == "yarn" and self.attention == "linear":
-            # YaRN's magnitude lives in the rotation tables, which eq. 19's numerator uses and its denominator does
-            # not: the output would be scaled by attention_factor^2 (+63% at factor 16)
-            raise ConfigError("rope_scaling yarn cannot be used with attention: linear (use linear or ntk scaling)")
-        if (
-            self.rope_scaling is not None
-            and self.rope_scaling.type == "self_extend"
-            and (self.attention == "linear" or self.rotary_value)
-        ):
-            raise ConfigError("rope_scaling self_extend groups q.k distances: softmax attention, no rotary_value")
-        if self.rope_scaling is not None and self.rope_scaling.type == "yarn" and self.rotary_value:
-            raise ConfigError("rope_scaling yarn scales the rotated vectors: with rotary_value it would scale v too")
+    def _resolve_position_settings(self, spec: EncodingSpec) -> None:
+        """`position_settings` holds the encoding's own settings (its defaults where none are given), and no other."""
+        known = encodings()
+        for name in self.position_settings:
+            if name not in known or known[name].settings is None:
+                having = ", ".join(n for n, s in known.items() if s.settings is not None) or "none"
+                raise ConfigError(f"position_settings.{name}: not an encoding with settings (those with: {having})")
+            if name != spec.name:
+                raise ConfigError(f"position_settings.{name} is only meaningful with position_encoding: {name}")
+        if spec.settings is None:
+            return
+        given = self.position_settings.get(spec.name)
+        if not isinstance(given, spec.settings):
+            given = from_dict(spec.settings, given, prefix=f"position_settings.{spec.name}.")
+        self.position_settings = {spec.name: given}
+
+    @property
+    def encoding(self) -> EncodingSpec:
+        """The declaration of this config's position encoding."""
+        return encoding_of(self.position_encoding)
+
+    @property
+    def position_limit(self) -> int | None:
+        """The most tokens a sequence may have: the learned table's rows, or None (no length limit).
+
+        One answer for every caller: only an encoding declared `limited` (`learned`) has a limit, its
+        `max_position_embeddings`.
+        """
+        return self.max_position_embeddings if self.encoding.limited else None
+
+    def holds_positions(self, length: int) -> bool:
+        """Whether a sequence of `length` tokens has a position under this encoding (`position_limit`)."""
+        limit = self.position_limit
+        return limit is None or length <= limit
 
     @property
     def rotary_size(self) -> int:
@@ -404,6 +469,100 @@ class ModelConfig(YamlFile):
 def position_fields() -> tuple[str, ...]:
     """The names of the ModelConfig fields that make up the position encoding (metadata `POSITION`), in field order."""
     return tuple(f.name for f in dataclasses.fields(ModelConfig) if f.metadata.get("position", False))
+
+
+def _default(name: str) -> Any:
+    """The default value of ModelConfig field `name`."""
+    declared = ModelConfig.__dataclass_fields__[name]
+    return declared.default_factory() if declared.default is dataclasses.MISSING else declared.default
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The position encodings, collected from their modules' declarations
+
+PACKAGE = "roformer.model"
+
+
+@cache
+def encodings() -> dict[str, EncodingSpec]:
+    """Every declared position encoding by name, sorted by name: the `ENCODINGS` of the modules of roformer.model.
+
+    Raises:
+        RuntimeError: two declarations of one name, or a declared field that ModelConfig has not (a programming
+            error).
+    """
+    import roformer.model
+
+    found: dict[str, EncodingSpec] = {}
+    for module in sorted(pkgutil.iter_modules(roformer.model.__path__), key=lambda m: m.name):
+        for spec in getattr(importlib.import_module(f"{PACKAGE}.{module.name}"), "ENCODINGS", ()):
+            if spec.name in found:
+                raise RuntimeError(f"position encoding {spec.name!r} is declared twice ({module.name})")
+            unknown = [name for name in spec.fields if name not in ModelConfig.__dataclass_fields__]
+            if unknown:
+                raise RuntimeError(f"position encoding {spec.name!r} declares fields ModelConfig has not: {unknown}")
+            found[spec.name] = spec
+    return dict(sorted(found.items()))
+
+
+def encoding_of(name: str) -> EncodingSpec:
+    """The declaration of encoding `name`.
+
+    Raises:
+        ConfigError: an unknown name, listing the declared ones.
+    """
+    known = encodings()
+    if name not in known:
+        raise ConfigError(
+            f"key 'position_encoding' must be one of {', '.join(map(repr, known))}, got {name!r} (the encodings "
+            "are declared by their modules in roformer/model/)"
+        )
+    return known[name]
+
+
+def encoding_fields() -> dict[str, tuple[str, ...]]:
+    """{ModelConfig field: the encodings it belongs to} for every field an encoding declares as its own."""
+    owners: dict[str, tuple[str, ...]] = {}
+    for spec in encodings().values():
+        for name in spec.fields:
+            owners[name] = (*owners.get(name, ()), spec.name)
+    return owners
+
+
+def relative_encodings() -> tuple[str, ...]:
+    """The encodings whose attention terms depend on positions through the distance alone (`EncodingSpec.relative`)."""
+    return tuple(name for name, spec in encodings().items() if spec.relative)
+
+
+TABLE_START = "<!-- position encodings: generated by roformer.model.config.encodings_table -->"
+TABLE_END = "<!-- end of position encodings -->"
+
+
+def encodings_table() -> str:
+    """The position encodings as a markdown table (docs/baselines.md holds it between TABLE_START and TABLE_END)."""
+    lines = [
+        "| `position_encoding` | where | relative | attention kernel | refuses | HF export | its fields | from |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for spec in encodings().values():
+        where = {"attention": "attention", "embeddings": "token embeddings", "nothing": "nowhere"}[spec.acts]
+        if spec.folds_bias:
+            where += " (a bias folded into the mask)"
+        own = [f"`{name}`" for name in spec.fields]
+        if spec.settings is not None:
+            own += [f"`position_settings.{spec.name}.{f.name}`" for f in dataclasses.fields(spec.settings)]
+        row = [
+            f"`{spec.name}`: {spec.summary}",
+            where,
+            "yes" if spec.relative else "no",
+            f"`{spec.kernel}`" if spec.kernel else "",
+            ", ".join(f"`attention: {a}`" for a in spec.refuses),
+            {"roformer": "HF RoFormer", "bert": "HF BERT", None: "refused"}[spec.hf],
+            ", ".join(own),
+            spec.paper,
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join([TABLE_START, *lines, TABLE_END])
 
 
 @dataclass

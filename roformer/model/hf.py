@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from roformer.errors import CheckpointError, ConfigError
-from roformer.model.config import ACTIVATION_NAMES, EncoderDecoderConfig, ModelConfig
+from roformer.model.config import ACTIVATION_NAMES, EncoderDecoderConfig, ModelConfig, encodings
 from roformer.model.hf_files import checkpoint_directory, read_hf_checkpoint, read_hf_config, read_hf_weights
 from roformer.model.model import ARCHITECTURES, EncoderDecoder, Model, convert_rotary_layout
 from roformer.model.rotary import rotary_angles
@@ -568,11 +568,10 @@ def to_hf(model: Model) -> Any:
 
     if isinstance(model, EncoderDecoder):
         return _encoder_decoder_to_hf(model)
-    config = model.config
-    if config.rotary_layout != "interleaved":
+    family = _hf_family(model.config)
+    if model.config.rotary_layout != "interleaved":
         model = convert_rotary_layout(model, "interleaved")
-        config = model.config
-    family = "roformer" if config.position_encoding == "rotary" else "bert"
+    config = model.config
     arch = model.architecture
     hf_config = _config_to_hf(config, family, arch)
     hf_model = getattr(transformers, _HF_CLASSES[family, arch])(hf_config)
@@ -650,6 +649,21 @@ def _warn_if_hf_decoder_is_not_causal(version: str) -> None:
         )
 
 
+def _hf_family(config: ModelConfig) -> str:
+    """The HF family a model of `config` exports to, as its position encoding declares (`EncodingSpec.hf`).
+
+    Raises:
+        CheckpointError: an encoding HF has no model for, in one line naming those that export.
+    """
+    family = config.encoding.hf
+    if family is None:
+        exported = [name for name, spec in encodings().items() if spec.hf is not None]
+        raise CheckpointError(
+            f"HF RoFormer and BERT have no {config.position_encoding} positions: only {', '.join(exported)} export"
+        )
+    return family
+
+
 def _config_to_hf(config: ModelConfig, family: str, arch: str) -> Any:
     import transformers
 
@@ -678,11 +692,6 @@ def _config_to_hf(config: ModelConfig, family: str, arch: str) -> Any:
     for name, reason in unsupported.items():
         if getattr(config, name) not in (None, "softmax"):
             raise CheckpointError(reason)
-    if config.position_encoding in ("shaw", "t5_bias", "alibi"):
-        raise CheckpointError(
-            f"HF RoFormer and BERT have no {config.position_encoding} relative positions: only rotary, sinusoidal, "
-            "learned and none export"
-        )
     _check_v1(config, family)
     if config.cross_attention and config.attention_pattern != "causal":
         raise CheckpointError("HF has cross-attention in causal decoders only (is_decoder): attention_pattern causal")
@@ -751,7 +760,7 @@ def _fill_derived(new: dict, hf_state: dict, model: Model, family: str, prefix: 
         table = torch.zeros(config.max_position_embeddings, config.hidden_size)
         if config.position_encoding == "sinusoidal":
             with torch.no_grad():
-                table = backbone.embeddings.sinusoidal(
+                table = backbone.embeddings.positions(
                     config.max_position_embeddings, torch.device("cpu"), torch.float32
                 )
         new[f"{prefix}embeddings.position_embeddings.weight"] = table.detach().clone()

@@ -1,9 +1,10 @@
 """The layers of the encoder, read top to bottom: activations, norms, embeddings and the post-LN block.
 
-The position encodings are in `roformer.model.positions`: the absolute ones (`sinusoidal`, `learned`) enter here
-through `Embeddings`, the others (`rotary`, `shaw`, `t5_bias`, `alibi`) through the `AttentionContext` every
-attention layer reads (`roformer.model.attention`), and `none` has none. The models that stack the blocks are in
-`roformer.model.backbone` and `roformer.model.heads`.
+The position encodings (the table in docs/baselines.md) enter in one of two places: those declared to act on the
+embeddings (BERT's `sinusoidal` and `learned`) through `Embeddings`, which adds the module
+`positions.embedding_positions` builds, and those that act inside attention (`rotary` among them) through the
+`AttentionContext` every attention layer reads (`roformer.model.attention`). The models that stack the blocks are
+in `roformer.model.backbone` and `roformer.model.heads`.
 
 References:
     Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding", arXiv 2104.09864 ("paper").
@@ -23,7 +24,7 @@ from roformer.model.attention import AttentionContext, CrossAttention, SelfAtten
 from roformer.model.config import ModelConfig
 from roformer.model.dropout import Dropout
 from roformer.model.layouts import RealTokens
-from roformer.model.positions import SinusoidalPositions
+from roformer.model.positions import embedding_positions
 
 # ----------------------------------------------------------------------------------------------------------------
 # Activations: every parameter-free name HF BERT/RoFormer configs use (config.ACTIVATION_NAMES), written out here.
@@ -120,17 +121,20 @@ class Embeddings(nn.Module):
         self.config = config
         self.word = nn.Embedding(config.vocab_size, dim, padding_idx=config.pad_token_id)
         self.token_type = nn.Embedding(config.type_vocab_size, dim)
-        self.position = (
-            nn.Embedding(config.max_position_embeddings, dim) if config.position_encoding == "learned" else None
-        )
-        self.sinusoidal = (
-            SinusoidalPositions(dim, config.resolved_sinusoidal_scale, config.sinusoidal_scale_learned)
-            if config.position_encoding == "sinusoidal"
-            else None
-        )
+        # The absolute encoding, if any: registered under its own name (`position`, `sinusoidal`), which its
+        # checkpoint keys carry, and reached as `self.positions` whatever the name.
+        positions = embedding_positions(config)
+        self.positions_attribute = None if positions is None else positions.attribute
+        if positions is not None:
+            self.add_module(positions.attribute, positions)
         self.norm = make_norm(config, dim)
         self.dropout = Dropout(config.hidden_dropout)
         self.project = nn.Linear(dim, config.hidden_size) if dim != config.hidden_size else None
+
+    @property
+    def positions(self) -> nn.Module | None:
+        """The absolute position encoding added to the token embeddings, or None."""
+        return None if self.positions_attribute is None else getattr(self, self.positions_attribute)
 
     def forward(
         self,
@@ -150,15 +154,8 @@ class Embeddings(nn.Module):
             x = x + self.token_type.weight[0]  # same value and gradient as looking up type 0 everywhere
         else:
             x = x + self.token_type(token_type_ids)
-        if self.position is not None:
-            if T > self.position.num_embeddings:
-                raise ValueError(
-                    f"sequence length {T} exceeds max_position_embeddings={self.position.num_embeddings} of the "
-                    "learned position table; rotary and sinusoidal positions have no length limit"
-                )
-            x = x + (self.position.weight[:T] if position_ids is None else self.position(position_ids))
-        elif self.sinusoidal is not None:
-            x = x + self.sinusoidal(T, x.device, x.dtype, position_ids)
+        if self.positions is not None:
+            x = x + self.positions(T, x.device, x.dtype, position_ids)  # (T, E) or (B, T, E)
         if tokens is not None:
             x = tokens.take(x)  # (N, E)
         x = self.dropout(self.norm(x))

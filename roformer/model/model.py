@@ -1,7 +1,7 @@
 """RoFormer and its BERT baseline by architecture name: the model classes, `load`, and the rotary layouts.
 
-One post-LN encoder whose position encoding the config chooses (`rotary`, `sinusoidal`, `learned`, `shaw`,
-`t5_bias`, `alibi` or `none`: `roformer.model.positions`), with the heads of HF RoFormer/BERT on top, one class per
+One post-LN encoder whose position encoding the config chooses (any one declared by its module: the table in
+docs/baselines.md, built by `roformer.model.positions`), with the heads of HF RoFormer/BERT on top, one class per
 architecture: `backbone` (Backbone, no head), `masked_lm` (MaskedLM), `sequence_classification`
 (SequenceClassifier), `token_classification` (TokenClassifier), `question_answering` (QuestionAnswering),
 `multiple_choice` (MultipleChoice) and `causal_lm` (CausalLM, a decoder); and `encoder_decoder` (EncoderDecoder:
@@ -119,7 +119,7 @@ def load(
         load_weights(model, state, saved, Path(directory))
         model = model if layout is None else convert_rotary_layout(model, layout)
         return model.to(device).eval()
-    rotary = config.position_encoding == "rotary"
+    rotary = config.encoding.rotates
     if layout is not None and not rotary:
         config = replace(config, rotary_layout=layout)  # no weight depends on it
     model = ARCHITECTURES[architecture](config)
@@ -154,8 +154,10 @@ def convert_rotary_layout(model: Model, layout: str) -> Model:
     if isinstance(model, EncoderDecoder):
         return _encoder_decoder_layout(model, layout)
     config = model.config
-    if config.position_encoding != "rotary":
-        raise ValueError("rotary layouts only apply to position_encoding: rotary")
+    if not config.encoding.rotates:
+        raise ValueError(
+            f"rotary layouts only apply to an encoding that rotates q and k, not {config.position_encoding}"
+        )
     if layout == config.rotary_layout:
         return model
     H, D, C = config.num_heads, config.head_size, config.hidden_size
@@ -187,13 +189,13 @@ def _encoder_decoder_layout(model: EncoderDecoder, layout: str) -> EncoderDecode
         ValueError: neither half has rotary positions.
     """
     halves = {"encoder": model.encoder, "decoder": model.decoder}
-    if all(h.config.position_encoding != "rotary" for h in halves.values()):
-        raise ValueError("rotary layouts only apply to position_encoding: rotary")
+    if not any(h.config.encoding.rotates for h in halves.values()):
+        raise ValueError("rotary layouts only apply to an encoding that rotates q and k (in the encoder or decoder)")
     if all(h.config.rotary_layout == layout for h in halves.values()):
         return model
     state, configs = {}, {}
     for name, half in halves.items():
-        if half.config.position_encoding == "rotary":
+        if half.config.encoding.rotates:
             half = convert_rotary_layout(half, layout)
         configs[name] = replace(half.config, rotary_layout=layout)
         state |= {f"{name}.{k}": v for k, v in half.state_dict().items()}

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from roformer.errors import CheckpointError
 from roformer.model.model import Model
+from roformer.model.positions import SinusoidalPositions
 from roformer.model.rotary import RotaryEmbedding
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
@@ -71,10 +72,10 @@ def export_onnx(model: Model, path: str | Path, max_length: int | None = None, o
     max_length = max_length or config.max_position_embeddings
     if max_length < 2:
         raise CheckpointError(f"--max-length must be >= 2, got {max_length}")
-    if config.position_encoding == "learned" and max_length > config.max_position_embeddings:
+    if not config.holds_positions(max_length):
         raise CheckpointError(
-            f"learned positions cover {config.max_position_embeddings} tokens: --max-length {max_length} cannot be "
-            "exported (rotary, sinusoidal and the relative encodings have no limit)"
+            f"{config.position_encoding} positions cover {config.position_limit} tokens: --max-length {max_length} "
+            "cannot be exported (rotary, sinusoidal and the relative encodings have no limit)"
         )
     model = copy.deepcopy(model).to("cpu", torch.float32).eval()  # the caller's model keeps its device, dtype, mode
     _build_position_tables(model, max_length)
@@ -127,5 +128,5 @@ def _build_position_tables(model: Model, length: int) -> None:
     backbone = model.base_model
     if isinstance(backbone.positions, RotaryEmbedding):
         backbone.positions.cos_sin(length, torch.device("cpu"))
-    if backbone.embeddings.sinusoidal is not None:
-        backbone.embeddings.sinusoidal.table(length, torch.device("cpu"))
+    if isinstance(backbone.embeddings.positions, SinusoidalPositions):
+        backbone.embeddings.positions.table(length, torch.device("cpu"))

@@ -1,22 +1,17 @@
-"""Every position encoding, by name: the entry point the backbone uses, and the absolute sinusoidal table.
+"""The absolute position encodings, and the entry points that build the module of a config's encoding.
 
-`rotary` (RoFormer, `roformer.model.rotary`) rotates q and k by position, optionally scaled beyond the trained length
-(SelfExtend among the scalings); `sinusoidal` (here) and `learned` (a plain table in `layers.Embeddings`) are added to
-the token embeddings; `shaw`, `t5_bias` and `alibi` (`roformer.model.relative`) act on the attention logits; `none`
-has none.
-
-The encodings that act inside attention share one entry point, which is all the backbone knows of them:
-`attention_positions(config)` builds the module (registered on the backbone under its `attribute`), and once per
-forward its `terms(...)` returns the `PositionTerms` every layer's attention reads; its `kernel` names the attention
-kernel those terms need, which the forward plan reads (`roformer.model.terms.AttentionPositions`). Adding such an
-encoding (xPos, FIRE, ...) is a config value, a class with `attribute`, `kernel`, `adds_to_logits` and `terms` (in
-its own module beside `rotary` and `relative`, or there), and a line in `attention_positions`; a kernel of its own,
-if none of the table's fits, is one entry of `roformer.model.attention.ATTENTION_KERNELS`.
+`sinusoidal` (Vaswani et al.) and `learned` (BERT's table) are added to the token embeddings (`layers.Embeddings`
+registers the module `embedding_positions(config)` builds); `none` has no positions. The encodings that act inside
+attention are modules of their own: `rotary` (RoFormer, `roformer.model.rotary`), `shaw`, `t5_bias` and `alibi`
+(`roformer.model.relative`), and any module that declares `ENCODINGS`; `attention_positions(config)` builds the
+one a config names, which is all the backbone knows of them. Every encoding is declared by its module
+(`roformer.model.config.EncodingSpec`, the table in docs/baselines.md); a new one is a new module and no edit here
+(docs/adding-a-position-encoding.md).
 
 References:
     Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding", arXiv 2104.09864 ("paper").
-    Vaswani et al. 2017, "Attention is all you need" (sinusoidal positions); Shaw et al. 2018; Raffel et al. 2020
-    (T5); Press et al. 2022 (ALiBi).
+    Vaswani et al. 2017, "Attention is all you need" (sinusoidal positions); Devlin et al. 2019 (BERT's learned
+    table).
 """
 
 from __future__ import annotations
@@ -26,7 +21,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from roformer.model.config import ModelConfig
+from roformer.errors import ConfigError
+from roformer.model.config import EncodingSpec, ModelConfig
 from roformer.model.relative import RelativeBias, ShawEmbeddings, alibi_slopes, relative_distances, t5_buckets
 from roformer.model.rotary import (
     GroupedRotation,
@@ -43,6 +39,7 @@ from roformer.model.terms import AttentionPositions, PositionTerms, ShawTerms
 __all__ = [
     "AttentionPositions",
     "GroupedRotation",
+    "LearnedPositions",
     "PositionTerms",
     "RelativeBias",
     "RotaryEmbedding",
@@ -52,6 +49,7 @@ __all__ = [
     "alibi_slopes",
     "apply_rotary",
     "attention_positions",
+    "embedding_positions",
     "relative_distances",
     "rotary_angles",
     "rotary_frequencies",
@@ -71,6 +69,7 @@ class SinusoidalPositions(TablesFollowTheModule):
     is a trained scalar (as in Cramming, Geiping & Goldstein 2022).
     """
 
+    attribute: ClassVar[str] = "sinusoidal"  # under `embeddings`: its learned scale's checkpoint key
     tables: ClassVar[tuple[str, ...]] = ("_cache",)
 
     def __init__(self, dim: int, scale: float, learned: bool = False, base: float = 10000.0) -> None:
@@ -98,20 +97,99 @@ class SinusoidalPositions(TablesFollowTheModule):
         return (self.table(int(positions.max()) + 1, device)[positions] * self.scale).to(dtype)
 
 
+class LearnedPositions(nn.Embedding):
+    """BERT's learned absolute positions: a table of `max_position_embeddings` rows, one per position."""
+
+    attribute: ClassVar[str] = "position"  # under `embeddings`: `embeddings.position.weight`, as always
+
+    def forward(self, length: int, device: torch.device, dtype: torch.dtype, positions: Tensor | None = None) -> Tensor:
+        """The rows of positions 0..length-1 (length, dim), or of `positions` (B, T) -> (B, T, dim).
+
+        In the table's own dtype (`dtype` is the sinusoidal table's, which is computed).
+
+        Raises:
+            ValueError: a position beyond the table.
+        """
+        if length > self.num_embeddings:
+            raise ValueError(
+                f"sequence length {length} exceeds max_position_embeddings={self.num_embeddings} of the learned "
+                "position table; rotary and sinusoidal positions have no length limit"
+            )
+        return self.weight[:length] if positions is None else super().forward(positions)
+
+
 # ----------------------------------------------------------------------------------------------------------------
-# The entry point
+# The entry points
 
 
 def attention_positions(config: ModelConfig) -> AttentionPositions | None:
-    """The module of `config`'s encoding that acts inside attention, or None.
+    """The module of `config`'s encoding that acts inside attention (its declaration builds it), or None.
 
-    None for the absolute encodings (`sinusoidal`, `learned`), which `layers.Embeddings` adds to the token
-    embeddings, and for `none`.
+    None for the encodings that act on the token embeddings (`embedding_positions`) or on nothing.
     """
-    if config.position_encoding == "rotary":
-        return RotaryEmbedding(config.rotary_size, config.rotary_base, config.rotary_layout, config.rope_scaling)
-    if config.position_encoding in ("t5_bias", "alibi"):
-        return RelativeBias(config)
-    if config.position_encoding == "shaw":
-        return ShawEmbeddings(config)
-    return None
+    spec = config.encoding
+    return spec.build(config) if spec.acts == "attention" else None
+
+
+def embedding_positions(config: ModelConfig) -> nn.Module | None:
+    """The module of `config`'s encoding that `layers.Embeddings` adds to the token embeddings, or None.
+
+    Called as module(length, device, dtype, positions) -> (length, E), or (B, T, E) at `positions` (B, T).
+    """
+    spec = config.encoding
+    return spec.build(config) if spec.acts == "embeddings" else None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The declarations
+
+
+def check_sinusoidal(config: ModelConfig) -> None:
+    """The table pairs sin and cos: an even embedding width.
+
+    Raises:
+        ConfigError: an odd one.
+    """
+    if config.embedding_dim % 2:
+        raise ConfigError(f"sinusoidal positions need an even embedding size, got {config.embedding_dim}")
+
+
+def sinusoidal_positions(config: ModelConfig) -> SinusoidalPositions:
+    """The sinusoidal table of `config`, at its scale (`resolved_sinusoidal_scale`), learned or fixed."""
+    return SinusoidalPositions(config.embedding_dim, config.resolved_sinusoidal_scale, config.sinusoidal_scale_learned)
+
+
+def learned_positions(config: ModelConfig) -> LearnedPositions:
+    """The learned table of `config`: `max_position_embeddings` rows of the embedding width."""
+    return LearnedPositions(config.max_position_embeddings, config.embedding_dim)
+
+
+ENCODINGS = (
+    EncodingSpec(
+        name="sinusoidal",
+        summary="a fixed sin/cos table of the absolute position added to the token embeddings, scaled (BERT arm)",
+        acts="embeddings",
+        relative=False,
+        hf="bert",
+        build=sinusoidal_positions,
+        check=check_sinusoidal,
+        paper="Vaswani et al. 2017",
+    ),
+    EncodingSpec(
+        name="learned",
+        summary="a learned table of absolute positions added to the token embeddings (BERT)",
+        acts="embeddings",
+        relative=False,
+        hf="bert",
+        limited=True,
+        build=learned_positions,
+        paper="Devlin et al. 2019",
+    ),
+    EncodingSpec(
+        name="none",
+        summary="no positions: a bag of tokens (an ablation)",
+        acts="nothing",
+        relative=False,
+        hf="bert",
+    ),
+)

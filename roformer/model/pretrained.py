@@ -81,9 +81,9 @@ def load_weights_from(model: Model, source: str | Path) -> None:
     """
     pretrained = load_pretrained(source, model.architecture)
     if isinstance(model, EncoderDecoder):  # its halves' layout (one for both, as load(rotary_layout=...) gives)
-        if "rotary" in (pretrained.config.encoder.position_encoding, pretrained.config.decoder.position_encoding):
+        if pretrained.config.encoder.encoding.rotates or pretrained.config.decoder.encoding.rotates:
             pretrained = convert_rotary_layout(pretrained, model.config.encoder.rotary_layout)
-    elif model.config.position_encoding == "rotary" == pretrained.config.position_encoding:
+    elif model.config.encoding.rotates and model.config.position_encoding == pretrained.config.position_encoding:
         # the saved q/k rows follow the saved layout: permuted into the model's, as load(rotary_layout=...) does
         pretrained = convert_rotary_layout(pretrained, model.config.rotary_layout)
     try:

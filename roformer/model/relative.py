@@ -16,8 +16,9 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from roformer.model.config import ModelConfig
-from roformer.model.terms import PositionRecord, PositionTerms, ShawTerms
+from roformer.errors import ConfigError
+from roformer.model.config import EncodingSpec, ModelConfig
+from roformer.model.terms import FoldedBias, PositionRecord, PositionTerms, ShawTerms, forward_positions
 
 
 def relative_distances(query_positions: Tensor, key_positions: Tensor) -> Tensor:
@@ -34,14 +35,11 @@ def forward_distances(
     shared by the batch. With them (or a cache, which keeps every slot's position) they are per row, (B, T, S), and
     the range is the whole [-max_distance, max_distance]: its bounds would need a host sync.
     """
-    if position_ids is None:
-        positions = torch.arange(length, device=device)
-        distance, lowest, highest = relative_distances(positions, positions), 1 - length, length - 1  # (T, T)
-        if torch.compiler.is_compiling():  # the whole table: a row range that depends on T would guard on T
-            lowest, highest = -max_distance, max_distance
-        return distance, lowest, highest
-    keys = cache.add_positions(position_ids) if cache is not None else position_ids
-    return relative_distances(position_ids, keys), -max_distance, max_distance  # (B, T, S)
+    queries, keys = forward_positions(position_ids, cache, length, device)
+    distance = relative_distances(queries, keys)  # (T, T), or (B, T, S)
+    if position_ids is None and not torch.compiler.is_compiling():  # compiled, the whole table: a row range that
+        return distance, 1 - length, length - 1  # depends on T would guard on T
+    return distance, -max_distance, max_distance
 
 
 def t5_buckets(distance: Tensor, num_buckets: int, max_distance: int, bidirectional: bool = True) -> Tensor:
@@ -80,7 +78,7 @@ def alibi_slopes(num_heads: int) -> Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
-class RelativeBias(nn.Module):
+class RelativeBias(FoldedBias):
     """A bias of the attention logits that depends on distance only, computed once per forward for every layer.
 
     `t5_bias`: one learned scalar per bucket (`t5_buckets`) and head, shared by all layers as in T5. `alibi`: the fixed
@@ -88,9 +86,7 @@ class RelativeBias(nn.Module):
     asymmetric form puts keys on the left half a step closer: -slope_h (|key - query| - 0.5) before the query).
     """
 
-    attribute: ClassVar[str] = "relative_bias"
-    kernel: ClassVar[str] = "sdpa"  # the bias is folded into the mask: SDPA adds it as a float mask
-    adds_to_logits: ClassVar[bool] = True
+    attribute: ClassVar[str] = "relative_bias"  # the bias is folded into the mask: SDPA adds it (FoldedBias)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -122,22 +118,9 @@ class RelativeBias(nn.Module):
             reach = reach - self.left_offset * (distance < 0)  # distance = key - query: < 0 for keys on the left
         return -self._slopes[device][None, :, None, None] * reach[:, None]  # (1, H, 1, 1) slopes
 
-    def terms(
-        self,
-        mask: Tensor | None,
-        position_ids: Tensor | None,
-        cache: PositionRecord | None,
-        length: int,
-        device: torch.device,
-    ) -> PositionTerms:
-        """The bias of this forward with the mask folded in: every layer adds it to its logits."""
-        distance, _, _ = forward_distances(position_ids, cache, length, device, self.max_distance)
-        bias = self(distance)  # (1 or B, H, T, S) float32
-        if mask is not None:
-            bias = bias.masked_fill(~mask, float("-inf"))
-        if torch.is_autocast_enabled(bias.device.type):  # once here, not in every layer: SDPA takes the query's dtype
-            bias = bias.to(torch.get_autocast_dtype(bias.device.type))
-        return PositionTerms(bias)
+    def bias(self, queries: Tensor, keys: Tensor) -> Tensor:
+        """(T,) or (B, T) query and (S,) or (B, S) key positions -> float32 bias (1 or B, H, T, S)."""
+        return self(relative_distances(queries, keys))
 
 
 class ShawEmbeddings(nn.Module):
@@ -189,3 +172,68 @@ class ShawEmbeddings(nn.Module):
         """Each layer's embeddings of this forward's distances; the mask is kept (the layers add q . a^K to it)."""
         distance, lowest, highest = forward_distances(position_ids, cache, length, device, self.max_distance)
         return PositionTerms(mask, shaw=self.for_layers(distance, lowest, highest))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The declarations
+
+
+def check_t5_buckets(config: ModelConfig) -> None:
+    """T5's buckets: an even number, at least 4, whose log-spaced part starts below `relative_max_distance`.
+
+    Raises:
+        ConfigError: naming the field.
+    """
+    if config.relative_num_buckets < 4 or config.relative_num_buckets % 2:
+        raise ConfigError(f"relative_num_buckets must be even and >= 4, got {config.relative_num_buckets}")
+    # T5's log-spaced buckets start at num_buckets / 4 (half per direction, half of those exact); a causal decoder
+    # has one direction, so at num_buckets / 2
+    directions = 1 if config.attention_pattern == "causal" else 2
+    exact = config.relative_num_buckets // (2 * directions)
+    if config.relative_max_distance <= exact:
+        raise ConfigError(
+            f"relative_max_distance ({config.relative_max_distance}) must exceed relative_num_buckets / "
+            f"{2 * directions} ({exact}), where T5's log-spaced buckets start"
+        )
+
+
+ENCODINGS = (
+    EncodingSpec(
+        name="shaw",
+        summary="learned embeddings of the clipped distance clip(j - i, k) added to the keys (and values)",
+        acts="attention",
+        relative=True,
+        hf=None,
+        kernel="biased",
+        refuses=("linear",),
+        fields=("shaw_values", "shaw_shared_layers"),
+        build=ShawEmbeddings,
+        paper="Shaw et al. 2018",
+    ),
+    EncodingSpec(
+        name="t5_bias",
+        summary="one learned scalar per log-spaced distance bucket and head, shared by all layers",
+        acts="attention",
+        relative=True,
+        hf=None,
+        kernel="sdpa",
+        folds_bias=True,
+        refuses=("linear",),
+        build=RelativeBias,
+        check=check_t5_buckets,
+        paper="Raffel et al. 2020",
+    ),
+    EncodingSpec(
+        name="alibi",
+        summary="the fixed bias -slope_h \\|i - j\\| (symmetric for an encoder, or Ruoss et al.'s asymmetric form)",
+        acts="attention",
+        relative=True,
+        hf=None,
+        kernel="sdpa",
+        folds_bias=True,
+        refuses=("linear",),
+        fields=("alibi_form",),
+        build=RelativeBias,
+        paper="Press et al. 2022",
+    ),
+)

@@ -22,7 +22,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from roformer.model.config import RopeScaling
+from roformer.errors import ConfigError
+from roformer.model.config import EncodingSpec, ModelConfig, RopeScaling
 from roformer.model.terms import PositionRecord, PositionTerms, Rotation
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -271,10 +272,17 @@ class RotaryEmbedding(TablesFollowTheModule):
         """`sdpa` (q and k rotated, then any softmax kernel), or `grouped` for SelfExtend's logits."""
         return "grouped" if self.groups_positions else "sdpa"
 
+    def angles(self, num_positions: int) -> Tensor:
+        """float64 angles m * theta_i, (num_positions, dim // 2) on the CPU: the paper's, or as scaled.
+
+        A variant of RoPE that rotates by other angles (p-RoPE) overrides this alone.
+        """
+        return rotary_angles(num_positions, self.dim, self.base, self.scaling)
+
     def rotations(self, length: int, device: torch.device) -> Tensor:
         """complex64 table magnitude * e^{i m theta_i} of shape (length, dim // 2) on `device`."""
         if self._cache is None or self._cache.shape[0] < length or self._cache.device != device:
-            angles = rotary_angles(table_capacity(length), self.dim, self.base, self.scaling)
+            angles = self.angles(table_capacity(length))
             table = torch.polar(torch.full_like(angles, self.magnitude), angles)
             self._cache = table.to(torch.complex64).to(device)
         return self._cache[:length]
@@ -283,7 +291,7 @@ class RotaryEmbedding(TablesFollowTheModule):
         """float32 cos and sin tables (times the magnitude), each (length, dim // 2) (real copies, no complex views)."""
         cached = self._real_cache
         if cached is None or cached[0].shape[0] < length or cached[0].device != device:
-            angles = rotary_angles(table_capacity(length), self.dim, self.base, self.scaling)  # float64
+            angles = self.angles(table_capacity(length))  # float64
             cos, sin = angles.cos() * self.magnitude, angles.sin() * self.magnitude
             self._real_cache = cached = (cos.float().to(device), sin.float().to(device))
         return cached[0][:length], cached[1][:length]
@@ -427,3 +435,56 @@ class GroupedRotation:
         grouped_right = product(grouped, grouped + shift)  # far keys after it
         far = torch.where(left[:, None], grouped_left, grouped_right)
         return torch.where(near[:, None], product(m, m), far)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The declaration
+
+
+def check_rotary(config: ModelConfig) -> None:
+    """What RoPE cannot compute: an odd head, partial rotary out of range, the context scalings that do not apply.
+
+    Raises:
+        ConfigError: naming the field.
+    """
+    if config.head_size % 2:
+        raise ConfigError(f"rotary needs an even head size, got hidden_size/num_heads = {config.head_size}")
+    size, scaling = config.rotary_dim, config.rope_scaling
+    if size is not None and not (2 <= size <= config.head_size and size % 2 == 0):
+        raise ConfigError(f"rotary_dim must be even and in [2, head size {config.head_size}], got {size}")
+    if config.attention == "linear" and config.rotary_value:
+        raise ConfigError("attention: linear rotates the feature-mapped q and k (eq. 19): rotary_value must be off")
+    if scaling is None:
+        return
+    if scaling.type == "ntk" and config.rotary_size <= 2:
+        raise ConfigError("rope_scaling ntk needs more than 2 rotated features (base * factor^(d / (d - 2)))")
+    if scaling.type == "yarn" and config.attention == "linear":
+        # YaRN's magnitude lives in the rotation tables, which eq. 19's numerator uses and its denominator does
+        # not: the output would be scaled by attention_factor^2 (+63% at factor 16)
+        raise ConfigError("rope_scaling yarn cannot be used with attention: linear (use linear or ntk scaling)")
+    if scaling.type == "self_extend" and (config.attention == "linear" or config.rotary_value):
+        raise ConfigError("rope_scaling self_extend groups q.k distances: softmax attention, no rotary_value")
+    if scaling.type == "yarn" and config.rotary_value:
+        raise ConfigError("rope_scaling yarn scales the rotated vectors: with rotary_value it would scale v too")
+
+
+def rotary_embedding(config: ModelConfig) -> RotaryEmbedding:
+    """The rotary module of `config`: its rotated features, base, layout and context scaling."""
+    return RotaryEmbedding(config.rotary_size, config.rotary_base, config.rotary_layout, config.rope_scaling)
+
+
+ENCODINGS = (
+    EncodingSpec(
+        name="rotary",
+        summary="RoPE: q and k rotated by position, pair i of a head by m theta_i (the paper's eq. 34)",
+        acts="attention",
+        relative=True,
+        hf="roformer",
+        kernel="sdpa",
+        fields=("rotary_value", "rotary_dim", "rope_scaling"),
+        rotates=True,
+        build=rotary_embedding,
+        check=check_rotary,
+        paper="Su et al. 2021",
+    ),
+)

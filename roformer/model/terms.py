@@ -2,18 +2,20 @@
 
 An encoding that acts inside attention (rotary, T5's bias, ALiBi, Shaw) is a module with an `attribute` (where the
 backbone registers it), the `kernel` its attention needs, whether it `adds_to_logits`, and `terms(...)`: once per
-forward, the `PositionTerms` every layer reads (Shaw's, per layer: `ShawTerms`). The encodings themselves are one
-room up (`roformer.model.rotary`, `roformer.model.relative`), and `roformer.model.positions` picks one from the config.
+forward, the `PositionTerms` every layer reads (Shaw's, per layer: `ShawTerms`). An encoding whose terms are one bias
+of the logits for all layers subclasses `FoldedBias` and writes only its `bias(queries, keys)`. The encodings
+themselves are one room up (`roformer.model.rotary`, `roformer.model.relative` and any module that declares
+`ENCODINGS`), and `roformer.model.positions` builds the one a config names.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 Rotation = Callable[[Tensor], Tensor]  # rotates (B, T, ..., D) by position: RotaryEmbedding, or it at position_ids
 
@@ -113,3 +115,64 @@ class AttentionPositions(Protocol):
             device: Where the hidden states are.
         """
         ...
+
+
+def forward_positions(
+    position_ids: Tensor | None, cache: PositionRecord | None, length: int, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """The positions of a forward's queries and of every key it attends.
+
+    Without `position_ids` every row has positions 0..T-1: (T,) and the same (T,). With them, (B, T) and the keys'
+    (B, S): the new tokens', or with a cache every slot's (the cache records the new tokens' positions here).
+    """
+    if position_ids is None:
+        positions = torch.arange(length, device=device)
+        return positions, positions
+    return position_ids, cache.add_positions(position_ids) if cache is not None else position_ids
+
+
+def fold_into_mask(bias: Tensor, mask: Tensor | None) -> Tensor:
+    """A float32 bias (1 or B, H, T, S) with the mask (True = attend) folded in as -inf, in the autocast dtype.
+
+    Cast once here, not in every layer: SDPA takes a float mask in the query's dtype.
+    """
+    if mask is not None:
+        bias = bias.masked_fill(~mask, float("-inf"))
+    if torch.is_autocast_enabled(bias.device.type):
+        bias = bias.to(torch.get_autocast_dtype(bias.device.type))
+    return bias
+
+
+class FoldedBias(nn.Module):
+    """An encoding whose terms are one float bias of the logits for every layer, folded into the mask (T5, ALiBi).
+
+    A subclass writes `bias(queries, keys)`; the bias is computed once per forward and SDPA adds it as its float
+    mask (the `sdpa` kernel), so no layer knows of it.
+    """
+
+    kernel: ClassVar[str] = "sdpa"
+    adds_to_logits: ClassVar[bool] = True
+
+    def bias(self, queries: Tensor, keys: Tensor) -> Tensor:
+        """The bias of every (query, key) pair.
+
+        Args:
+            queries: (T,) or (B, T) positions of the new tokens.
+            keys: (S,) or (B, S) positions of every key (the cached ones included).
+
+        Returns:
+            float32 (1, H, T, S), or (B, H, T, S) for per-row positions.
+        """
+        raise NotImplementedError
+
+    def terms(
+        self,
+        mask: Tensor | None,
+        position_ids: Tensor | None,
+        cache: PositionRecord | None,
+        length: int,
+        device: torch.device,
+    ) -> PositionTerms:
+        """The bias of this forward with the mask folded in: every layer adds it to its logits."""
+        queries, keys = forward_positions(position_ids, cache, length, device)
+        return PositionTerms(fold_into_mask(self.bias(queries, keys), mask))

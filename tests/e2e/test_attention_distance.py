@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import ENCODINGS, tiny_config
 
 import roformer
 from roformer.cli import main
@@ -15,7 +15,6 @@ from roformer.data.builtin import generate_documents
 from roformer.data.tokenizer import save_tokenizer, train_tokenizer
 from roformer.model.config import EncoderDecoderConfig
 
-ENCODINGS = ["rotary", "sinusoidal", "learned", "shaw", "t5_bias", "alibi", "none"]
 LENGTH = 24
 
 

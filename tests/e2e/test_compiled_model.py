@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import RELATIVE, padded_batch, short_range
+from helpers import BIASED, padded_batch, short_range
 from torch.testing import assert_close
 
 import roformer
 
 
-@pytest.mark.parametrize("encoding", RELATIVE)
+@pytest.mark.parametrize("encoding", BIASED)
 def test_compiles_without_graph_breaks(encoding: str) -> None:
     """fullgraph: dynamo traces the bias and Shaw's terms in one graph (aot_eager: the trace, not Inductor)."""
     torch._dynamo.reset()

@@ -9,7 +9,8 @@
 - `<!-- docs-test: skip (reason) -->` before a block: not run (a hub download, a GPU, hours of training), but python
   still compiles, commands are still parsed, and every roformer name it uses must exist.
 - Every `roformer.X` a page names, in a python block or in a code span, exists; so does every public name and model
-  class, and the docstrings that list the architectures and position encodings name all of them.
+  class, the docstrings that list the architectures name all of them, and the table of position encodings in
+  docs/baselines.md is their declarations'.
 - The site builds with mkdocs (strict), offline.
 """
 
@@ -27,7 +28,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import get_args
 
 import pytest
 import yaml
@@ -219,8 +219,9 @@ def documented(target: object) -> str:
     return inspect.getdoc(target) or ""
 
 
-def test_docstrings_that_list_architectures_and_encodings_name_every_one() -> None:
-    """The lists live in roformer.model.config (ARCHITECTURE_NAMES, PositionEncoding); these docstrings repeat them."""
+def test_docstrings_that_list_architectures_name_every_one_and_point_to_the_encodings() -> None:
+    """The architectures live in roformer.model.config (ARCHITECTURE_NAMES); these docstrings repeat them. The position
+    encodings are declared by their modules: these docstrings point to their generated table instead."""
     from roformer.model import config, hf, layers, model, pretrained
 
     package = importlib.import_module("roformer.model")
@@ -228,8 +229,15 @@ def test_docstrings_that_list_architectures_and_encodings_name_every_one() -> No
         absent = [name for name in config.ARCHITECTURE_NAMES if f"`{name}`" not in documented(target)]
         assert not absent, f"{getattr(target, '__name__', target)} does not name the architectures {absent}"
     for target in (package, model, layers, config.ModelConfig):
-        absent = [name for name in get_args(config.PositionEncoding) if f"`{name}`" not in documented(target)]
-        assert not absent, f"{getattr(target, '__name__', target)} does not name the position encodings {absent}"
+        assert "docs/baselines.md" in " ".join(documented(target).split()), getattr(target, "__name__", target)
+
+
+def test_the_docs_table_of_encodings_is_their_declarations() -> None:
+    from roformer.model.config import TABLE_END, TABLE_START, encodings_table
+
+    text = (REPO / "docs" / "baselines.md").read_text()
+    shown = text[text.index(TABLE_START) : text.index(TABLE_END) + len(TABLE_END)]
+    assert shown == encodings_table(), "docs/baselines.md: paste roformer.model.config.encodings_table() in its place"
 
 
 # --- links ---------------------------------------------------------------------------------------------------------

@@ -8,28 +8,25 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import get_args
 
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import BIASED, ENCODINGS, tiny_config
 from torch.testing import assert_close
 
 from roformer.cli import main
-from roformer.model.config import PositionEncoding
 from roformer.model.model import ARCHITECTURES
 from roformer.model.onnx import INPUT_NAMES, ONNX_FILE, export_onnx
 
 ort = pytest.importorskip("onnxruntime", reason="ONNX export tests need onnxruntime (pip install '.[onnx]')")
 pytest.importorskip("onnxscript", reason="torch.onnx's exporter needs onnxscript (pip install '.[onnx]')")
 
-ENCODINGS = get_args(PositionEncoding)
 # Every head with rotary; every other encoding under an encoder head and the multiple-choice head (whose padded
 # choices are rows of padding only); the encodings that add to the mask under a decoder (its mask is built apart).
 CASES = (
     [(arch, "rotary") for arch in ARCHITECTURES if arch != "encoder_decoder"]  # refused: test_seq2seq.py
     + [(arch, encoding) for arch in ("masked_lm", "multiple_choice") for encoding in ENCODINGS if encoding != "rotary"]
-    + [("causal_lm", encoding) for encoding in ("shaw", "t5_bias", "alibi")]
+    + [("causal_lm", encoding) for encoding in BIASED]
 )
 # CI runs every encoding once: rotary and the absolute ones under the masked-LM head, the relative biases under the
 # multiple-choice head (padded choices), T5's bucketed bias under the decoder, rotary also under those two; the other

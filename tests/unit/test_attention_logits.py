@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import padded_batch, short_range, tiny_config
+from helpers import ENCODINGS, padded_batch, short_range, tiny_config
 from torch.testing import assert_close
 
 import roformer
@@ -19,19 +19,12 @@ from roformer.model.config import RopeScaling
 from roformer.model.rotary import rotate_qkv
 
 SELF_EXTEND = RopeScaling(type="self_extend", factor=2, window=4)
-CASES = {
-    "rotary": {},
+CASES = {encoding: {"position_encoding": encoding} for encoding in ENCODINGS} | {  # every declared one, and variants
     "rotary-value": {"rotary_value": True},
     "rotary-partial": {"rotary_dim": 4},
     "rotary-half": {"rotary_layout": "half"},
     "self-extend": {"rope_scaling": SELF_EXTEND},
-    "sinusoidal": {"position_encoding": "sinusoidal"},
-    "learned": {"position_encoding": "learned"},
-    "none": {"position_encoding": "none"},
-    "shaw": {"position_encoding": "shaw"},
     "shaw-values": {"position_encoding": "shaw", "shaw_values": True},
-    "t5_bias": {"position_encoding": "t5_bias"},
-    "alibi": {"position_encoding": "alibi"},
 }
 PATTERNS = ["bidirectional", "causal", "unilm"]
 

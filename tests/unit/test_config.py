@@ -184,7 +184,7 @@ def test_a_key_given_twice_is_an_error(tmp_path: Path, text: str, message: str) 
         ("hidden_size: sixty\n", "key 'hidden_size' must be an integer"),
         ("hidden_size: 64.5\n", "key 'hidden_size' must be an integer"),
         ("rotary_value: 'yes'\n", "key 'rotary_value' must be true or false"),
-        ("position_encoding: alibj\n", "key 'position_encoding' must be one of 'rotary'"),
+        ("position_encoding: alibj\n", "key 'position_encoding' must be one of 'alibi', "),
         ("hidden_size: 30\nnum_heads: 4\n", "hidden_size (30) must be divisible by num_heads (4)"),
         ("hidden_size: 36\nnum_heads: 4\n", "rotary needs an even head size"),
         ("hidden_act: gelu_magic\n", "hidden_act 'gelu_magic' is not one of"),

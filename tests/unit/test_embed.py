@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import tiny_config
+from helpers import ENCODINGS, tiny_config
 from torch.testing import assert_close
 
 import roformer
@@ -29,7 +29,6 @@ from roformer.embed import (
 from roformer.errors import UserError
 from roformer.model.model import pool_states
 
-ENCODINGS = ["rotary", "sinusoidal", "learned", "shaw", "t5_bias", "alibi", "none"]
 TEXTS = [
     "the cat",
     "a much longer sentence about the cat and the dog that sat on the mat by the door",

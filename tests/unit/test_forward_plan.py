@@ -1,25 +1,21 @@
 """The forward plan (roformer.model.plan): every `ForwardInputs` field reaches every layer's attention through every
-head, the plan picks the documented kernel in every (encoding x attention x pattern x device) cell, and a new
-encoding is what positions.py's recipe says: a class that declares its kernel, and nothing else to touch."""
+head, and the plan picks the documented kernel in every (encoding x attention x pattern x device) cell, the encodings
+and their kernels read from their declarations (a new encoding's module, tests/e2e/test_encoding_plugin.py)."""
 
 from __future__ import annotations
 
-from typing import ClassVar, get_args
-
 import pytest
 import torch
-from helpers import RELATIVE, padded_batch, short_range, tiny_config
+from helpers import ENCODINGS, padded_batch, short_range, tiny_config
 
 import roformer
-import roformer.model.backbone as backbone_module
 from roformer.errors import ConfigError
 from roformer.model.attention import ATTENTION_KERNELS, PER_ROW_INPUTS, ForwardInputs, SelfAttention
-from roformer.model.config import PositionEncoding, RopeScaling
+from roformer.model.config import RopeScaling, encoding_of
 from roformer.model.masks import KVCache
 from roformer.model.model import ARCHITECTURES
 from roformer.model.plan import blocks_kernel, grid_kernel
 from roformer.model.positions import attention_positions
-from roformer.model.terms import PositionTerms
 
 # --- every ForwardInputs field reaches the attention context, through every head -------------------------------------
 
@@ -119,7 +115,7 @@ def test_a_misspelt_forward_input_is_refused_by_every_head(architecture: str) ->
 
 # --- the kernel: every (encoding x attention x pattern x device) cell -------------------------------------------------
 
-ENCODINGS = [*get_args(PositionEncoding), "self_extend"]  # SelfExtend: rotary with rope_scaling self_extend
+CELL_ENCODINGS = [*ENCODINGS, "self_extend"]  # SelfExtend: rotary with rope_scaling self_extend
 DEVICES = [
     ("cpu", torch.float32),
     ("cpu", torch.bfloat16),
@@ -139,14 +135,16 @@ def config_of(encoding: str, attention: str, pattern: str, **fields) -> roformer
 
 
 def documented_kernel(encoding: str, attention: str, pattern: str, device: str, dtype: torch.dtype) -> str:
-    """roformer/model/plan.py's table, written out again: the first rule that holds."""
+    """roformer/model/plan.py's table, written out again from the encodings' declarations: the first rule that
+    holds."""
     if attention == "linear":
         return "linear"
-    if encoding == "shaw":
-        return "biased"
     if encoding == "self_extend":
         return "grouped"
-    if encoding in ("t5_bias", "alibi"):  # a bias on the logits: folded into the mask, over the grid
+    spec = encoding_of(encoding)
+    if spec.kernel not in (None, "sdpa"):  # Shaw's terms of each layer: biased
+        return spec.kernel
+    if spec.adds_to_logits:  # a bias on the logits (T5, ALiBi): folded into the mask, over the grid
         return "sdpa"
     if pattern == "bidirectional" and device == "cuda" and dtype in (torch.float16, torch.bfloat16):
         return "varlen"
@@ -161,15 +159,15 @@ def ampere(monkeypatch: pytest.MonkeyPatch) -> None:
 
 CELLS = [
     (encoding, attention, pattern)
-    for encoding in ENCODINGS
+    for encoding in CELL_ENCODINGS
     for attention in ("softmax", "linear")
     for pattern in ("bidirectional", "causal", "unilm")
 ]
 
 
 def test_the_cells_the_config_allows() -> None:
-    """The grid below tests every cell a config can be built for: linear attention is bidirectional, unbiased and
-    not SelfExtend; everything else is allowed."""
+    """The grid below tests every cell a config can be built for: linear attention is bidirectional, not SelfExtend
+    and refused by the encodings that declare so (those adding to the logits); everything else is allowed."""
     allowed = []
     for cell in CELLS:
         try:
@@ -180,9 +178,9 @@ def test_the_cells_the_config_allows() -> None:
     refused = {cell for cell in CELLS if cell not in allowed}
     assert refused == {
         (encoding, "linear", pattern)
-        for encoding in ENCODINGS
+        for encoding in CELL_ENCODINGS
         for pattern in ("bidirectional", "causal", "unilm")
-        if pattern != "bidirectional" or encoding in (*RELATIVE, "self_extend")
+        if pattern != "bidirectional" or encoding == "self_extend" or "linear" in encoding_of(encoding).refuses
     }
 
 
@@ -235,40 +233,3 @@ def test_every_layer_attends_with_the_planned_kernel(
     with torch.no_grad():
         x, _ = model.backbone.encode(**batch, queries=queries)
     assert seen == [expected] * config.num_layers and x.shape == (len(queries), config.hidden_size)
-
-
-# --- a new encoding is a class that declares its kernel --------------------------------------------------------------
-
-
-class ZeroBias(torch.nn.Module):
-    """A bias-on-the-logits encoding that adds nothing (what a new one, FIRE or xPos, would look like to the plan)."""
-
-    attribute: ClassVar[str] = "zero_bias"
-    kernel: ClassVar[str] = "sdpa"
-    adds_to_logits: ClassVar[bool] = True
-
-    def terms(
-        self, mask: torch.Tensor | None, position_ids: None, cache: None, length: int, device: torch.device
-    ) -> PositionTerms:
-        B = 1 if mask is None else mask.shape[0]
-        bias = torch.zeros(B, 1, length, length, device=device)
-        return PositionTerms(bias if mask is None else bias.masked_fill(~mask, float("-inf")))
-
-
-def test_a_new_encoding_needs_its_class_and_a_line_in_attention_positions(
-    monkeypatch: pytest.MonkeyPatch, ampere: None
-) -> None:
-    config = tiny_config(position_encoding="none")
-    torch.manual_seed(0)
-    plain = roformer.MaskedLM(config).eval()
-    monkeypatch.setattr(backbone_module, "attention_positions", lambda config: ZeroBias())  # "a line" of the recipe
-    model = roformer.MaskedLM(config).eval()
-    model.load_state_dict(plain.state_dict())
-    batch = padded_batch()
-    with torch.no_grad():
-        torch.testing.assert_close(model(**batch).logits, plain(**batch).logits)
-    assert model.backbone.positions.attribute == "zero_bias"
-    assert model.backbone.plan(**batch).kernel == "sdpa"
-    # it adds to the logits, so no variable-length kernel even on a GPU that has one
-    assert blocks_kernel(config, model.backbone.positions, torch.device("cuda"), torch.bfloat16) == "sdpa"
-    assert blocks_kernel(config, None, torch.device("cuda"), torch.bfloat16) == "varlen"

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import TINY_MODEL
+from helpers import ENCODINGS, TINY_MODEL
 from torch.utils.flop_counter import FlopCounterMode
 
 from roformer.data.masking import masked_positions
 from roformer.model.config import ModelConfig
 from roformer.model.model import MaskedLM
 
-ENCODINGS = ["rotary", "sinusoidal", "learned", "shaw", "t5_bias", "alibi", "none"]
 
 
 def batch(seed: int = 0, pad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:

@@ -105,12 +105,17 @@ def test_imports_run_down_the_floors_only() -> None:
 # the room marked TASK_TYPES: a new type is one module and no edit here (the registry finds it the same way). Type
 # modules are listed only where one must sit above another.
 TASK_TYPES = "<a module declaring SPECS>"
+# The same for the position encodings: a module of roformer.model that declares `ENCODINGS` and is not listed by name
+# is in the room marked ENCODINGS, above the encodings it may build on (rotary, relative) and below `positions`.
+ENCODINGS = "<a module declaring ENCODINGS>"
+DECLARATIONS = {TASK_TYPES: "SPECS", ENCODINGS: "ENCODINGS"}
 ROOMS = {
     "roformer.model": [
         {"config"},
         {"weights", "flops", "hf_files"},
         {"terms"},
         {"rotary", "relative"},
+        {ENCODINGS},  # the encodings after the paper: p_rope, fire, any new one
         {"positions"},
         {"dropout", "layouts", "masks"},
         {"attention", "generation", "beam"},
@@ -171,8 +176,9 @@ ROOMS = {
 }
 
 
-def declares_task_types(path: Path) -> bool:
-    """Whether the module assigns `SPECS` at its top level (roformer.tasks.registry collects such modules' types)."""
+def declares(path: Path, name: str = "SPECS") -> bool:
+    """Whether the module assigns `name` at its top level: `SPECS` (roformer.tasks.registry collects such modules'
+    types) or `ENCODINGS` (roformer.model.config.encodings collects their position encodings)."""
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign):
             targets = node.targets
@@ -180,7 +186,7 @@ def declares_task_types(path: Path) -> bool:
             targets = [node.target]
         else:
             continue
-        if any(isinstance(t, ast.Name) and t.id == "SPECS" for t in targets):
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
             return True
     return False
 
@@ -198,8 +204,8 @@ def room(name: str, path: Path | None = None) -> tuple[str, int] | None:
     rooms = [i for i, members in enumerate(ROOMS[package]) if leaf in members]
     if not rooms:
         path = path or modules().get(name)
-        if path is not None and declares_task_types(path):
-            rooms = [i for i, members in enumerate(ROOMS[package]) if TASK_TYPES in members]
+        marks = [mark for mark, variable in DECLARATIONS.items() if path is not None and declares(path, variable)]
+        rooms = [i for i, members in enumerate(ROOMS[package]) if set(marks) & members]
     assert rooms, f"{name} is in no room of tests/unit/test_layout.py ROOMS: place it"
     return package, rooms[0]
 
@@ -234,6 +240,15 @@ def test_a_new_type_module_is_in_the_types_room_without_an_edit(tmp_path: Path) 
     reader.write_text('"""A reader."""\n\n\ndef specs() -> None:\n    SPECS = ()\n    return SPECS\n')
     with pytest.raises(AssertionError, match="toy_reader is in no room"):
         room("roformer.tasks.toy_reader", reader)  # SPECS inside a function declares nothing
+
+
+def test_a_new_encoding_module_is_in_the_encodings_room_without_an_edit(tmp_path: Path) -> None:
+    """A module of roformer.model declaring ENCODINGS is placed by what it holds, above rotary and relative."""
+    declaring = tmp_path / "toy_encoding.py"
+    declaring.write_text('"""A toy encoding."""\n\nENCODINGS: tuple = ()\n')
+    encodings_room = next(i for i, members in enumerate(ROOMS["roformer.model"]) if ENCODINGS in members)
+    assert room("roformer.model.toy_encoding", declaring) == ("roformer.model", encodings_room)
+    assert room("roformer.model.rotary")[1] < encodings_room < room("roformer.model.positions")[1]
 
 
 def test_no_import_cycles() -> None:

@@ -7,18 +7,16 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import hf_config, padded_batch, tiny_config
+from helpers import ENCODINGS, hf_config, padded_batch, tiny_config
 from torch.testing import assert_close
 
 import roformer
 from roformer.data import masking
 from roformer.errors import CheckpointError
-from roformer.model.config import RELATIVE_ENCODINGS, position_fields
+from roformer.model.config import encoding_of, position_fields, relative_encodings
 from roformer.model.masks import KVCache
 from roformer.model.model import IGNORE_INDEX
-from roformer.model.positions import attention_positions
-
-ENCODINGS = ["rotary", "sinusoidal", "learned", "shaw", "t5_bias", "alibi", "none"]
+from roformer.model.positions import attention_positions, embedding_positions
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
@@ -80,7 +78,7 @@ def test_heads_and_losses() -> None:
     multi = cls(**batch, labels=torch.tensor([[1.0, 0, 1], [0, 0, 1], [1, 1, 0]]))
     assert multi.loss is not None and multi.loss.ndim == 0
     # one default head for every position encoding (a comparison fine-tunes the same head); the pooler on request
-    for encoding in ("rotary", "sinusoidal", "learned", "none"):
+    for encoding in ENCODINGS:
         model = roformer.SequenceClassifier(tiny_config(position_encoding=encoding))
         assert model.config.classifier_head == "mlp" and model.backbone.pooler is None and model.dense is not None
     bert = roformer.SequenceClassifier(tiny_config(position_encoding="learned", classifier_head="pooler"))
@@ -95,11 +93,13 @@ def test_same_seed_gives_every_position_encoding_the_same_shared_weights() -> No
         torch.manual_seed(0)
         fields = {"shaw_values": True} if encoding == "shaw" else {}
         states[encoding] = roformer.MaskedLM(tiny_config(position_encoding=encoding, **fields)).state_dict()
-    reference = states["rotary"]
-    own = ("embeddings.position.", "embeddings.sinusoidal.", "backbone.shaw.", "backbone.relative_bias.")
+    reference = states["rotary"]  # a rotary model has no parameter of its positions
     for encoding, state in states.items():
+        backbone = roformer.Backbone(tiny_config(position_encoding=encoding))  # where its encoding's weights are
+        own = [f"backbone.{name}." for name in (backbone.positions_attribute,) if name]
+        own += [f"backbone.embeddings.{name}." for name in (backbone.embeddings.positions_attribute,) if name]
         shared = set(reference) & set(state)
-        assert all(any(part in name for part in own) for name in set(reference) ^ set(state)), encoding
+        assert all(name.startswith(tuple(own)) for name in set(reference) ^ set(state)), encoding
         for name in shared:
             torch.testing.assert_close(state[name], reference[name], rtol=0, atol=0, msg=f"{encoding}: {name}")
     assert "backbone.embeddings.position.weight" in states["learned"]
@@ -109,16 +109,31 @@ def test_same_seed_gives_every_position_encoding_the_same_shared_weights() -> No
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
-def test_the_attention_side_encoding_keeps_its_checkpoint_name(encoding: str) -> None:
-    """`attention_positions` builds it, the backbone registers it under the name its saved keys have always had."""
-    backbone = roformer.Backbone(tiny_config(position_encoding=encoding))
-    expected = {"rotary": "rotary", "t5_bias": "relative_bias", "alibi": "relative_bias", "shaw": "shaw"}.get(encoding)
+def test_the_encoding_keeps_its_checkpoint_name(encoding: str) -> None:
+    """`attention_positions` / `embedding_positions` build it as declared, the backbone (or its embeddings) registers
+    it under the name its saved keys have always had (a new encoding: the name its module gives)."""
+    config = tiny_config(position_encoding=encoding)
+    backbone, spec = roformer.Backbone(config), encoding_of(encoding)
+    kept = {"rotary": "rotary", "t5_bias": "relative_bias", "alibi": "relative_bias", "shaw": "shaw"}
+    inside = attention_positions(config)
+    expected = kept.get(encoding, None if inside is None else inside.attribute)
+    assert (inside is not None) == (spec.acts == "attention") and (expected is None) == (spec.acts != "attention")
     children = {name for name, _ in backbone.named_children()}
     assert children - {"embeddings", "layers"} == ({expected} if expected else set())
     if expected is None:
-        assert backbone.positions is None and attention_positions(backbone.config) is None
+        assert backbone.positions is None
     else:
         assert backbone.positions is getattr(backbone, expected) and backbone.positions.attribute == expected
+        # the module keeps its declaration: the kernel the plan reads, and whether it adds to the logits
+        assert (backbone.positions.kernel, backbone.positions.adds_to_logits) == (spec.kernel, spec.adds_to_logits)
+    on_embeddings = embedding_positions(config)
+    absolute = {"learned": "position", "sinusoidal": "sinusoidal"}
+    assert (on_embeddings is not None) == (spec.acts == "embeddings")
+    if on_embeddings is not None:
+        name = absolute.get(encoding, on_embeddings.attribute)
+        assert backbone.embeddings.positions is getattr(backbone.embeddings, name)
+    else:
+        assert backbone.embeddings.positions is None
 
 
 def test_position_fields_are_those_the_experiments_compared() -> None:
@@ -139,6 +154,7 @@ def test_position_fields_are_those_the_experiments_compared() -> None:
         "shaw_shared_layers",
     }
     added = {"alibi_form", "attention_log_scale"}  # the length-generalization options (issue 55)
+    added |= {"position_settings"}  # the settings an encoding declares as its own (issue 64)
     fields = position_fields()
     assert set(fields) == before | added and len(fields) == len(before | added)
     declared = [f.name for f in dataclasses.fields(roformer.ModelConfig)]
@@ -181,8 +197,11 @@ def test_learned_positions_beyond_table_fail_clearly() -> None:
     model = roformer.Backbone(tiny_config(position_encoding="learned", max_position_embeddings=16))
     with pytest.raises(ValueError, match="exceeds max_position_embeddings=16"):
         model(torch.ones(1, 17, dtype=torch.long))
-    for encoding in ("rotary", "sinusoidal", "shaw", "t5_bias", "alibi"):  # no length limit
-        model = roformer.Backbone(tiny_config(position_encoding=encoding, max_position_embeddings=16))
+    assert tiny_config(position_encoding="learned", max_position_embeddings=16).position_limit == 16
+    for encoding in [e for e in ENCODINGS if not encoding_of(e).limited]:  # no length limit
+        config = tiny_config(position_encoding=encoding, max_position_embeddings=16)
+        assert config.position_limit is None and config.holds_positions(10**6)
+        model = roformer.Backbone(config)
         assert model(torch.ones(1, 300, dtype=torch.long)).logits.shape == (1, 300, 32)
 
 
@@ -294,15 +313,11 @@ def test_state_dict_names_are_readable() -> None:
 
 @pytest.mark.parametrize(
     "fields",
-    [
-        {"position_encoding": "rotary"},
+    [{"position_encoding": encoding} for encoding in ENCODINGS]
+    + [
         {"position_encoding": "rotary", "rotary_dim": 8, "rotary_value": True},
         {"position_encoding": "rotary", "attention": "linear"},
-        {"position_encoding": "sinusoidal"},
-        {"position_encoding": "learned"},
         {"position_encoding": "shaw", "shaw_values": True, "relative_max_distance": 6},
-        {"position_encoding": "t5_bias"},
-        {"position_encoding": "alibi"},
     ],
 )
 def test_position_ids_make_a_left_padded_row_equal_itself_unpadded(fields: dict) -> None:
@@ -324,8 +339,12 @@ def test_position_ids_make_a_left_padded_row_equal_itself_unpadded(fields: dict)
     torch.testing.assert_close(default, alone, rtol=0, atol=0)
     # RoPE scores depend on m - n only (paper eq. 16): a shift by the padding changes nothing unless v is rotated
     # too or the positions are absolute; there position_ids are needed
-    relative_only = fields["position_encoding"] in RELATIVE_ENCODINGS and not fields.get("rotary_value")
-    assert torch.allclose(shifted, alone, atol=1e-5) is relative_only
+    spec = encoding_of(fields["position_encoding"])
+    relative_only = spec.name in relative_encodings() and not fields.get("rotary_value")
+    if relative_only or spec.acts == "nothing":
+        assert torch.allclose(shifted, alone, atol=1e-5)
+    if spec.acts == "embeddings" or fields.get("rotary_value"):
+        assert not torch.allclose(shifted, alone, atol=1e-5)
 
 
 def test_position_ids_equal_hf_bert_position_ids() -> None:

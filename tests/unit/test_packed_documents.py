@@ -7,13 +7,12 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import TINY_MODEL
+from helpers import ENCODINGS, TINY_MODEL
 
 from roformer.model.config import ModelConfig
 from roformer.model.layouts import document_positions
 from roformer.model.model import Backbone, MaskedLM, MultipleChoice
 
-ENCODINGS = ["rotary", "sinusoidal", "learned", "shaw", "t5_bias", "alibi", "none"]
 VARIANTS = [(e, "softmax") for e in ENCODINGS] + [("rotary", "linear"), ("none", "linear")]
 LENGTHS = [[5, 7, 4], [9, 3, 2, 2]]  # two rows of documents, 16 tokens each
 

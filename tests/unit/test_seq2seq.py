@@ -4,23 +4,21 @@ greedy and beam search (batched = alone, per-row length limits). Parity with HF 
 
 from __future__ import annotations
 
-from typing import get_args
 
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_checkpointing_changes_nothing, short_range, tiny_config
+from helpers import ENCODINGS, assert_checkpointing_changes_nothing, short_range, tiny_config
 from torch.testing import assert_close
 
 import roformer
 from roformer.errors import CheckpointError, ConfigError
 from roformer.model.attention import CrossAttention
 from roformer.model.beam import Search
-from roformer.model.config import EncoderDecoderConfig, PositionEncoding
+from roformer.model.config import EncoderDecoderConfig
 from roformer.model.masks import KVCache
 from roformer.model.seq2seq import SHARED_TABLE, EncoderDecoder, shifted_right
 
-ENCODINGS = get_args(PositionEncoding)  # all seven
 START, EOS, PAD = 1, 2, 0
 
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_checkpointing_changes_nothing, padded_batch, short_range, tiny_config
+from helpers import ENCODINGS, assert_checkpointing_changes_nothing, padded_batch, short_range, tiny_config
 from torch.testing import assert_close
 
 import roformer
@@ -18,7 +18,6 @@ from roformer.model.layouts import RealTokens
 from roformer.model.model import ARCHITECTURES, IGNORE_INDEX
 from roformer.train.config import TrainConfig
 
-ENCODINGS = ["rotary", "sinusoidal", "learned", "shaw", "t5_bias", "alibi", "none"]
 HEADS = ["backbone", "masked_lm", "sequence_classification", "token_classification", "question_answering"]
 
 
