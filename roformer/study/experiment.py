@@ -60,10 +60,17 @@ class ArmSpec:
 
     The `{config: ..., set: [...]}` form of an entry of `arms:` (a plain string is the config alone). The runs it
     makes, read back for a comparison, are a roformer.study.runs.Arm.
+
+    Attributes:
+        config: The arm's config (a task study's arms have none: their task's).
+        set: Overrides of this arm.
+        seeds: In a task study, the experiment's seeds this arm runs (null: all of them): three seeds for the arms
+            that decide a comparison, one for the rest. A seed compared is one both arms ran.
     """
 
     config: str = ""
     set: list[str] = field(default_factory=list)
+    seeds: list[int] | None = None
 
 
 @dataclass
@@ -247,6 +254,26 @@ class ExperimentConfig:
             check_seed("seeds", seed)
         if self.baseline is not None and self.baseline not in self.arms:
             raise ConfigError(f"baseline {self.baseline!r} is not one of the arms {list(self.arms)}")
+        for label, arm in self.arms.items():
+            self._check_arm_seeds(label, arm)
+
+    def _check_arm_seeds(self, label: str, arm: ArmSpec) -> None:
+        """An arm's own seeds: some of the experiment's, in a task study (a pretraining arm runs them all)."""
+        if arm.seeds is None:
+            return
+        if not self.tasks:
+            raise ConfigError(f"arms.{label}.seeds: an arm's own seeds are a task study's (tasks:); here every arm "
+                              "runs every seed")  # fmt: skip
+        strangers = [seed for seed in arm.seeds if seed not in self.seeds]
+        if not arm.seeds or strangers or len(set(arm.seeds)) != len(arm.seeds):
+            raise ConfigError(
+                f"arms.{label}.seeds must be distinct seeds of the experiment's {self.seeds}, got {arm.seeds}"
+            )
+
+    def arm_runs_seed(self, label: str, seed: int) -> bool:
+        """Whether arm `label` has a run of `seed` (its own seeds, or the experiment's)."""
+        seeds = self.arms[label].seeds
+        return seeds is None or seed in seeds
 
     def _check_task_study(self) -> None:
         """A task study's arms are overrides of its tasks; the pretraining stages do not apply."""

@@ -184,6 +184,8 @@ def run_task_study(
             # the arm order alternates between seeds: one-time warm-up costs do not always land on one arm
             order = list(arms.items()) if index % 2 == 0 else list(reversed(arms.items()))
             for label, arm in order:
+                if not experiment.arm_runs_seed(label, seed):  # an arm of fewer seeds (arms.<label>.seeds)
+                    continue
                 directory = run_path(out, task, label, seed)
                 if (directory / RESULTS_FILE).is_file():
                     logger.info("%s: done, skipped", directory)

@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any
 from roformer.errors import UserError
 from roformer.study.runs import run_seconds
 from roformer.study.stats import mean_interval
-from roformer.tasks.mt_metrics import corpus_bleu, corpus_scores, lowercase_signature
+from roformer.tasks.mt_metrics import (
+    TOKENIZED_LOWERCASE_RECIPE,
+    corpus_bleu,
+    corpus_scores,
+    lowercase_signature,
+    tokenized_lowercase_signature,
+)
 from roformer.tasks.parallel import source_words
 from roformer.tasks.registry import make_task
 from roformer.train.run_dir import RESULTS_FILE
@@ -109,11 +115,12 @@ def compare_translations(
         table["splits"] = {}
         for name, refs in references.items():
             scores = [
-                {**corpus_scores(h, refs), "bleu_lc": corpus_bleu(h, refs, lowercase=True)} for h in hypotheses[name]
+                {**corpus_scores(h, refs, target_lang), "bleu_lc": corpus_bleu(h, refs, lowercase=True)}
+                for h in hypotheses[name]
             ]
             table["splits"][name] = {
                 metric: {"seeds": [s[metric] for s in scores], **mean_interval([s[metric] for s in scores])}
-                for metric in ("bleu", "chrf", "bleu_lc")
+                for metric in ("bleu", "chrf", "bleu_lc", "bleu_tok_lc")
             }
             table["splits"][name]["buckets"] = {
                 bucket: {"sentences": count, "seeds": values, **mean_interval(values)}
@@ -132,6 +139,7 @@ def compare_translations(
         "kind": "translation",
         "model": model,
         "bleu_lc_signature": lowercase_signature(),
+        "bleu_tok_lc_signature": tokenized_lowercase_signature(),
         "splits": {name: len(refs) for name, refs in references.items()},
         "buckets": [bucket_name(*b) for b in BUCKETS],
         "bucket_sentences": {name: bucket_sizes(text) for name, text in sources.items()},
@@ -238,17 +246,20 @@ def translation_markdown(task: str, data: dict[str, Any], seeds: list[int]) -> s
     ]
     header = ["arm", "seeds"]
     for name, count in data["splits"].items():
-        header += [f"{name} BLEU ({count})", f"{name} chrF++", f"{name} BLEU lc"]
+        header += [f"{name} BLEU ({count})", f"{name} chrF++", f"{name} BLEU tok. lc"]
     header += ["dev BLEU", "s/run"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for arm, table in data["arms"].items():
         cells = [arm, str(len(table["seeds"]))]
         for name in data["splits"]:
-            cells += [interval_cell(table["splits"][name][m]) for m in ("bleu", "chrf", "bleu_lc")]
+            cells += [interval_cell(table["splits"][name][m]) for m in ("bleu", "chrf", "bleu_tok_lc")]
         cells.append(", ".join(f"{v:.1f}" for v in table["dev_bleu"]))
         cells.append(f"{sum(table['seconds']) / max(1, len(table['seconds'])):.0f}")
         lines.append("| " + " | ".join(cells) + " |")
-    lines.append(f"\nBLEU lc: lower-cased ({data['bleu_lc_signature']}), for comparing with tokenized lower-cased BLEU")
+    lines.append(
+        f"\nBLEU tok. lc: Multi30k papers' tokenized lower-cased BLEU ({TOKENIZED_LOWERCASE_RECIPE}; "
+        f"{data['bleu_tok_lc_signature']}); summary.json also holds sacreBLEU's lower-cased 13a BLEU (`bleu_lc`)"
+    )
     parts.append("\n".join(lines) + "\n")
     for name in data["splits"]:
         header = ["arm", *data["buckets"]]

@@ -261,3 +261,19 @@ def test_chance_levels() -> None:
     assert SyntheticConfig(task="shift", symbols=16).chance == 1 / 16
     assert SyntheticConfig(task="missing-duplicate").chance == 1 / 2
     assert SyntheticConfig(task="passkey-binding", keys=10).chance == 1 / 10
+
+
+def test_an_arm_may_run_some_of_the_experiment_s_seeds_in_a_task_study() -> None:
+    """Three seeds for the arms that decide a comparison, one for the rest (arms.<label>.seeds)."""
+    from roformer.config import from_dict
+    from roformer.study.experiment import ExperimentConfig
+
+    arms = {"rotary": {"set": []}, "none": {"set": ["model.position_encoding=none"], "seeds": [0]}}
+    experiment = from_dict(ExperimentConfig, {"tasks": ["shift.yaml"], "arms": arms, "seeds": [0, 1, 2]})
+    assert [experiment.arm_runs_seed("rotary", s) for s in (0, 1, 2)] == [True, True, True]
+    assert [experiment.arm_runs_seed("none", s) for s in (0, 1, 2)] == [True, False, False]
+    for seeds in ([3], [], [0, 0]):
+        with pytest.raises(ConfigError, match="arms.none.seeds must be distinct seeds of the experiment's"):
+            from_dict(ExperimentConfig, {"tasks": ["shift.yaml"], "arms": {**arms, "none": {"seeds": seeds}}})
+    with pytest.raises(ConfigError, match="an arm's own seeds are a task study's"):
+        from_dict(ExperimentConfig, {"arms": {"a": "p.yaml", "b": {"config": "p.yaml", "seeds": [0]}}})

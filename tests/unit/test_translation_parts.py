@@ -423,6 +423,9 @@ def test_a_translation_comparison_picks_best_seeds_by_dev_and_leaves_out_arms_no
     lowercase = [sacrebleu.corpus_bleu(h, [references], lowercase=True).score for h in (references, worse)]
     assert rotary["splits"]["test"]["bleu_lc"]["seeds"] == pytest.approx(lowercase)
     assert "case:lc" in summary["bleu_lc_signature"]
+    tokenized = [tokenized_lowercase_bleu(h, references, "de") for h in (references, worse)]
+    assert rotary["splits"]["test"]["bleu_tok_lc"]["seeds"] == pytest.approx(tokenized)
+    assert "tok:none" in summary["bleu_tok_lc_signature"]
     assert (
         summary["arms"]["none"]["seeds"] == [1]
         and summary["arms"]["none"]["splits"]["test"]["bleu"]["interval"] is None
@@ -435,7 +438,7 @@ def test_a_translation_comparison_picks_best_seeds_by_dev_and_leaves_out_arms_no
         k: b["sentences"] for k, b in rotary["splits"]["test"]["buckets"].items()
     }
     text = translation_markdown("multi30k", {**summary, "languages": "en-de", "max_source_words": None}, [0, 1])
-    assert "| rotary | 2 | 59." in text and "| none | 1 |" in text and "case:lc" in text and "| identical |" in text
+    assert "| rotary | 2 | 59." in text and "| none | 1 |" in text and "tok:none" in text and "| identical |" in text
     (tmp_path / "rotary-seed1" / "hypotheses" / "averaged" / "test.de").write_text("one line\n")
     with pytest.raises(UserError, match="rotary-seed1/hypotheses/averaged/test.de: 1 hypotheses for 20 sources"):
         compare_translations(runs, [0, 1], {"test": sources}, {"test": references}, "de")
