@@ -221,6 +221,31 @@ def _document_chunks(folder: str | Path) -> Iterator[list[str]]:
         yield chunk
 
 
+# Above this share of [UNK] in the windows the model cannot read the text (a synthetic task's word-level vocabulary
+# on prose reads 99.9% [UNK]): the curves would be those of one repeated token, so the study refuses. Real text under
+# its own tokenizer is below 1%; 5% leaves room for rare scripts and symbols.
+MAX_UNKNOWN_RATE = 0.05
+
+
+def unknown_rate(windows: Tensor, tokenizer: Tokenizer) -> float:
+    """The share of [UNK] among the windows' text tokens ([CLS] and [SEP] left out; 0 for a tokenizer without one)."""
+    unk = tokenizer.unk_token_id
+    return 0.0 if unk is None else float(windows[:, 1:-1].eq(unk).float().mean())
+
+
+def check_readable(rate: float, data: str | Path, model_dir: str | Path) -> None:
+    """Refuse text the model's tokenizer cannot read (more than MAX_UNKNOWN_RATE of it [UNK]).
+
+    Raises:
+        UserError: naming --data, the rate and the limit.
+    """
+    if rate > MAX_UNKNOWN_RATE:
+        raise UserError(
+            f"--data {data}: {rate:.1%} of its tokens are [UNK] to {model_dir}'s tokenizer (more than "
+            f"{MAX_UNKNOWN_RATE:.0%}): the model cannot read this text; give text of its language and vocabulary"
+        )
+
+
 def bound_for(model: Model, length: int) -> dict[str, Any]:
     """The paper's bound at distances 0..length-1, at the model's rotated head size and base.
 
@@ -282,15 +307,20 @@ def run_attention_distance(
         segment = segmentation(tokenizer, None, model_dir)
     check_model(model, model_dir, settings.length)
     windows = text_windows(tokenizer, data, settings.length, settings.samples, segment)
-    result = attention_distance(model, windows, str(model_dir), str(data), settings.batch_size)
+    rate = unknown_rate(windows, tokenizer)
+    check_readable(rate, data, model_dir)
+    result = attention_distance(model, windows, str(model_dir), str(data), settings.batch_size, rate)
     write_attention_distance(result, out)
     return result, plot
 
 
 def attention_distance(
-    model: Model, windows: Tensor, model_name: str, data: str, batch_size: int = 8
+    model: Model, windows: Tensor, model_name: str, data: str, batch_size: int = 8, unknown: float | None = None
 ) -> dict[str, Any]:
-    """What `roformer attention-distance` writes of `model` over token-id `windows` (S, T) (no padding)."""
+    """What `roformer attention-distance` writes of `model` over token-id `windows` (S, T) (no padding).
+
+    `unknown`, the windows' share of [UNK] (`unknown_rate`), is written when given.
+    """
     curves = measure_attention_distance(model, windows, batch_size)
     config, length = model.config, windows.shape[1]
     return {
@@ -303,6 +333,7 @@ def attention_distance(
         "head_size": config.head_size,
         "length": length,
         "samples": len(windows),
+        **({"unknown_rate": unknown} if unknown is not None else {}),
         "distances": list(range(length)),
         "pairs": [int(p) for p in curves[0].pairs[0]],  # (query, key) pairs per head at each distance
         "layers": [{"layer": i, **layer.means()} for i, layer in enumerate(curves)],

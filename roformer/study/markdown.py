@@ -164,7 +164,11 @@ def attention_distance_table(result: dict[str, Any]) -> str:
     bound_row = f"| bound (d = {bound['head_size']}) | " + " | ".join(
         _number(bound["relative_upper_bound"][d], 2) for d in shown
     )
-    title = f"mean pre-softmax logit by distance |m - n| ({result['position_encoding']}, {result['samples']} windows)"
+    unknown = f", {result['unknown_rate']:.2%} [UNK]" if "unknown_rate" in result else ""
+    title = (
+        f"mean pre-softmax logit by distance |m - n| ({result['position_encoding']}, {result['samples']} windows"
+        f"{unknown})"
+    )
     lines = [title, *header, *logits, bound_row + " |", "", "mean attention weight x T by distance (1 = uniform)"]
     lines += [*header, *weights]
     return "\n".join(lines) + "\n"

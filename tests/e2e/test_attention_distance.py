@@ -28,7 +28,10 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (text / "a.txt").write_text("\n\n".join(documents[:40]))
     (text / "b.txt").write_text("\n\n".join(documents[40:]))
     tokenizer = train_tokenizer(documents, vocab_size=200)
-    found = {"text": text}
+    runes = tmp / "runes"  # a script the tokenizer never saw: every word [UNK]
+    runes.mkdir()
+    (runes / "a.txt").write_text("\n\n".join(" ".join(["ᚠᚢᚦ ᚨᚱᚲ ᚷᚹᚺ"] * 30) for _ in range(20)))
+    found = {"text": text, "runes": runes}
     for name, fields in [*((e, {"position_encoding": e}) for e in ENCODINGS), ("linear", {"attention": "linear"})]:
         torch.manual_seed(0)
         roformer.MaskedLM(tiny_config(vocab_size=len(tokenizer), **fields)).save(tmp / name)
@@ -53,6 +56,7 @@ def test_every_encoding_gives_curves_per_layer_and_head(
     result = json.loads(out.read_text())
     assert out.with_suffix(".png").stat().st_size > 0
     assert (result["position_encoding"], result["length"], result["samples"]) == (encoding, LENGTH, 3)
+    assert result["unknown_rate"] == 0.0 and "0.00% [UNK]" in printed  # its own tokenizer's text
     assert result["distances"] == list(range(LENGTH))
     assert result["pairs"] == [3 * (LENGTH if r == 0 else 2 * (LENGTH - r)) for r in range(LENGTH)]
     assert [layer["layer"] for layer in result["layers"]] == [0, 1]
@@ -103,3 +107,17 @@ def test_results_are_kept_unless_overwrite(folders: dict[str, Path], tmp_path: P
     assert main(args) == 2
     assert "exists (--overwrite replaces it)" in capsys.readouterr().err
     assert main([*args, "--overwrite"]) == 0
+
+
+def test_text_the_model_cannot_read_is_refused_with_its_unknown_rate(
+    folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Curves over windows of [UNK] are those of one repeated token: refused above MAX_UNKNOWN_RATE, the rate said."""
+    from roformer.study.decay import MAX_UNKNOWN_RATE
+
+    out = tmp_path / "curves.json"
+    args = ["--model", str(folders["rotary"]), "--data", str(folders["runes"]), "--out", str(out)]
+    assert main(["attention-distance", *args, "--length", str(LENGTH), "--samples", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--data {folders['runes']}: 100.0% of its tokens are [UNK]" in err, err
+    assert f"(more than {MAX_UNKNOWN_RATE:.0%})" in err and not out.exists()
