@@ -1,13 +1,17 @@
 """The shipped configs: the repository's configs/ folder, installed into the package as roformer/configs.
 
 Found by name as well as by path: `find_config` (`roformer-tiny`, `glue/rte`; a path wins) is what every `--config`
-means, `shipped_config` what `roformer configs NAME` prints, `configs_listing` what `roformer configs` prints. The one
-table of their folders, with what each is for, is SHIPPED_FOLDERS.
+means, `named_config` what a name inside a config means (roformer.config.config_file: `include:`, an experiment's
+arms, a suite's tasks), `shipped_config` what `roformer configs NAME` prints, `configs_listing` what `roformer
+configs` prints. The one table of their folders, with what each is for, is SHIPPED_FOLDERS.
+
+Their data paths start from the data root (`glue_dir: ${ROFORMER_DATA}/glue`): `data_root`, which a user sets once.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -18,6 +22,11 @@ from roformer.errors import ConfigError, UserError
 _PACKAGE_DIR = Path(__file__).resolve().parent
 INSTALLED_CONFIGS = _PACKAGE_DIR / "configs"
 CHECKOUT_CONFIGS = _PACKAGE_DIR.parent / "configs"
+
+# The data root: the shipped configs' data paths start from `${ROFORMER_DATA}` (roformer.config expands it)
+DATA_ROOT_VARIABLE = "ROFORMER_DATA"
+DEFAULT_DATA_FOLDER = "data"  # without the variable: ./data in the working directory
+CHECKOUT_DATA = _PACKAGE_DIR.parent.parent / "shared" / "data"  # the project's own layout: ../shared/data by a clone
 
 # The folders of shipped configs and what each is for, in the order a stem that several of them have is looked up
 # (`roformer-tiny` is pretrain/roformer-tiny before model/roformer-tiny) and `roformer configs` lists them.
@@ -40,6 +49,45 @@ def shipped_configs_dir() -> Path | None:
     if (CHECKOUT_CONFIGS / "pretrain").is_dir() and (_PACKAGE_DIR.parent / "pyproject.toml").is_file():
         return CHECKOUT_CONFIGS
     return None
+
+
+def data_root() -> Path:
+    """Where the shipped configs' data paths start (`glue_dir: ${ROFORMER_DATA}/glue`): one folder, set once.
+
+    The environment variable ROFORMER_DATA when it is set (relative to the working directory, `~` expanded); else,
+    in a clone whose ../shared/data is there, that folder (the project's own layout: its tests and CI read it);
+    else `data/` in the working directory.
+    """
+    value = os.environ.get(DATA_ROOT_VARIABLE, "").strip()
+    if value:
+        return Path(os.path.abspath(os.path.expanduser(value)))
+    if shipped_configs_dir() == CHECKOUT_CONFIGS and CHECKOUT_DATA.is_dir():
+        return CHECKOUT_DATA.resolve()
+    return Path.cwd() / DEFAULT_DATA_FOLDER
+
+
+def data_root_origin() -> str:
+    """How `data_root` was decided, in a few words (for `roformer configs` and the missing-data errors)."""
+    if os.environ.get(DATA_ROOT_VARIABLE, "").strip():
+        return f"${DATA_ROOT_VARIABLE}"
+    if data_root() == Path.cwd() / DEFAULT_DATA_FOLDER:
+        return f"{DEFAULT_DATA_FOLDER}/ in the working directory: {DATA_ROOT_VARIABLE} is not set"
+    return f"the clone's ../shared/data: {DATA_ROOT_VARIABLE} is not set"
+
+
+def missing_data_hint(path: str | Path, key: str, hub: bool = False, value: str = "PATH") -> str:
+    """How to give missing data, in its one-line error: the key to set, the data root, the hub.
+
+    The data root only when `path` lies under it (setting it moves every shipped config's data at once); the hub
+    where the config names a hub dataset (`hub`). `value` is what `--set KEY=` takes (`"[PATH]"` for a list).
+    """
+    ways = [f"give it with --set {key}={value}"]
+    root = data_root()
+    if Path(path).is_relative_to(root):
+        ways.append(f"set {DATA_ROOT_VARIABLE}=DIR (the shipped configs' data root, now {root})")
+    if hub:
+        ways.append("read the data from the hub: --set data.source=hub")
+    return ", or ".join(ways)
 
 
 def shipped_configs() -> dict[str, Path]:
@@ -73,7 +121,10 @@ def configs_listing() -> str:
     if not configs:
         raise UserError("no shipped configs found: this installation has no roformer/configs folder")
     folders = list(SHIPPED_FOLDERS) + sorted({n.split("/")[0] for n in configs} - set(SHIPPED_FOLDERS))
-    lines = [f"shipped configs in {shipped_configs_dir()} (a name works where --config wants a file; a path wins)"]
+    lines = [
+        f"shipped configs in {shipped_configs_dir()} (a name works wherever a config file is named; a path wins)",
+        f"their data paths start from {data_root()} ({data_root_origin()}; ${DATA_ROOT_VARIABLE}=DIR moves it)",
+    ]
     for folder in folders:
         names = [name for name in configs if name.split("/")[0] == folder]
         if names:
@@ -99,6 +150,17 @@ def shipped_config(name: str) -> Path:
     return found
 
 
+def named_config(value: str | Path, folders: tuple[str, ...] = tuple(SHIPPED_FOLDERS)) -> Path | None:
+    """The shipped config that `value` names (`glue/rte`; a stem such as `rte` looked up in `folders`), or None.
+
+    A path that leaves the configs folder (absolute, or with `..`) is never a name.
+    """
+    path = Path(value)
+    if path.is_absolute() or ".." in path.parts or not path.parts:
+        return None
+    return _shipped_by_name(path.as_posix(), folders)
+
+
 def _shipped_by_name(name: str, folders: tuple[str, ...]) -> Path | None:
     """The shipped config `name` (`.yaml` and a leading `configs/` optional), else `folder/name` for each folder."""
     configs = shipped_configs()
@@ -122,11 +184,10 @@ def find_config(value: str | Path, folder: str) -> Path:
     path = Path(value)
     if path.is_file():
         return path
-    if not path.is_absolute() and ".." not in path.parts:  # a name never leaves the configs folder
-        found = _shipped_by_name(path.as_posix(), (folder,))
-        if found is not None:
-            logging.getLogger(__name__).info("%s: no such file, using the shipped config %s", value, found)
-            return found
+    found = named_config(path, (folder,))
+    if found is not None:  # a name given on purpose: no warning
+        logging.getLogger(__name__).debug("%s: the shipped config %s", value, found)
+        return found
     if path.is_dir():
         raise ConfigError(f"{value}: is a directory, not a config file (nor a shipped config's name)")
     raise ConfigError(

@@ -17,6 +17,14 @@ A config class with `INCLUDE_FILE = True` (the run configs) lets a file start fr
 at its top takes that file's keys (its paths resolved against its own folder, its own includes followed), and the
 including file's keys win: mappings merge key by key, any other value replaces the included one.
 
+A path may start from an environment variable (`${ROFORMER_DATA}/glue`, `${SCRATCH}/corpus`): the shipped configs'
+data paths start from the data root, ROFORMER_DATA (roformer.catalogue.data_root: set once, with a default). A config
+file named inside another (`include:`, a section's file, an experiment's arms, a suite's tasks) is a path relative to
+the naming file, or a shipped config's name (`config_file`: `glue/rte`, `translation/multi30k-cpu`).
+
+`check_keys` reads a file's keys only, before the heavy imports of a command, so that a mistyped key costs a fraction
+of a second; an unknown key's error names the nearest known one.
+
 The shipped configs and their names are roformer.catalogue's (`find_config` and the other names it re-exports here).
 Also here, because every recipe and study compares configs: `config_differences` and `flat_config`.
 """
@@ -24,6 +32,7 @@ Also here, because every recipe and study compares configs: `config_differences`
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import re
@@ -223,8 +232,7 @@ def from_dict(cls: type[T], data: Any, source: str | Origin = "<dict>", prefix: 
     known = {f.name for f in fields(cls) if f.init and f.name != holder} | set(declared)
     for key in data:
         if key not in known:
-            where = _named(source, f"{prefix}{key}")
-            raise ConfigError(f"{where}: unknown key '{prefix}{key}' (known keys: {', '.join(sorted(known))})")
+            raise unknown_key(source, prefix, key, known)
     kwargs: dict[str, Any] = {}
     sections: dict[str, Any] = {}
     for key, value in data.items():
@@ -242,6 +250,14 @@ def from_dict(cls: type[T], data: Any, source: str | Origin = "<dict>", prefix: 
     except ConfigError as e:
         where = source.of_section(prefix, str(e)) if isinstance(source, Origin) else source
         raise ConfigError(f"{where}: {section}{e}") from None
+
+
+def unknown_key(source: str | Origin, prefix: str, key: Any, known: set[str]) -> ConfigError:
+    """The error of key `key` of section `prefix`, not among `known`: the nearest known key first, then all of them."""
+    where = _named(source, f"{prefix}{key}")
+    nearest = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+    hint = f"did you mean '{prefix}{nearest[0]}'? " if nearest else ""
+    return ConfigError(f"{where}: unknown key '{prefix}{key}' ({hint}known keys: {', '.join(sorted(known))})")
 
 
 def _required_fields(cls: type) -> set[str]:
@@ -484,48 +500,133 @@ def load(cls: type[T], path: str | Path, overrides: list[str] | None = None) -> 
             invalid values.
     """
     path = Path(path)
-    data, sources = _read_config_file(cls, path, ())
-    apply_overrides(data, overrides or [])
-    # paths given on the command line are relative to the working directory: made absolute now, so that the run's
-    # config.yaml means the same files wherever it is read from (a resume, eval-mlm, an experiment's later stage)
-    overridden = {item.partition("=")[0].strip() for item in overrides or []}
-    path_keys = [key for key in field_keys(cls, "path") if any(_within(key.replace("[]", ""), o) for o in overridden)]
-    resolve_paths(data, path_keys, Path.cwd(), field_keys(cls, "hub_name"))
-    included = tuple((key, file) for key, file in sources.items() if file != str(path))
-    origin = Origin(str(path), tuple((item.partition("=")[0].strip(), item) for item in overrides or []), included)
+    data, origin = _read_with_overrides(cls, path, overrides or [], declared=True)
     return from_dict(cls, data, source=origin)
 
 
-def _read_config_file(cls: type, path: Path, including: tuple[Path, ...]) -> tuple[dict[str, Any], dict[str, str]]:
+def check_keys(cls: type, path: str | Path, overrides: list[str] | None = None) -> None:
+    """Refuse what `load(cls, path, overrides)` would refuse as an unknown key, reading only the files and the fields.
+
+    No task type's module is imported (their settings sections under `data:` are left to `load`), so a command
+    checks its config this way before it imports torch: a mistyped key costs a fraction of a second, not the
+    imports. The values are `load`'s to check.
+
+    Raises:
+        ConfigError: a file that does not read, or an unknown key (the error names the nearest known one).
+    """
+    data, origin = _read_with_overrides(cls, Path(path), overrides or [], declared=False)
+    _check_section_keys(cls, data, origin, "")
+
+
+def check_override_keys(cls: type, overrides: list[str], source: str = "--set") -> None:
+    """Refuse a `--set KEY=VALUE` whose key `cls` does not have (an experiment's or a suite's overrides of every run).
+
+    Raises:
+        ConfigError: a malformed override, or an unknown key (naming the nearest known one).
+    """
+    data = apply_overrides({}, overrides, source)
+    origin = Origin(source, tuple((item.partition("=")[0].strip(), item) for item in overrides))
+    _check_section_keys(cls, data, origin, "")
+
+
+def _read_with_overrides(cls: type, path: Path, overrides: list[str], declared: bool) -> tuple[dict[str, Any], Origin]:
+    """The mapping of config file `path` with the `--set` overrides applied, every path resolved, and its Origin."""
+    data, sources = _read_config_file(cls, path, (), declared)
+    apply_overrides(data, overrides)
+    # paths given on the command line are relative to the working directory: made absolute now, so that the run's
+    # config.yaml means the same files wherever it is read from (a resume, eval-mlm, an experiment's later stage)
+    overridden = {item.partition("=")[0].strip() for item in overrides}
+    path_keys = [
+        key
+        for key in field_keys(cls, "path", declared=declared)
+        if any(_within(key.replace("[]", ""), o) for o in overridden)
+    ]
+    try:
+        resolve_paths(data, path_keys, Path.cwd(), field_keys(cls, "hub_name", declared=declared))
+    except ConfigError as e:
+        raise ConfigError(f"--set {e}") from None
+    included = tuple((key, file) for key, file in sources.items() if file != str(path))
+    origin = Origin(str(path), tuple((item.partition("=")[0].strip(), item) for item in overrides), included)
+    return data, origin
+
+
+def _check_section_keys(cls: type, data: Any, source: Origin, prefix: str) -> None:
+    """The unknown-key check of `from_dict`, alone, through every nested section of `data` (keys only)."""
+    if not isinstance(data, dict):
+        return  # not a mapping: from_dict says so
+    hints = typing.get_type_hints(cls)
+    open_ended = hasattr(cls, "declared_sections")  # keys declared by modules not imported here: load checks them
+    known = {f.name for f in fields(cls) if f.init and not f.metadata.get("sections")}
+    for key, value in data.items():
+        if key not in known:
+            if open_ended:
+                continue
+            raise unknown_key(source, prefix, key, known)
+        for section, mapping, where in _sections_in(hints[key], value, f"{prefix}{key}"):
+            _check_section_keys(section, mapping, source, f"{where}.")
+
+
+def _sections_in(tp: Any, value: Any, key: str) -> list[tuple[type, Any, str]]:
+    """(dataclass, its mapping, its dotted key) of each section that `coerce` would build from `value` of type `tp`."""
+    origin, args = get_origin(tp), get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return [(tp, value, key)] if isinstance(value, dict) else []
+    if origin in (Union, types.UnionType):
+        present = [a for a in args if a is not type(None)]
+        sections = [a for a in present if dataclasses.is_dataclass(a)]
+        if len(present) == 1:
+            return _sections_in(present[0], value, key)
+        return [(sections[0], value, key)] if isinstance(value, dict) and len(sections) == 1 else []
+    if origin in (list, tuple) and isinstance(value, list | tuple) and args:
+        return [s for i, item in enumerate(value) for s in _sections_in(args[0], item, f"{key}[{i}]")]
+    if origin is dict and isinstance(value, dict) and len(args) == 2:
+        return [s for k, item in value.items() for s in _sections_in(args[1], item, f"{key}.{k}")]
+    return []
+
+
+def _read_config_file(
+    cls: type, path: Path, including: tuple[Path, ...], declared: bool = True
+) -> tuple[dict[str, Any], dict[str, str]]:
     """The mapping of config file `path`, its included file merged under it, its relative paths made absolute.
+
+    Args:
+        cls: The config's dataclass.
+        path: The file.
+        including: The files including this one (a file that includes itself is refused).
+        declared: Resolve the paths of the declared sections too (it imports the task types' modules).
 
     Returns:
         The mapping, and {dotted key of each value: the file it was written in}.
 
     Raises:
-        ConfigError: a bad file, an `include:` that is not a file's path, or a file that includes itself.
+        ConfigError: a bad file, an `include:` that is neither a file's path nor a shipped config's name, a file
+            that includes itself, a path naming an environment variable that is not set.
     """
     data = read_mapping(path)
     base: dict[str, Any] = {}
     sources: dict[str, str] = {}
     if getattr(cls, "INCLUDE_FILE", False) and INCLUDE_KEY in data:
         included = _included_file(path, data.pop(INCLUDE_KEY), including)
-        base, sources = _read_config_file(cls, included, (*including, path))
+        base, sources = _read_config_file(cls, included, (*including, path), declared)
     for section in (f.name for f in fields(cls) if f.metadata.get("include")):
         if isinstance(data.get(section), str):
             data[section] = _include(path, section, data[section])
-    resolve_paths(data, list(field_keys(cls, "path")), path.parent, field_keys(cls, "hub_name"))
+    keys = field_keys(cls, "path", declared=declared)
+    try:
+        resolve_paths(data, list(keys), path.parent, field_keys(cls, "hub_name", declared=declared))
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
     sources.update(dict.fromkeys(_leaf_keys(data), str(path)))
     return merge_config(base, data), sources
 
 
 def _included_file(path: Path, name: Any, including: tuple[Path, ...]) -> Path:
-    """The file that `include: name` of config file `path` means (relative to `path`'s folder)."""
+    """The file that `include: name` of config file `path` means (relative to `path`'s folder, or a shipped name)."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{path}: include: expected the path of a YAML file, got {name!r}")
-    include = config_path(path.parent, name)
+    include = config_file(path.parent, name)
     if not include.is_file():
-        raise ConfigError(f"{path}: include: file not found: {include}")
+        raise ConfigError(f"{path}: include: file not found: {include} (nor a shipped config's name)")
     if any(include.resolve() == p.resolve() for p in (*including, path)):
         raise ConfigError(f"{path}: include: {include} is already being included (the files include each other)")
     return include
@@ -553,9 +654,9 @@ def _leaf_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
 
 def _include(path: Path, section: str, name: str) -> Any:
     """The content of the YAML file that section `section` of `path` names (its own `section:` if it has one)."""
-    include = config_path(path.parent, name)
+    include = config_file(path.parent, name, section)
     if not include.is_file():
-        raise ConfigError(f"{path}: {section}: file not found: {include}")
+        raise ConfigError(f"{path}: {section}: file not found: {include} (nor a shipped config's name)")
     content = read_yaml(include) or {}
     return content.get(section, content) if isinstance(content, dict) else content
 
@@ -618,10 +719,13 @@ def resolve_paths(data: dict[str, Any], keys: list[str], base: Path, maybe_names
         if not isinstance(node, dict) or leaf not in node:
             continue
         value, may_be_name = node[leaf], key in maybe_names
-        if isinstance(value, list):
-            node[leaf] = [_resolve_path(v, base, may_be_name) for v in value]
-        else:
-            node[leaf] = _resolve_path(value, base, may_be_name)
+        try:
+            if isinstance(value, list):
+                node[leaf] = [_resolve_path(v, base, may_be_name) for v in value]
+            else:
+                node[leaf] = _resolve_path(value, base, may_be_name)
+        except ConfigError as e:
+            raise ConfigError(f"{key}: {e}") from None
 
 
 def resolve_key(data: Any, key: str) -> Any:
@@ -632,6 +736,8 @@ def resolve_key(data: Any, key: str) -> Any:
 
 
 def _resolve_path(value: Any, base: Path, may_be_name: bool) -> Any:
+    if isinstance(value, str) and VARIABLE.search(value):
+        return os.path.normpath(expand_variables(value))
     if not isinstance(value, str) or not value or Path(value).is_absolute() or value.startswith("~"):
         return value
     if may_be_name and not (value.startswith(".") or (base / value).exists()):
@@ -639,17 +745,66 @@ def _resolve_path(value: Any, base: Path, may_be_name: bool) -> Any:
     return str(config_path(base, value))
 
 
+VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")  # `${NAME}` in a path: an environment variable
+
+
+def expand_variables(value: str) -> str:
+    """A path written in a config with each `${NAME}` replaced by the environment variable NAME.
+
+    `${ROFORMER_DATA}` is the data root (roformer.catalogue.data_root), set or not: the shipped configs' data paths
+    start from it. Any other variable must be set.
+
+    Raises:
+        ConfigError: a variable that is not set, naming it.
+    """
+
+    def value_of(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name == catalogue.DATA_ROOT_VARIABLE:
+            return str(catalogue.data_root())
+        if name not in os.environ:
+            raise ConfigError(f"{value}: the environment variable {name} is not set")
+        return os.environ[name]
+
+    return VARIABLE.sub(value_of, value)
+
+
 def config_path(folder: Path, value: str | Path) -> Path:
     """A path written in a config file of `folder`, made absolute: relative paths are relative to the file's folder.
 
-    Inside an installed package, a shipped config's path that leaves the configs folder (its data, `runs/`,
-    `glue_data/`) is read from the working directory instead, as if the configs folder were `./configs`: from a
-    clone's root a config's name and its path then mean the same files, and `init: ../../runs/roformer-base/final`
-    finds what `roformer pretrain --config roformer-base` wrote.
+    `${NAME}` is an environment variable (`${ROFORMER_DATA}/glue`: the data root, see expand_variables). Inside an
+    installed package, a shipped config's path that leaves the configs folder (`init: ../../runs/roformer-base/final`)
+    is read from the working directory instead, as if the configs folder were `./configs`: from a clone's root a
+    config's name and its path then mean the same files, and that init finds what `roformer pretrain --config
+    roformer-base` wrote.
+
+    Raises:
+        ConfigError: `value` names an environment variable that is not set.
     """
+    if VARIABLE.search(str(value)):
+        return Path(os.path.normpath(expand_variables(str(value))))
     target = (folder / value).resolve()
     installed = catalogue.INSTALLED_CONFIGS.resolve()  # read at each call: tests install the configs elsewhere
     folder = folder.resolve()
     if folder.is_relative_to(installed) and not target.is_relative_to(installed):
         return Path(os.path.normpath(Path.cwd() / "configs" / folder.relative_to(installed) / value))
     return target
+
+
+def config_file(folder: Path, value: str | Path, preferred: str | None = None) -> Path:
+    """The config file that a config file in `folder` names: a file relative to `folder`, else a shipped config's name.
+
+    What an `include:`, a section given as a file (`model: ../model/roformer-tiny.yaml`), an experiment's arms and a
+    suite's tasks mean: the path relative to the naming file's folder when that file exists (a path wins), else the
+    shipped config of that name (`glue/rte`, `translation/multi30k-cpu`; a stem is looked up in the `preferred`
+    folder first, then in roformer.catalogue.SHIPPED_FOLDERS order), used without a word: a name is given on purpose.
+    Neither: the path, for the caller's own not-found error.
+
+    Raises:
+        ConfigError: `value` names an environment variable that is not set.
+    """
+    path = config_path(folder, value)
+    if path.is_file():
+        return path
+    folders = tuple(dict.fromkeys([preferred, *catalogue.SHIPPED_FOLDERS] if preferred else catalogue.SHIPPED_FOLDERS))
+    return catalogue.named_config(value, folders) or path

@@ -77,7 +77,8 @@ echo "--help of every command: $commands"
 roformer configs > configs.txt
 grep -q "pretrain/roformer-tiny" configs.txt
 echo "roformer configs lists $(grep -c '^  ' configs.txt) configs"
-echo "== shipped configs resolve inside the package; paths that leave it, against the working directory"
+echo "== shipped configs resolve inside the package; their data under the data root (./data), runs/ here"
+unset ROFORMER_DATA
 python - <<'EOF'
 from pathlib import Path
 
@@ -89,16 +90,22 @@ from roformer.train.config import FinetuneConfig
 cwd = Path.cwd()
 rte = load(FinetuneConfig, find_config("glue/rte", "glue"))
 assert rte.init == str(cwd / "runs/roformer-base/final"), rte.init
-assert rte.data.glue_dir == str(cwd / "glue_data"), rte.data.glue_dir
+assert rte.data.glue_dir == str(cwd / "data/glue"), rte.data.glue_dir
 assert len(load_suite_config(find_config("all", "glue")).tasks) == 9
 experiment, arms = load_experiment(find_config("rope-vs-bert-small", "experiments"))
-assert arms["roformer"].data.paths == [str(cwd.parent / "shared/data/corpus/gutenberg")], arms["roformer"].data.paths
+assert arms["roformer"].data.paths == [str(cwd / "data/corpus/gutenberg")], arms["roformer"].data.paths
 print("glue/rte init:", rte.init, "| rope-vs-bert-small data:", arms["roformer"].data.paths[0])
 EOF
 echo "== tiny pretraining by config name"
 roformer pretrain --config roformer-tiny --set train.max_steps=20 --set train.eval_every=10 \
     --set train.save_every=10 --set data.builtin_documents=2000 --set train.progress=false 2>&1 | tail -1
 test -f runs/roformer-tiny/final/model.safetensors
+echo "== a shipped task without its data: one line naming the key, the data root and the hub"
+if roformer finetune --config glue/rte --set init=runs/roformer-tiny/final 2> error.txt; then exit 1; fi
+cat error.txt
+test "$(wc -l < error.txt)" -eq 1
+grep -q "data.glue_dir: .*/data/glue: no such folder; give it with --set data.glue_dir=PATH, or set ROFORMER_DATA" error.txt
+grep -q "data.source=hub" error.txt
 cd "$repo"
 rm -rf "$work"
 echo "wheel check passed"

@@ -20,15 +20,20 @@ def pretrain_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def pretrain_command(args: argparse.Namespace) -> None:
-    from roformer.config import load
+    from roformer.config import check_keys, load
     from roformer.train.config import PretrainConfig
-    from roformer.train.pretrain import Pretrainer
     from roformer.train.run_dir import RUN_CONFIG_FILE
 
     if args.config is None and not (args.resume and args.output_dir):
         raise UserError("--config is required (unless --resume --output-dir continues a run from its config.yaml)")
     config_path, out = config_and_output(args, "pretrain")
+    check_keys(PretrainConfig, config_path or out / RUN_CONFIG_FILE, args.set)  # a typo: refused before torch loads
     config = load(PretrainConfig, config_path or out / RUN_CONFIG_FILE, args.set)
+    from roformer.model.pretrained import check_init
+    from roformer.train.pretrain import Pretrainer
+
+    if config.init:
+        check_init(config.init)
     trainer = Pretrainer(config, out, resume=args.resume, overwrite=args.overwrite)
     run = trainer.run()
     if trainer.engine.is_main_process:
@@ -97,10 +102,8 @@ def finetune_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def finetune_command(args: argparse.Namespace) -> None:
-    from roformer.config import load
+    from roformer.config import check_keys, load
     from roformer.train.config import FinetuneConfig
-    from roformer.train.finetune import finetune
-    from roformer.train.results_card import RESULTS_MARKDOWN_FILE, results_markdown
     from roformer.train.run_dir import BEST_DIR, RUN_CONFIG_FILE
 
     if args.config is None and not (args.resume and args.output_dir):
@@ -108,7 +111,14 @@ def finetune_command(args: argparse.Namespace) -> None:
     config_path, out = config_and_output(args, "glue", "glue")
     if config_path is not None and not args.output_dir and config_path.parent.name != "glue":
         out = Path("runs", "finetune", config_path.stem)  # GLUE tasks keep runs/glue/<task>
+    check_keys(FinetuneConfig, config_path or out / RUN_CONFIG_FILE, args.set)  # a typo: refused before torch loads
     config = load(FinetuneConfig, config_path or out / RUN_CONFIG_FILE, args.set)
+    from roformer.model.pretrained import check_init
+    from roformer.train.finetune import finetune
+    from roformer.train.results_card import RESULTS_MARKDOWN_FILE, results_markdown
+
+    if config.init:
+        check_init(config.init)
     results = finetune(config, out, overwrite=args.overwrite, resume=args.resume)
     if results:  # the page results.md holds: dev and test beside their baselines (translation: the final BLEU)
         print(results_markdown(results))
@@ -131,13 +141,17 @@ def suite_command(runs_subdir: str) -> tuple[Callable[[argparse.ArgumentParser],
 
 def _run_suite(args: argparse.Namespace, runs_subdir: str) -> None:
     """Every task of a suite (any task types), one table and one submission."""
-    from roformer.study.markdown import glue_suite_table
-    from roformer.study.suite import run_suite
-    from roformer.train.run_dir import SUBMISSION_DIR
+    from roformer.config import check_override_keys
+    from roformer.train.config import FinetuneConfig
 
     if args.config is None:
         raise UserError("--config is required")
     config_path, out = config_and_output(args, "glue", runs_subdir)
+    check_override_keys(FinetuneConfig, args.set)  # overrides of every task: refused before torch is imported
+    from roformer.study.markdown import glue_suite_table
+    from roformer.study.suite import run_suite
+    from roformer.train.run_dir import SUBMISSION_DIR
+
     results = run_suite(config_path, out, args.set, overwrite=args.overwrite, resume=args.resume)
     if results:
         print(glue_suite_table(results) + f"results in {out} (submission files in {out / SUBMISSION_DIR})")
@@ -155,16 +169,32 @@ def experiment_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def experiment_command(args: argparse.Namespace) -> None:
-    from roformer.study.experiment import run_experiment
-    from roformer.study.outputs import COMPARE_DIR, REPORT_FILE, SUMMARY_MARKDOWN_FILE
-
     if args.config is None:
         raise UserError("--config is required")
     config_path, out = config_and_output(args, "experiments", "experiments")
+    check_arm_override_keys(config_path, args.set)
+    from roformer.study.experiment import run_experiment
+    from roformer.study.outputs import COMPARE_DIR, REPORT_FILE, SUMMARY_MARKDOWN_FILE
+
     summary = run_experiment(config_path, out, args.set, compare_only=args.compare_only)
     if summary:
         report = f"\nreport: {out / REPORT_FILE} (runs in {out})"
         print((out / COMPARE_DIR / SUMMARY_MARKDOWN_FILE).read_text() + report)
+
+
+def check_arm_override_keys(path: Path, overrides: list[str]) -> None:
+    """Refuse an unknown key of an experiment's `--set` (an override of every arm) before torch is imported.
+
+    The arms are pretraining configs, or, in a task study (a `tasks:` list), fine-tuning configs.
+
+    Raises:
+        ConfigError: the file does not read, or an override's key is unknown (naming the nearest known one).
+    """
+    from roformer.config import check_override_keys, read_mapping
+    from roformer.train.config import FinetuneConfig, PretrainConfig
+
+    if overrides:
+        check_override_keys(FinetuneConfig if "tasks" in read_mapping(path) else PretrainConfig, overrides)
 
 
 # this module's subcommands, in the order `roformer --help` lists them

@@ -57,8 +57,11 @@ def data_fingerprint(config: DataConfig, base: Path | None = None, ignore: tuple
             config.hub_name,
         )
     # every local file read: the corpus of a text source, and validation_paths whatever the source
-    for pattern_list in (config.paths if config.source == "text" else [], config.validation_paths):
-        files += [file_stamp(p) for p in expand_paths(pattern_list, base)] if pattern_list else []
+    for key, pattern_list in (
+        ("data.paths", config.paths if config.source == "text" else []),
+        ("data.validation_paths", config.validation_paths),
+    ):
+        files += [file_stamp(p) for p in expand_paths(pattern_list, base, key)] if pattern_list else []
     if config.tokenizer:
         path = Path(config.tokenizer)
         path = path if path.is_absolute() or base is None else base / path

@@ -66,7 +66,7 @@ def open_document_stream(config: DataConfig, base: Path | None) -> Callable[[], 
     """A function that opens the configured corpus as a fresh document stream (paths are checked now)."""
     if config.source == "hub":
         return functools.partial(_stream_hub, config)
-    return _file_stream(config.paths, config, base)
+    return _file_stream(config.paths, config, base, "data.paths")
 
 
 def open_documents(
@@ -83,14 +83,14 @@ def open_documents(
     if config.source == "builtin":
         corpus = functools.partial(generate_documents, config.builtin_documents, config.builtin_seed)
     elif config.source == "text":
-        corpus = _file_stream(config.paths, config, base)
+        corpus = _file_stream(config.paths, config, base, "data.paths")
     else:
         _load_hub(config, streaming=False)  # fail now on a bad name or split
         corpus = functools.partial(_iterate_hub, config)
     held_out = None
     if config.validation_paths:
         _check_apart(config, base)
-        held_out = _file_stream(config.validation_paths, config, base)
+        held_out = _file_stream(config.validation_paths, config, base, "data.validation_paths")
     return corpus, held_out
 
 
@@ -102,15 +102,15 @@ def _check_apart(config: DataConfig, base: Path | None) -> None:
     """
     if config.source != "text":
         return
-    training = {p.resolve() for p in expand_paths(config.paths, base)}
-    both = [p for p in expand_paths(config.validation_paths, base) if p.resolve() in training]
+    training = {p.resolve() for p in expand_paths(config.paths, base, "data.paths")}
+    both = [p for p in expand_paths(config.validation_paths, base, "data.validation_paths") if p.resolve() in training]
     if both:
         raise UserError(f"data.validation_paths: {both[0]} is also in data.paths (evaluation on training text)")
 
 
-def _file_stream(patterns: list[str], config: DataConfig, base: Path | None) -> Callable[[], Iterator[str]]:
-    """A function that reads the documents of the files matching `patterns`, one file at a time."""
-    files = expand_paths(patterns, base)
+def _file_stream(patterns: list[str], config: DataConfig, base: Path | None, key: str) -> Callable[[], Iterator[str]]:
+    """A function that reads the documents of the files matching `patterns` (at config `key`), one file at a time."""
+    files = expand_paths(patterns, base, key)
 
     def stream() -> Iterator[str]:
         return (d for f in files for d in read_documents(f, config.text_column, config.decode_errors))

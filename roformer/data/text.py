@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from roformer.catalogue import missing_data_hint
 from roformer.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -23,10 +24,15 @@ logger = logging.getLogger(__name__)
 TEXT_SUFFIXES = (".txt", ".jsonl", ".json", ".csv", ".parquet")
 
 
-def expand_paths(patterns: list[str], base: Path | None = None) -> list[Path]:
+def expand_paths(patterns: list[str], base: Path | None = None, key: str | None = None) -> list[Path]:
     """Files named by paths, folders and glob patterns, sorted and de-duplicated.
 
     A folder is read recursively: files with a known suffix (any case), hidden files and folders skipped.
+
+    Args:
+        patterns: The paths, folders and globs.
+        base: The folder relative paths that do not exist as given are read from.
+        key: The config key that holds them (`data.paths`), named with the data root in a missing path's error.
 
     Raises:
         UserError: a path or pattern that matches nothing, or no file at all.
@@ -49,7 +55,8 @@ def expand_paths(patterns: list[str], base: Path | None = None) -> list[Path]:
                 raise UserError(f"{pattern}: glob matches no file")
             files += found
         else:
-            raise UserError(f"{path}: no such file or folder")
+            hint = f"; {missing_data_hint(path, key, value='[PATH]')}" if key else ""
+            raise UserError(f"{key + ': ' if key else ''}{path}: no such file or folder{hint}")
     unique = list(dict.fromkeys(p.resolve() for p in files))
     if not unique:
         raise UserError("no text files given (data.paths is empty)")

@@ -93,6 +93,22 @@ def load_weights_from(model: Model, source: str | Path) -> None:
         raise UserError(f"init: {source} does not fit the model section ({first.rstrip('.')})") from None
 
 
+def check_init(init: str | Path, key: str = "init") -> None:
+    """Refuse an init that names no folder, in those words, before its tokenizer or its weights are looked for.
+
+    Raises:
+        UserError: `init` is not a directory (missing, or a file).
+    """
+    path = Path(init)
+    if path.is_dir():
+        return
+    what = "a file, not a model folder" if path.exists() else "no such model folder"
+    raise UserError(
+        f"{key}: {path}: {what} (a run's final/ of roformer pretrain, or a roformer or HF save_pretrained folder; "
+        "a hub model: roformer convert --from-hf NAME --out DIR)"
+    )
+
+
 def _check_source(source: str | Path) -> Path:
     """`source` as a path; a directory must hold a roformer or HF model (anything else may be a hub name)."""
     path = Path(source)

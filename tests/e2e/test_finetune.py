@@ -148,8 +148,10 @@ def test_bad_inputs(tmp_path: Path, pretrained: Path, number_task: dict, capsys:
     base = task_config(tmp_path / "c.yaml", pretrained, number_task)
     cases = [
         (["data.task=sst3"], "unknown GLUE task 'sst3'"),
-        (["data.source=glue_dir", f"data.glue_dir={tmp_path / 'nowhere'}"], "no SST-2 directory"),
+        (["data.source=glue_dir", f"data.glue_dir={tmp_path / 'nowhere'}"], "data.glue_dir: ", "--set data.source=hub"),
+        (["data.source=glue_dir", f"data.glue_dir={tmp_path}"], "no SST-2 directory"),
         ([f"init={no_tokenizer}"], "has no tokenizer"),
+        ([f"init={tmp_path / 'runs' / 'final'}"], f"init: {tmp_path / 'runs' / 'final'}: no such model folder"),
         ([f"data.train_file={unlabelled_train}"], "no label column 'label'"),
         ([f"data.train_file={wrong_label}"], "label 'positive' is not one of the sst2 labels"),
         (["train.lrs=[-1]"], "learning rates must be > 0"),
@@ -157,13 +159,13 @@ def test_bad_inputs(tmp_path: Path, pretrained: Path, number_task: dict, capsys:
         (["data.max_eval_examples=0"], "max_eval_examples must be >= 1"),  # was a traceback after training
         (["train.seeds=[-1]"], "seeds must be in [0, 2^32 - 1], got -1"),
     ]
-    for overrides, expected in cases:
+    for overrides, *expected in cases:
         args = ["finetune", "--config", str(base), "--output-dir", str(tmp_path / "run")]
         for item in overrides:
             args += ["--set", item]
         assert main(args) == 2, overrides
         err = capsys.readouterr().err
-        assert expected in err and len(err.strip().splitlines()) == 1, (overrides, err)
+        assert all(e in err for e in expected) and len(err.strip().splitlines()) == 1, (overrides, err)
         assert not (tmp_path / "run").exists()
 
 

@@ -106,13 +106,20 @@ def test_installed_references_between_configs_stay_inside_the_package(installed:
     assert set(arms) == {"roformer", "bert"}
 
 
-def test_installed_paths_that_leave_the_configs_are_read_from_the_working_directory(installed: Path) -> None:
+def test_installed_paths_that_leave_the_configs_are_read_from_the_working_directory(
+    installed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # as if the configs folder were ./configs: in a clone's root, the name and the path mean the same files
+    monkeypatch.delenv("ROFORMER_DATA", raising=False)
     rte = load(FinetuneConfig, find_config("glue/rte", "glue"))  # include: recipe.yaml, which holds the paths
     assert rte.init == str(installed / "runs" / "roformer-base" / "final")  # where `pretrain --config roformer-base`
-    assert rte.data.glue_dir == str(installed / "glue_data")  # writes, and download_glue_data.py's folder
+    # the data: under the data root, ./data without ROFORMER_DATA
+    assert rte.data.glue_dir == str(installed / "data" / "glue")  # download_glue_data.py --data_dir data/glue
     small = load(PretrainConfig, find_config("roformer-small", "pretrain"))
-    assert small.data.paths == [str(installed.parent / "shared" / "data" / "corpus" / "gutenberg")]
+    assert small.data.paths == [str(installed / "data" / "corpus" / "gutenberg")]
+    monkeypatch.setenv("ROFORMER_DATA", str(installed / "mine"))
+    translation = load(FinetuneConfig, find_config("translation/multi30k-cpu", "glue"))
+    assert translation.data.train_prefix == str(installed / "mine" / "translation" / "multi30k" / "train")
 
 
 def test_clone_paths_stay_relative_to_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

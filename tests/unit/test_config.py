@@ -9,6 +9,7 @@ import pytest
 from helpers import REPO
 
 import roformer
+from roformer.catalogue import data_root
 from roformer.config import load
 from roformer.errors import ConfigError
 from roformer.model.config import ModelConfig
@@ -327,7 +328,12 @@ RESUME_MAY_CHANGE_BEFORE = (
     "train.batch_size",
     "train.grad_accum",
 )
-RESUME_MAY_CHANGE_UNTIL_A_RUN_FINISHES_BEFORE = ("train.max_steps", "train.epochs", "train.eval_every")
+RESUME_MAY_CHANGE_UNTIL_A_RUN_FINISHES_BEFORE = (
+    "train.max_steps",
+    "train.epochs",
+    "train.eval_every",
+    "train.patience",  # since: where a fine-tuning run ends, as max_steps
+)
 RESUME_UNLOGGED_BEFORE = ("train.progress", "train.report_to")
 
 
@@ -436,7 +442,7 @@ GLUE_TASKS = ["cola", "mnli", "mrpc", "qnli", "qqp", "rte", "sst2", "stsb", "wnl
 def test_a_glue_task_config_loads_as_it_did_before_it_included_the_recipe(task: str) -> None:
     expected = {**GLUE_TASK_CONFIG_BEFORE, "data": {"task": task, **GLUE_TASK_CONFIG_BEFORE["data"]}}
     expected["init"] = str(REPO / expected["init"])
-    expected["data"]["glue_dir"] = str(REPO / expected["data"]["glue_dir"])
+    expected["data"]["glue_dir"] = str(data_root() / "glue")  # since: the shipped configs' data root (issue 63)
     loaded = load(FinetuneConfig, REPO / "configs" / "glue" / f"{task}.yaml").to_dict()
     # the task types came later: their keys have the defaults of type glue
     added = {k: v for k, v in loaded["data"].items() if k not in expected["data"]}
@@ -450,6 +456,7 @@ def test_a_glue_task_config_loads_as_it_did_before_it_included_the_recipe(task: 
         "decay_shape": "1-sqrt",
         "average_last": 0,
         "average_every": None,
+        "patience": None,
     }
     loaded["train"] = {k: v for k, v in loaded["train"].items() if k not in later}
     assert {**loaded, "data": {k: v for k, v in loaded["data"].items() if k not in added}} == expected
