@@ -46,7 +46,15 @@ from roformer.tasks.registry import make_task
 from roformer.train.config import PretrainConfig
 from roformer.train.launch import check_run_settings, process_state, run_on_main
 from roformer.train.pretrain import build_data, pretrain
-from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, PROBES_DIR, RUN_CONFIG_FILE, RunDir
+from roformer.train.run_dir import (
+    FINAL_DIR,
+    LENGTH_FILE,
+    METRICS_FILE,
+    PROBES_DIR,
+    RUN_CONFIG_FILE,
+    RunDir,
+    read_metrics,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -467,9 +475,20 @@ def pretrain_arms(experiment: ExperimentConfig, arms: dict[str, PretrainConfig],
             resume = RunDir.started(directory)
             logger.info("%s: %s", directory, "resuming" if resume else "starting")
             pretrain(config, directory, resume=resume, overwrite=not resume)
+            logger.info("%s: finished: %s", directory, final_evaluation(directory))
             # one tokenization, one tokenizer: every process stops at the first run that disagrees
             run_on_main(lambda: check_tokenizers(load_runs(runs)[0], arms))
     return runs
+
+
+def final_evaluation(run: Path) -> str:
+    """A pretraining run's last evaluation in words (what its arm's line says when it ends)."""
+    evals = [e for e in read_metrics(run / METRICS_FILE) if e.get("event") == "eval" and "eval_loss" in e]
+    if not evals:
+        return "no evaluation"
+    last = evals[-1]
+    accuracy = f", masked-token accuracy {100 * last['eval_accuracy']:.1f}%" if "eval_accuracy" in last else ""
+    return f"eval loss {last['eval_loss']:.3f}{accuracy} at step {last['step']}"
 
 
 def check_tokenizers(runs: list[PretrainRun], arms: dict[str, PretrainConfig]) -> None:

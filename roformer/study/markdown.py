@@ -87,7 +87,8 @@ def _probe_cell(row: dict[str, Any] | None) -> str:
 def glue_suite_table(results: dict[str, dict[str, Any]]) -> str:
     """results.md of a suite: a row per task and metric (mean +- std over runs, median, max, selected lr, runs).
 
-    A task's runs at the selected lr are its seeds, or seeds x folds for a cross-validated task.
+    A task's runs at the selected lr are its seeds, or seeds x folds for a cross-validated task. Under each metric, its
+    trivial baseline (`baseline` of the task's results: the majority class, the training mean...), in italics.
 
     Args:
         results: {task: the results of roformer.train.finetune (its `summary` and `selected`)}.
@@ -106,6 +107,10 @@ def glue_suite_table(results: dict[str, dict[str, Any]]) -> str:
                 )
                 lr, runs = r["selected"]["peak_lr"], len(s["values"])
                 lines.append(f"| {task} | {split} | {name} | {numbers} | {lr:g} | {runs} |")
+                baseline = r.get("baseline", {}).get(split)
+                if baseline is not None and name in baseline:  # the level a model that learned nothing reaches
+                    kind = baseline["kind"].replace("_", " ")
+                    lines.append(f"| {task} | {split} | {name}: *{kind}* | {100 * baseline[name]:.2f} | | | | |")
     return "\n".join(lines) + "\n"
 
 

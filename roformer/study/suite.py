@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,10 @@ from roformer.study.outputs import SUITE_TABLE_FILE
 from roformer.train.config import FinetuneConfig
 from roformer.train.finetune import check_before_writing, finetune
 from roformer.train.launch import process_state, run_on_main
+from roformer.train.results_card import result_line
 from roformer.train.run_dir import RESULTS_FILE, SUBMISSION_DIR, RunDir
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -122,6 +126,8 @@ def run_suite(
         task_dir = out / config.data.task
         started = resume and RunDir.started(task_dir)
         results[config.data.task] = finetune(config, task_dir, resume=started, overwrite=resume and not started)
+        if results[config.data.task]:  # the main process: each task's result as it ends
+            logger.info("%s: finished: %s", task_dir, result_line(results[config.data.task]))
 
     def write() -> None:  # the main process: one submission folder and one table
         (out / SUBMISSION_DIR).mkdir(exist_ok=True)

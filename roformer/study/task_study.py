@@ -44,6 +44,7 @@ from roformer.study.translation_study import bleu_plot_rows, summarise_translati
 from roformer.tasks.synthetic import floors, split_lengths
 from roformer.train.finetune import run_tag
 from roformer.train.launch import check_run_settings
+from roformer.train.results_card import result_line
 from roformer.train.run_dir import METRICS_FILE, PREDICTIONS_DIR, RESULTS_FILE, RunDir, read_metrics
 
 if TYPE_CHECKING:
@@ -193,7 +194,9 @@ def run_task_study(
                 config = replace(arm, train=replace(arm.train, seed=seed, seeds=[]))
                 resume = RunDir.started(directory)
                 logger.info("%s: %s", directory, "resuming" if resume else "starting")
-                finetune(config, directory, overwrite=not resume, resume=resume)
+                results = finetune(config, directory, overwrite=not resume, resume=resume)
+                if results:  # the main process: the run's result where it is made, beside its baselines
+                    logger.info("%s: finished: %s", directory, result_line(results))
     if compare_only and not any(
         (run_path(out, task, label, seed) / RESULTS_FILE).is_file()
         for task, arms in tasks.items()

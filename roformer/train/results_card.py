@@ -134,3 +134,30 @@ def _number(value: Any, scale: float, digits: int = 2) -> str:
     if not isinstance(value, int | float):
         return "-"
     return f"{value * scale:.{digits}f}"
+
+
+def result_line(results: dict[str, Any]) -> str:
+    """A finished job on one console line (a suite's task, a study's run): its scores beside their baselines.
+
+    `dev score 61.4 (majority class 52.7); test_1x 91.3 (position blind 16.0), test_2x ...`, in the page's scale; a
+    translation's final test BLEU of each model instead.
+    """
+    scale = 1.0 if results.get("metrics_in_percent") else 100.0
+    if "translation" in results:
+        scores = results["translation"]
+        cells = [
+            f"{model} {split} BLEU {values['bleu']:.2f}" for model in ("best", "averaged")
+            for split, values in scores.get(model, {}).items()
+        ]  # fmt: skip
+        return "; ".join(cells)
+    dev = results["selection_split"]
+    cells = [f"{dev} score {_against(results['summary'][dev]['score']['mean'], split_baseline(results, dev), scale)}"]
+    for split, values in (results.get("test") or {}).items():
+        cells.append(f"{split} {_against(values['score']['mean'], split_baseline(results, split), scale)}")
+    return "; ".join(cells)
+
+
+def _against(score: float, baseline: dict[str, Any] | None, scale: float) -> str:
+    if baseline is None or "score" not in baseline:
+        return f"{score * scale:.1f}"
+    return f"{score * scale:.1f} ({baseline['kind'].replace('_', ' ')} {baseline['score'] * scale:.1f})"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -41,10 +42,12 @@ def experiment_files(tmp_path: Path, **train) -> Path:
     return tmp_path / "exp.yaml"
 
 
-def test_experiment_end_to_end(tmp_path: Path) -> None:
+def test_experiment_end_to_end(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
     config = experiment_files(tmp_path)
     assert main(["experiment", "--config", str(config), "--output-dir", str(tmp_path / "out")]) == 0
     out = tmp_path / "out"
+    assert f"{out / 'roformer-seed0'}: finished: eval loss " in caplog.text  # each arm's run as it ends
     assert {p.name for p in out.iterdir()} == {
         "roformer-seed0",
         "bert-seed0",

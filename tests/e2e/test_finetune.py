@@ -117,15 +117,20 @@ def test_mnli_writes_matched_mismatched_and_ax(tmp_path: Path, pretrained: Path)
     assert counts == {"MNLI-m.tsv": 5, "MNLI-mm.tsv": 6, "AX.tsv": 2}
 
 
-def test_glue_suite_writes_one_table(tmp_path: Path, pretrained: Path, number_task: dict) -> None:
+def test_glue_suite_writes_one_table(
+    tmp_path: Path, pretrained: Path, number_task: dict, caplog: pytest.LogCaptureFixture
+) -> None:
     from roformer.study.outputs import SUITE_TABLE_FILE
 
+    caplog.set_level(logging.INFO)
     task_config(tmp_path / "sst2.yaml", pretrained, number_task, max_steps=3, seeds=[0])
     write_yaml(tmp_path / "suite.yaml", {"tasks": ["sst2.yaml"], "overrides": ["train.batch_size=8"]})
     assert main(["glue", "--config", str(tmp_path / "suite.yaml"), "--output-dir", str(tmp_path / "out")]) == 0
     out = tmp_path / "out"
     table = (out / SUITE_TABLE_FILE).read_text()
     assert table.startswith("| task | split | metric |") and "| sst2 | dev | accuracy |" in table
+    assert "| sst2 | dev | accuracy: *majority class* |" in table  # under the task's score, the trivial one's
+    assert f"{out / 'sst2'}: finished: dev score " in caplog.text and "(majority class " in caplog.text
     assert (out / "submission" / "SST-2.tsv").is_file()
     assert set(json.loads((out / "results.json").read_text())) == {"sst2"}
 

@@ -4,6 +4,7 @@ by `roformer experiment`, and their bad inputs (one line, exit 2, nothing writte
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -114,7 +115,10 @@ def write_study(tmp_path: Path, **extra: object) -> Path:
     return path
 
 
-def test_a_task_study_trains_every_arm_and_seed_and_compares_by_length(tmp_path: Path) -> None:
+def test_a_task_study_trains_every_arm_and_seed_and_compares_by_length(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
     arms = {
         "rotary": {"set": []},
         "alibi-asymmetric": {"set": ["model.position_encoding=alibi", "model.alibi_form=asymmetric"]},
@@ -125,6 +129,10 @@ def test_a_task_study_trains_every_arm_and_seed_and_compares_by_length(tmp_path:
     for arm in arms:
         for seed in (0, 1):
             assert (out / "shift" / f"{arm}-seed{seed}" / "results.json").is_file()
+            # each run's result on the console as it ends, every test length beside its position-blind floor
+            line = f"{out / 'shift' / f'{arm}-seed{seed}'}: finished: dev score "
+            assert line in caplog.text
+    assert "; test_2x " in caplog.text and "(position blind " in caplog.text
     summary = json.loads((out / "compare" / "summary.json").read_text())
     cell = summary["tasks"]["shift"]["arms"]["rotary"]["splits"]["test_2x"]
     accuracies = [s["accuracy"] for s in cell["seeds"]]
