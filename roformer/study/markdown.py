@@ -419,6 +419,8 @@ def _difference_table(intro: str, headers: list[str], rows: dict[str, list[str]]
 def _difference_cell(d: dict[str, Any], digits: int) -> str:
     """`+mean [+low, +high]`, `n.s.` where the interval includes 0, and the difference's note (roformer.study.stats)."""
     note = f" ({d['note']})" if d.get("note") else ""
+    if d.get("mean") is None and d.get("unreached"):
+        return _unreached_cell(d["unreached"])
     if d.get("mean") is None:
         return ("no finite value" if note else "not reached") + note
     cell = f"{d['mean']:+.{digits}f}"
@@ -426,6 +428,20 @@ def _difference_cell(d: dict[str, Any], digits: int) -> str:
         return cell + note
     cell += f" [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]"
     return (cell if d["significant"] else cell + " n.s.") + note
+
+
+def _unreached_cell(unreached: dict[str, list[Any]]) -> str:
+    """Whose seeds never reached a target: the arm's (`not reached`), the baseline's, or both."""
+
+    def seeds(values: list[Any]) -> str:
+        return f"seed{'s' if len(values) > 1 else ''} {', '.join(str(v) for v in values)}"
+
+    parts = []
+    if unreached["arm"]:
+        parts.append(f"not reached ({seeds(unreached['arm'])})")
+    if unreached["baseline"]:
+        parts.append(f"baseline never reached it ({seeds(unreached['baseline'])})")
+    return "; ".join(parts)
 
 
 def _points(d: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,10 @@ from typing import Any
 
 from roformer.study.runs import Arm, PretrainRun, tokens_at
 
+# what an interval band around a line is, named in the plots' legends (a seed's band is flat: no interval)
+INTERVAL_BAND = "band: 95% t-interval over seeds"
+PROBE_BAND = "band: 95% interval (Wilson over answers, widened to the t-interval over seeds)"
+
 
 def _series(
     runs: list[PretrainRun], events: str, y: str, x: str
@@ -58,7 +62,8 @@ def plot_curves(arms: list[Arm], path: Path) -> None:
                 xs, mean, low, high = _series(arm.runs, events, y, x)
                 if not xs:
                     continue
-                label = f"{arm.label} ({len(arm.runs)} seed{'s' if len(arm.runs) > 1 else ''})"
+                band = ", band: min-max over seeds" if len(arm.runs) > 1 else ""  # what the shading is, in the legend
+                label = f"{arm.label} ({len(arm.runs)} seed{'s' if len(arm.runs) > 1 else ''}{band})"
                 (line,) = ax.plot(xs, mean, label=label, linewidth=1.5)
                 if len(arm.runs) > 1:
                     ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
@@ -71,7 +76,7 @@ def plot_curves(arms: list[Arm], path: Path) -> None:
     plt.close(fig)
 
 
-def plot_probes(rows: list[dict[str, Any]], path: Path) -> None:
+def plot_probes(rows: list[dict[str, Any]], path: Path, band: str = PROBE_BAND) -> None:
     """probes.png: accuracy against length, a panel per probe, a line per arm and scaling.
 
     An arm is a colour and a scaling a line style, named once each in a legend below the panels, so that two dozen
@@ -86,6 +91,7 @@ def plot_probes(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     probes = sorted({r["probe"] for r in rows})
     labels = list(dict.fromkeys(r["label"] for r in rows))
@@ -126,6 +132,7 @@ def plot_probes(rows: list[dict[str, Any]], path: Path) -> None:
         handles.append(Line2D([], [], color="grey", linestyle=REFERENCE_STYLE, linewidth=1, label=label))
     if any("chance" in r for r in rows):
         handles.append(Line2D([], [], color="grey", linestyle=(0, (2, 2)), linewidth=1, label="chance"))
+    handles.append(Patch(color="grey", alpha=0.2, label=band))
     columns = min(len(handles), 6, 3 * len(probes))  # a panel holds three legend columns
     fig.legend(handles=handles, loc="lower center", ncol=columns, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.05 * math.ceil(len(handles) / columns), 1, 1))
@@ -169,6 +176,7 @@ def plot_bleu_by_length(rows: list[dict[str, Any]], summary: dict[str, Any], pat
             (line,) = ax.plot(x, [r["bleu"] for r in points], marker="o", label=arm)
             low, high = [r["interval"][0] for r in points], [r["interval"][1] for r in points]
             ax.fill_between(x, low, high, color=line.get_color(), alpha=0.1, linewidth=0)
+        ax.fill_between([], [], [], color="grey", alpha=0.2, linewidth=0, label=INTERVAL_BAND)
         buckets = data["buckets"]
         if data.get("max_source_words"):  # before the first bucket with no trained length in it
             lows = [int(b.split("-")[0].rstrip("+")) for b in buckets]

@@ -23,7 +23,8 @@ def pretraining_differences(arms: list[Arm], base: Arm, targets: list[float]) ->
     """For every arm but `base`: final eval loss and steps to each target, arm - baseline, with intervals.
 
     Steps to a target are per run (each seed's own eval curve); a target that some run never reached has no
-    difference (None). Runs are paired by their `train.seed`.
+    difference (None), and `unreached` names the seeds of each side that did not reach it. Runs are paired by their
+    `train.seed`.
     """
     out = {}
     for arm in arms:
@@ -32,7 +33,11 @@ def pretraining_differences(arms: list[Arm], base: Arm, targets: list[float]) ->
         steps = []
         for target in targets:
             mine, theirs = _steps_to(arm, target), _steps_to(base, target)
-            steps.append({"target": target, **(difference(mine, theirs) if mine and theirs else {"mean": None})})
+            if mine and theirs:
+                steps.append({"target": target, **difference(mine, theirs)})
+            else:  # say whose seeds never got there: the baseline's missing a target is not this arm's
+                unreached = {"arm": _unreached(arm, target), "baseline": _unreached(base, target)}
+                steps.append({"target": target, "mean": None, "unreached": unreached})
         finals = {_key(r): _final(r)["eval_loss"] for r in arm.runs}
         base_finals = {_key(r): _final(r)["eval_loss"] for r in base.runs}
         out[arm.label] = {"final_eval_loss": difference(finals, base_finals), "steps_to_target": steps}
@@ -99,6 +104,11 @@ def _key(run: PretrainRun) -> int | str:
 
 def _final(run: PretrainRun) -> dict[str, Any]:
     return max(run.eval, key=lambda e: e["step"])
+
+
+def _unreached(arm: Arm, target: float) -> list[int | str]:
+    """The seeds of `arm` whose eval curve never reached `target`."""
+    return [_key(r) for r in arm.runs if first_reaching(r.eval, target) is None]
 
 
 def _steps_to(arm: Arm, target: float) -> dict[int | str, float] | None:

@@ -471,14 +471,14 @@ def write_summary(folder: Path, summary: dict[str, Any]) -> list[str]:
     Returns:
         The names of the plots drawn (a plot with no point to draw is not), for the report to link.
     """
-    from roformer.study.plots import plot_bleu_by_length, plot_probes
+    from roformer.study.plots import INTERVAL_BAND, plot_bleu_by_length, plot_probes
 
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(folder / SUMMARY_JSON_FILE, json.dumps(summary, indent=2))
     atomic_write_text(folder / SUMMARY_MARKDOWN_FILE, summary_markdown(summary))
     drawn = []
     if rows := plot_rows(summary):
-        plot_probes(rows, folder / PLOT_FILE)
+        plot_probes(rows, folder / PLOT_FILE, INTERVAL_BAND)
         drawn.append(PLOT_FILE)
     if rows := bleu_plot_rows(summary):
         plot_bleu_by_length(rows, summary, folder / BLEU_PLOT_FILE)

@@ -209,8 +209,11 @@ def test_differences_have_paired_intervals_over_seeds(tmp_path: Path) -> None:
     assert steps[0]["mean"] == 0.0 and steps[0]["low"] < 0 < steps[0]["high"]  # per seed -100, +100, 0
     assert steps[0]["significant"] is False
     assert steps[1]["mean"] is None  # bert's seed 1 ends at 4.1: never reaches 4.05
+    assert steps[1]["unreached"] == {"arm": [], "baseline": [1]}  # the baseline's seed, not roformer's
     text = (tmp_path / "out" / SUMMARY_MARKDOWN_FILE).read_text()
-    assert "paired t" in text and "n.s." in text and "not reached" in text
+    assert "paired t" in text and "n.s." in text
+    row = next(line for line in text.splitlines() if line.startswith("| roformer |") and "[" in line)
+    assert row.endswith("| baseline never reached it (seed 1) |") and "not reached" not in row
     assert json.loads((tmp_path / "out" / SUMMARY_JSON_FILE).read_text())["differences"]["roformer"]["final_eval_loss"]
 
 
