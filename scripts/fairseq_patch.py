@@ -28,7 +28,7 @@ def drop_missing_extensions(tree: Path) -> None:
 
 
 def read_factory_defaults(tree: Path) -> None:
-    """hydra_init reads each config group's `.default`, which a default_factory field no longer has: call the factory."""
+    """hydra_init reads each config group's `.default`, which a default_factory field lacks: call the factory."""
     initialize = tree / "fairseq" / "dataclass" / "initialize.py"
     text = initialize.read_text()
     old = "        v = FairseqConfig.__dataclass_fields__[k].default\n"
