@@ -67,12 +67,12 @@ def data_root() -> Path:
 
 
 def data_root_origin() -> str:
-    """How `data_root` was decided, in a few words (for `roformer configs` and the missing-data errors)."""
+    """How `data_root` was decided, in a few words (for `roformer configs`)."""
     if os.environ.get(DATA_ROOT_VARIABLE, "").strip():
-        return f"${DATA_ROOT_VARIABLE}"
+        return f"set by {DATA_ROOT_VARIABLE}"
     if data_root() == Path.cwd() / DEFAULT_DATA_FOLDER:
-        return f"{DEFAULT_DATA_FOLDER}/ in the working directory: {DATA_ROOT_VARIABLE} is not set"
-    return f"the clone's ../shared/data: {DATA_ROOT_VARIABLE} is not set"
+        return f"./{DEFAULT_DATA_FOLDER} in the working directory, as {DATA_ROOT_VARIABLE} is not set"
+    return f"the clone's ../shared/data, as {DATA_ROOT_VARIABLE} is not set"
 
 
 def missing_data_hint(path: str | Path, key: str, hub: bool = False, value: str = "PATH") -> str:
@@ -123,7 +123,7 @@ def configs_listing() -> str:
     folders = list(SHIPPED_FOLDERS) + sorted({n.split("/")[0] for n in configs} - set(SHIPPED_FOLDERS))
     lines = [
         f"shipped configs in {shipped_configs_dir()} (a name works wherever a config file is named; a path wins)",
-        f"their data paths start from {data_root()} ({data_root_origin()}; ${DATA_ROOT_VARIABLE}=DIR moves it)",
+        f"their data paths start from {data_root()} ({data_root_origin()}; {DATA_ROOT_VARIABLE}=DIR moves it)",
     ]
     for folder in folders:
         names = [name for name in configs if name.split("/")[0] == folder]

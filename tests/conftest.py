@@ -59,7 +59,8 @@ def shared_data() -> Path:
     """../shared/data, or skip: a fresh clone does not have it."""
     if not SHARED_DATA.is_dir():
         pytest.skip(
-            f"real data not found at {SHARED_DATA} (set ROFORMER_SHARED_DATA or place ../shared beside the repo)"
+            f"real data not found at {SHARED_DATA} (set ROFORMER_DATA or ROFORMER_SHARED_DATA, or place ../shared "
+            "beside the repo)"
         )
     return SHARED_DATA
 

@@ -23,7 +23,10 @@ import roformer
 from roformer.model.config import encodings
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("ROFORMER_SHARED_DATA", REPO.parent / "shared" / "data"))
+# the real data: ROFORMER_SHARED_DATA, else the data root the shipped configs read (ROFORMER_DATA), else ../shared/data
+SHARED_DATA = Path(
+    os.environ.get("ROFORMER_SHARED_DATA") or os.environ.get("ROFORMER_DATA") or REPO.parent / "shared" / "data"
+)
 
 # --- the tiny model ------------------------------------------------------------------------------------------------
 
