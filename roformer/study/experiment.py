@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from roformer.config import check_seed, check_types, config_path, load, read_yaml
+from roformer.config import check_seed, check_types, config_file, config_path, load, read_yaml
 from roformer.errors import ConfigError, UserError, naming
 from roformer.files import check_output_dir
 from roformer.model.config import ModelConfig, position_fields
@@ -324,7 +324,9 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tup
     arms = {}
     for label, arm in experiment.arms.items():
         config = load(
-            PretrainConfig, config_path(path.parent, arm.config), arm.set + experiment.overrides + list(overrides or [])
+            PretrainConfig,
+            config_file(path.parent, arm.config, "pretrain"),
+            arm.set + experiment.overrides + list(overrides or []),
         )
         arms[label] = replace(config, label=label)
     check_controlled(arms, str(path), set(experiment.vary))
@@ -430,7 +432,7 @@ def check_stage_inputs(experiment: ExperimentConfig, path: Path, arms: dict[str,
     if experiment.glue is not None:
         stage = experiment.glue
         extra = [f"data.glue_dir={config_path(path.parent, stage.glue_dir)}"] if stage.glue_dir is not None else []
-        _, configs = load_suite(config_path(path.parent, stage.suite), stage.overrides + extra)
+        _, configs = load_suite(config_file(path.parent, stage.suite, "glue"), stage.overrides + extra)
         for config in configs:
             with naming(f"glue: task {config.data.task}"):
                 check_run_settings(config.train)
@@ -514,7 +516,7 @@ def finetune_runs(experiment: ExperimentConfig, path: Path, runs: list[Path], ou
             extra.append(f"data.glue_dir={config_path(path.parent, stage.glue_dir)}")
         logger.info("%s: GLUE suite %s", target, stage.suite)
         results = run_suite(
-            config_path(path.parent, stage.suite), target, stage.overrides + extra, resume=target.exists()
+            config_file(path.parent, stage.suite, "glue"), target, stage.overrides + extra, resume=target.exists()
         )
         task_dirs += [target / task for task in results] if results else []
     return task_dirs

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from roformer.config import check_types, config_path, load
+from roformer.config import check_types, config_file, load
 from roformer.errors import ConfigError
 from roformer.files import atomic_copy, atomic_write_text
 from roformer.study.markdown import glue_suite_table
@@ -71,7 +71,7 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
     suite = load(SuiteConfig, path)
     given = list(overrides or [])
     configs = [
-        load(FinetuneConfig, config_path(path.parent, task.config), suite.overrides + task.set + given)
+        load(FinetuneConfig, config_file(path.parent, task.config, "glue"), suite.overrides + task.set + given)
         for task in suite.task_specs()
     ]
     names = [config.data.task for config in configs]

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from roformer.config import config_path, load
+from roformer.config import config_file, load
 from roformer.errors import ConfigError, UserError, naming
 from roformer.files import atomic_write_text
 from roformer.model.config import position_fields
@@ -74,7 +74,7 @@ def load_task_arms(
 
     tasks: dict[str, dict[str, FinetuneConfig]] = {}
     for task_file in experiment.tasks:
-        source = config_path(path.parent, task_file)
+        source = config_file(path.parent, task_file, "synthetic")
         arms = {}
         for label, arm in experiment.arms.items():
             config = load(FinetuneConfig, source, arm.set + experiment.overrides + list(overrides or []))

@@ -125,6 +125,29 @@ def test_a_shipped_name_works_wherever_a_config_names_a_config(tmp_path: Path) -
         load(FinetuneConfig, tmp_path / "bad.yaml")
 
 
+def test_an_experiment_s_arms_and_tasks_and_a_suite_s_tasks_take_shipped_names(tmp_path: Path) -> None:
+    """The first real experiment needs no copy of the configs folder: names where paths were."""
+    from roformer.study.experiment import ExperimentConfig, load_experiment
+    from roformer.study.suite import load_suite
+    from roformer.study.task_study import load_task_arms
+
+    write_yaml(tmp_path / "suite.yaml", {"tasks": ["rte", {"config": "glue/mrpc"}]})
+    _, configs = load_suite(tmp_path / "suite.yaml")
+    assert [c.data.task for c in configs] == ["rte", "mrpc"]
+    study = {"tasks": ["shift", "synthetic/passkey-binding"], "arms": {"rotary": {}, "none": {"set": [
+        "model.position_encoding=none"]}}}  # fmt: skip
+    write_yaml(tmp_path / "study.yaml", study)
+    experiment = load(ExperimentConfig, tmp_path / "study.yaml")
+    assert list(load_task_arms(experiment, tmp_path / "study.yaml")) == ["shift", "passkey-binding"]
+    arms = {"rotary": "roformer-tiny", "bert": "pretrain/bert-tiny"}
+    write_yaml(tmp_path / "experiment.yaml", {"arms": arms})
+    _, loaded = load_experiment(tmp_path / "experiment.yaml")
+    assert {label: config.model.position_encoding for label, config in loaded.items()} == {
+        "rotary": "rotary",
+        "bert": "sinusoidal",
+    }
+
+
 def test_a_name_given_on_purpose_prints_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

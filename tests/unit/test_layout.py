@@ -156,7 +156,7 @@ ROOMS = {
         {"rerank"},  # reads retrieval's runs
     ],
     "roformer.train": [
-        {"config", "interval", "faults", "checkpoints", "evaluate", "sharded", "averaging"},
+        {"config", "interval", "faults", "checkpoints", "evaluate", "sharded", "averaging", "results_card"},
         {"launch", "optim", "run_dir", "recipe"},
         {"stages"},
         {"engine"},
