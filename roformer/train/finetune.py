@@ -55,7 +55,7 @@ from roformer.files import atomic_write_text
 from roformer.logs import quiet_loggers
 from roformer.model.config import EncoderDecoderConfig, ModelConfig
 from roformer.model.model import ARCHITECTURES, Model
-from roformer.model.pretrained import load_pretrained, pretrained_config
+from roformer.model.pretrained import check_init, load_pretrained, pretrained_config
 from roformer.tasks.base import EncodedSplit, FinetuneTask
 from roformer.tasks.baselines import constant_predictions
 from roformer.tasks.config import Vocabulary
@@ -419,6 +419,8 @@ def task_inputs(config: FinetuneConfig) -> tuple[FinetuneTask, Tokenizer, ModelC
         UserError: a missing tokenizer or init, unreadable data, a tokenizer larger than the model's vocabulary.
     """
     spec = config.data.spec
+    if config.init:  # every caller (a suite's task, a study's arm) says a missing init in these words
+        check_init(config.init)
     if spec.own_vocabulary:
         task = make_task(config.data)
         if not config.init:  # trained from scratch: the task's own vocabulary, the model: section
