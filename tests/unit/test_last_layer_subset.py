@@ -13,7 +13,6 @@ from roformer.model.config import ModelConfig
 from roformer.model.model import MaskedLM
 
 
-
 def batch(seed: int = 0, pad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, 300, (3, 40), generator=g)
