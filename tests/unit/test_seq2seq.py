@@ -4,7 +4,6 @@ greedy and beam search (batched = alone, per-row length limits). Parity with HF 
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.nn.functional as F
