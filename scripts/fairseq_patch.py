@@ -3,6 +3,7 @@
     python scripts/fairseq_patch.py setup TREE          # leave out the C++ extensions whose sources the sdist lacks,
                                                         # and the dataclass defaults below in fairseq's own configs
     python scripts/fairseq_patch.py dataclasses DIR     # `name: Config = Config()` fields become default_factory ones
+    python scripts/fairseq_patch.py installed SITE      # `setup`'s source fixes, on an installed fairseq
 
 Python 3.11 refuses a dataclass field whose default is an instance of a dataclass ("mutable default ... use
 default_factory"); fairseq's configs and those of hydra-core 1.0, which it pins, have many.
@@ -40,6 +41,29 @@ def read_factory_defaults(tree: Path) -> None:
         initialize.write_text(text.replace(old, new))
 
 
+def load_own_checkpoints(tree: Path) -> None:
+    """fairseq's checkpoints pickle an argparse.Namespace, which torch >= 2.6 refuses to load by default
+    (`weights_only=True`): its own files, written by the run beside it, are loaded as before."""
+    utils = tree / "fairseq" / "checkpoint_utils.py"
+    text = utils.read_text()
+    old = 'state = torch.load(f, map_location=torch.device("cpu"))'
+    if old in text:
+        utils.write_text(
+            text.replace(old, 'state = torch.load(f, map_location=torch.device("cpu"), weights_only=False)')
+        )
+
+
+def no_fast_path(tree: Path) -> None:
+    """fairseq 0.12.2 sends inference through torch's BetterTransformer kernels with the signature of torch 1.13,
+    which torch 2.x refuses ("Mask Type should be defined"): its plain layers are used, as in training."""
+    for name in ("modules/transformer_layer.py", "models/transformer/transformer_encoder.py"):
+        path = tree / "fairseq" / name
+        text = path.read_text()
+        for flag in ("BT_version", "NT_version"):
+            text = text.replace(f"{flag} = True", f"{flag} = False")
+        path.write_text(text)
+
+
 def patch_dataclass_defaults(root: Path) -> None:
     """Every `name: Config = Config()` or `field(default=Config())` under `root` as `field(default_factory=Config)`."""
     for path in root.rglob("*.py"):
@@ -61,7 +85,13 @@ if __name__ == "__main__":
         drop_missing_extensions(where)
         patch_dataclass_defaults(where / "fairseq")
         read_factory_defaults(where)
+        load_own_checkpoints(where)
+        no_fast_path(where)
     elif what == "dataclasses":
         patch_dataclass_defaults(where)
+    elif what == "installed":  # the fixes of `setup` applied to an installed fairseq (site-packages)
+        read_factory_defaults(where)
+        load_own_checkpoints(where)
+        no_fast_path(where)
     else:
-        sys.exit("usage: python scripts/fairseq_patch.py setup TREE | dataclasses DIR")
+        sys.exit("usage: python scripts/fairseq_patch.py setup TREE | dataclasses DIR | installed SITE")
