@@ -268,7 +268,7 @@ def check_model(model: Model, model_dir: str | Path, length: int) -> None:
     config = model.config
     if config.attention == "linear":
         raise UserError(f"--model {model_dir}: linear attention has no softmax logits to measure (softmax only)")
-    if config.position_encoding == "learned" and length > config.max_position_embeddings:
+    if not config.holds_positions(length):
         raise UserError(
             f"--length {length}: {model_dir} has learned positions for {config.max_position_embeddings} tokens"
         )

@@ -210,7 +210,7 @@ def evaluate_lengths(
     packed: dict[int, Any] = {}  # length -> its blocks, or the reason it cannot be scored
     config = model.config
     for length in settings.seq_lens:
-        if config.position_encoding == "learned" and length > config.max_position_embeddings:
+        if not config.holds_positions(length):
             message = f"learned positions cover {config.max_position_embeddings} tokens; cannot evaluate {length}"
             logger.warning("%s: %s", model_dir, message)
             packed[length] = message

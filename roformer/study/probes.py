@@ -358,7 +358,7 @@ def probe_rows(
     probe, samples, seed, batch_size = settings.probe, settings.samples, settings.seed, settings.batch_size
     for length in settings.lengths:
         row = {"probe": probe, "length": length, "scaling": settings.scaling}
-        if config.position_encoding == "learned" and length > config.max_position_embeddings:
+        if not config.holds_positions(length):
             yield {**row, "error": f"learned positions cover {config.max_position_embeddings} tokens, not {length}"}
             continue
         variant = model

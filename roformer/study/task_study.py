@@ -115,7 +115,9 @@ def check_task_arms(arms: dict[str, FinetuneConfig], source: str, vary: set[str]
     for label, config in rest:
         other = flat(config.to_dict())
         for key in sorted(set(reference) | set(other)):
-            if key == "label" or key in allowed or reference.get(key) == other.get(key):
+            # a position field's own keys (model.position_settings.p_rope.unrotated_fraction) are that field's
+            position_field = any(key.startswith(f"{name}.") for name in allowed)
+            if key == "label" or key in allowed or position_field or reference.get(key) == other.get(key):
                 continue
             raise ConfigError(
                 f"{source}: arms {first_label!r} and {label!r} differ in {key} ({reference.get(key)!r} vs "

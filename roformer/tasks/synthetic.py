@@ -683,7 +683,7 @@ class SyntheticTask(HeadOutputs):
             UserError: it does not, naming model.max_position_embeddings and what it needs.
         """
         needed = self.settings.randomized_positions or self.settings.longest_row + 2
-        if config.position_encoding == "learned" and config.max_position_embeddings < needed:
+        if not config.holds_positions(needed):
             raise UserError(
                 f"model.max_position_embeddings ({config.max_position_embeddings}) must hold {needed} positions: the "
                 "longest test row, or synthetic.randomized_positions"

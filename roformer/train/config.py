@@ -461,7 +461,7 @@ def _check_no_validation_leak(stage: Stage, data: DataConfig, where: str) -> Non
 
 def _check_learned_length(model: ModelConfig, data: DataConfig, where: str) -> None:
     """Learned positions cannot go beyond their table: refuse blocks longer than it."""
-    if model.position_encoding == "learned" and model.max_position_embeddings < data.max_seq_len:
+    if not model.holds_positions(data.max_seq_len):
         raise ConfigError(
             f"{where}model.max_position_embeddings={model.max_position_embeddings} is shorter than "
             f"data.max_seq_len={data.max_seq_len} (learned positions cannot go beyond their table)"

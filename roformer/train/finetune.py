@@ -449,7 +449,7 @@ def vocabulary_size(config: ModelConfig | EncoderDecoderConfig) -> int:
 def learned_length(config: ModelConfig | EncoderDecoderConfig) -> int | None:
     """The longest input a learned position table holds (the shorter of an encoder-decoder's), None without one."""
     halves = [config.encoder, config.decoder] if isinstance(config, EncoderDecoderConfig) else [config]
-    tables = [half.max_position_embeddings for half in halves if half.position_encoding == "learned"]
+    tables = [half.position_limit for half in halves if half.position_limit is not None]
     return min(tables) if tables else None
 
 

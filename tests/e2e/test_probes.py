@@ -204,7 +204,7 @@ class CopyingMLM(torch.nn.Module):
 
     def __init__(self, vocab_size: int, look_back: int) -> None:
         super().__init__()
-        self.config = SimpleNamespace(position_encoding="none")
+        self.config = SimpleNamespace(position_encoding="none", holds_positions=lambda length: True)
         self.vocab_size, self.look_back = vocab_size, look_back
 
     def forward(self, ids: torch.Tensor) -> SimpleNamespace:
@@ -214,7 +214,7 @@ class CopyingMLM(torch.nn.Module):
 class NameEmbedder:
     """Embeds a text by the two tokens after its first "pass key of" (a name): a retriever that finds the fact."""
 
-    config = SimpleNamespace(position_encoding="none")
+    config = SimpleNamespace(position_encoding="none", holds_positions=lambda length: True)
 
     def __init__(self, tokenizer) -> None:
         self.key_of = tokenizer("pass key of", add_special_tokens=False)["input_ids"]

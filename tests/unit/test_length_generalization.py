@@ -277,3 +277,27 @@ def test_an_arm_may_run_some_of_the_experiment_s_seeds_in_a_task_study() -> None
             from_dict(ExperimentConfig, {"tasks": ["shift.yaml"], "arms": {**arms, "none": {"seeds": seeds}}})
     with pytest.raises(ConfigError, match="an arm's own seeds are a task study's"):
         from_dict(ExperimentConfig, {"arms": {"a": "p.yaml", "b": {"config": "p.yaml", "seeds": [0]}}})
+
+
+def test_arms_may_differ_in_an_encoding_s_own_settings(tmp_path) -> None:  # noqa: ANN001
+    """p_rope's unrotated fraction is a key under model.position_settings: a position field, as its encoding is."""
+    from roformer.config import load, write_yaml
+    from roformer.study.experiment import ExperimentConfig
+    from roformer.study.task_study import load_task_arms
+
+    arms = {
+        "rotary": {},
+        "p_rope": {"set": ["model.position_encoding=p_rope"]},
+        "p_rope-half": {
+            "set": ["model.position_encoding=p_rope", "model.position_settings.p_rope.unrotated_fraction=0.5"]
+        },
+    }
+    write_yaml(tmp_path / "study.yaml", {"tasks": ["synthetic/shift"], "arms": arms})
+    experiment = load(ExperimentConfig, tmp_path / "study.yaml")
+    loaded = load_task_arms(experiment, tmp_path / "study.yaml")["shift"]
+    assert loaded["p_rope-half"].model["position_settings"]["p_rope"]["unrotated_fraction"] == 0.5
+    write_yaml(
+        tmp_path / "bad.yaml", {"tasks": ["synthetic/shift"], "arms": {"a": {}, "b": {"set": ["model.hidden_size=32"]}}}
+    )
+    with pytest.raises(ConfigError, match="differ in model.hidden_size"):
+        load_task_arms(load(ExperimentConfig, tmp_path / "bad.yaml"), tmp_path / "bad.yaml")
