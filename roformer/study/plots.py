@@ -126,7 +126,8 @@ def plot_probes(rows: list[dict[str, Any]], path: Path, band: str = PROBE_BAND) 
     if len(scalings) > 1 or scalings != ["none"]:
         handles += [Line2D([], [], color="black", linestyle=style[s], label=f"scaling: {s}") for s in scalings]
     if any("floor" in r for r in rows):
-        handles.append(Line2D([], [], color="grey", linestyle=FLOOR_STYLE, linewidth=1.2, label="position-blind floor"))
+        label = floor_label(rows)
+        handles.append(Line2D([], [], color="grey", linestyle=FLOOR_STYLE, linewidth=1.2, label=label))
     if any(r.get("references") for r in rows):
         label = ", ".join(dict.fromkeys(name for r in rows for name in r.get("references", {})))
         handles.append(Line2D([], [], color="grey", linestyle=REFERENCE_STYLE, linewidth=1, label=label))
@@ -143,6 +144,13 @@ def plot_probes(rows: list[dict[str, Any]], path: Path, band: str = PROBE_BAND) 
 STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))  # a line style per scaling
 FLOOR_STYLE = (0, (4, 2))  # the position-blind floor: grey, dashed
 REFERENCE_STYLE = (0, (1, 2))  # a simpler guess's level: grey, dotted
+
+
+def floor_label(rows: list[dict[str, Any]]) -> str:
+    """The dashed line's legend entry: the position-blind floor, naming a task read against another level."""
+    floor = "position-blind floor"
+    others = dict.fromkeys(r["floor_name"] for r in rows if not r.get("floor_name", floor).endswith(floor))
+    return floor + (f" ({'; '.join(others)})" if others else "")
 
 
 def _draw_floors(ax: Any, rows: list[dict[str, Any]]) -> None:
