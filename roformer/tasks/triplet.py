@@ -29,6 +29,7 @@ from roformer.config import check_types
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError, UserError
 from roformer.tasks.base import MODEL_INPUTS, HeadOutputs, TaskSpec, pad_rows, write_tsv
+from roformer.tasks.baselines import Guess, commonest
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.objectives import pair_bce_loss
 from roformer.tasks.records import Record, read_split_records
@@ -285,6 +286,14 @@ class TripletTask(HeadOutputs):
         right = [scores[y] > scores[1 - y] for scores, y in zip(predictions, split.labels, strict=True)]
         accuracy = sum(right) / len(right)
         return {"accuracy": accuracy, "score": accuracy}
+
+    def trivial_guess(self, train: TripletRows) -> Guess | None:
+        """The candidate more often closer in training, for every triplet (scores that always pick it)."""
+        known = [label for label in train.labels if label is not None]
+        if not known:
+            return None
+        scores = (1.0, 0.0) if commonest(known) == 0 else (0.0, 1.0)
+        return Guess("majority_class", lambda split: [scores] * len(split.labels))
 
     def choice(self, scores: tuple[float, float]) -> str:
         """The candidate a row's scores pick, `tie` when they are equal."""

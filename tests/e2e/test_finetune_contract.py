@@ -253,6 +253,10 @@ def test_a_shipped_config_trains_on_files_in_its_format(
     encoded = task.encode(tokenizer, config.data.max_length)
     scored = [split for split in task.test_splits if encoded[split].labelled]  # OCNLI's test: predicted, not scored
     assert list(run.get("test", {})) == scored and ("test" in results) == bool(scored)
+    # every scored split is read against the constant answer, where the type defines one (roformer.tasks.baselines)
+    has_baseline = task.trivial_guess(encoded["train"]) is not None
+    assert set(results["baseline"]) == ({*task.dev_splits, *scored} if has_baseline else set())
+    assert has_baseline == (config.data.type not in ("question_answering", "retrieval", "rerank"))
     own_test = any(item.startswith("data.test_file=") for item in declared_sample(CONFIG_DIR / f"{name}.yaml"))
     if config.data.test_file and not own_test:
         assert scored == task.test_splits  # a test file cut from training rows has their labels
