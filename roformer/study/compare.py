@@ -182,6 +182,7 @@ def summarise(
     if glue:
         summary["glue"] = glue_means(glue)
         summary["glue_scores"] = score_metrics(glue)
+        summary["glue_baselines"] = glue_baselines(glue)
         base_label = summary.get("baseline") or baseline
         if base_label is not None:
             summary["glue_baseline"] = base_label
@@ -360,6 +361,21 @@ def _ratios(rope: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
 def score_metrics(glue: list[GlueRun]) -> dict[str, list[str]]:
     """{task: the metrics whose mean is its score} (results.json's `metrics`: nDCG@10 of retrieval, ...)."""
     return {run.task: list(run.results["metrics"]) for run in glue if run.results.get("metrics")}
+
+
+def glue_baselines(glue: list[GlueRun]) -> dict[str, dict[str, Any]]:
+    """{column: the trivial baseline's kind and score}: the constant answer's level of each GLUE column.
+
+    Computed from each task's training labels, so the same for every arm (the first run's is taken); none for
+    results written before baselines were.
+    """
+    levels: dict[str, dict[str, Any]] = {}
+    for run in glue:
+        for split, column in glue_columns(run).items():
+            baseline = run.results.get("baseline", {}).get(split)
+            if baseline is not None and column not in levels:
+                levels[column] = {"kind": baseline["kind"], "score": baseline["score"]}
+    return levels
 
 
 def glue_means(glue: list[GlueRun]) -> dict[str, dict[str, Any]]:

@@ -397,6 +397,10 @@ def _glue_lines(summary: dict[str, Any]) -> list[str]:
             for t in tasks
         ]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    baselines = summary.get("glue_baselines") or {}
+    if baselines:  # the constant answer's level: a score at or below it learned nothing of the input
+        cells = [f"{100 * baselines[t]['score']:.1f}" if t in baselines else "—" for t in tasks]
+        lines.append("| *trivial baseline (majority class; training mean: 0)* | " + " | ".join(cells) + " |")
     if summary.get("glue_differences"):
         intro = (
             f"Dev score differences from {summary['glue_baseline']} (points, arm - baseline, mean [95% "

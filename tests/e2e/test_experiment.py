@@ -263,7 +263,14 @@ def test_glue_and_length_stages_resume_and_report(tmp_path: Path, monkeypatch: p
     ndcg = json.loads((out / GLUE_DIR / "bert-seed0" / "toy-retrieval" / RESULTS_FILE).read_text())["summary"]["dev"]
     assert ndcg["score"]["values"] == ndcg["ndcg@10"]["values"]  # the score compared is nDCG@10
     assert set(summary["length_differences"]["roformer"]) == {32, 64}
+    # each column's constant-answer level, one for all arms (from the training labels); none for retrieval
+    assert (
+        summary["glue_baselines"]["sst2"]["kind"] == "majority_class"
+        and "toy-retrieval" not in summary["glue_baselines"]
+    )
+    assert summary["glue_baselines"]["toy-ner"]["kind"] == "all_outside"
     report = (out / REPORT_FILE).read_text()
+    assert "| *trivial baseline (majority class; training mean: 0)* |" in report
     assert "### GLUE" in report and "Dev score differences from bert" in report and "GLUE suite" in report
     assert "toy-retrieval ndcg@10" in report  # what each column's score is
     assert f"GLUE suite (`{tmp_path / 'suite.yaml'}`)" in report  # the path shown without `..`
