@@ -270,8 +270,9 @@ class ExperimentConfig:
         if arm.seeds is None:
             return
         if not self.tasks:
-            raise ConfigError(f"arms.{label}.seeds: an arm's own seeds are a task study's (tasks:); here every arm "
-                              "runs every seed")  # fmt: skip
+            raise ConfigError(
+                f"arms.{label}.seeds: an arm's own seeds are a task study's (tasks:); here every arm runs every seed"
+            )
         strangers = [seed for seed in arm.seeds if seed not in self.seeds]
         if not arm.seeds or strangers or len(set(arm.seeds)) != len(arm.seeds):
             raise ConfigError(

@@ -824,13 +824,21 @@ def warn_if_trivial(run: str, predictions: dict[str, list[Any]], record: dict[st
         if metrics is None:
             continue
         if constant_predictions(predictions[split]):
-            logger.warning("%s: every %s prediction is the same (%r): the model learned one answer", run, split,
-                           predictions[split][0])  # fmt: skip
+            logger.warning(
+                "%s: every %s prediction is the same (%r): the model learned one answer",
+                run,
+                split,
+                predictions[split][0],
+            )
         elif ranked(metrics["score"]) <= ranked(baseline["score"]):
             logger.warning(
                 "%s: %s score %.4g is at or below its %s baseline (%.4g)",
-                run, split, metrics["score"], baseline["kind"].replace("_", " "), baseline["score"],
-            )  # fmt: skip
+                run,
+                split,
+                metrics["score"],
+                baseline["kind"].replace("_", " "),
+                baseline["score"],
+            )
 
 
 def averaged_candidate(candidate: Path) -> Path:

@@ -146,9 +146,10 @@ def result_line(results: dict[str, Any]) -> str:
     if "translation" in results:
         scores = results["translation"]
         cells = [
-            f"{model} {split} BLEU {values['bleu']:.2f}" for model in ("best", "averaged")
+            f"{model} {split} BLEU {values['bleu']:.2f}"
+            for model in ("best", "averaged")
             for split, values in scores.get(model, {}).items()
-        ]  # fmt: skip
+        ]
         return "; ".join(cells)
     dev = results["selection_split"]
     cells = [f"{dev} score {_against(results['summary'][dev]['score']['mean'], split_baseline(results, dev), scale)}"]
