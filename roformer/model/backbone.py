@@ -96,13 +96,16 @@ class Model(nn.Module):
                 nn.init.zeros_(module.bias)
 
     def weight_std(self, module: nn.Linear | nn.Embedding) -> float:
-        """The init std of a linear or embedding weight: initializer_range (BERT), or RoFormerV2's.
+        """The init std of a linear or embedding weight: its own `init_std`, initializer_range (BERT), or RoFormerV2's.
 
         V2 (bert4keras `RoFormerV2.initializer`): 1.13684723 / sqrt(fan_in) x num_layers^-1/2, where 1.13684723 is
         1 / std of a unit normal truncated at 2 std, so the drawn weights have std 1 / sqrt(fan_in) before the depth
         factor. fan_in is a linear layer's input width and an embedding's width (bert4keras takes the width for
         tables with more than 10000 or fewer than 10 rows, i.e. every real vocabulary and the token types).
         """
+        own = getattr(module, "init_std", None)  # a module that needs its own scale says so (FIRE's f_theta)
+        if own is not None:
+            return own
         if self.config.initializer != "v2":
             return self.config.initializer_range
         fan_in = module.in_features if isinstance(module, nn.Linear) else module.embedding_dim

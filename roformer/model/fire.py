@@ -21,7 +21,8 @@ Beside the paper's equation (our choices): c enters as |c|, initialised at 0.1, 
 learned scale s initialised at 1 (the paper's initial values; through the scale L moves in steps of the size of
 c's), both settable (`position_settings: {fire: {...}}`); the normaliser has a floor of 1e-6 (psi(max(L, 0)) is 0 if
 L reaches 0); one f_theta serves every layer, computed once per forward and folded into the mask as T5's bias
-(`FoldedBias`); its weights take the BERT init as every weight here. The bias depends on the query's own position
+(`FoldedBias`); its weights start LeCun-normal (std 1 / sqrt(fan_in), Flax's Dense default), not BERT's 0.02, which
+would give biases of order 1e-4: a model blind to positions at its start. The bias depends on the query's own position
 through the normaliser: shift-invariant (relative) only while every query is below L. HF has no such model.
 """
 
@@ -74,6 +75,8 @@ class FireBias(FoldedBias):
         settings: FireSettings = config.position_settings["fire"]
         self.hidden = nn.Linear(2, settings.width)  # (normalised distance, sign) -> width
         self.out = nn.Linear(settings.width, config.num_heads)  # -> one bias per head
+        for layer in (self.hidden, self.out):  # LeCun normal, 1 / sqrt(fan_in): biases of order 1, as the paper's
+            layer.init_std = layer.in_features**-0.5  # Flax Dense layers start (BERT's 0.02 makes them ~1e-4)
         self.c = nn.Parameter(torch.tensor(settings.init_c))
         self.threshold_scale = nn.Parameter(torch.tensor(1.0))
         self.init_threshold = settings.init_threshold

@@ -133,7 +133,7 @@ class BagOfDigitsMLM(torch.nn.Module):
 
     def __init__(self, vocab_size: int) -> None:
         super().__init__()
-        self.config = SimpleNamespace(position_encoding="none")
+        self.config = SimpleNamespace(position_encoding="none", holds_positions=lambda length: True)
         self.vocab_size = vocab_size
 
     def forward(self, ids: torch.Tensor) -> SimpleNamespace:
