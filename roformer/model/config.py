@@ -15,9 +15,7 @@ this one is: it imports no torch.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
@@ -26,6 +24,7 @@ from typing import Any, Literal, Self
 
 from roformer.config import STAGE, check_types, from_dict, read_yaml, write_yaml
 from roformer.errors import ConfigError
+from roformer.plugins import declarations
 
 # Activation names accepted in `hidden_act`: every parameter-free activation that HF BERT/RoFormer configs use.
 # The implementations live in `roformer.model.layers.ACTIVATIONS`; this list is the config-level contract.
@@ -480,8 +479,6 @@ def _default(name: str) -> Any:
 # ----------------------------------------------------------------------------------------------------------------
 # The position encodings, collected from their modules' declarations
 
-PACKAGE = "roformer.model"
-
 
 @cache
 def encodings() -> dict[str, EncodingSpec]:
@@ -494,14 +491,13 @@ def encodings() -> dict[str, EncodingSpec]:
     import roformer.model
 
     found: dict[str, EncodingSpec] = {}
-    for module in sorted(pkgutil.iter_modules(roformer.model.__path__), key=lambda m: m.name):
-        for spec in getattr(importlib.import_module(f"{PACKAGE}.{module.name}"), "ENCODINGS", ()):
-            if spec.name in found:
-                raise RuntimeError(f"position encoding {spec.name!r} is declared twice ({module.name})")
-            unknown = [name for name in spec.fields if name not in ModelConfig.__dataclass_fields__]
-            if unknown:
-                raise RuntimeError(f"position encoding {spec.name!r} declares fields ModelConfig has not: {unknown}")
-            found[spec.name] = spec
+    for module, spec in declarations(roformer.model, "ENCODINGS"):
+        if spec.name in found:
+            raise RuntimeError(f"position encoding {spec.name!r} is declared twice ({module})")
+        unknown = [name for name in spec.fields if name not in ModelConfig.__dataclass_fields__]
+        if unknown:
+            raise RuntimeError(f"position encoding {spec.name!r} declares fields ModelConfig has not: {unknown}")
+        found[spec.name] = spec
     return dict(sorted(found.items()))
 
 

@@ -7,20 +7,17 @@ not when this one is: a config file is read without torch until a fine-tuning co
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from roformer.catalogue import missing_data_hint
 from roformer.errors import ConfigError, UserError
+from roformer.plugins import declarations
 
 if TYPE_CHECKING:
     from roformer.tasks.base import FinetuneTask, TaskSpec
     from roformer.tasks.config import FinetuneDataConfig
-
-PACKAGE = "roformer.tasks"
 
 
 @cache
@@ -35,14 +32,13 @@ def specs() -> dict[str, TaskSpec]:
     found: dict[str, TaskSpec] = {}
     sections: dict[str, str] = {}
     folders: set[str] = set()
-    for module in sorted(pkgutil.iter_modules(roformer.tasks.__path__), key=lambda m: m.name):
-        for spec in getattr(importlib.import_module(f"{PACKAGE}.{module.name}"), "SPECS", ()):
-            if spec.name in found:
-                raise RuntimeError(f"task type {spec.name!r} is declared twice ({module.name})")
-            if spec.section and sections.setdefault(spec.section, spec.name) != spec.name:
-                raise RuntimeError(f"data.{spec.section} is declared by {sections[spec.section]} and {spec.name}")
-            folders.update(spec.folders)
-            found[spec.name] = spec
+    for module, spec in declarations(roformer.tasks, "SPECS"):
+        if spec.name in found:
+            raise RuntimeError(f"task type {spec.name!r} is declared twice ({module})")
+        if spec.section and sections.setdefault(spec.section, spec.name) != spec.name:
+            raise RuntimeError(f"data.{spec.section} is declared by {sections[spec.section]} and {spec.name}")
+        folders.update(spec.folders)
+        found[spec.name] = spec
     if folders & set(sections):
         raise RuntimeError(f"data.{min(folders & set(sections))} is both a settings section and a folder")
     return dict(sorted(found.items()))

@@ -20,6 +20,7 @@ BASE = {
     "roformer.labels",
     "roformer.errors",
     "roformer.logs",
+    "roformer.plugins",
     "roformer.version",
 }
 
