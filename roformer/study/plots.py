@@ -137,7 +137,7 @@ def plot_probes(rows: list[dict[str, Any]], path: Path, band: str = PROBE_BAND) 
     columns = min(len(handles), 6, 3 * len(probes))  # a panel holds three legend columns
     fig.legend(handles=handles, loc="lower center", ncol=columns, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.05 * math.ceil(len(handles) / columns), 1, 1))
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # a one-panel figure's legend is wider than its panel
     plt.close(fig)
 
 
