@@ -487,9 +487,8 @@ def pretrain_arms(experiment: ExperimentConfig, arms: dict[str, PretrainConfig],
 def final_evaluation(run: Path) -> str:
     """A pretraining run's last evaluation in words (what its arm's line says when it ends)."""
     metrics = run / METRICS_FILE
-    evals = (
-        [e for e in read_metrics(metrics) if e.get("event") == "eval" and "eval_loss" in e] if metrics.is_file() else []
-    )
+    events = read_metrics(metrics) if metrics.is_file() else []
+    evals = [e for e in events if e.get("event") == "eval" and "eval_loss" in e]
     if not evals:
         return "no evaluation"
     last = evals[-1]
