@@ -555,13 +555,15 @@ def _check_section_keys(cls: type, data: Any, source: Origin, prefix: str) -> No
     if not isinstance(data, dict):
         return  # not a mapping: from_dict says so
     hints = typing.get_type_hints(cls)
-    open_ended = hasattr(cls, "declared_sections")  # keys declared by modules not imported here: load checks them
     known = {f.name for f in fields(cls) if f.init and not f.metadata.get("sections")}
+    # keys declared by modules not imported here (a task type's section): their names are known from the modules'
+    # source, what they hold is load's to check
+    declared = cls.declared_names() if hasattr(cls, "declared_names") else set()
     for key, value in data.items():
+        if key in declared and key not in known:
+            continue
         if key not in known:
-            if open_ended:
-                continue
-            raise unknown_key(source, prefix, key, known)
+            raise unknown_key(source, prefix, key, known | set(declared))
         for section, mapping, where in _sections_in(hints[key], value, f"{prefix}{key}"):
             _check_section_keys(section, mapping, source, f"{where}.")
 

@@ -7,9 +7,11 @@ collection the same on every machine.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pkgutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -19,3 +21,27 @@ def declarations(package: ModuleType, attribute: str) -> Iterator[tuple[str, Any
     for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
         for declaration in getattr(importlib.import_module(f"{package.__name__}.{module.name}"), attribute, ()):
             yield module.name, declaration
+
+
+def declared_constants(folder: Path, attribute: str, declaration: str, keywords: Sequence[str]) -> set[str]:
+    """The strings that declarations give for `keywords`, read from the modules' source, not run.
+
+    The calls read are those in a module's top-level `attribute = (...)` and every call of `declaration` (a helper
+    that fills in part of one: retrieval's `ranking_type`). What a config may name before the modules are imported
+    (they import torch): the task types' settings sections and folders under `data:` (`section="tagging"`,
+    `folders=("beir_dir",)`), so a mistyped key is refused at once.
+    """
+    found: set[str] = set()
+    for path in sorted(folder.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        listed = [n.value for n in tree.body if isinstance(n, ast.Assign) and _assigns(n, attribute)]
+        calls = [c for node in listed for c in ast.walk(node) if isinstance(c, ast.Call)]
+        calls += [c for c in ast.walk(tree) if isinstance(c, ast.Call) and getattr(c.func, "id", None) == declaration]
+        for keyword in (k for call in calls for k in call.keywords if k.arg in keywords):
+            strings = (c.value for c in ast.walk(keyword.value) if isinstance(c, ast.Constant))
+            found.update(value for value in strings if isinstance(value, str))
+    return found
+
+
+def _assigns(node: ast.Assign, name: str) -> bool:
+    return any(isinstance(target, ast.Name) and target.id == name for target in node.targets)

@@ -224,6 +224,11 @@ class FinetuneDataConfig:
         """The settings sections of every task type ({key under data: -> its dataclass}), for the config loader."""
         return _declared_sections()
 
+    @classmethod
+    def declared_names(cls) -> frozenset[str]:
+        """The keys of `declared_sections`, known without importing the types (roformer.config.check_keys)."""
+        return registry.declared_keys()
+
     def __getattr__(self, name: str) -> Any:
         """`data.tagging` and the like: a declared section (None unless this config's type has it)."""
         if name.startswith("__") or name in (SECTIONS, "spec"):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from roformer.catalogue import missing_data_hint
 from roformer.errors import ConfigError, UserError
-from roformer.plugins import declarations
+from roformer.plugins import declarations, declared_constants
 
 if TYPE_CHECKING:
     from roformer.tasks.base import FinetuneTask, TaskSpec
@@ -42,6 +42,16 @@ def specs() -> dict[str, TaskSpec]:
     if folders & set(sections):
         raise RuntimeError(f"data.{min(folders & set(sections))} is both a settings section and a folder")
     return dict(sorted(found.items()))
+
+
+@cache
+def declared_keys() -> frozenset[str]:
+    """The keys under `data:` the types declare (settings sections, folders), read from their modules' source.
+
+    Equal to those of `settings_sections()` without importing a type's module (tested): what lets a command refuse
+    a mistyped `data:` key before torch is imported.
+    """
+    return frozenset(declared_constants(Path(__file__).parent, "SPECS", "TaskSpec", ("section", "folders")))
 
 
 def spec_of(name: str) -> TaskSpec:

@@ -190,6 +190,15 @@ def test_check_keys_leaves_the_task_types_sections_to_load() -> None:
     check_keys(FinetuneConfig, path, ["data.tagging.bad=1"])  # declared by a task type's module: not known here
     with pytest.raises(ConfigError, match="unknown key 'data.tagging.bad'"):
         load(FinetuneConfig, path, ["data.tagging.bad=1"])
+    # the sections' names are known from the modules' source: a key beside them is refused here
+    with pytest.raises(ConfigError, match="unknown key 'data.glue_dri' \\(did you mean 'data.glue_dir'\\?"):
+        check_keys(FinetuneConfig, path, ["data.glue_dri=x"])
+
+
+def test_the_data_keys_read_from_the_types_source_are_those_they_declare() -> None:
+    from roformer.tasks.registry import declared_keys, settings_sections
+
+    assert declared_keys() == set(settings_sections())  # sections and folders (retrieval's via its helper)
 
 
 def test_a_mistyped_key_is_refused_before_torch_is_imported(tmp_path: Path) -> None:
@@ -199,12 +208,14 @@ def test_a_mistyped_key_is_refused_before_torch_is_imported(tmp_path: Path) -> N
         "    main(['finetune', '--config', 'glue/rte', '--set', 'train.max_stepz=1']),\n"
         "    main(['suite', '--config', 'glue/all', '--set', 'train.max_stepz=1']),\n"
         "    main(['experiment', '--config', 'rope-vs-bert-tiny', '--set', 'train.max_stepz=1']),\n"
+        "    main(['finetune', '--config', 'glue/rte', '--set', 'data.glue_dri=x']),\n"
         "]\nprint(codes, 'torch' in sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
-    assert done.stdout.split() == ["[2,", "2,", "2,", "2]", "False"]
+    assert done.stdout.split() == ["[2,", "2,", "2,", "2,", "2]", "False"]
     lines = done.stderr.splitlines()
-    assert len(lines) == 4 and all("did you mean 'train.max_steps'?" in line for line in lines), lines
+    assert len(lines) == 5 and all("did you mean 'train.max_steps'?" in line for line in lines[:4]), lines
+    assert "did you mean 'data.glue_dir'?" in lines[4]
 
 
 def test_missing_data_is_one_line_naming_the_key_the_data_root_and_the_hub(tmp_path: Path, data_root: Path) -> None:
