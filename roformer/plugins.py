@@ -23,16 +23,17 @@ def declarations(package: ModuleType, attribute: str) -> Iterator[tuple[str, Any
             yield module.name, declaration
 
 
-def declared_constants(folder: Path, attribute: str, declaration: str, keywords: Sequence[str]) -> set[str]:
+def declared_constants(folders: Sequence[str], attribute: str, declaration: str, keywords: Sequence[str]) -> set[str]:
     """The strings that declarations give for `keywords`, read from the modules' source, not run.
 
-    The calls read are those in a module's top-level `attribute = (...)` and every call of `declaration` (a helper
+    `folders` is a package's `__path__` (the folders `declarations` finds its modules in). The calls read are those
+    in a module's top-level `attribute = (...)` and every call of `declaration` (a helper
     that fills in part of one: retrieval's `ranking_type`). What a config may name before the modules are imported
     (they import torch): the task types' settings sections and folders under `data:` (`section="tagging"`,
     `folders=("beir_dir",)`), so a mistyped key is refused at once.
     """
     found: set[str] = set()
-    for path in sorted(folder.glob("*.py")):
+    for path in sorted(p for folder in folders for p in Path(folder).glob("*.py")):
         tree = ast.parse(path.read_text())
         listed = [n.value for n in tree.body if isinstance(n, ast.Assign) and _assigns(n, attribute)]
         calls = [c for node in listed for c in ast.walk(node) if isinstance(c, ast.Call)]

@@ -44,14 +44,20 @@ def specs() -> dict[str, TaskSpec]:
     return dict(sorted(found.items()))
 
 
-@cache
 def declared_keys() -> frozenset[str]:
     """The keys under `data:` the types declare (settings sections, folders), read from their modules' source.
 
     Equal to those of `settings_sections()` without importing a type's module (tested): what lets a command refuse
     a mistyped `data:` key before torch is imported.
     """
-    return frozenset(declared_constants(Path(__file__).parent, "SPECS", "TaskSpec", ("section", "folders")))
+    import roformer.tasks
+
+    return _declared_keys(tuple(roformer.tasks.__path__))
+
+
+@cache
+def _declared_keys(folders: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(declared_constants(folders, "SPECS", "TaskSpec", ("section", "folders")))
 
 
 def spec_of(name: str) -> TaskSpec:
