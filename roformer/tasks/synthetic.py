@@ -18,6 +18,9 @@ which task, its alphabet, lengths and seed:
                        copies the only key-like token and positions do not matter. Chance: 1 / keys.
     mqar               multi-query associative recall (Arora et al. 2023, Zoology): `pairs` key-value pairs first,
                        then filler with each key asked again, its [MASK] right after it. Chance: 1 / values.
+                       Zoology's regime: `values` of their own count (its 8,192 tokens are 4,096 keys and 4,096
+                       values), `distinct_values` (its values are drawn without replacement) and `filler: constant`
+                       (its filler is one token, [FILL]) beside the power-law query places (`query_gap_power`).
 
 Chance is not the level to read a model against: a model that ignores positions sees the row's bag of tokens, and
 the bag alone does better than a uniform guess. `position_blind_floor` is the best accuracy such a model can reach
@@ -67,6 +70,7 @@ if TYPE_CHECKING:
 SYNTHETIC_TASKS = ("shift", "missing-duplicate", "passkey-binding", "mqar")
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 MARKERS = ("[KEY]", "[ASK]")  # passkey-binding's tag of the true key and its question
+FILLER = "[FILL]"  # mqar's constant filler (`filler: constant`, Zoology's)
 DEV_SEED_OFFSET = 1_000_003  # the dev and test splits are drawn from seeds of their own, far from the training one
 
 
@@ -83,6 +87,10 @@ class SyntheticConfig:
         query_gap_power: mqar: a > 0 draws the queries' places after the pairs with probability proportional to
             (g + 1)^(a - 1) for the g-th free place (Zoology's `power_a`, 0.01 there: biased toward the places
             right after the pairs); null: uniform.
+        values: mqar: the value alphabet (`v0`...), apart from the keys (null: as many as `symbols`).
+        distinct_values: mqar: a row's values are drawn without replacement (Zoology), not independently.
+        filler: mqar: the tokens between the pairs and the queries: `random` keys, or one `constant` token
+            ([FILL], Zoology's), so that only the pairs and the queries carry keys.
         offset: shift: the distance k to the answer's source.
         direction: shift: `left` (the symbol at i - k) or `right` (at i + k).
         mask_rate: shift: the fraction of positions masked (at least one per row).
@@ -92,6 +100,10 @@ class SyntheticConfig:
         train_examples: Rows of the training split.
         eval_examples: Rows of the dev split and of every test split.
         randomized_positions: L: positions are a sorted sample from [0, L) (Ruoss et al. 2023); null: 0..T-1.
+        masked_logits_only: Training computes the vocabulary projection at the asked positions alone (MaskedLM's
+            `masked_only`: the same loss up to float rounding): with Zoology's 8,192 tokens and 4 answers in 66
+            positions, a step costs a fraction of the full projection's. Off by default: the shipped studies'
+            numbers were made without it.
     """
 
     task: Literal["shift", "missing-duplicate", "passkey-binding", "mqar"] = "shift"
@@ -100,6 +112,9 @@ class SyntheticConfig:
     keys: int = 10
     pairs: int = 4
     query_gap_power: float | None = None
+    values: int | None = None
+    distinct_values: bool = False
+    filler: Literal["random", "constant"] = "random"
     offset: int = 2
     direction: Literal["left", "right"] = "left"
     mask_rate: float = 0.15
@@ -109,6 +124,7 @@ class SyntheticConfig:
     train_examples: int = 20000
     eval_examples: int = 500
     randomized_positions: int | None = None
+    masked_logits_only: bool = False
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -133,6 +149,7 @@ class SyntheticConfig:
             raise ConfigError(
                 f"pairs ({self.pairs}) must be <= symbols ({self.symbols}): mqar's keys are distinct symbols"
             )
+        self._check_mqar_values()
         if not 0.0 < self.mask_rate < 1.0:
             raise ConfigError(f"mask_rate must be in (0, 1), got {self.mask_rate}")
         shortest = self.train_lengths[0]
@@ -145,6 +162,23 @@ class SyntheticConfig:
                 f"randomized_positions ({self.randomized_positions}) must hold the longest test row "
                 f"({self.longest_row} tokens + [CLS] and [SEP])"
             )
+
+    def _check_mqar_values(self) -> None:
+        """The value alphabet and filler are mqar's own; a count of at least one (all the pairs' when distinct)."""
+        zoology = {"values": self.values is not None, "distinct_values": self.distinct_values}
+        zoology["filler"] = self.filler != "random"
+        given = [name for name, set_ in zoology.items() if set_]
+        if given and self.task != "mqar":
+            raise ConfigError(f"{given[0]} shapes mqar's rows; {self.task} has no values")
+        if self.values is not None and self.values < 1:
+            raise ConfigError(f"values must be >= 1 (or null: as many as symbols), got {self.values}")
+        if self.distinct_values and self.value_symbols < self.pairs:
+            raise ConfigError(f"distinct_values needs at least pairs ({self.pairs}) values, got {self.value_symbols}")
+
+    @property
+    def value_symbols(self) -> int:
+        """The value alphabet of mqar: `values`, else as many as the keys."""
+        return self.values if self.values is not None else self.symbols
 
     @property
     def shortest_row(self) -> int:
@@ -164,7 +198,8 @@ class SyntheticConfig:
     @property
     def chance(self) -> float:
         """The accuracy of a uniform guess among the possible answers."""
-        answers = {"shift": self.symbols, "missing-duplicate": 2, "passkey-binding": self.keys, "mqar": self.symbols}
+        answers = {"shift": self.symbols, "missing-duplicate": 2, "passkey-binding": self.keys}
+        answers["mqar"] = self.value_symbols
         return 1.0 / answers[self.task]
 
 
@@ -176,9 +211,10 @@ def vocabulary(settings: SyntheticConfig) -> list[str]:
     """The task's tokens in id order: the specials, the markers, the symbols (`s0`...), keys (`k0`...), values."""
     symbols = [f"s{i}" for i in range(settings.symbols)]
     keys = [f"k{i}" for i in range(settings.keys)] if settings.task == "passkey-binding" else []
-    values = [f"v{i}" for i in range(settings.symbols)] if settings.task == "mqar" else []
+    values = [f"v{i}" for i in range(settings.value_symbols)] if settings.task == "mqar" else []
     bits = ["0", "1"] if settings.task == "missing-duplicate" else []
-    return [*SPECIALS, *MARKERS, *(bits or symbols), *keys, *values]
+    filler = [FILLER] if settings.filler == "constant" else []  # last: every other token keeps its id
+    return [*SPECIALS, *MARKERS, *(bits or symbols), *keys, *values, *filler]
 
 
 def word_level_tokenizer(tokens: list[str]) -> Tokenizer:
@@ -242,8 +278,14 @@ def passkey_binding_row(settings: SyntheticConfig, length: int, rng: random.Rand
 def mqar_row(settings: SyntheticConfig, length: int, rng: random.Random) -> Row:
     """`pairs` key-value pairs, then filler in which every key is asked once more, its value masked after it."""
     keys = rng.sample(range(settings.symbols), settings.pairs)  # pairs <= symbols (checked)
-    values = [rng.randrange(settings.symbols) for _ in keys]
-    content = [f"s{rng.randrange(settings.symbols)}" for _ in range(length)]
+    if settings.distinct_values:
+        values = rng.sample(range(settings.value_symbols), settings.pairs)
+    else:
+        values = [rng.randrange(settings.value_symbols) for _ in keys]
+    if settings.filler == "constant":
+        content = [FILLER] * length
+    else:
+        content = [f"s{rng.randrange(settings.symbols)}" for _ in range(length)]
     for i, (k, v) in enumerate(zip(keys, values, strict=True)):
         content[2 * i : 2 * i + 2] = [f"s{k}", f"v{v}"]
     start = 2 * len(keys)
@@ -425,7 +467,8 @@ def row_floor(settings: SyntheticConfig, length: int) -> RowFloor:
       E[right] = commonest_share(d + 1, keys).
     - mqar: each key is asked once, so the answers are exactly the row's `pairs` values, visible in the pairs; one
       guess for every mask gets the count of that value right, best the commonest value:
-      E[right] = pairs commonest_share(pairs, symbols) at every length; every answer right iff the values are one.
+      E[right] = pairs commonest_share(pairs, values) at every length; every answer right iff the values are one.
+      With distinct values each appears once: E[right] = 1 (a share of 1 / pairs), and never all (pairs > 1).
     """
     if settings.task == "shift":
         masks, method = shift_mask_counts(settings, length)
@@ -441,8 +484,10 @@ def row_floor(settings: SyntheticConfig, length: int) -> RowFloor:
     if settings.task == "passkey-binding":
         share = commonest_share(distractor_count(settings, length) + 1, settings.keys)
         return RowFloor(share, 1.0, share)
-    pairs = settings.pairs
-    return RowFloor(pairs * commonest_share(pairs, settings.symbols), pairs, settings.symbols ** (1 - pairs))
+    pairs, values = settings.pairs, settings.value_symbols
+    if settings.distinct_values:  # each value once: one answer right, all of them only for a single pair
+        return RowFloor(1.0, pairs, 1.0 if pairs == 1 else 0.0)
+    return RowFloor(pairs * commonest_share(pairs, values), pairs, values ** (1 - pairs))
 
 
 def frequent_bit_level(half: int, padding: int) -> float:
@@ -778,6 +823,10 @@ class SyntheticTask(HeadOutputs):
         if positions is not None:
             batch["position_ids"] = positions
         return batch
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The masked-token loss; with `masked_logits_only`, the vocabulary projection at the asked positions alone."""
+        return model(**batch, masked_only=self.settings.masked_logits_only).loss
 
     def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The MLM logits (B, T, V), the randomized positions given."""

@@ -34,11 +34,12 @@ def finetune(out: Path, *overrides: str, config: Path = SHIFT) -> int:
     return main(args)
 
 
-@pytest.mark.parametrize("task", ["shift", "missing-duplicate", "passkey-binding", "mqar"])
+@pytest.mark.parametrize("task", ["shift", "missing-duplicate", "passkey-binding", "mqar", "mqar-zoology"])
 def test_every_shipped_task_trains_from_scratch_and_scores_every_test_length(tmp_path: Path, task: str) -> None:
     config = REPO / "configs" / "synthetic" / f"{task}.yaml"
     shortest = {
         "mqar": ["data.synthetic.train_lengths=[16,20]"],
+        "mqar-zoology": ["data.synthetic.train_lengths=[16,20]", "data.max_length=64", "train.lr=1e-3"],
         "passkey-binding": ["data.synthetic.train_lengths=[8,12]"],
     }
     lengths = shortest.get(task, [])

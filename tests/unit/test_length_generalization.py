@@ -301,3 +301,26 @@ def test_arms_may_differ_in_an_encoding_s_own_settings(tmp_path) -> None:  # noq
     )
     with pytest.raises(ConfigError, match="differ in model.hidden_size"):
         load_task_arms(load(ExperimentConfig, tmp_path / "bad.yaml"), tmp_path / "bad.yaml")
+
+
+def test_the_projection_at_the_asked_positions_alone_gives_the_same_loss() -> None:
+    """mqar-zoology's `masked_logits_only`: MaskedLM's masked_only under the task's loss, the loss unchanged."""
+    from dataclasses import replace
+
+    from helpers import REPO
+
+    from roformer.config import load
+    from roformer.train.config import FinetuneConfig
+    from roformer.train.finetune import task_inputs
+
+    small = ["data.synthetic.symbols=40", "data.synthetic.values=40", "data.synthetic.train_examples=64"]
+    config = load(FinetuneConfig, REPO / "configs" / "synthetic" / "mqar-zoology.yaml", small)
+    assert config.data.synthetic.masked_logits_only
+    task, tokenizer, model_config = task_inputs(config)
+    torch.manual_seed(0)
+    model = roformer.MaskedLM(model_config)
+    split = task.encode(tokenizer, config.data.max_length)["train"]
+    batch = task.collate(split, list(range(8)), tokenizer.pad_token_id, config.data.max_length)
+    sparse = task.loss(model, batch)
+    task.settings = replace(task.settings, masked_logits_only=False)
+    torch.testing.assert_close(sparse, task.loss(model, batch))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 from collections import Counter, defaultdict
 from dataclasses import replace
 from fractions import Fraction
@@ -281,3 +282,46 @@ def test_mqar_with_more_pairs_than_symbols_is_refused() -> None:
     SyntheticConfig(task="shift", pairs=17, symbols=16)  # only mqar reads pairs
     settings = SyntheticConfig(task="mqar", pairs=16, symbols=16, train_lengths=[64, 64])
     assert len(GENERATORS["mqar"](settings, 64, random.Random(0))[1]) == 16
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# mqar in Zoology's regime
+
+
+def test_mqar_in_zoology_s_regime_has_its_own_values_distinct_and_a_constant_filler() -> None:
+    """Keys and values apart (values of their own count), values without replacement, one filler token: only the
+    pairs and the queries hold keys, and the bag's best guess is right once a row (1 / pairs)."""
+    from roformer.tasks.synthetic import FILLER, mqar_row, vocabulary
+
+    settings = SyntheticConfig(
+        task="mqar", symbols=64, values=32, pairs=4, distinct_values=True, filler="constant", train_lengths=[32, 32]
+    )
+    tokens = vocabulary(settings)
+    assert tokens[-1] == FILLER and sum(t.startswith("v") for t in tokens) == 32 and settings.chance == 1 / 32
+    rng = random.Random(0)
+    for _ in range(500):
+        content, answers = mqar_row(settings, 32, rng)
+        values = [t for t in content if t.startswith("v")]
+        assert len(values) == len(set(values)) == 4  # each value once, in its pair
+        assert sorted(answers.values()) == sorted(values)
+        keys = [t for t in content if t.startswith("s")]
+        assert len(keys) == 8 and set(content) - {*keys, *values} == {FILLER}  # 4 pairs' keys, 4 queries' keys
+    floor = position_blind_floor(settings, (32, 32))
+    assert floor.accuracy == pytest.approx(0.25) and floor.sequence_accuracy == 0.0
+    plain = SyntheticConfig(task="mqar", symbols=16, pairs=4, train_lengths=[16, 32])
+    assert FILLER not in vocabulary(plain) and plain.value_symbols == 16  # the shipped task's ids are unchanged
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"task": "shift", "values": 8}, "values shapes mqar's rows; shift has no values"),
+        ({"task": "shift", "filler": "constant"}, "filler shapes mqar's rows"),
+        ({"task": "mqar", "pairs": 4, "values": 3, "distinct_values": True, "train_lengths": [16, 32]},
+         "distinct_values needs at least pairs (4) values, got 3"),
+        ({"task": "mqar", "values": 0, "train_lengths": [16, 32]}, "values must be >= 1"),
+    ],
+)  # fmt: skip
+def test_zoology_s_options_are_mqar_s_and_consistent(settings: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        SyntheticConfig(**settings)
