@@ -42,16 +42,14 @@ def pretrain_command(args: argparse.Namespace) -> None:
 
 def pretraining_summary(run: Path) -> str:
     """One line for the console at the end of `roformer pretrain`: the final evaluation, the run's pace, the model."""
-    from roformer.train.run_dir import FINAL_DIR, METRICS_FILE, read_metrics
+    from roformer.train.run_dir import FINAL_DIR, METRICS_FILE, mlm_evaluation_words, read_metrics
 
     events = read_metrics(run / METRICS_FILE)
     evals = [e for e in events if e.get("event") == "eval"]
     trains = [e for e in events if e.get("event") == "train"]
     lines = []
     if evals:
-        last = evals[-1]
-        accuracy = f", masked-token accuracy {100 * last['eval_accuracy']:.1f}%" if "eval_accuracy" in last else ""
-        lines.append(f"final eval loss {last['eval_loss']:.3f}{accuracy} at step {last['step']}")
+        lines.append(f"final {mlm_evaluation_words(evals[-1])}")
     if trains:
         last = trains[-1]
         seconds = last.get("elapsed_sec") or 0.0

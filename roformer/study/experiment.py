@@ -53,6 +53,7 @@ from roformer.train.run_dir import (
     PROBES_DIR,
     RUN_CONFIG_FILE,
     RunDir,
+    mlm_evaluation_words,
     read_metrics,
 )
 
@@ -489,11 +490,7 @@ def final_evaluation(run: Path) -> str:
     metrics = run / METRICS_FILE
     events = read_metrics(metrics) if metrics.is_file() else []
     evals = [e for e in events if e.get("event") == "eval" and "eval_loss" in e]
-    if not evals:
-        return "no evaluation"
-    last = evals[-1]
-    accuracy = f", masked-token accuracy {100 * last['eval_accuracy']:.1f}%" if "eval_accuracy" in last else ""
-    return f"eval loss {last['eval_loss']:.3f}{accuracy} at step {last['step']}"
+    return mlm_evaluation_words(evals[-1]) if evals else "no evaluation"
 
 
 def check_tokenizers(runs: list[PretrainRun], arms: dict[str, PretrainConfig]) -> None:

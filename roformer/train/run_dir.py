@@ -218,6 +218,12 @@ class MetricsWriter:
         self.close()
 
 
+def mlm_evaluation_words(event: dict[str, Any]) -> str:
+    """A pretraining eval event in words: `eval loss 3.773, masked-token accuracy 35.9% at step 600`."""
+    accuracy = f", masked-token accuracy {100 * event['eval_accuracy']:.1f}%" if "eval_accuracy" in event else ""
+    return f"eval loss {event['eval_loss']:.3f}{accuracy} at step {event['step']}"
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """All events of a metrics.jsonl; a torn last line (a run killed mid-write) is skipped.
 
