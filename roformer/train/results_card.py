@@ -50,22 +50,21 @@ def split_baseline(results: dict[str, Any], split: str) -> dict[str, Any] | None
 
 
 def _dev_table(results: dict[str, Any], scale: float) -> str:
-    summary = results["summary"]
-    first = next(iter(summary.values()))
-    metrics = list(first)
-    seeds = len(first["score"]["values"])
-    lr = results["selected"]["peak_lr"]
-    lines = [f"## Dev (lr {lr:g}: mean ± std over {seeds} run(s), each at its best checkpoint)\n", *_head(metrics)]
-    for split, values in summary.items():
-        lines.append(_row(split, [_mean_std(values[m], scale) for m in metrics]))
-        lines += _baseline_row(results, split, metrics, scale)
-    return "\n".join(lines) + "\n"
+    first = next(iter(results["summary"].values()))
+    seeds, lr = len(first["score"]["values"]), results["selected"]["peak_lr"]
+    title = f"## Dev (lr {lr:g}: mean ± std over {seeds} run(s), each at its best checkpoint)"
+    return _over_seeds_table(title, results["summary"], results, scale)
 
 
 def _test_table(results: dict[str, Any], scale: float) -> str:
-    splits = results["test"]
+    title = "## Test (the selected lr's runs, each at its best dev checkpoint)"
+    return _over_seeds_table(title, results["test"], results, scale)
+
+
+def _over_seeds_table(title: str, splits: dict[str, Any], results: dict[str, Any], scale: float) -> str:
+    """A split a row (mean ± std of each metric over the runs), each followed by its baseline's row."""
     metrics = list(next(iter(splits.values())))
-    lines = ["## Test (the selected lr's runs, each at its best dev checkpoint)\n", *_head(metrics)]
+    lines = [f"{title}\n", *_head(metrics)]
     for split, values in splits.items():
         lines.append(_row(split, [_mean_std(values[m], scale) for m in metrics]))
         lines += _baseline_row(results, split, metrics, scale)
