@@ -165,9 +165,8 @@ class SyntheticConfig:
 
     def _check_mqar_values(self) -> None:
         """The value alphabet and filler are mqar's own; a count of at least one (all the pairs' when distinct)."""
-        zoology = {"values": self.values is not None, "distinct_values": self.distinct_values}
-        zoology["filler"] = self.filler != "random"
-        given = [name for name, set_ in zoology.items() if set_]
+        zoology = (("values", None), ("distinct_values", False), ("filler", "random"))  # (field, its default)
+        given = [name for name, default in zoology if getattr(self, name) != default]
         if given and self.task != "mqar":
             raise ConfigError(f"{given[0]} shapes mqar's rows; {self.task} has no values")
         if self.values is not None and self.values < 1:
