@@ -33,10 +33,10 @@ def pretraining_differences(arms: list[Arm], base: Arm, targets: list[float]) ->
         steps = []
         for target in targets:
             mine, theirs = _steps_to(arm, target), _steps_to(base, target)
-            if mine and theirs:
+            unreached = {"arm": _unreached(mine), "baseline": _unreached(theirs)}
+            if mine and theirs and not any(unreached.values()):
                 steps.append({"target": target, **difference(mine, theirs)})
             else:  # say whose seeds never got there: the baseline's missing a target is not this arm's
-                unreached = {"arm": _unreached(arm, target), "baseline": _unreached(base, target)}
                 steps.append({"target": target, "mean": None, "unreached": unreached})
         finals = {_key(r): _final(r)["eval_loss"] for r in arm.runs}
         base_finals = {_key(r): _final(r)["eval_loss"] for r in base.runs}
@@ -106,14 +106,15 @@ def _final(run: PretrainRun) -> dict[str, Any]:
     return max(run.eval, key=lambda e: e["step"])
 
 
-def _unreached(arm: Arm, target: float) -> list[int | str]:
-    """The seeds of `arm` whose eval curve never reached `target`."""
-    return [_key(r) for r in arm.runs if first_reaching(r.eval, target) is None]
+def _unreached(steps: dict[int | str, float | None]) -> list[int | str]:
+    """The seeds (run keys) whose eval curve never reached the target."""
+    return [key for key, step in steps.items() if step is None]
 
 
-def _steps_to(arm: Arm, target: float) -> dict[int | str, float] | None:
+def _steps_to(arm: Arm, target: float) -> dict[int | str, float | None]:
+    """{run key: the first step whose eval loss reached `target`, None if none did}."""
     hits = {_key(r): first_reaching(r.eval, target) for r in arm.runs}
-    return None if any(h is None for h in hits.values()) else {k: float(h["step"]) for k, h in hits.items()}
+    return {key: None if hit is None else float(hit["step"]) for key, hit in hits.items()}
 
 
 def difference(values: dict[int, float], baseline: dict[int, float], confidence: float = CONFIDENCE) -> dict[str, Any]:
