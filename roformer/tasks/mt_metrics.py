@@ -71,8 +71,7 @@ def tokenized_lowercase_bleu(hypotheses: Sequence[str], references: Sequence[str
     """
     from sacrebleu.metrics import BLEU
 
-    if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
+    check_pairs(hypotheses, references)
     ours, theirs = (moses_tokenized_lowercase(lines, language) for lines in (hypotheses, references))
     return float(BLEU(tokenize="none", force=True).corpus_score(ours, [theirs]).score)
 
@@ -89,9 +88,18 @@ def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], lowercase:
     """
     from sacrebleu.metrics import BLEU
 
+    check_pairs(hypotheses, references)
+    return float(BLEU(lowercase=lowercase).corpus_score(list(hypotheses), [list(references)]).score)
+
+
+def check_pairs(hypotheses: Sequence[str], references: Sequence[str]) -> None:
+    """One reference for each hypothesis.
+
+    Raises:
+        ValueError: the two lists differ in length.
+    """
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
-    return float(BLEU(lowercase=lowercase).corpus_score(list(hypotheses), [list(references)]).score)
 
 
 def _signature(metric: Any) -> str:
