@@ -153,6 +153,9 @@ class EncodingSpec:
             its defaults when left out), or None.
         rotates: It rotates q and k in the pairs of `rotary_layout`: changing the layout permutes its q/k rows.
         limited: Its positions are the rows of a table of `max_position_embeddings` (`ModelConfig.position_limit`).
+        real_positions: It computes its terms from positions as real numbers, not table rows or buckets, so it takes
+            float `position_ids` (random float positions, `data.synthetic.randomized_kind: float`; position
+            interpolation as positions / factor, `data.synthetic.extensions: [linear]`).
         build: config -> its module (None when it acts on nothing).
         check: config -> None: raises ConfigError for what it cannot compute (an odd head size, say), or None.
         paper: Where it comes from (authors and year), for the table.
@@ -170,6 +173,7 @@ class EncodingSpec:
     settings: type | None = None
     rotates: bool = False
     limited: bool = False
+    real_positions: bool = False
     build: Callable[[ModelConfig], Any] | None = None
     check: Callable[[ModelConfig], None] | None = None
     paper: str = ""
@@ -537,8 +541,9 @@ TABLE_END = "<!-- end of position encodings -->"
 def encodings_table() -> str:
     """The position encodings as a markdown table (docs/baselines.md holds it between TABLE_START and TABLE_END)."""
     lines = [
-        "| `position_encoding` | where | relative | attention kernel | refuses | HF export | its fields | from |",
-        "|---|---|---|---|---|---|---|---|",
+        "| `position_encoding` | where | relative | real positions | attention kernel | refuses | HF export | its fields "
+        "| from |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for spec in encodings().values():
         where = {"attention": "attention", "embeddings": "token embeddings", "nothing": "nowhere"}[spec.acts]
@@ -551,6 +556,7 @@ def encodings_table() -> str:
             f"`{spec.name}`: {spec.summary}",
             where,
             "yes" if spec.relative else "no",
+            "yes" if spec.real_positions else "no",
             f"`{spec.kernel}`" if spec.kernel else "",
             ", ".join(f"`attention: {a}`" for a in spec.refuses),
             {"roformer": "HF RoFormer", "bert": "HF BERT", None: "refused"}[spec.hf],

@@ -118,6 +118,7 @@ ENCODINGS = (
         refuses=("linear",),
         settings=FireSettings,
         build=FireBias,
+        real_positions=True,
         paper="Li et al. 2023",
     ),
 )

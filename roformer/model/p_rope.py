@@ -8,8 +8,8 @@ rotated (their best Gemma 2B model: p = 0.75). Here the setting is the fraction 
 (`position_settings: {p_rope: {unrotated_fraction: 0.25}}`): at 0 it is RoPE exactly, at 1 no position at all.
 
 Everything else is RoPE's (`roformer.model.rotary.RotaryEmbedding`): the interleaved or half layout, float32 tables
-grown on demand, the fused rotation of q and k, the KV cache, linear attention's rotated numerator. Only the angles
-differ. HF has no such model: `to_hf` refuses it.
+grown on demand, the fused rotation of q and k, the KV cache, linear attention's rotated numerator. Only the
+frequencies differ. HF has no such model: `to_hf` refuses it.
 """
 
 from __future__ import annotations
@@ -60,11 +60,11 @@ class PartialRotary(RotaryEmbedding):
         self.rotated = rotated_pairs(dim, unrotated_fraction)  # set before the tables are first built
         super().__init__(dim, base, layout)
 
-    def angles(self, num_positions: int) -> Tensor:
-        """RoPE's angles m * theta_i (num_positions, dim // 2), float64, with the lowest frequencies' set to 0."""
-        angles = super().angles(num_positions)
-        angles[:, self.rotated :] = 0.0  # theta_i = 0: cos 1, sin 0
-        return angles
+    def frequencies(self) -> Tensor:
+        """RoPE's theta_i (dim // 2,), float64, with the lowest frequencies set to 0."""
+        frequencies = super().frequencies()
+        frequencies[self.rotated :] = 0.0  # theta_i = 0: every angle 0, cos 1, sin 0
+        return frequencies
 
 
 def check_p_rope(config: ModelConfig) -> None:
@@ -95,6 +95,7 @@ ENCODINGS = (
         rotates=True,
         build=p_rope,
         check=check_p_rope,
+        real_positions=True,
         paper="Barbero et al. 2025",
     ),
 )

@@ -184,6 +184,7 @@ def plan_forward(
             states for a model without cross-attention, or none for one with it.
     """
     inputs = resolved_inputs(input_ids, inputs)
+    check_real_positions(config, inputs.get("position_ids"))
     cross = cross_context(config, inputs)
     if queries is not None and inputs.get("output_hidden_states"):
         raise ValueError("queries gives the last hidden states at some positions: not with output_hidden_states")
@@ -234,6 +235,21 @@ def cross_context(config: ModelConfig, inputs: ForwardInputs) -> CrossContext | 
     keep = mask.bool()
     keep = keep | ~keep.any(dim=1, keepdim=True)  # (B, S)
     return CrossContext(states, keep[:, None, None, :])
+
+
+def check_real_positions(config: ModelConfig, position_ids: Tensor | None) -> None:
+    """Float `position_ids` go to an encoding that computes from real positions (EncodingSpec.real_positions).
+
+    Raises:
+        ValueError: real positions for a table's rows or buckets (learned, Shaw, T5), which would be cut to integers.
+    """
+    spec = config.encoding
+    if position_ids is not None and position_ids.is_floating_point() and spec.acts != "nothing":
+        if not spec.real_positions:
+            raise ValueError(
+                f"position_encoding {spec.name} reads positions as table rows or buckets: integer position_ids, "
+                f"not {position_ids.dtype}"
+            )
 
 
 def resolved_inputs(input_ids: Tensor, inputs: ForwardInputs) -> ForwardInputs:

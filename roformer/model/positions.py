@@ -91,9 +91,18 @@ class SinusoidalPositions(TablesFollowTheModule):
         return self._cache[:length]
 
     def forward(self, length: int, device: torch.device, dtype: torch.dtype, positions: Tensor | None = None) -> Tensor:
-        """Scaled table (length, dim) in `dtype`, or the rows of `positions` (B, T) -> (B, T, dim)."""
+        """Scaled table (length, dim) in `dtype`, or the rows of `positions` (B, T) -> (B, T, dim).
+
+        Real positions (random float positions, position interpolation as positions / factor) are computed from
+        sin(m theta_i) and cos(m theta_i) in float64, as the table is, not looked up.
+        """
         if positions is None:
             return (self.table(length, device) * self.scale).to(dtype)
+        if positions.is_floating_point():
+            inv_freq = rotary_frequencies(self.dim, self.base)[0].to(device)  # (dim/2,)
+            angles = positions.to(device, torch.float64)[..., None] * inv_freq  # (B, T, dim/2)
+            table = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).float()  # (B, T, dim)
+            return (table * self.scale).to(dtype)
         return (self.table(int(positions.max()) + 1, device)[positions] * self.scale).to(dtype)
 
 
@@ -173,6 +182,7 @@ ENCODINGS = (
         hf="bert",
         build=sinusoidal_positions,
         check=check_sinusoidal,
+        real_positions=True,
         paper="Vaswani et al. 2017",
     ),
     EncodingSpec(

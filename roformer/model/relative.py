@@ -234,6 +234,7 @@ ENCODINGS = (
         refuses=("linear",),
         fields=("alibi_form",),
         build=RelativeBias,
+        real_positions=True,
         paper="Press et al. 2022",
     ),
 )

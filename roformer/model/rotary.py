@@ -272,12 +272,16 @@ class RotaryEmbedding(TablesFollowTheModule):
         """`sdpa` (q and k rotated, then any softmax kernel), or `grouped` for SelfExtend's logits."""
         return "grouped" if self.groups_positions else "sdpa"
 
-    def angles(self, num_positions: int) -> Tensor:
-        """float64 angles m * theta_i, (num_positions, dim // 2) on the CPU: the paper's, or as scaled.
+    def frequencies(self) -> Tensor:
+        """float64 theta_i (dim // 2,) on the CPU: the paper's, or as scaled.
 
-        A variant of RoPE that rotates by other angles (p-RoPE) overrides this alone.
+        A variant of RoPE that rotates by other frequencies (p-RoPE) overrides this alone.
         """
-        return rotary_angles(num_positions, self.dim, self.base, self.scaling)
+        return rotary_frequencies(self.dim, self.base, self.scaling)[0]
+
+    def angles(self, num_positions: int) -> Tensor:
+        """float64 angles m * theta_i, (num_positions, dim // 2) on the CPU (as `rotary_angles`)."""
+        return torch.outer(torch.arange(num_positions, dtype=torch.float64), self.frequencies())  # (T, dim/2)
 
     def rotations(self, length: int, device: torch.device) -> Tensor:
         """complex64 table magnitude * e^{i m theta_i} of shape (length, dim // 2) on `device`."""
@@ -303,6 +307,8 @@ class RotaryEmbedding(TablesFollowTheModule):
         """
         if self.dim < x.shape[-1]:  # partial rotary: the remaining features carry no position
             return torch.cat((self(x[..., : self.dim], positions), x[..., self.dim :]), dim=-1)
+        if positions is not None and positions.is_floating_point():  # real positions: computed, not looked up
+            return apply_rotary(x, self.rotations_at(positions), self.layout)
         length = x.shape[1] if positions is None else int(positions.max()) + 1
         if torch.compiler.is_compiling():
             cos, sin = self.cos_sin(length, x.device)
@@ -318,10 +324,15 @@ class RotaryEmbedding(TablesFollowTheModule):
     def rotations_at(self, positions: Tensor) -> Tensor:
         """The complex64 rotations at `positions` (B, T): (B, T, dim // 2), on their device.
 
-        Reads the longest position back from the device (a host sync): once per forward when `AtPositions` keeps it.
+        Integer positions are rows of the table, which reads the longest position back from the device (a host
+        sync): once per forward when `AtPositions` keeps it. Real positions (random float positions, position
+        interpolation as positions / factor) are rotated by m * theta_i computed in float64, as the table is.
         """
         if positions.numel() == 0:
             return torch.empty(*positions.shape, self.dim // 2, dtype=torch.complex64, device=positions.device)
+        if positions.is_floating_point():
+            angles = positions.double()[..., None] * self.frequencies().to(positions.device)  # (B, T, dim/2)
+            return torch.polar(torch.full_like(angles, self.magnitude), angles).to(torch.complex64)
         return self.rotations(int(positions.max()) + 1, positions.device)[positions]
 
     def rotate_leading(
@@ -485,6 +496,7 @@ ENCODINGS = (
         rotates=True,
         build=rotary_embedding,
         check=check_rotary,
+        real_positions=True,
         paper="Su et al. 2021",
     ),
 )

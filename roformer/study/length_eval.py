@@ -27,7 +27,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,7 @@ from roformer.files import atomic_write_text, check_output_file
 from roformer.model.config import ModelConfig, RopeScaling
 from roformer.model.model import Model, load
 from roformer.model.positions import rotary_frequencies
+from roformer.tasks.extensions import default_factor
 from roformer.train.config import PretrainConfig
 from roformer.train.evaluate import evaluate_mlm
 from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, RUN_CONFIG_FILE, pretraining_length
@@ -117,18 +117,6 @@ def scaled(model: Model, method: str, factor: float | None, length: int, trained
     parameter = next(model.parameters())
     label = "none" if scaling is None else f"{method} x{scaling.factor:g}"
     return copy.to(parameter.device).eval(), label
-
-
-def default_factor(method: str, length: int, trained: int) -> float:
-    """The factor a user would choose to run at `length`: length / trained, or for self_extend the smallest group.
-
-    SelfExtend's farthest distance is window + (length - 1 - window) / group, window = trained // 2: the group keeps
-    it within the trained distances (trained - 1).
-    """
-    if method != "self_extend":
-        return max(1.0, length / trained)
-    window = max(1, trained // 2)
-    return float(max(1, math.ceil((length - 1 - window) / max(1, trained - 1 - window))))
 
 
 def same_tables(a: ModelConfig, b: ModelConfig) -> bool:

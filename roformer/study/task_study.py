@@ -54,10 +54,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PLOT_FILE = "generalization.png"
+EXTENSIONS_PLOT_FILE = "extensions.png"  # per task and arm, accuracy against length under each extension method
 DECAY_DIR = "attention-distance"  # compare/: per task and arm, the measured decay (roformer.study.decay)
 DECAY_ROWS = 32  # rows of the test_2x split measured
 # The data fields an arm may set besides the model's position fields: how positions are presented to the model
-ARM_DATA_FIELDS = ("synthetic.randomized_positions",)
+ARM_DATA_FIELDS = ("synthetic.randomized_positions", "synthetic.randomized_kind", "synthetic.extensions")
 STUDY_TYPES = ("synthetic", "translation")  # the task types trained from scratch that a study compares
 
 
@@ -247,6 +248,7 @@ def summarise(
             table[label] = {
                 "seeds": finished,
                 "splits": {split: over_seeds([r["splits"][split] for r in runs]) for split in lengths},
+                "extensions": extensions_over_seeds(runs, list(lengths)),
                 "steps_to_target": [r["steps_to_target"] for r in runs],
                 "seconds": [r["seconds"] for r in runs],
             }
@@ -297,6 +299,10 @@ def run_record(directory: Path, splits: list[str], target: float) -> dict[str, A
             "rows": digest.hexdigest()[:16],
         }
         record["hits"][split] = hits
+        for method, scores in results.get("test", {}).get(split, {}).get("extensions", {}).items():
+            correct = round(scores["accuracy"]["mean"] * sum(answers))  # a run's own accuracy: one value
+            cell = {"accuracy": correct / sum(answers), "correct": correct, "answers": sum(answers)}
+            record.setdefault("extensions", {}).setdefault(method, {})[split] = cell
     events = read_metrics(directory / METRICS_FILE)
     evals = sorted((e for e in events if e.get("event") == "eval" and e.get("split") == "dev"), key=lambda e: e["step"])
     record["steps_to_target"] = next((e["step"] for e in evals if e["accuracy"] >= target), None)
@@ -352,6 +358,16 @@ def seed_difference(run: dict[str, Any], base: dict[str, Any], split: str) -> di
     return out
 
 
+def extensions_over_seeds(runs: list[dict[str, Any]], splits: list[str]) -> dict[str, dict[str, Any]]:
+    """{method: {split: over_seeds}} for the test-time extension methods every one of `runs` was scored under."""
+    methods = [m for m in runs[0].get("extensions", {}) if all(m in r.get("extensions", {}) for r in runs)]
+    return {
+        method: {split: over_seeds([r["extensions"][method][split] for r in runs]) for split in splits}
+        for method in methods
+        if all(split in runs[0]["extensions"][method] for split in splits)
+    }
+
+
 def over_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Every seed's accuracy with its 95% Wilson interval, their mean with a 95% t-interval (none for one seed)."""
     return {
@@ -384,19 +400,48 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += floor_lines(data["floors"], list(lengths))
         for label, arm in data["arms"].items():
-            cells = [label]
-            for split in lengths:
-                cell = arm["splits"][split]
-                interval = cell["interval"]
-                spread = f" [{100 * interval[0]:.1f}, {100 * interval[1]:.1f}]" if interval else ""
-                cells.append(f"{100 * cell['mean']:.1f}{spread}")
+            cells = [label, *(accuracy_cell(arm["splits"][split]) for split in lengths)]
             cells.append(", ".join("-" if s is None else str(s) for s in arm["steps_to_target"]))
             cells.append(f"{statistics.fmean(arm['seconds']):.0f}")
             lines.append("| " + " | ".join(cells) + " |")
         parts.append("\n".join(lines) + "\n")
+        if any(arm.get("extensions") for arm in data["arms"].values()):
+            parts.append(extensions_markdown(task, data))
         if data["differences"]:
             parts.append(differences_markdown(task, data))
     return "\n".join(parts)
+
+
+def accuracy_cell(cell: dict[str, Any]) -> str:
+    """A mean accuracy over seeds in %, with its 95% t-interval where there are two seeds or more."""
+    interval = cell["interval"]
+    spread = f" [{100 * interval[0]:.1f}, {100 * interval[1]:.1f}]" if interval else ""
+    return f"{100 * cell['mean']:.1f}{spread}"
+
+
+def extensions_markdown(task: str, data: dict[str, Any]) -> str:
+    """The test-time extension methods of a task: accuracy (%) per (arm, method) and test length, floor first.
+
+    Each arm's first row is the model as trained; the others are the same weights under each method
+    (roformer.tasks.extensions), with no training.
+    """
+    lengths = data["lengths"]
+    lines = [
+        f"{task}: test-time extension (the same weights, no training), accuracy (%) at each test length, mean over "
+        "the finished seeds [95% t-interval]\n",
+        "| arm | method | " + " | ".join(split.removeprefix("test_") for split in lengths) + " |",
+        "|---|---|" + "---:|" * len(lengths),
+    ]
+    floor = data["floors"]
+    name = FLOOR_NAMES.get(floor[next(iter(lengths))][0]["kind"], "*floor*")
+    lines.append(f"| {name} | | " + " | ".join(f"{100 * floor[s][0]['accuracy']:.1f}" for s in lengths) + " |")
+    for label, arm in data["arms"].items():
+        if not arm.get("extensions"):
+            continue
+        rows = {"as trained": arm["splits"], **arm["extensions"]}
+        for method, splits in rows.items():
+            lines.append(f"| {label} | {method} | " + " | ".join(accuracy_cell(splits[s]) for s in lengths) + " |")
+    return "\n".join(lines) + "\n"
 
 
 FLOOR_NAMES = {"position_blind": "*position-blind floor*", "frequent_bit": "*frequent visible bit*"}
@@ -470,8 +515,27 @@ def plot_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def extension_plot_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The extension methods as probe-plot rows: a panel per (task, arm), a line per method, the task's floor."""
+    rows = []
+    for row in plot_rows(summary):
+        task, label = row["probe"], row["label"]
+        arm = summary["tasks"][task]["arms"][label]
+        if not arm.get("extensions"):
+            continue
+        split = next(s for s, n in summary["tasks"][task]["lengths"].items() if n == row["length"])
+        rows.append({**row, "probe": f"{task}: {label}", "label": "as trained"})
+        for method, splits in arm["extensions"].items():
+            cell = splits[split]
+            interval = cell["interval"] or [cell["mean"], cell["mean"]]
+            rows.append(
+                {**row, "probe": f"{task}: {label}", "label": method, "accuracy": cell["mean"], "interval": interval}
+            )
+    return rows
+
+
 def write_summary(folder: Path, summary: dict[str, Any]) -> list[str]:
-    """summary.json, summary.md, and generalization.png (synthetic tasks) and bleu-by-length.png (translation).
+    """summary.json, summary.md, generalization.png and extensions.png (synthetic tasks), bleu-by-length.png.
 
     Returns:
         The names of the plots drawn (a plot with no point to draw is not), for the report to link.
@@ -485,6 +549,9 @@ def write_summary(folder: Path, summary: dict[str, Any]) -> list[str]:
     if rows := plot_rows(summary):
         plot_probes(rows, folder / PLOT_FILE, INTERVAL_BAND)
         drawn.append(PLOT_FILE)
+    if rows := extension_plot_rows(summary):
+        plot_probes(rows, folder / EXTENSIONS_PLOT_FILE, INTERVAL_BAND)
+        drawn.append(EXTENSIONS_PLOT_FILE)
     if rows := bleu_plot_rows(summary):
         plot_bleu_by_length(rows, summary, folder / BLEU_PLOT_FILE)
         drawn.append(BLEU_PLOT_FILE)

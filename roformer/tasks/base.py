@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
     from roformer.model.config import ModelConfig
     from roformer.tasks.config import FinetuneDataConfig, Vocabulary
+    from roformer.tasks.extensions import EvalVariant
 
 
 class TokenRows:
@@ -174,6 +175,14 @@ class HeadOutputs:
         """
         return {}
 
+    def test_variants(self, config: ModelConfig, split: str) -> dict[str, EvalVariant]:
+        """{label: a variant} the best model is also scored under on the test split `split` (none by default).
+
+        A synthetic task's test-time context extensions (roformer.tasks.extensions); results.json gives each
+        variant's metrics under `test.<split>.extensions.<label>`.
+        """
+        return {}
+
 
 class FinetuneTask(Protocol):
     """One downstream task with its splits read: what the fine-tuning recipe asks of it.
@@ -248,6 +257,9 @@ class FinetuneTask(Protocol):
 
     def model_files(self, eval_batch_size: int) -> dict[str, str]:
         """Files beside every fine-tuned model ({name: text}): what using it needs (`HeadOutputs`: none)."""
+
+    def test_variants(self, config: ModelConfig, split: str) -> dict[str, EvalVariant]:
+        """{label: a model variant} the best model is also scored under on `split` (`HeadOutputs`: none)."""
 
     def baseline(self, splits: dict[str, EncodedSplit], split: str) -> dict[str, Any] | None:
         """A labelled split's trivial baseline `{"kind": ..., <metric>: ...}` (`HeadOutputs`: from `trivial_guess`)."""

@@ -61,6 +61,7 @@ from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_write_text
 from roformer.labels import IGNORE_INDEX
 from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, with_score
+from roformer.tasks.extensions import EvalVariant, parse_extensions
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
@@ -100,6 +101,11 @@ class SyntheticConfig:
         train_examples: Rows of the training split.
         eval_examples: Rows of the dev split and of every test split.
         randomized_positions: L: positions are a sorted sample from [0, L) (Ruoss et al. 2023); null: 0..T-1.
+        randomized_kind: `integer`: a sorted sample of distinct integers (Ruoss et al.); `float`: sorted uniform
+            reals from [0, L) (random float sampling, Shimizu et al. 2026), for the encodings that compute from
+            real positions (rotary, p_rope, sinusoidal, ALiBi, FIRE; not a learned table, Shaw's or T5's buckets).
+        extensions: Test-time context extension methods evaluated on every test split after training, each as
+            `method` or `method:factor` (roformer.tasks.extensions: linear, ntk, yarn, self_extend, log_scale).
         masked_logits_only: Training computes the vocabulary projection at the asked positions alone (MaskedLM's
             `masked_only`: the same loss up to float rounding): with Zoology's 8,192 tokens and 4 answers in 66
             positions, a step costs a fraction of the full projection's. Off by default: the shipped studies'
@@ -124,6 +130,8 @@ class SyntheticConfig:
     train_examples: int = 20000
     eval_examples: int = 500
     randomized_positions: int | None = None
+    randomized_kind: Literal["integer", "float"] = "integer"
+    extensions: list[str] = field(default_factory=list)
     masked_logits_only: bool = False
 
     def __post_init__(self) -> None:
@@ -162,6 +170,9 @@ class SyntheticConfig:
                 f"randomized_positions ({self.randomized_positions}) must hold the longest test row "
                 f"({self.longest_row} tokens + [CLS] and [SEP])"
             )
+        if self.randomized_kind != "integer" and self.randomized_positions is None:
+            raise ConfigError(f"randomized_kind: {self.randomized_kind} draws randomized_positions, which is null")
+        parse_extensions(self.extensions)
 
     def _check_mqar_values(self) -> None:
         """The value alphabet and filler are mqar's own; a count of at least one (all the pairs' when distinct)."""
@@ -563,7 +574,7 @@ class SyntheticSplit(TokenRows):
 
     ids: list[list[int]]
     labels: list[list[int]]
-    positions: list[list[int]] | None
+    positions: list[list[int]] | list[list[float]] | None
     length: int | None = None
     labelled: bool = True
 
@@ -617,12 +628,18 @@ def positions_seed(seed: int) -> str:
     return f"{seed} positions"
 
 
-def random_positions(settings: SyntheticConfig, lengths: list[int], seed: int) -> list[list[int]] | None:
-    """Per row of `lengths` tokens, a sorted sample of distinct positions from [0, randomized_positions); or None."""
+def random_positions(settings: SyntheticConfig, lengths: list[int], seed: int) -> list[list[float]] | None:
+    """Per row of `lengths` tokens, its sorted positions from [0, randomized_positions); or None (0..T-1).
+
+    `randomized_kind: integer` samples distinct integers (Ruoss et al. 2023); `float` draws uniform reals and sorts
+    them (random float sampling): no position repeats a trained one exactly, nor falls on the integer grid.
+    """
     if settings.randomized_positions is None:
         return None
-    rng = random.Random(positions_seed(seed))
-    return [sorted(rng.sample(range(settings.randomized_positions), length)) for length in lengths]
+    rng, span = random.Random(positions_seed(seed)), settings.randomized_positions
+    if settings.randomized_kind == "float":
+        return [sorted(rng.random() * span for _ in range(length)) for length in lengths]
+    return [sorted(rng.sample(range(span), length)) for length in lengths]
 
 
 def encode_rows(rows: list[Row], ids: dict[str, int]) -> tuple[list[list[int]], list[list[int]]]:
@@ -721,17 +738,48 @@ class SyntheticTask(HeadOutputs):
         return word_level_tokenizer(self.tokens)
 
     def check_model(self, config: ModelConfig) -> None:
-        """A learned position table must hold the longest test row (or the randomized range).
+        """What the model must take: the longest test row (or randomized range), its positions and extensions.
+
+        A learned position table must hold the longest test row (or the randomized range); real positions and every
+        test-time extension must be defined for the encoding.
 
         Raises:
-            UserError: it does not, naming model.max_position_embeddings and what it needs.
+            UserError: naming the field: model.max_position_embeddings and what it needs, randomized_kind: float
+                for an encoding of integer positions, or an extension the encoding has no meaning for.
         """
-        needed = self.settings.randomized_positions or self.settings.longest_row + 2
+        settings = self.settings
+        needed = settings.randomized_positions or settings.longest_row + 2
         if not config.holds_positions(needed):
             raise UserError(
                 f"model.max_position_embeddings ({config.max_position_embeddings}) must hold {needed} positions: the "
                 "longest test row, or synthetic.randomized_positions"
             )
+        spec = config.encoding
+        if settings.randomized_kind == "float" and spec.acts != "nothing" and not spec.real_positions:
+            raise UserError(
+                f"data.synthetic.randomized_kind: float draws real positions; {spec.name} reads them as table rows or "
+                "buckets (use randomized_kind: integer)"
+            )
+        for extension in parse_extensions(settings.extensions):
+            reason = extension.refusal(config)
+            if reason is not None:
+                raise UserError(f"data.synthetic.extensions: {extension.label}: {reason}")
+            for split in self.test_splits:
+                try:
+                    extension.variant(config, *self.extension_lengths(split))  # ModelConfig's own checks
+                except ConfigError as e:
+                    raise UserError(f"data.synthetic.extensions: {extension.label} at {split}: {e}") from None
+
+    def extension_lengths(self, split: str) -> tuple[int, int]:
+        """(trained, split) lengths in tokens that extensions scale between: the longest rows with [CLS] and [SEP]."""
+        return split_lengths(self.settings, "train")[1] + 2, split_lengths(self.settings, split)[1] + 2
+
+    def test_variants(self, config: ModelConfig, split: str) -> dict[str, EvalVariant]:
+        """{label: how the model is evaluated under it} for every `extensions` method at the test split `split`."""
+        if split not in self.test_splits:
+            return {}
+        lengths = self.extension_lengths(split)
+        return {e.label: e.variant(config, *lengths) for e in parse_extensions(self.settings.extensions)}
 
     def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, SyntheticSplit]:
         """Every split generated in the tokenizer's ids (the task's own vocabulary).
@@ -812,7 +860,8 @@ class SyntheticTask(HeadOutputs):
         ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), length), dtype=torch.long)
         labels = torch.full((len(rows), length), IGNORE_INDEX, dtype=torch.long)
-        positions = torch.zeros((len(rows), length), dtype=torch.long) if split.positions is not None else None
+        kind = torch.float32 if self.settings.randomized_kind == "float" else torch.long
+        positions = torch.zeros((len(rows), length), dtype=kind) if split.positions is not None else None
         for i, r in enumerate(rows):
             n = len(split.ids[r])
             ids[i, :n], labels[i, :n], mask[i, :n] = torch.tensor(split.ids[r]), torch.tensor(split.labels[r]), 1
@@ -828,11 +877,20 @@ class SyntheticTask(HeadOutputs):
         return model(**batch, masked_only=self.settings.masked_logits_only).loss
 
     def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The MLM logits (B, T, V), the randomized positions given."""
+        """The MLM logits (B, T, V), the randomized positions given; or (N, V) at the asked positions alone.
+
+        With `masked_logits_only` the asked positions alone, row by row: Zoology's 8,192 tokens over 500 rows of
+        514 would be 8 GB of logits.
+        """
+        if self.settings.masked_logits_only:
+            return model(**batch, masked_only=True).logits  # (N, V); the labels say where, and are not read
         return model(**{k: v for k, v in batch.items() if k != "labels"}).logits
 
     def predictions(self, logits: torch.Tensor, split: SyntheticSplit, rows: list[int]) -> list[list[int]]:
-        """Per row, the predicted id at every asked position, in order."""
+        """Per row, the predicted id at every asked position, in order (from (B, T, V) or the asked (N, V))."""
+        if logits.dim() == 2:  # the asked positions' logits, row by row
+            counts = [sum(label != IGNORE_INDEX for label in split.labels[r]) for r in rows]
+            return [chunk.tolist() for chunk in logits.argmax(-1).cpu().split(counts)]
         best = logits.argmax(-1).cpu()  # (B, T)
         return [
             [int(best[i, p]) for p, label in enumerate(split.labels[r]) if label != IGNORE_INDEX]

@@ -56,7 +56,7 @@ from roformer.logs import quiet_loggers
 from roformer.model.config import EncoderDecoderConfig, ModelConfig
 from roformer.model.model import ARCHITECTURES, Model
 from roformer.model.pretrained import check_init, load_pretrained, pretrained_config
-from roformer.tasks.base import EncodedSplit, FinetuneTask
+from roformer.tasks.base import FinetuneTask
 from roformer.tasks.baselines import constant_predictions
 from roformer.tasks.config import Vocabulary
 from roformer.tasks.glue_metrics import ranked, seed_summary
@@ -64,9 +64,9 @@ from roformer.tasks.registry import make_task
 from roformer.train.averaging import average_states, last_points
 from roformer.train.config import FinetuneConfig
 from roformer.train.engine import Engine
-from roformer.train.evaluate import eval_chunks
 from roformer.train.interval import RunState
 from roformer.train.launch import check_run_settings, process_state, run_on_main
+from roformer.train.predict import EncodedTask, predict, variant_scores
 from roformer.train.recipe import ProcessLayout, Unstaged, to_device
 from roformer.train.results_card import RESULTS_MARKDOWN_FILE, results_markdown
 from roformer.train.run_dir import (
@@ -102,31 +102,6 @@ def snapshot_file(step: int) -> str:
 
 # ----------------------------------------------------------------------------------------------------------------
 # One (lr, seed) run: a recipe of the engine
-
-
-@dataclass(frozen=True)
-class EncodedTask:
-    """A task with its splits encoded for one tokenizer and length: what every run of a grid batches and predicts.
-
-    Attributes:
-        task: The task.
-        splits: Its splits, encoded.
-        pad_id: The tokenizer's padding id.
-        max_length: The length the examples were cut to, also the longest a batch is padded to.
-    """
-
-    task: FinetuneTask
-    splits: dict[str, EncodedSplit]
-    pad_id: int
-    max_length: int
-
-    def batch(self, split: str, rows: list[int]) -> dict[str, torch.Tensor]:
-        """The padded batch of `rows` of `split` (training and prediction pad alike, within max_length)."""
-        return self.task.collate(self.splits[split], rows, self.pad_id, self.max_length)
-
-    def padded_length(self, longest: int) -> int:
-        """The padded length of a batch whose longest example has `longest` tokens."""
-        return self.task.padded_length(longest, self.max_length)
 
 
 @dataclass(frozen=True)
@@ -368,40 +343,6 @@ class FinetuneRun(Unstaged):
 
     def micro_batch_loss(self) -> str | None:
         return self.data.task.micro_batch_loss
-
-
-@torch.no_grad()
-def predict(engine: Engine, data: EncodedTask, split: str, eval_size: int) -> list[Any]:
-    """The task's prediction of every row of `split`: a contiguous share per process, gathered (no duplicates).
-
-    Rows are batched in order of length (little padding) and the predictions put back in split order.
-    """
-    from accelerate.utils import gather_object
-
-    acc, model = engine.accelerator, engine.model
-    model.eval()
-    encoded = data.splits[split]
-    lengths = encoded.lengths
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    predictions: list[Any] = []
-    for chunk in eval_chunks(len(lengths), eval_size, acc.process_index, acc.num_processes):
-        rows = [0] if chunk is None else [order[i] for i in chunk.tolist()]  # None: keeps FSDP in step
-        batch = data.batch(split, rows)
-        outputs = data.task.outputs(model, {k: on_device(v, acc.device) for k, v in batch.items()})
-        if chunk is not None:  # logits in float32; a task's own outputs (decoded targets) as they are
-            logits = outputs.float() if isinstance(outputs, torch.Tensor) else outputs
-            predictions += data.task.predictions(logits, encoded, rows)
-    gathered = gather_object([predictions]) if acc.num_processes > 1 else [predictions]
-    by_length = [p for part in gathered for p in part]
-    in_order: list[Any] = [None] * len(by_length)
-    for position, example in enumerate(order):
-        in_order[example] = by_length[position]
-    return in_order
-
-
-def on_device(value: Any, device: torch.device) -> Any:
-    """A batch's tensor on `device`; anything else a batch carries (a task's decoding settings) as it is."""
-    return to_device(value, device) if isinstance(value, torch.Tensor) else value
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -660,6 +601,8 @@ class Finetuner:
         }
         if scored:  # labelled test sets (FewCLUE's public test, CoNLL-2003's test): the best checkpoint's metrics
             record["test"] = {s: self.task.evaluate(data.splits[s], predictions[s]) for s in scored}
+            for split, variants in variant_scores(engine, data, run.best["state"], scored, train.eval_size).items():
+                record["test"][split]["extensions"] = variants  # the same model under test-time extension methods
         baselines = {s: self.task.baseline(data.splits, s) for s in self.task.dev_splits + scored}
         record["baseline"] = {s: b for s, b in baselines.items() if b is not None}
         warn_if_trivial(f"{self.task.name} {tag}", predictions, record)
@@ -763,12 +706,15 @@ class Finetuner:
         """`test`: every labelled test split's metrics over the selected learning rate's seeds (none: {})."""
         if "test" not in runs[0]:
             return {}
-        return {
-            "test": {
-                split: {m: seed_summary([r["test"][split][m] for r in runs]) for m in metrics}
-                for split, metrics in runs[0]["test"].items()
-            }
-        }
+
+        def over_runs(values: list[dict[str, Any]]) -> dict[str, Any]:  # a split's metrics (and its variants')
+            first = values[0]
+            out = {m: seed_summary([v[m] for v in values]) for m in first if m != "extensions"}
+            if "extensions" in first:
+                out["extensions"] = {k: over_runs([v["extensions"][k] for v in values]) for k in first["extensions"]}
+            return out
+
+        return {"test": {split: over_runs([r["test"][split] for r in runs]) for split in runs[0]["test"]}}
 
     def finished_results(self) -> dict[str, Any]:
         """The results.json of a finished job (leftovers of a publish interrupted after writing it removed)."""

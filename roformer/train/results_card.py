@@ -20,6 +20,7 @@ def results_markdown(results: dict[str, Any]) -> str:
     parts = [_header(results), _dev_table(results, scale)]
     if results.get("test") and "translation" not in results:  # translation's own section has its test splits
         parts.append(_test_table(results, scale))
+        parts.append(_extensions_table(results["test"], scale))
     if "translation" in results:
         parts.append(_translation_section(results["translation"]))
     elif results.get("averaged"):
@@ -63,11 +64,29 @@ def _test_table(results: dict[str, Any], scale: float) -> str:
 
 def _over_seeds_table(title: str, splits: dict[str, Any], results: dict[str, Any], scale: float) -> str:
     """A split a row (mean ± std of each metric over the runs), each followed by its baseline's row."""
-    metrics = list(next(iter(splits.values())))
+    metrics = [m for m in next(iter(splits.values())) if m != "extensions"]
     lines = [f"{title}\n", *_head(metrics)]
     for split, values in splits.items():
         lines.append(_row(split, [_mean_std(values[m], scale) for m in metrics]))
         lines += _baseline_row(results, split, metrics, scale)
+    return "\n".join(lines) + "\n"
+
+
+def _extensions_table(test: dict[str, Any], scale: float) -> str:
+    """Accuracy at every test split as trained and under each test-time extension method (none: no table)."""
+    methods = list(dict.fromkeys(m for values in test.values() for m in values.get("extensions", {})))
+    if not methods:
+        return ""
+    lines = [
+        "## Test-time extensions (accuracy; the same weights, no training: roformer.tasks.extensions)\n",
+        "| split | as trained | " + " | ".join(methods) + " |",
+        "|---|" + "---:|" * (len(methods) + 1),
+    ]
+    for split, values in test.items():
+        extensions = values.get("extensions", {})
+        cells = [_mean_std(values["accuracy"], scale)]
+        cells += [_mean_std(extensions[m]["accuracy"], scale) if m in extensions else "-" for m in methods]
+        lines.append(_row(split, cells))
     return "\n".join(lines) + "\n"
 
 
@@ -153,7 +172,10 @@ def result_line(results: dict[str, Any]) -> str:
     dev = results["selection_split"]
     cells = [f"{dev} score {_against(results['summary'][dev]['score']['mean'], split_baseline(results, dev), scale)}"]
     for split, values in (results.get("test") or {}).items():
-        cells.append(f"{split} {_against(values['score']['mean'], split_baseline(results, split), scale)}")
+        cell = f"{split} {_against(values['score']['mean'], split_baseline(results, split), scale)}"
+        if extensions := values.get("extensions"):
+            cell += " [" + ", ".join(f"{m} {v['score']['mean'] * scale:.1f}" for m, v in extensions.items()) + "]"
+        cells.append(cell)
     return "; ".join(cells)
 
 

@@ -63,12 +63,13 @@ def test_randomized_positions_reach_the_model(tmp_path: Path) -> None:
     """Two runs that differ only in randomized positions train differently (the positions are read), each exactly
     reproducible."""
     losses = []
-    for name in ("a", "b", "c"):
-        extra = [] if name == "a" else ["data.synthetic.randomized_positions=64"]
+    randomized = ["data.synthetic.randomized_positions=64"]
+    runs = {"a": [], "b": randomized, "c": randomized, "float": [*randomized, "data.synthetic.randomized_kind=float"]}
+    for name, extra in runs.items():
         assert finetune(tmp_path / name, "train.log_every=1", *extra) == 0
         events = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
         losses.append([json.loads(e)["loss"] for e in events if json.loads(e).get("event") == "train"])
-    assert losses[1] == losses[2] and losses[0] != losses[1]
+    assert losses[1] == losses[2] and losses[0] != losses[1] and losses[3] not in losses[:3]
 
 
 @pytest.mark.parametrize(
@@ -90,6 +91,16 @@ def test_randomized_positions_reach_the_model(tmp_path: Path) -> None:
             "data.synthetic.train_lengths: missing-duplicate has too few distinct rows",
         ),
         (["data.synthetic.task=mqar", "data.synthetic.pairs=20", "data.synthetic.train_lengths=[80,84]"], "pairs (20)"),
+        (["data.synthetic.extensions=[pi]"], "extensions: unknown method 'pi'"),
+        (["model.position_encoding=alibi", "data.synthetic.extensions=[yarn]"], "yarn rescales RoPE's frequencies"),
+        (
+            [
+                "model.position_encoding=t5_bias",
+                "data.synthetic.randomized_positions=64",
+                "data.synthetic.randomized_kind=float",
+            ],
+            "randomized_kind: float draws real positions; t5_bias reads them as table rows",
+        ),
     ],
 )
 def test_bad_settings_are_one_line_and_write_nothing(
@@ -124,7 +135,9 @@ def test_a_task_study_trains_every_arm_and_seed_and_compares_by_length(
     arms = {
         "rotary": {"set": []},
         "alibi-asymmetric": {"set": ["model.position_encoding=alibi", "model.alibi_form=asymmetric"]},
-        "rotary-randomized": {"set": ["data.synthetic.randomized_positions=64"]},
+        "rotary-randomized": {
+            "set": ["data.synthetic.randomized_positions=64", "data.synthetic.extensions=[linear,ntk:4,log_scale]"]
+        },
     }
     path, out = write_study(tmp_path, arms=arms, baseline="rotary"), tmp_path / "out"
     assert main(["experiment", "--config", str(path), "--output-dir", str(out)]) == 0
@@ -160,6 +173,15 @@ def test_a_task_study_trains_every_arm_and_seed_and_compares_by_length(
         assert cell["mean"] == pytest.approx(sum(mine) / 2 - sum(theirs) / 2)
         assert [s["difference"] for s in cell["seeds"]] == pytest.approx([a - b for a, b in zip(mine, theirs)])
     assert "shift: arm - rotary in points of accuracy on the same rows" in table and "†" not in table
+    # the test-time extensions of the arm that asked for them: a row per method, a panel per arm
+    extensions = task["arms"]["rotary-randomized"]["extensions"]
+    assert list(extensions) == ["linear", "ntk:4", "log_scale"] and task["arms"]["rotary"]["extensions"] == {}
+    for seed in (0, 1):
+        results = json.loads((out / "shift" / f"rotary-randomized-seed{seed}" / "results.json").read_text())
+        mine = results["test"]["test_2x"]["extensions"]["ntk:4"]["accuracy"]["mean"]
+        assert extensions["ntk:4"]["test_2x"]["seeds"][seed]["accuracy"] == pytest.approx(mine)
+    assert "| rotary-randomized | ntk:4 |" in table and "| rotary-randomized | as trained |" in table
+    assert (out / "compare" / "extensions.png").stat().st_size > 0
     decay = json.loads((out / "compare" / "attention-distance" / "shift-alibi-asymmetric.json").read_text())
     assert decay["length"] == 18 and len(decay["layers"]) == 2 and decay["position_encoding"] == "alibi"
     assert (out / "compare" / "attention-distance" / "shift-rotary.png").is_file()

@@ -137,7 +137,7 @@ ROOMS = {
         {"mlm"},
     ],
     "roformer.tasks": [
-        {"baselines"},  # under base: the protocol's default baseline is built from it
+        {"baselines", "extensions"},  # under base: the protocol's default baseline and test variants
         {
             "base",
             "registry",
@@ -161,6 +161,7 @@ ROOMS = {
         {"launch", "optim", "run_dir", "recipe"},
         {"stages"},
         {"engine"},
+        {"predict"},
         {"pretrain", "finetune", "embed"},
     ],
     "roformer.commands": [

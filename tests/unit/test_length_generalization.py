@@ -324,3 +324,10 @@ def test_the_projection_at_the_asked_positions_alone_gives_the_same_loss() -> No
     sparse = task.loss(model, batch)
     task.settings = replace(task.settings, masked_logits_only=False)
     torch.testing.assert_close(sparse, task.loss(model, batch))
+    # and evaluation predicts the asked positions from their logits alone, as from the whole (B, T, V)
+    sparse_predictions = task.predictions(
+        roformer.MaskedLM.forward(model, **batch, masked_only=True).logits, split, list(range(8))
+    )
+    assert sparse_predictions == task.predictions(task.outputs(model, batch), split, list(range(8)))
+    task.settings = replace(task.settings, masked_logits_only=True)
+    assert task.outputs(model, batch).dim() == 2

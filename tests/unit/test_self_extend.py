@@ -13,7 +13,8 @@ from roformer.errors import ConfigError
 from roformer.model.config import ModelConfig, RopeScaling
 from roformer.model.model import Backbone
 from roformer.model.rotary import GroupedRotation, RotaryEmbedding
-from roformer.study.length_eval import default_factor, parse_rope_scalings
+from roformer.study.length_eval import parse_rope_scalings
+from roformer.tasks.extensions import default_factor
 
 
 def grouped(window: int, group: int, dim: int = 16) -> GroupedRotation:
