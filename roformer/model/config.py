@@ -22,7 +22,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from roformer.config import STAGE, check_types, from_dict, read_yaml, write_yaml
+from roformer.config import STAGE, check_types, from_dict
+from roformer.config_yaml import read_yaml, write_yaml
 from roformer.errors import ConfigError
 from roformer.plugins import declarations
 
@@ -541,8 +542,8 @@ TABLE_END = "<!-- end of position encodings -->"
 def encodings_table() -> str:
     """The position encodings as a markdown table (docs/baselines.md holds it between TABLE_START and TABLE_END)."""
     lines = [
-        "| `position_encoding` | where | relative | real positions | attention kernel | refuses | HF export | its fields "
-        "| from |",
+        "| `position_encoding` | where | relative | real positions | attention kernel | refuses | HF export "
+        "| its fields | from |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for spec in encodings().values():

@@ -11,8 +11,8 @@ The comparison (`<out>/compare/`) reads each run's files and gives, per task, ar
 every seed with its 95% Wilson interval over the split's answers, the mean over seeds with a 95% t-interval, and the
 steps to reach a target dev accuracy (`target`, 0.9: at the trained lengths, the paper's "faster convergence" in its
 purest form), and the seconds each run trained; per task and split its position-blind floor (what a model that
-ignores positions can reach, roformer.tasks.synthetic.floors), and every arm's difference from the `baseline` arm,
-paired by seed and by row: the arms of a seed answer the same rows. `summary.md` and `summary.json` hold the
+ignores positions can reach, roformer.tasks.synthetic_floors.floors), and every arm's difference from the `baseline`
+arm, paired by seed and by row: the arms of a seed answer the same rows. `summary.md` and `summary.json` hold the
 tables, `generalization.png` the accuracy against test length (a panel per task, a line per arm, interval bands, the
 floor line), and
 `attention-distance/<task>-<arm>.json` and `.png` the first seed's mean pre-softmax logit and attention weight
@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from roformer.config import config_file, load
+from roformer.config import load
+from roformer.config_paths import config_file
 from roformer.errors import ConfigError, UserError, naming
 from roformer.files import atomic_write_text
 from roformer.model.config import position_fields
@@ -41,7 +42,8 @@ from roformer.study.runs import run_seconds
 from roformer.study.stats import difference, mean_interval, wilson_interval
 from roformer.study.translation_study import PLOT_FILE as BLEU_PLOT_FILE
 from roformer.study.translation_study import bleu_plot_rows, summarise_translation, translation_markdown
-from roformer.tasks.synthetic import floors, split_lengths
+from roformer.tasks.synthetic_floors import floors
+from roformer.tasks.synthetic_rows import split_lengths
 from roformer.train.finetune import run_tag
 from roformer.train.launch import check_run_settings
 from roformer.train.results_card import result_line
@@ -225,8 +227,8 @@ def summarise(
 
     Per arm: the accuracy at every test split (each seed with a Wilson interval, their mean with a t-interval), the
     steps to `target` dev accuracy and the seconds of every run. Per task: the position-blind floor of the dev and
-    every test split (and the simpler guesses worth reading against, roformer.tasks.synthetic.floors), and every arm
-    against `baseline` (default: the first arm), paired on the rows both answered (`paired_differences`).
+    every test split (and the simpler guesses worth reading against, roformer.tasks.synthetic_floors.floors), and
+    every arm against `baseline` (default: the first arm), paired on the rows both answered (`paired_differences`).
     """
     summary: dict[str, Any] = {"target": target, "seeds": seeds, "tasks": {}}
     for task, arms in tasks.items():

@@ -13,7 +13,7 @@ from roformer.errors import ConfigError, UserError
 from roformer.model.config import RopeScaling
 from roformer.model.positions import SinusoidalPositions
 from roformer.tasks.extensions import EvalVariant, Extension, default_factor, parse_extensions
-from roformer.tasks.synthetic import SyntheticConfig, random_positions
+from roformer.tasks.synthetic_rows import SyntheticConfig, random_positions
 from tests.helpers import tiny_config
 
 REAL = ("rotary", "p_rope", "sinusoidal", "alibi", "fire")

@@ -150,8 +150,8 @@ ROOMS = {
             "ir_metrics",
             "mt_metrics",
         },  # fmt: skip
-        {"config", "beir", "parallel"},
-        {"texts", "conll", "squad", "translator"},
+        {"config", "beir", "parallel", "synthetic_rows"},
+        {"texts", "conll", "squad", "translator", "synthetic_floors"},
         {TASK_TYPES},  # the type modules: glue, classify, tagging, qa, choices, similarity, triplet, any new one
         {"retrieval"},  # listed: a type module above another (it imports similarity's pair batches)
         {"rerank"},  # reads retrieval's runs

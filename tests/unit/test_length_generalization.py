@@ -14,15 +14,8 @@ import roformer
 from roformer.errors import ConfigError
 from roformer.labels import IGNORE_INDEX
 from roformer.model.relative import RelativeBias, alibi_slopes
-from roformer.tasks.synthetic import (
-    GENERATORS,
-    SyntheticConfig,
-    commonest_share,
-    generate_split,
-    position_blind_floor,
-    vocabulary,
-    word_level_tokenizer,
-)
+from roformer.tasks.synthetic_floors import commonest_share, position_blind_floor
+from roformer.tasks.synthetic_rows import GENERATORS, SyntheticConfig, generate_split, vocabulary, word_level_tokenizer
 from tests.helpers import tiny_config
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -281,7 +274,8 @@ def test_an_arm_may_run_some_of_the_experiment_s_seeds_in_a_task_study() -> None
 
 def test_arms_may_differ_in_an_encoding_s_own_settings(tmp_path) -> None:  # noqa: ANN001
     """p_rope's unrotated fraction is a key under model.position_settings: a position field, as its encoding is."""
-    from roformer.config import load, write_yaml
+    from roformer.config import load
+    from roformer.config_yaml import write_yaml
     from roformer.study.experiment import ExperimentConfig
     from roformer.study.task_study import load_task_arms
 

@@ -19,17 +19,14 @@ import pytest
 from roformer.config import load
 from roformer.errors import ConfigError
 from roformer.tasks.registry import make_task
-from roformer.tasks.synthetic import (
+from roformer.tasks.synthetic import SyntheticTask
+from roformer.tasks.synthetic_floors import commonest_share, floors, frequent_bit_level, position_blind_floor
+from roformer.tasks.synthetic_rows import (
     GENERATORS,
     Row,
     SyntheticConfig,
-    SyntheticTask,
-    commonest_share,
-    floors,
-    frequent_bit_level,
     generate_rows,
     generate_split,
-    position_blind_floor,
     row_key,
     split_lengths,
     split_seed,
@@ -291,7 +288,7 @@ def test_mqar_with_more_pairs_than_symbols_is_refused() -> None:
 def test_mqar_in_zoology_s_regime_has_its_own_values_distinct_and_a_constant_filler() -> None:
     """Keys and values apart (values of their own count), values without replacement, one filler token: only the
     pairs and the queries hold keys, and the bag's best guess is right once a row (1 / pairs)."""
-    from roformer.tasks.synthetic import FILLER, mqar_row, vocabulary
+    from roformer.tasks.synthetic_rows import FILLER, mqar_row, vocabulary
 
     settings = SyntheticConfig(
         task="mqar", symbols=64, values=32, pairs=4, distinct_values=True, filler="constant", train_lengths=[32, 32]
