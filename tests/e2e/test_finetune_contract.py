@@ -35,7 +35,8 @@ import torch
 from helpers import REPO, launch_two, small_beir, write_wrapper
 
 from roformer.cli import main
-from roformer.config import load, read_yaml
+from roformer.config import load
+from roformer.config_yaml import read_yaml
 from roformer.tasks.registry import spec_of
 from roformer.train.config import FinetuneConfig
 
@@ -466,7 +467,8 @@ def test_every_task_type_takes_the_same_steps_under_any_process_layout(
     """
     from types import SimpleNamespace
 
-    from roformer.train.finetune import Finetuner, FinetuneRun
+    from roformer.train.finetune import Finetuner
+    from roformer.train.finetune_run import FinetuneRun
     from roformer.train.recipe import ProcessLayout, dropout_seed
 
     _, overrides = small_job(name, shared_data, pretrained, tmp_path)

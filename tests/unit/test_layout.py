@@ -125,6 +125,7 @@ ROOMS = {
         {"heads"},
         {"seq2seq"},
         {"model"},
+        {"hf_mapping"},
         {"hf", "onnx"},
         {"pretrained"},
     ],
@@ -162,6 +163,7 @@ ROOMS = {
         {"stages"},
         {"engine"},
         {"predict"},
+        {"finetune_run"},
         {"pretrain", "finetune", "embed"},
     ],
     "roformer.commands": [

@@ -33,7 +33,7 @@ from roformer.tasks.parallel import (
 from roformer.tasks.translation import TranslationConfig, TranslationTask, encoder_decoder_config
 from roformer.tasks.translator import DECODING_FILE, Decoding
 from roformer.train.averaging import average_states, last_points
-from roformer.train.finetune import _TokenBatchStep
+from roformer.train.finetune_run import _TokenBatchStep
 from roformer.train.recipe import ProcessLayout
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "translation" / "multi30k"
