@@ -407,7 +407,7 @@ def _glue_lines(summary: dict[str, Any]) -> list[str]:
             "interval over seeds]; n.s. = the interval includes 0):"
         )
         rows = {
-            label: [_difference_cell(_points(columns[t]), 1) if t in columns else "—" for t in tasks]
+            label: [_difference_cell(_in_points(columns[t]), 1) if t in columns else "—" for t in tasks]
             for label, columns in summary["glue_differences"].items()
         }
         lines += _difference_table(intro, tasks, rows)
@@ -448,7 +448,7 @@ def _unreached_cell(unreached: dict[str, list[Any]]) -> str:
     return "; ".join(parts)
 
 
-def _points(d: dict[str, Any]) -> dict[str, Any]:
+def _in_points(d: dict[str, Any]) -> dict[str, Any]:
     """A score difference in percentage points."""
     return {**d, **{k: 100 * d[k] for k in ("mean", "low", "high") if d.get(k) is not None}}
 

@@ -263,8 +263,8 @@ def plot_attention_distance(result: dict[str, Any], path: Path) -> None:
     for layer in layers:
         colour = colours(layer["layer"] / max(1, len(layers) - 1))
         label = f"layer {layer['layer']}"
-        logit_ax.plot(distances, _points(layer["mean_logit"]), color=colour, linewidth=1.2, label=label)
-        weight_ax.plot(distances, _points(layer["mean_weight"]), color=colour, linewidth=1.2, label=label)
+        logit_ax.plot(distances, _with_gaps(layer["mean_logit"]), color=colour, linewidth=1.2, label=label)
+        weight_ax.plot(distances, _with_gaps(layer["mean_weight"]), color=colour, linewidth=1.2, label=label)
     bound = result["bound"]
     twin = logit_ax.twinx()
     twin.plot(distances, bound["relative_upper_bound"], color="grey", linestyle="--", linewidth=1)
@@ -286,6 +286,6 @@ def plot_attention_distance(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def _points(values: list[float | None]) -> list[float]:
+def _with_gaps(values: list[float | None]) -> list[float]:
     """A curve's values with NaN where a distance had no pair (matplotlib leaves a gap)."""
     return [math.nan if v is None else v for v in values]

@@ -209,7 +209,7 @@ def run_task_study(
         for seed in experiment.seeds
     ):
         raise UserError(f"{out}: no run of this study has finished yet: nothing to compare")
-    summary = summarise(out, tasks, experiment.seeds, experiment.target, experiment.baseline)
+    summary = summarise_task_study(out, tasks, experiment.seeds, experiment.target, experiment.baseline)
     plots = write_summary(out / COMPARE_DIR, summary)
     measure_decay(out, tasks, experiment.seeds[0])
     atomic_write_text(out / REPORT_FILE, report(summary, path, overrides, plots))
@@ -220,7 +220,7 @@ def run_task_study(
 # The comparison
 
 
-def summarise(
+def summarise_task_study(
     out: Path, tasks: dict[str, dict[str, FinetuneConfig]], seeds: list[int], target: float, baseline: str | None = None
 ) -> dict[str, Any]:
     """What the comparison holds: per task its chance level, floors, test lengths and, per arm, its seeds' results.
@@ -378,7 +378,7 @@ def over_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def summary_markdown(summary: dict[str, Any]) -> str:
+def task_study_markdown(summary: dict[str, Any]) -> str:
     """A table per task: accuracy (%) per arm and test length under its floors; then the paired differences.
 
     Accuracy is the mean [95% interval] over seeds; steps to the target dev accuracy and seconds per run beside it.
@@ -546,7 +546,7 @@ def write_summary(folder: Path, summary: dict[str, Any]) -> list[str]:
 
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(folder / SUMMARY_JSON_FILE, json.dumps(summary, indent=2))
-    atomic_write_text(folder / SUMMARY_MARKDOWN_FILE, summary_markdown(summary))
+    atomic_write_text(folder / SUMMARY_MARKDOWN_FILE, task_study_markdown(summary))
     drawn = []
     if rows := plot_rows(summary):
         plot_probes(rows, folder / PLOT_FILE, INTERVAL_BAND)
@@ -564,7 +564,7 @@ def report(summary: dict[str, Any], path: Path, overrides: list[str] | None, plo
     """report.md: how to reproduce the study, then its tables and `plots` (names in compare/)."""
     command = f"roformer experiment --config {path}" + "".join(f" --set {o}" for o in overrides or [])
     images = "".join(f"![{name}]({COMPARE_DIR}/{name})\n" for name in plots)
-    return f"# {path.stem}\n\n```\n{command}\n```\n\n{summary_markdown(summary)}\n{images}"
+    return f"# {path.stem}\n\n```\n{command}\n```\n\n{task_study_markdown(summary)}\n{images}"
 
 
 def measure_decay(out: Path, tasks: dict[str, dict[str, FinetuneConfig]], seed: int) -> None:

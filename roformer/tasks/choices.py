@@ -82,7 +82,7 @@ class ChoicesConfig:
 
 
 @dataclass(frozen=True)
-class Question:
+class ChoiceQuestion:
     """One multiple-choice example, as read.
 
     Attributes:
@@ -129,7 +129,7 @@ def read_choices(record: Record, settings: ChoicesConfig) -> tuple[str, ...]:
     return tuple(str(value) for value in values)
 
 
-def parse_label(value: Any, choices: tuple[str, ...], where: str) -> int:
+def parse_choice_label(value: Any, choices: tuple[str, ...], where: str) -> int:
     """The index of the right candidate: an int, digits as text (csv), or the text of one of the candidates.
 
     Digits are read as an index even when a candidate is spelled the same (csv cells are all text).
@@ -154,7 +154,7 @@ def parse_label(value: Any, choices: tuple[str, ...], where: str) -> int:
 
 
 def read_label(record: Record, column: str, choices: tuple[str, ...], labelled: bool) -> int | None:
-    """The record's label (`parse_label`); None when an unlabelled split's record has none.
+    """The record's label (`parse_choice_label`); None when an unlabelled split's record has none.
 
     Raises:
         UserError: a labelled split's record without a label, or a bad label, naming file and line.
@@ -169,10 +169,10 @@ def read_label(record: Record, column: str, choices: tuple[str, ...], labelled: 
         if labelled:
             raise UserError(f"{record.where}: no label in {column!r} (training and dev examples need one)")
         return None
-    return parse_label(value, choices, record.where)
+    return parse_choice_label(value, choices, record.where)
 
 
-def read_questions(records: list[Record], data: FinetuneDataConfig, labelled: bool) -> list[Question]:
+def read_questions(records: list[Record], data: FinetuneDataConfig, labelled: bool) -> list[ChoiceQuestion]:
     """The questions of one split's records.
 
     Args:
@@ -197,12 +197,12 @@ def read_questions(records: list[Record], data: FinetuneDataConfig, labelled: bo
         choices = read_choices(record, settings)
         label = read_label(record, data.label_column, choices, labelled)
         ids = example_id(record, data.id_column, number)
-        questions.append(Question(context, question, choices, label, ids, record.where))
+        questions.append(ChoiceQuestion(context, question, choices, label, ids, record.where))
     check_all_or_none_labelled(questions)
     return questions
 
 
-def check_all_or_none_labelled(questions: list[Question]) -> None:
+def check_all_or_none_labelled(questions: list[ChoiceQuestion]) -> None:
     """An unlabelled split has no labels at all: evaluating a part of it would silently score a subset.
 
     Raises:
@@ -214,7 +214,7 @@ def check_all_or_none_labelled(questions: list[Question]) -> None:
         raise UserError(f"{missing.where}: no label, but {labelled[0].where} has one (label every row or none)")
 
 
-def check_same_count(splits: dict[str, list[Question]]) -> int:
+def check_same_count(splits: dict[str, list[ChoiceQuestion]]) -> int:
     """K, the number of candidates every question of every split has.
 
     Raises:
@@ -234,7 +234,7 @@ def check_same_count(splits: dict[str, list[Question]]) -> int:
     return count
 
 
-def load_questions(data: FinetuneDataConfig) -> dict[str, list[Question]]:
+def load_questions(data: FinetuneDataConfig) -> dict[str, list[ChoiceQuestion]]:
     """Every split's questions (train and dev labelled), cut to max_train_examples / max_eval_examples.
 
     Raises:
@@ -270,7 +270,7 @@ class EncodedChoices:
 
     @classmethod
     def of(
-        cls, ids: list[list[int]], types: list[list[int]], questions: list[Question], num_choices: int
+        cls, ids: list[list[int]], types: list[list[int]], questions: list[ChoiceQuestion], num_choices: int
     ) -> EncodedChoices:
         """The encoded split of `questions`, whose candidates' ids and types are `ids` and `types`."""
         K = num_choices
@@ -300,7 +300,11 @@ def identity(text: str) -> str:
 
 
 def encode_pairs(
-    questions: list[Question], tokenizer: Tokenizer, max_length: int, num_choices: int, segment: Segmenter = identity
+    questions: list[ChoiceQuestion],
+    tokenizer: Tokenizer,
+    max_length: int,
+    num_choices: int,
+    segment: Segmenter = identity,
 ) -> EncodedChoices:
     """SWAG-style: each candidate as the pair `[CLS] context [SEP] question candidate [SEP]`, cut longest-first.
 
@@ -334,7 +338,7 @@ def blank_window(left: int, middle: int, right: int, budget: int) -> tuple[int, 
 
 
 def encode_filled(
-    questions: list[Question],
+    questions: list[ChoiceQuestion],
     blank: str,
     tokenizer: Tokenizer,
     max_length: int,
@@ -382,7 +386,7 @@ class ChoicesTask(HeadOutputs):
     architecture = "multiple_choice"
 
     def __init__(
-        self, data: FinetuneDataConfig, splits: dict[str, list[Question]], segment: Segmenter = identity
+        self, data: FinetuneDataConfig, splits: dict[str, list[ChoiceQuestion]], segment: Segmenter = identity
     ) -> None:
         assert data.choices is not None  # FinetuneDataConfig requires the section for this type
         super().__init__(data)

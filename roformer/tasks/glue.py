@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
 
 
-def load_splits(data: FinetuneDataConfig, task: Task | None = None) -> dict[str, list[Example]]:
+def load_glue_splits(data: FinetuneDataConfig, task: Task | None = None) -> dict[str, list[Example]]:
     """All splits of the configured task and source (train labelled, dev labelled, test splits unlabelled).
 
     Args:
@@ -54,7 +54,7 @@ def load_splits(data: FinetuneDataConfig, task: Task | None = None) -> dict[str,
     return cut_to_limits(splits, data.max_train_examples, data.max_eval_examples)
 
 
-def encode(examples: list[Example], tokenizer: Tokenizer, max_length: int) -> Encoded:
+def encode_glue(examples: list[Example], tokenizer: Tokenizer, max_length: int) -> Encoded:
     """Tokenize single sentences or pairs (`[CLS] A [SEP] B [SEP]`, token types 0/1), truncated longest-first."""
     if not examples:
         return Encoded([], [], [], [])
@@ -90,7 +90,7 @@ class GlueTask(HeadOutputs):
     Args:
         data: The data: section (its metrics select among the task's: null = all of them).
         task: The task's metadata (`get_task(data.task)`): its name is the canonical one (`sst2` for `SST-2`).
-        splits: Its examples per split (`load_splits`): only the splits present are evaluated and predicted.
+        splits: Its examples per split (`load_glue_splits`): only the splits present are evaluated and predicted.
     """
 
     architecture = "sequence_classification"
@@ -108,11 +108,11 @@ class GlueTask(HeadOutputs):
     def from_config(cls, data: FinetuneDataConfig) -> GlueTask:
         """The task of a data: section, its splits read (the one look-up of the task's metadata)."""
         task = get_task(data.task)
-        return cls(data, task, load_splits(data, task))
+        return cls(data, task, load_glue_splits(data, task))
 
     def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, Encoded]:
         """Every split tokenized, single sentences or pairs, truncated longest-first to `max_length` tokens."""
-        return {name: encode(examples, tokenizer, max_length) for name, examples in self.splits.items()}
+        return {name: encode_glue(examples, tokenizer, max_length) for name, examples in self.splits.items()}
 
     def collate(self, split: Encoded, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
         """The padded batch of `rows` (see `collate`): float labels for STS-B's MSE loss, class ids otherwise."""

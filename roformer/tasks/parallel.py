@@ -229,7 +229,7 @@ def empty_line_message(source: str, source_file: str, target_file: str, line: in
 # The hub
 
 
-def read_hub_split(
+def read_hub_pairs(
     name: str, config: str | None, split: str, source_lang: str, target_lang: str, skip_empty: bool = False
 ) -> ParallelText:
     """The pairs of a hub dataset's split whose rows are `{"translation": {lang: sentence, ...}}` (WMT14).

@@ -26,7 +26,7 @@ from roformer.tasks.synthetic_rows import (
     Row,
     SyntheticConfig,
     SyntheticSplit,
-    encode_split,
+    encode_synthetic_split,
     generate_rows,
     row_key,
     split_lengths,
@@ -142,7 +142,7 @@ class SyntheticTask(HeadOutputs):
     def split(self, name: str, ids: dict[str, int]) -> SyntheticSplit:
         """One split (`train`, `dev` or `test_<m>x`) in the token ids `ids`: each split from a seed of its own."""
         lengths = split_lengths(self.settings, name)
-        return encode_split(self.settings, ids, self.rows(name), lengths, split_seed(self.settings, name))
+        return encode_synthetic_split(self.settings, ids, self.rows(name), lengths, split_seed(self.settings, name))
 
     def rows(self, name: str) -> list[Row]:
         """A split's generated rows; dev's and those of a test split at a trained length exclude the training rows.

@@ -444,10 +444,10 @@ def generate_split(
 
     The randomized positions (if any) come from a stream of their own: the rows are those of the same split without.
     """
-    return encode_split(settings, ids, generate_rows(settings, rows, lengths, seed, exclude), lengths, seed)
+    return encode_synthetic_split(settings, ids, generate_rows(settings, rows, lengths, seed, exclude), lengths, seed)
 
 
-def encode_split(
+def encode_synthetic_split(
     settings: SyntheticConfig, ids: dict[str, int], rows: list[Row], lengths: tuple[int, int], seed: int
 ) -> SyntheticSplit:
     """Generated rows as a split in the token ids `ids`, with the positions of `seed`'s stream when randomized."""

@@ -221,7 +221,7 @@ def spelled_words(words: list[str], vocab: WordVocabulary | None) -> tuple[list[
     return pieces, owners
 
 
-def encode(
+def encode_tagged(
     sentences: list[Sentence],
     tokenizer: Tokenizer,
     max_length: int,
@@ -323,7 +323,7 @@ class TaggingTask(HeadOutputs):
         """Every split tokenized word by word, cut to `max_length` tokens (cut-off words counted in a warning)."""
         encoded = {}
         for name, sentences in self.splits.items():
-            encoded[name] = encode(
+            encoded[name] = encode_tagged(
                 sentences, tokenizer, max_length, self.label_ids, self.tagging.label_all_tokens, self.entities
             )
             cut, lost = unseen_words(encoded[name])

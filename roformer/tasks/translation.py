@@ -52,7 +52,7 @@ from roformer.tasks.parallel import (
     EOS,
     ParallelText,
     load_translation_tokenizer,
-    read_hub_split,
+    read_hub_pairs,
     read_parallel,
     texts_of,
     train_bpe,
@@ -554,7 +554,7 @@ def _file_reader(data: FinetuneDataConfig) -> Any:
 
 def _hub_reader(data: FinetuneDataConfig) -> Any:
     """Reads split `train`, `dev` or `test` of the hub dataset (its train, validation and test)."""
-    return lambda split, skip: read_hub_split(
+    return lambda split, skip: read_hub_pairs(
         data.hub_name, data.hub_config, HUB_SPLITS[split], data.source_lang, data.target_lang, skip
     )
 

@@ -17,7 +17,7 @@ from roformer.model.model import MultipleChoice
 from roformer.tasks import choices as choices_module
 from roformer.tasks import records as records_module
 from roformer.tasks.base import FinetuneTask
-from roformer.tasks.choices import ChoicesConfig, ChoicesTask, EncodedChoices, blank_window, parse_label
+from roformer.tasks.choices import ChoicesConfig, ChoicesTask, EncodedChoices, blank_window, parse_choice_label
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.records import Record
 
@@ -268,7 +268,7 @@ def test_jieba_segments_the_sides_of_the_blank_and_the_candidates(
 
 @pytest.mark.parametrize(("value", "index"), [(2, 2), ("2", 2), (" 1 ", 1), (2.0, 2), ("w6", 1), ("w7 ", 2), (0, 0)])
 def test_a_label_is_an_index_digits_or_the_candidate_text(value: object, index: int) -> None:
-    assert parse_label(value, ("w5", "w6", "w7"), "f.jsonl:3") == index
+    assert parse_choice_label(value, ("w5", "w6", "w7"), "f.jsonl:3") == index
 
 
 @pytest.mark.parametrize(
@@ -283,12 +283,12 @@ def test_a_label_is_an_index_digits_or_the_candidate_text(value: object, index: 
 )
 def test_a_bad_label_names_the_file_and_line(value: object, message: str) -> None:
     with pytest.raises(UserError, match=f"^f.jsonl:3: {message}"):
-        parse_label(value, ("w5", "w6", "w7"), "f.jsonl:3")
+        parse_choice_label(value, ("w5", "w6", "w7"), "f.jsonl:3")
 
 
 def test_a_label_matching_two_candidates_is_ambiguous() -> None:
     with pytest.raises(UserError, match="f:1: label 'w5' matches candidates \\[0, 2\\]"):
-        parse_label("w5", ("w5", "w6", "w5"), "f:1")
+        parse_choice_label("w5", ("w5", "w6", "w5"), "f:1")
 
 
 def test_an_out_of_range_label_in_a_file_names_its_line(tmp_path: Path) -> None:
@@ -378,7 +378,7 @@ def encoded_split(lengths: list[list[int]], labels: list[int | None]) -> Encoded
     ids = [[2] + [5 + t for t in range(n - 1)] for row in lengths for n in row]
     types = [[0] * len(row) for row in ids]
     questions = [
-        choices_module.Question("c", None, ("a",) * len(lengths[0]), y, str(i), "f") for i, y in enumerate(labels)
+        choices_module.ChoiceQuestion("c", None, ("a",) * len(lengths[0]), y, str(i), "f") for i, y in enumerate(labels)
     ]
     return EncodedChoices.of(ids, types, questions, len(lengths[0]))
 

@@ -102,7 +102,7 @@ def test_mnli_from_local_files_with_unlabelled_tests_and_both_dev_splits(tmp_pat
     """`source: files` for MNLI: test files without labels, matched and (optionally) mismatched dev files."""
     from roformer.config import ConfigError
     from roformer.tasks.config import FinetuneDataConfig
-    from roformer.tasks.glue import load_splits
+    from roformer.tasks.glue import load_glue_splits
 
     labelled = "premise,hypothesis,label\na cat sat,a cat is sitting,entailment\nit rains,it is dry,contradiction\n"
     for name in ("train", "dev_m", "dev_mm"):
@@ -116,14 +116,14 @@ def test_mnli_from_local_files_with_unlabelled_tests_and_both_dev_splits(tmp_pat
         "validation_file": str(tmp_path / "dev_m.csv"),
         "test_file": str(tmp_path / "test_m.csv"),
     }
-    splits = load_splits(FinetuneDataConfig(**files))
+    splits = load_glue_splits(FinetuneDataConfig(**files))
     assert set(splits) == {"train", "dev_matched", "test_matched"} and splits["test_matched"][0].label is None
     both = FinetuneDataConfig(
         **files,
         validation_mismatched_file=str(tmp_path / "dev_mm.csv"),
         test_mismatched_file=str(tmp_path / "test_mm.csv"),
     )
-    assert set(load_splits(both)) == {"train", "dev_matched", "dev_mismatched", "test_matched", "test_mismatched"}
+    assert set(load_glue_splits(both)) == {"train", "dev_matched", "dev_mismatched", "test_matched", "test_mismatched"}
     with pytest.raises(ConfigError, match="for MNLI"):
         FinetuneDataConfig(
             source="files", task="rte", train_file="a", validation_file="b", validation_mismatched_file="c"

@@ -370,3 +370,15 @@ def test_every_dotted_name_in_the_code_exists() -> None:
             if found is None:
                 missing.append(f"{path.relative_to(REPO)}: {reference}")
     assert not missing, missing
+
+
+def test_no_two_modules_of_a_package_define_a_function_of_one_name() -> None:
+    """`summarise` in two study modules reads as one function; each top-level function name is its package's own."""
+    defined: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                key = (str(path.parent.relative_to(REPO)), node.name)
+                defined.setdefault(key, []).append(path.name)
+    repeated = {f"{package}: {name}": files for (package, name), files in defined.items() if len(files) > 1}
+    assert not repeated, repeated
