@@ -1,7 +1,7 @@
 """The shipped configs: the repository's configs/ folder, installed into the package as roformer/configs.
 
 Found by name as well as by path: `find_config` (`roformer-tiny`, `glue/rte`; a path wins) is what every `--config`
-means, `named_config` what a name inside a config means (roformer.config.config_file: `include:`, an experiment's
+means, `named_config` what a name inside a config means (roformer.config_paths.config_file: `include:`, an experiment's
 arms, a suite's tasks), `shipped_config` what `roformer configs NAME` prints, `configs_listing` what `roformer
 configs` prints. The one table of their folders, with what each is for, is SHIPPED_FOLDERS.
 
@@ -23,7 +23,7 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 INSTALLED_CONFIGS = _PACKAGE_DIR / "configs"
 CHECKOUT_CONFIGS = _PACKAGE_DIR.parent / "configs"
 
-# The data root: the shipped configs' data paths start from `${ROFORMER_DATA}` (roformer.config expands it)
+# The data root: the shipped configs' data paths start from `${ROFORMER_DATA}` (roformer.config_paths expands it)
 DATA_ROOT_VARIABLE = "ROFORMER_DATA"
 DEFAULT_DATA_FOLDER = "data"  # without the variable: ./data in the working directory
 CHECKOUT_DATA = _PACKAGE_DIR.parent.parent / "shared" / "data"  # the project's own layout: ../shared/data by a clone

@@ -17,10 +17,9 @@ A config class with `INCLUDE_FILE = True` (the run configs) lets a file start fr
 at its top takes that file's keys (its paths resolved against its own folder, its own includes followed), and the
 including file's keys win: mappings merge key by key, any other value replaces the included one.
 
-A path may start from an environment variable (`${ROFORMER_DATA}/glue`, `${SCRATCH}/corpus`): the shipped configs'
-data paths start from the data root, ROFORMER_DATA (roformer.catalogue.data_root: set once, with a default). A config
-file named inside another (`include:`, a section's file, an experiment's arms, a suite's tasks) is a path relative to
-the naming file, or a shipped config's name (`config_file`: `glue/rte`, `translation/multi30k-cpu`).
+The YAML itself is roformer.config_yaml's (`read_yaml`, `write_yaml`, the `--set` values parsed by
+`apply_overrides`); what a path in a config means (relative to its file, `${ROFORMER_DATA}` and other environment
+variables, a shipped config's name: `config_file`) is roformer.config_paths'.
 
 `check_keys` reads a file's keys only, before the heavy imports of a command, so that a mistyped key costs a fraction
 of a second; an unknown key's error names the nearest known one.
@@ -34,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import os
 import re
 import types
 import typing
@@ -42,111 +40,13 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
-import yaml
-
-from roformer import catalogue
-
 # the catalogue's names that callers import from here, where they lived before it had a module of its own
 from roformer.catalogue import find_config, shipped_config, shipped_configs, shipped_configs_dir  # noqa: F401
+from roformer.config_paths import config_file, resolve_paths
+from roformer.config_yaml import apply_overrides, read_mapping, read_yaml
 from roformer.errors import ConfigError
-from roformer.files import atomic_write_text
 
 T = TypeVar("T")
-MERGE_TAG = "tag:yaml.org,2002:merge"  # the `<<` key of YAML 1.1's merge type
-
-
-def _refuse_duplicate_keys(root: yaml.Node, loader: yaml.SafeLoader) -> None:
-    """Refuse a key given twice in one mapping of a composed YAML document.
-
-    YAML keeps the last value without a word: a second `train:` section would silently replace the first. Checked on
-    the nodes as written, before construction, where `<<` merges have not yet added keys that may be overridden.
-
-    Raises:
-        yaml.constructor.ConstructorError: naming the key, its first line and the duplicate's place.
-    """
-    stack, visited = [root], set()
-    while stack:
-        node = stack.pop()
-        if id(node) in visited:  # an anchor's node is shared by its aliases
-            continue
-        visited.add(id(node))
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, int] = {}
-            for key_node, value_node in node.value:
-                stack.append(value_node)
-                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == MERGE_TAG:
-                    continue
-                key = loader.construct_object(key_node)  # parsed: `yes` and `true` are one key
-                if key in seen:
-                    duplicate = f"duplicate key {key_node.value!r} (first on line {seen[key] + 1})"
-                    raise yaml.constructor.ConstructorError(None, None, duplicate, key_node.start_mark)
-                seen[key] = key_node.start_mark.line
-        elif isinstance(node, yaml.SequenceNode):
-            stack.extend(node.value)
-
-
-class _ConfigLoader(yaml.SafeLoader):
-    """PyYAML's safe loader with `<<` merge keys resolved by our own code, so that no PyYAML release changes a value.
-
-    PyYAML 6.0.4 resolves nested merges differently from every release before it (yaml/pyyaml#953, fix proposed in
-    #954): in `c: {<<: *b}`, where `b` overrides a key of its own merge, `c` got the overridden-away value. The
-    merge-key spec (https://yaml.org/type/merge.html) is what we implement: a mapping's own keys win over merged
-    ones, and of a sequence of merged mappings the earlier wins.
-    """
-
-    def flatten_mapping(self, node: yaml.MappingNode) -> None:
-        """Replace the `<<` entries of `node` by the pairs they merge, placed first so that later (own) keys win."""
-        merged: list[tuple[yaml.Node, yaml.Node]] = []
-        own: list[tuple[yaml.Node, yaml.Node]] = []
-        for key_node, value_node in node.value:
-            if key_node.tag != MERGE_TAG:
-                if key_node.tag == "tag:yaml.org,2002:value":  # `=` as a key is a plain string, as in PyYAML
-                    key_node.tag = "tag:yaml.org,2002:str"
-                own.append((key_node, value_node))
-                continue
-            sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
-            # construct_mapping keeps the last of equal keys: the first source must come last to win
-            for source in reversed(sources):
-                merged.extend(self._merged_pairs(node, source))
-        node.value = merged + own
-
-    def _merged_pairs(self, node: yaml.MappingNode, source: yaml.Node) -> list[tuple[yaml.Node, yaml.Node]]:
-        """The key-value pairs a merge source contributes: its own merges resolved first, then its own keys."""
-        if not isinstance(source, yaml.MappingNode):
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping",
-                node.start_mark,
-                f"expected a mapping to merge, found {source.id}",
-                source.start_mark,
-            )
-        self.flatten_mapping(source)  # idempotent: an anchor's node is flattened once, then holds no `<<`
-        return list(source.value)
-
-
-def read_yaml(path: str | Path) -> Any:
-    """Parse a YAML file; a missing file, a syntax error or a duplicate key raises ConfigError naming the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        with path.open(encoding="utf-8") as f:
-            loader = _ConfigLoader(f)
-            try:
-                root = loader.get_single_node()
-                if root is None:  # an empty file
-                    return None
-                _refuse_duplicate_keys(root, loader)
-                return loader.construct_document(root)
-            finally:
-                loader.dispose()
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        detail = str(e).replace("\n", " ")
-        raise ConfigError(f"{path}: not valid YAML: {detail}") from None
-
-
-def write_yaml(path: str | Path, data: Any) -> None:
-    """Write `data` as block-style YAML with keys in the given order, all or nothing (a run's record is rewritten)."""
-    atomic_write_text(path, yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -385,51 +285,6 @@ def _type_name(tp: Any) -> str:
     if tp is type(None):
         return "null"
     return getattr(tp, "__name__", str(tp))
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "--set") -> dict[str, Any]:
-    """Apply `KEY=VALUE` overrides with dotted keys (`train.lr=3e-4`) to a parsed YAML mapping, in place.
-
-    Values are parsed as YAML (`true`, `3e-4`, `[a, b]`, `null`); the types are checked later, against the
-    dataclass, like values from the file.
-
-    Raises:
-        ConfigError: a malformed override.
-    """
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"{source}: expected KEY=VALUE, got {item!r}")
-        try:
-            value = yaml.load(raw, Loader=_ConfigLoader) if raw.strip() else ""
-        except yaml.YAMLError as e:
-            if raw.strip().startswith(("[", "{", '"', "'")):  # meant as a list, a mapping or a quoted string
-                detail = getattr(e, "problem", None) or str(e).splitlines()[0]
-                raise ConfigError(f"{source} {item}: not valid YAML ({detail})") from None
-            value = raw  # a plain string YAML will not parse (`@host:dir`): kept as written
-        node = data
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"{source}: '{key}' goes through '{part}', which is not a section")
-            node = child
-        node[parts[-1]] = value
-    return data
-
-
-def read_mapping(path: str | Path, sections: str = "sections") -> dict[str, Any]:
-    """A YAML file whose top level must be a mapping (an empty file is an empty mapping).
-
-    Raises:
-        ConfigError: a missing file, invalid YAML, or a top level that is not a mapping, naming the file.
-    """
-    data = read_yaml(path)
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of {sections}, got {type(data).__name__}")
-    return data
 
 
 # What the loader and the resume policy know about a field, written on the field: `field(..., metadata=PATH)`.
@@ -697,116 +552,3 @@ def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value if isinstance(value, int | float | str | bool) else str(value)
     return out
-
-
-def resolve_paths(data: dict[str, Any], keys: list[str], base: Path, maybe_names: tuple[str, ...] = ()) -> None:
-    """Make the relative paths at dotted `keys` of a parsed YAML absolute against `base`, in place.
-
-    `load` resolves a file's paths against the file's folder and `--set` paths against the working directory. Keys
-    in `maybe_names` may also hold hub names (`bert-base-uncased`, `org/model`): those are resolved only when they
-    start with `.` or exist under `base`.
-    """
-    for key in keys:
-        head, each, rest = key.partition("[].")
-        if each:  # every item of a list of sections
-            items = resolve_key(data, head)
-            for item in items if isinstance(items, list) else []:
-                if isinstance(item, dict):
-                    resolve_paths(item, [rest], base, tuple(k.partition("[].")[2] for k in maybe_names))
-            continue
-        *parents, leaf = key.split(".")
-        node = data
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if not isinstance(node, dict) or leaf not in node:
-            continue
-        value, may_be_name = node[leaf], key in maybe_names
-        try:
-            if isinstance(value, list):
-                node[leaf] = [_resolve_path(v, base, may_be_name) for v in value]
-            else:
-                node[leaf] = _resolve_path(value, base, may_be_name)
-        except ConfigError as e:
-            raise ConfigError(f"{key}: {e}") from None
-
-
-def resolve_key(data: Any, key: str) -> Any:
-    """The value at dotted `key` of nested mappings, or None."""
-    for part in key.split("."):
-        data = data.get(part) if isinstance(data, dict) else None
-    return data
-
-
-def _resolve_path(value: Any, base: Path, may_be_name: bool) -> Any:
-    if isinstance(value, str) and VARIABLE.search(value):
-        return os.path.normpath(expand_variables(value))
-    if not isinstance(value, str) or not value or Path(value).is_absolute() or value.startswith("~"):
-        return value
-    if may_be_name and not (value.startswith(".") or (base / value).exists()):
-        return value
-    return str(config_path(base, value))
-
-
-VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")  # `${NAME}` in a path: an environment variable
-
-
-def expand_variables(value: str) -> str:
-    """A path written in a config with each `${NAME}` replaced by the environment variable NAME.
-
-    `${ROFORMER_DATA}` is the data root (roformer.catalogue.data_root), set or not: the shipped configs' data paths
-    start from it. Any other variable must be set.
-
-    Raises:
-        ConfigError: a variable that is not set, naming it.
-    """
-
-    def value_of(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name == catalogue.DATA_ROOT_VARIABLE:
-            return str(catalogue.data_root())
-        if name not in os.environ:
-            raise ConfigError(f"{value}: the environment variable {name} is not set")
-        return os.environ[name]
-
-    return VARIABLE.sub(value_of, value)
-
-
-def config_path(folder: Path, value: str | Path) -> Path:
-    """A path written in a config file of `folder`, made absolute: relative paths are relative to the file's folder.
-
-    `${NAME}` is an environment variable (`${ROFORMER_DATA}/glue`: the data root, see expand_variables). Inside an
-    installed package, a shipped config's path that leaves the configs folder (`init: ../../runs/roformer-base/final`)
-    is read from the working directory instead, as if the configs folder were `./configs`: from a clone's root a
-    config's name and its path then mean the same files, and that init finds what `roformer pretrain --config
-    roformer-base` wrote.
-
-    Raises:
-        ConfigError: `value` names an environment variable that is not set.
-    """
-    if VARIABLE.search(str(value)):
-        return Path(os.path.normpath(expand_variables(str(value))))
-    target = (folder / value).resolve()
-    installed = catalogue.INSTALLED_CONFIGS.resolve()  # read at each call: tests install the configs elsewhere
-    folder = folder.resolve()
-    if folder.is_relative_to(installed) and not target.is_relative_to(installed):
-        return Path(os.path.normpath(Path.cwd() / "configs" / folder.relative_to(installed) / value))
-    return target
-
-
-def config_file(folder: Path, value: str | Path, preferred: str | None = None) -> Path:
-    """The config file that a config file in `folder` names: a file relative to `folder`, else a shipped config's name.
-
-    What an `include:`, a section given as a file (`model: ../model/roformer-tiny.yaml`), an experiment's arms and a
-    suite's tasks mean: the path relative to the naming file's folder when that file exists (a path wins), else the
-    shipped config of that name (`glue/rte`, `translation/multi30k-cpu`; a stem is looked up in the `preferred`
-    folder first, then in roformer.catalogue.SHIPPED_FOLDERS order), used without a word: a name is given on purpose.
-    Neither: the path, for the caller's own not-found error.
-
-    Raises:
-        ConfigError: `value` names an environment variable that is not set.
-    """
-    path = config_path(folder, value)
-    if path.is_file():
-        return path
-    folders = tuple(dict.fromkeys([preferred, *catalogue.SHIPPED_FOLDERS] if preferred else catalogue.SHIPPED_FOLDERS))
-    return catalogue.named_config(value, folders) or path

@@ -2,7 +2,7 @@
 # Configs mean the same under every PyYAML the project allows: tests/unit/test_config.py (merge keys, duplicates, every
 # shipped YAML) under each PyYAML release named below, each installed into its own folder that shadows the installed
 # one. 6.0.4 changed what nested `<<` merges read (yaml/pyyaml#953); our loader resolves merges itself
-# (roformer.config._ConfigLoader), and this proves it under the broken release and the ones around it.
+# (roformer.config_yaml._ConfigLoader), and this proves it under the broken release and the ones around it.
 #
 #     bash scripts/check_yaml_versions.sh               # run by .ci/run, in its virtualenv
 #     VERSIONS="6.0.2 6.0.4" bash scripts/check_yaml_versions.sh

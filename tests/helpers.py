@@ -204,7 +204,7 @@ def tiny_run_config(path: Path, model: dict | None = None, data: dict | None = N
             **train,
         },
     }
-    roformer.config.write_yaml(path, config)
+    roformer.config_yaml.write_yaml(path, config)
     return path
 
 
@@ -365,7 +365,7 @@ def task_config(path: Path, init: Path, files: dict[str, Path], model: dict | No
             **train,
         },
     }
-    roformer.config.write_yaml(path, config)
+    roformer.config_yaml.write_yaml(path, config)
     return path
 
 

@@ -188,7 +188,8 @@ def check_arm_override_keys(path: Path, overrides: list[str]) -> None:
     Raises:
         ConfigError: the file does not read, or an override's key is unknown (naming the nearest known one).
     """
-    from roformer.config import check_override_keys, read_mapping
+    from roformer.config import check_override_keys
+    from roformer.config_yaml import read_mapping
     from roformer.train.config import FinetuneConfig, PretrainConfig
 
     if overrides:

@@ -20,7 +20,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from roformer.config import from_dict, read_yaml, write_yaml
+from roformer.config import from_dict
+from roformer.config_yaml import read_yaml, write_yaml
 from roformer.errors import CheckpointError, ConfigError
 from roformer.files import atomic_write, verify_manifest, write_manifest
 from roformer.model.config import ARCHITECTURE_NAMES, EncoderDecoderConfig, ModelConfig

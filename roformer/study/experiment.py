@@ -29,7 +29,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from roformer.config import check_seed, check_types, config_file, config_path, load, read_yaml
+from roformer.config import check_seed, check_types, load
+from roformer.config_paths import config_file, config_path
+from roformer.config_yaml import read_yaml
 from roformer.errors import ConfigError, UserError, naming
 from roformer.files import check_output_dir
 from roformer.model.config import ModelConfig, position_fields

@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from roformer.config import read_yaml
+from roformer.config_yaml import read_yaml
 from roformer.errors import CheckpointError, UserError
 from roformer.files import stop_on_write_failure
 from roformer.logs import quiet_loggers

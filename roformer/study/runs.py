@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from roformer.config import read_yaml
+from roformer.config_yaml import read_yaml
 from roformer.errors import UserError
 from roformer.files import read_json
 from roformer.train.run_dir import (

@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from roformer.config import check_types, config_file, load
+from roformer.config import check_types, load
+from roformer.config_paths import config_file
 from roformer.errors import ConfigError
 from roformer.files import atomic_copy, atomic_write_text
 from roformer.study.markdown import glue_suite_table

@@ -218,8 +218,7 @@ class Engine:
 
         args, total = self.args, self.total_steps
         evaluate_at = self.eval_points(recipe)
-        # a recipe that keeps the weights of given steps (fine-tuning's train.average_last) says which
-        keep_at = recipe.snapshot_points() if hasattr(recipe, "snapshot_points") else set()
+        keep_at = recipe.snapshot_points()  # the steps whose weights it keeps (fine-tuning's train.average_last)
         stage_ends = {stage.end: stage for stage in recipe.stages if stage.name}
         show = self.is_main_process and args.progress
         if state.step and recipe.converged(state.step):  # resumed after the step where it stopped early
@@ -366,8 +365,8 @@ class Engine:
                 )
                 grad_norm = grad_norm if norm is None else norm
         elapsed = time.perf_counter() - t0
-        mask = getattr(plan, "mask", None)  # an MLM plan's MaskCounts: the rate asked for and realised are logged
-        return StepResult(local, grad_norm, lr, data_sec, elapsed, plan.tokens, skipped, plan.padded_tokens, mask)
+        # an MLM plan's MaskCounts (the rate asked for and realised are logged), or None
+        return StepResult(local, grad_norm, lr, data_sec, elapsed, plan.tokens, skipped, plan.padded_tokens, plan.mask)
 
     def evaluate(self, recipe: Recipe, state: RunState) -> None:
         """Run the recipe's evaluation after `state.step` steps and log its events."""

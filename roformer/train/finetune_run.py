@@ -62,6 +62,8 @@ class _FinetuneStep:
         task_loss: The task's loss of a model and a batch (`FinetuneTask.loss`).
     """
 
+    mask = None  # no masked-token rate: the engine logs one for MLM steps alone
+
     def __init__(
         self,
         indices: list[int],
@@ -106,6 +108,8 @@ class _TokenBatchStep:
         layout: This process's share of the step.
         task_loss: The task's loss of a model and a batch.
     """
+
+    mask = None  # no masked-token rate: the engine logs one for MLM steps alone
 
     def __init__(
         self,

@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from roformer.config import flat_config, read_yaml
+from roformer.config import flat_config
+from roformer.config_yaml import read_yaml
 from roformer.data.config import DataConfig
 from roformer.data.masking import IGNORE_INDEX, masked_positions
 from roformer.data.mlm import MixtureBlocks, block_source, eval_batch
@@ -447,6 +448,12 @@ class Pretrainer:
 
     def micro_batch_loss(self) -> str | None:
         return None  # normalised over the global batch's masked tokens: the same step under any batch_size
+
+    def snapshot_points(self) -> set[int]:
+        return set()  # pretraining averages no models: its checkpoints are its record
+
+    def snapshot(self, step: int) -> None:
+        raise AssertionError("pretraining keeps no snapshots")
 
     def converged(self, step: int) -> bool:
         return False  # pretraining runs its steps: its curves are compared at equal steps

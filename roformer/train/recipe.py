@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from roformer.train.config import ResolvedStage
-from roformer.train.interval import RunState
+from roformer.train.interval import MaskCounts, RunState
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class StepPlan(Protocol):
 
     tokens: int  # real tokens of the global batch (for tokens_seen and tokens/s)
     padded_tokens: int | None  # positions computed over the global batch, padding included; None: no padding
+    mask: MaskCounts | None  # an MLM step's mask rate asked for and realised (logged); None: a step without one
 
     def micro(self, micro: int) -> Any:
         """This process's inputs of micro-batch `micro`, on the device."""
@@ -79,6 +80,12 @@ class Recipe(Protocol):
         None: the loss is a sum or mean of per-example terms over the global batch. Otherwise the same chunks of
         batch_size examples give the same steps however they are spread, but another batch_size gives other steps.
         """
+
+    def snapshot_points(self) -> set[int]:
+        """The steps after which the engine hands the weights to `snapshot` (fine-tuning's `train.average_last`)."""
+
+    def snapshot(self, step: int) -> None:
+        """Keep the model's weights after `step` (called at the steps of `snapshot_points`)."""
 
     def converged(self, step: int) -> bool:
         """Whether the run ends after `step`, before its last step (fine-tuning's `train.patience`).

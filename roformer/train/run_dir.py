@@ -22,7 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from roformer.config import ABSENT, config_differences, field_keys, read_yaml, write_yaml
+from roformer.config import ABSENT, config_differences, field_keys
+from roformer.config_yaml import read_yaml, write_yaml
 from roformer.data.tokenizer import Tokenizer, save_tokenizer
 from roformer.errors import UserError
 from roformer.files import atomic_write_text, check_output_dir, staged_output_dir

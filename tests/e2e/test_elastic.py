@@ -18,7 +18,7 @@ import pytest
 from helpers import launch_processes, stop_after, stop_in_process, task_config, tiny_run_config, write_wrapper
 
 from roformer.cli import main
-from roformer.config import read_yaml, write_yaml
+from roformer.config_yaml import read_yaml, write_yaml
 from roformer.data.builtin import generate_documents
 from roformer.train.checkpoints import CheckpointManager
 from roformer.train.run_dir import read_metrics

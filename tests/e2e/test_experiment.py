@@ -11,7 +11,8 @@ from helpers import interrupted_run, small_beir, tiny_run_config
 from safetensors.torch import load_file
 
 from roformer.cli import main
-from roformer.config import ConfigError, read_yaml, write_yaml
+from roformer.config import ConfigError
+from roformer.config_yaml import read_yaml, write_yaml
 from roformer.model.weights import WEIGHTS_FILE
 from roformer.study.experiment import arm_run_path, load_experiment, run_experiment
 from roformer.study.outputs import (

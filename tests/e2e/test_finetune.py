@@ -13,7 +13,8 @@ from helpers import accelerate_launch, launch_two, task_config, tiny_run_config,
 
 import roformer
 from roformer.cli import main
-from roformer.config import load, write_yaml
+from roformer.config import load
+from roformer.config_yaml import write_yaml
 from roformer.train.config import FinetuneConfig
 from roformer.train.finetune import finetune
 
@@ -309,7 +310,7 @@ def test_an_interrupted_glue_suite_resumes_where_it_stopped(
 
     for task in ("sst2", "cola"):
         path = task_config(tmp_path / f"{task}.yaml", pretrained, number_task, epochs=1, seeds=[0, 1])
-        config = roformer.config.read_yaml(path)
+        config = roformer.config_yaml.read_yaml(path)
         config["data"]["task"] = task
         write_yaml(path, config)
     write_yaml(tmp_path / "suite.yaml", {"tasks": ["sst2.yaml", "cola.yaml"]})
@@ -478,7 +479,7 @@ def test_a_suite_written_before_suites_had_a_config_yaml_resumes(
 
 
 def yaml_of(path: Path) -> dict:
-    return roformer.config.read_yaml(path)
+    return roformer.config_yaml.read_yaml(path)
 
 
 def test_a_nan_dev_score_neither_locks_the_best_checkpoint_nor_crashes_the_summary(

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import roformer
-from roformer.config import load, write_yaml
+from roformer.config import load
+from roformer.config_yaml import write_yaml
 from roformer.data.builtin import generate_documents
 from roformer.train.config import FinetuneConfig
 from roformer.train.finetune import finetune

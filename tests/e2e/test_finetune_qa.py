@@ -12,7 +12,8 @@ import random
 from pathlib import Path
 
 import roformer
-from roformer.config import load, write_yaml
+from roformer.config import load
+from roformer.config_yaml import write_yaml
 from roformer.data.builtin import NUMBERS, BuiltinCorpus
 from roformer.train.config import FinetuneConfig
 from roformer.train.finetune import finetune

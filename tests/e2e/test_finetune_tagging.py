@@ -7,7 +7,8 @@ import random
 from pathlib import Path
 
 import roformer
-from roformer.config import load, write_yaml
+from roformer.config import load
+from roformer.config_yaml import write_yaml
 from roformer.data.builtin import BRACKETS, NUMBERS, BuiltinCorpus
 from roformer.tasks.conll import read_conll
 from roformer.train.config import FinetuneConfig

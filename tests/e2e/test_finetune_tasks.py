@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import roformer
-from roformer.config import load, write_yaml
+from roformer.config import load
+from roformer.config_yaml import write_yaml
 from roformer.tasks.glue import Encoded, GlueTask
 from roformer.train.config import FinetuneConfig
 

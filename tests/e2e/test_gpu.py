@@ -27,7 +27,8 @@ from helpers import accelerate_launch, interrupted_run, stop_after, tiny_run_con
 
 import roformer
 from roformer.cli import main
-from roformer.config import load, write_yaml
+from roformer.config import load
+from roformer.config_yaml import write_yaml
 from roformer.data.builtin import NUMBERS, generate_documents
 from roformer.train.config import PretrainConfig
 from roformer.train.pretrain import pretrain

@@ -10,7 +10,8 @@ from helpers import task_config, tiny_config, tiny_run_config
 
 import roformer
 from roformer.cli import main
-from roformer.config import load, write_yaml
+from roformer.config import load
+from roformer.config_yaml import write_yaml
 from roformer.train.config import PretrainConfig
 from roformer.train.pretrain import pretrain
 

@@ -53,7 +53,7 @@ def test_tiny_run_end_to_end(tmp_path: Path) -> None:
     assert sum(e["loss"] for e in train[-5:]) / 5 < sum(e["loss"] for e in train[:5]) / 5 - 0.3
     assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-20", "step-30"]  # keep 2
-    saved = roformer.config.read_yaml(run / "config.yaml")
+    saved = roformer.config_yaml.read_yaml(run / "config.yaml")
     assert saved["model"]["vocab_size"] == len(roformer.data.tokenizer.load_tokenizer(run / "tokenizer"))
     model = roformer.load(run / "final")
     assert isinstance(model, roformer.MaskedLM)
@@ -236,12 +236,13 @@ def test_an_extended_run_records_its_length_and_a_shorter_resume_is_refused(
 ) -> None:
     yaml, run = finished_run(tmp_path, capsys)
     assert run_cli(["--output-dir", str(run), "--resume", "--set", "train.max_steps=3"], capsys)[0] == 0
-    assert roformer.config.read_yaml(run / "config.yaml")["train"]["max_steps"] == 3  # was left at 2
+    assert roformer.config_yaml.read_yaml(run / "config.yaml")["train"]["max_steps"] == 3  # was left at 2
     assert run_cli(["--output-dir", str(run), "--resume"], capsys)[0] == 0  # goes on under the recorded length
     assert json.loads((run / "final" / "pretraining.json").read_text())["steps"] == 3
     code, err = run_cli(["--output-dir", str(run), "--resume", "--set", "train.max_steps=2"], capsys)
     assert code == 2 and "at step 3, past this run's last step 2" in err, err
-    assert roformer.config.read_yaml(run / "config.yaml")["train"]["max_steps"] == 3  # a refused resume records nothing
+    # a refused resume records nothing
+    assert roformer.config_yaml.read_yaml(run / "config.yaml")["train"]["max_steps"] == 3
     assert run_cli(["--output-dir", str(run), "--resume"], capsys)[0] == 0
 
 
@@ -464,7 +465,7 @@ def test_vocabulary_hash_is_recorded_pinned_and_checked_on_resume(
 
     yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2, save_every=1)
     run = pretrain(load(PretrainConfig, yaml), tmp_path / "run")
-    recorded = roformer.config.read_yaml(run / "config.yaml")["data"]["vocab_hash"]
+    recorded = roformer.config_yaml.read_yaml(run / "config.yaml")["data"]["vocab_hash"]
     assert recorded == vocab_hash(load_tokenizer(run / "tokenizer")) and len(recorded) == 16
     assert Pretrainer(load(PretrainConfig, yaml, [f"data.vocab_hash={recorded}"]), tmp_path / "same").data
     code, err = run_cli(
@@ -521,7 +522,7 @@ def test_relative_paths_given_with_set_keep_their_meaning(tmp_path: Path, monkey
     monkeypatch.chdir(tmp_path / "work")
     overrides = ["--set", "data.source=text", "--set", "data.paths=[corp]", "--set", "data.validation_fraction=0.1"]
     assert main(["pretrain", "--config", str(yaml), "--output-dir", str(run), *overrides]) == 0
-    assert roformer.config.read_yaml(run / "config.yaml")["data"]["paths"] == [str(tmp_path / "work" / "corp")]
+    assert roformer.config_yaml.read_yaml(run / "config.yaml")["data"]["paths"] == [str(tmp_path / "work" / "corp")]
     monkeypatch.chdir(tmp_path)  # elsewhere: the run's config.yaml still names the corpus
     assert main(["eval-mlm", "--model", str(run / "final"), "--seq-lens", "32", "--max-tokens", "256"]) == 0
     assert main(["pretrain", "--output-dir", str(run), "--resume", "--set", "train.max_steps=3"]) == 0
@@ -530,9 +531,9 @@ def test_relative_paths_given_with_set_keep_their_meaning(tmp_path: Path, monkey
 def test_a_run_written_before_a_config_field_existed_resumes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """A field added to the config since the run's config.yaml was written is not a change that refuses a resume."""
     _, run = finished_run(tmp_path, capsys)
-    saved = roformer.config.read_yaml(run / "config.yaml")
+    saved = roformer.config_yaml.read_yaml(run / "config.yaml")
     del saved["model"]["rotary_layout"]  # as if written by a version without the field
-    roformer.config.write_yaml(run / "config.yaml", saved)
+    roformer.config_yaml.write_yaml(run / "config.yaml", saved)
     code, err = run_cli(["--output-dir", str(run), "--resume", "--set", "train.max_steps=3"], capsys)
     assert code == 0, err
 

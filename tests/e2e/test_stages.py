@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 
 import roformer
 from roformer.cli import main
-from roformer.config import load, write_yaml
+from roformer.config import load
+from roformer.config_yaml import write_yaml
 from roformer.data.builtin import generate_documents
 from roformer.train.config import PretrainConfig
 from roformer.train.pretrain import Pretrainer, pretrain

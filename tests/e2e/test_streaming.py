@@ -9,7 +9,8 @@ import pytest
 import torch
 from helpers import interrupted_run, tiny_run_config, train_losses
 
-from roformer.config import load, read_yaml, write_yaml
+from roformer.config import load
+from roformer.config_yaml import read_yaml, write_yaml
 from roformer.data.builtin import generate_documents
 from roformer.data.packing import pack_blocks, tokenize_documents
 from roformer.data.streaming import StreamPacker, shuffled

@@ -12,7 +12,7 @@ import pytest
 
 import roformer.tasks
 from roformer.cli import main
-from roformer.config import write_yaml
+from roformer.config_yaml import write_yaml
 from roformer.tasks import registry
 
 TOY = '''"""A toy type: sentiment of one text, read by the shared text task, with a settings section of its own."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from roformer.cli import main
-from roformer.config import read_yaml, write_yaml
+from roformer.config_yaml import read_yaml, write_yaml
 from roformer.study.compare import compare
 from roformer.study.outputs import CURVES_PLOT_FILE, SUMMARY_JSON_FILE, SUMMARY_MARKDOWN_FILE
 from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, METRICS_FILE, RESULTS_FILE, RUN_CONFIG_FILE

@@ -25,7 +25,7 @@ def _load_accelerate_config(path: Path) -> None:
 
 
 def _load_glue_config(path: Path) -> None:
-    from roformer.config import read_yaml
+    from roformer.config_yaml import read_yaml
     from roformer.study.suite import load_suite_config
 
     if "tasks" in (read_yaml(path) or {}):  # all.yaml, small-cpu.yaml: suites of task configs
@@ -37,7 +37,7 @@ def _load_glue_config(path: Path) -> None:
 
 
 def _load_finetune_config(path: Path) -> None:
-    from roformer.config import read_yaml
+    from roformer.config_yaml import read_yaml
     from roformer.study.suite import load_suite_config
 
     if "tasks" in (read_yaml(path) or {}):  # a suite of task configs
@@ -124,7 +124,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_merge_keys_may_override_what_they_merge(tmp_path: Path) -> None:
     """`<<` merges (also of a mapping that itself merges and overrides) are not duplicate keys."""
-    from roformer.config import read_yaml
+    from roformer.config_yaml import read_yaml
 
     text = "a: &a {k: 0}\nx:\n  b: &b\n    <<: *a\n    k: 1\nc:\n  <<: *b\n  j: 2\n"
     assert read_yaml(write(tmp_path, text)) == {"a": {"k": 0}, "x": {"b": {"k": 1}}, "c": {"k": 1, "j": 2}}
@@ -147,17 +147,17 @@ def test_merge_keys_may_override_what_they_merge(tmp_path: Path) -> None:
     ],
 )
 def test_merge_keys_mean_the_same_under_every_pyyaml(tmp_path: Path, text: str, expected: dict) -> None:
-    """Our loader resolves `<<` itself (roformer.config._ConfigLoader): the spec's values, whatever PyYAML is installed.
+    """Our loader resolves `<<` itself (roformer.config_yaml._ConfigLoader): the spec's values under any PyYAML.
 
     `scripts/check_yaml_versions.sh` (run by .ci/run) runs this file under PyYAML 6.0.1, 6.0.3 and 6.0.4.
     """
-    from roformer.config import read_yaml
+    from roformer.config_yaml import read_yaml
 
     assert read_yaml(write(tmp_path, text))["c"] == expected
 
 
 def test_a_set_override_merges_as_the_file_does() -> None:
-    from roformer.config import apply_overrides
+    from roformer.config_yaml import apply_overrides
 
     data = apply_overrides({}, ["x={<<: {k: 0}, k: 1}"])
     assert data == {"x": {"k": 1}}
@@ -172,7 +172,7 @@ def test_a_set_override_merges_as_the_file_does() -> None:
     ],
 )
 def test_a_key_given_twice_is_an_error(tmp_path: Path, text: str, message: str) -> None:
-    from roformer.config import read_yaml
+    from roformer.config_yaml import read_yaml
 
     with pytest.raises(roformer.ConfigError, match=re.escape(message)):
         read_yaml(write(tmp_path, text))
@@ -244,7 +244,7 @@ def test_sinusoidal_scale_default_matches_embedding_init() -> None:
 def test_mnli_mismatched_files_are_resolved_against_the_config_file(tmp_path: Path) -> None:
     folder = tmp_path / "configs"
     folder.mkdir()
-    roformer.config.write_yaml(
+    roformer.config_yaml.write_yaml(
         folder / "mnli.yaml",
         {
             "init": "bert-base-uncased",
@@ -291,7 +291,7 @@ def test_a_bad_value_in_the_file_is_still_named_by_the_file(tmp_path: Path) -> N
 
 
 def test_a_plain_string_yaml_cannot_parse_is_kept_as_written() -> None:
-    from roformer.config import apply_overrides
+    from roformer.config_yaml import apply_overrides
 
     assert apply_overrides({}, ["data.cache_dir=@scratch:/x"]) == {"data": {"cache_dir": "@scratch:/x"}}
 
@@ -463,7 +463,7 @@ def test_a_glue_task_config_loads_as_it_did_before_it_included_the_recipe(task: 
 
 
 def test_every_glue_task_config_is_the_recipe_and_its_task() -> None:
-    from roformer.config import read_yaml
+    from roformer.config_yaml import read_yaml
 
     for task in GLUE_TASKS:
         assert read_yaml(REPO / "configs" / "glue" / f"{task}.yaml") == {
@@ -476,8 +476,8 @@ def write_finetune_configs(folder: Path, recipe: dict, task: dict) -> Path:
     """`folder/shared/recipe.yaml` and `folder/tasks/task.yaml`, which includes it; returns the task's path."""
     (folder / "shared").mkdir(parents=True)
     (folder / "tasks").mkdir()
-    roformer.config.write_yaml(folder / "shared" / "recipe.yaml", recipe)
-    roformer.config.write_yaml(folder / "tasks" / "task.yaml", {"include": "../shared/recipe.yaml", **task})
+    roformer.config_yaml.write_yaml(folder / "shared" / "recipe.yaml", recipe)
+    roformer.config_yaml.write_yaml(folder / "tasks" / "task.yaml", {"include": "../shared/recipe.yaml", **task})
     return folder / "tasks" / "task.yaml"
 
 
@@ -508,7 +508,9 @@ def test_included_paths_are_relative_to_the_file_that_writes_them(tmp_path: Path
 def test_an_included_pretraining_config_brings_its_model_file(tmp_path: Path) -> None:
     (tmp_path / "mine").mkdir()
     base = REPO / "configs" / "pretrain" / "roformer-tiny.yaml"  # model: ../model/roformer-tiny.yaml
-    roformer.config.write_yaml(tmp_path / "mine" / "long.yaml", {"include": str(base), "data": {"max_seq_len": 256}})
+    roformer.config_yaml.write_yaml(
+        tmp_path / "mine" / "long.yaml", {"include": str(base), "data": {"max_seq_len": 256}}
+    )
     config = load(PretrainConfig, tmp_path / "mine" / "long.yaml")
     expected = load(PretrainConfig, base, ["data.max_seq_len=256"])
     assert config.to_dict() == expected.to_dict()
@@ -534,7 +536,7 @@ def test_a_bad_value_in_an_included_file_is_named_by_that_file(tmp_path: Path) -
 )
 def test_a_bad_include_is_one_error_naming_the_file(tmp_path: Path, include: object, message: str) -> None:
     path = tmp_path / "task.yaml"
-    roformer.config.write_yaml(path, {"include": include, "init": "x", "data": {"task": "rte", "glue_dir": "."}})
+    roformer.config_yaml.write_yaml(path, {"include": include, "init": "x", "data": {"task": "rte", "glue_dir": "."}})
     with pytest.raises(roformer.ConfigError, match=f"^{re.escape(str(path))}: .*{re.escape(message)}"):
         load(FinetuneConfig, path)
 
@@ -549,7 +551,7 @@ def test_include_is_an_unknown_key_where_a_config_class_does_not_take_it(tmp_pat
 
 def test_a_suite_task_may_carry_overrides_of_its_own(tmp_path: Path) -> None:
     """`{config, set}` entries: the task's set comes after the suite's overrides, the command line's after both."""
-    from roformer.config import write_yaml
+    from roformer.config_yaml import write_yaml
     from roformer.study.suite import load_suite
 
     task = {"data": {"type": "classification", "train_file": "a", "validation_file": "b"}, "init": "m"}

@@ -14,16 +14,9 @@ from helpers import REPO
 
 from roformer import catalogue
 from roformer.catalogue import find_config, shipped_configs
-from roformer.config import (
-    check_keys,
-    check_override_keys,
-    config_file,
-    field_keys,
-    load,
-    read_yaml,
-    resolve_key,
-    write_yaml,
-)
+from roformer.config import check_keys, check_override_keys, field_keys, load
+from roformer.config_paths import config_file, resolve_key
+from roformer.config_yaml import read_yaml, write_yaml
 from roformer.data.text import expand_paths
 from roformer.errors import ConfigError, UserError
 from roformer.tasks.config import FinetuneDataConfig

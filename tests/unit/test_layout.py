@@ -15,6 +15,8 @@ from helpers import REPO
 PACKAGE = REPO / "roformer"
 BASE = {
     "roformer.config",
+    "roformer.config_yaml",
+    "roformer.config_paths",
     "roformer.catalogue",
     "roformer.files",
     "roformer.labels",

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-from roformer.config import from_dict, read_yaml
+from roformer.config import from_dict
+from roformer.config_yaml import read_yaml
 from roformer.errors import ConfigError
 from roformer.model.model import ARCHITECTURES
 from roformer.tasks.config import FinetuneDataConfig

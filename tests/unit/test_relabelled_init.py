@@ -15,7 +15,8 @@ from helpers import hf_config, make_hf, tiny_config
 from safetensors.torch import load_file
 
 import roformer
-from roformer.config import load, write_yaml
+from roformer.config import load
+from roformer.config_yaml import write_yaml
 from roformer.data.builtin import generate_documents
 from roformer.data.tokenizer import Tokenizer, train_tokenizer
 from roformer.model.pretrained import load_pretrained

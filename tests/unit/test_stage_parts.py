@@ -12,7 +12,8 @@ import torch
 from helpers import TINY_MODEL
 
 import roformer
-from roformer.config import from_dict, load, write_yaml
+from roformer.config import from_dict, load
+from roformer.config_yaml import write_yaml
 from roformer.data.config import DataConfig
 from roformer.data.mlm import MixtureBlocks, PackedBlocks
 from roformer.errors import ConfigError, UserError
