@@ -415,7 +415,11 @@ def _check_section_keys(cls: type, data: Any, source: Origin, prefix: str) -> No
     # source, what they hold is load's to check
     declared = cls.declared_names() if hasattr(cls, "declared_names") else set()
     for key, value in data.items():
-        if key in declared and key not in known:
+        if key in declared and key not in known:  # a type's own section: its keys as its module's source declares
+            inner = cls.declared_section_keys().get(key) if hasattr(cls, "declared_section_keys") else None
+            unknown = [name for name in value if name not in inner] if inner and isinstance(value, dict) else []
+            if unknown:
+                raise unknown_key(source, f"{prefix}{key}.", unknown[0], set(inner))
             continue
         if key not in known:
             raise unknown_key(source, prefix, key, known | set(declared))

@@ -11,6 +11,7 @@ import ast
 import importlib
 import pkgutil
 from collections.abc import Iterator, Sequence
+from functools import cache
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -33,8 +34,7 @@ def declared_constants(folders: Sequence[str], attribute: str, declaration: str,
     `folders=("beir_dir",)`), so a mistyped key is refused at once.
     """
     found: set[str] = set()
-    for path in sorted(p for folder in folders for p in Path(folder).glob("*.py")):
-        tree = ast.parse(path.read_text())
+    for tree in parsed_modules(tuple(folders)):
         listed = [n.value for n in tree.body if isinstance(n, ast.Assign) and _assigns(n, attribute)]
         calls = [c for node in listed for c in ast.walk(node) if isinstance(c, ast.Call)]
         calls += [c for c in ast.walk(tree) if isinstance(c, ast.Call) and getattr(c.func, "id", None) == declaration]
@@ -42,6 +42,56 @@ def declared_constants(folders: Sequence[str], attribute: str, declaration: str,
             strings = (c.value for c in ast.walk(keyword.value) if isinstance(c, ast.Constant))
             found.update(value for value in strings if isinstance(value, str))
     return found
+
+
+def declared_section_fields(folders: Sequence[str], attribute: str, declaration: str) -> dict[str, frozenset[str]]:
+    """{section: the field names of its settings dataclass}, read from the modules' source, not run.
+
+    A declaration that gives `section="x"` and `settings=SomeConfig` names a dataclass defined in one of the
+    package's modules (the type's own, or one it imports from): its annotated fields (and those of the classes it
+    derives from, found alike) are the keys `data.x` may hold, so a mistyped key inside a type's section is refused
+    before the type's module (and torch) is imported. A section whose class is not found is left out (to `load`).
+    """
+    trees = parsed_modules(tuple(folders))
+    classes = {node.name: node for tree in trees for node in tree.body if isinstance(node, ast.ClassDef)}
+
+    def field_names(name: str, seen: frozenset[str] = frozenset()) -> set[str] | None:
+        node = classes.get(name)
+        if node is None or name in seen:
+            return None
+        names = {
+            statement.target.id
+            for statement in node.body
+            if isinstance(statement, ast.AnnAssign)
+            and isinstance(statement.target, ast.Name)
+            and "ClassVar" not in ast.unparse(statement.annotation)
+        }
+        for base in node.bases:
+            inherited = field_names(base.id, seen | {name}) if isinstance(base, ast.Name) else None
+            names |= inherited or set()
+        return names
+
+    found: dict[str, frozenset[str]] = {}
+    for tree in trees:
+        listed = [n.value for n in tree.body if isinstance(n, ast.Assign) and _assigns(n, attribute)]
+        calls = [c for node in listed for c in ast.walk(node) if isinstance(c, ast.Call)]
+        calls += [c for c in ast.walk(tree) if isinstance(c, ast.Call) and getattr(c.func, "id", None) == declaration]
+        for call in calls:
+            keywords = {k.arg: k.value for k in call.keywords}
+            section, settings = keywords.get("section"), keywords.get("settings")
+            if isinstance(section, ast.Constant) and isinstance(settings, ast.Name):
+                names = field_names(settings.id)
+                if names is not None:
+                    found[section.value] = frozenset(names)
+    return found
+
+
+@cache
+def parsed_modules(folders: tuple[str, ...]) -> tuple[ast.Module, ...]:
+    """The syntax trees of the modules in `folders`, by name: parsed once, whatever each reading looks for."""
+    return tuple(
+        ast.parse(path.read_text()) for path in sorted(p for folder in folders for p in Path(folder).glob("*.py"))
+    )
 
 
 def _assigns(node: ast.Assign, name: str) -> bool:

@@ -229,6 +229,11 @@ class FinetuneDataConfig:
         """The keys of `declared_sections`, known without importing the types (roformer.config.check_keys)."""
         return registry.declared_keys()
 
+    @classmethod
+    def declared_section_keys(cls) -> dict[str, frozenset[str]]:
+        """{section: its keys} of the types' settings sections, known without importing the types (check_keys)."""
+        return registry.declared_section_keys()
+
     def __getattr__(self, name: str) -> Any:
         """`data.tagging` and the like: a declared section (None unless this config's type has it)."""
         if name.startswith("__") or name in (SECTIONS, "spec"):

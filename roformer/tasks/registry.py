@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from roformer.catalogue import missing_data_hint
 from roformer.errors import ConfigError, UserError
-from roformer.plugins import declarations, declared_constants
+from roformer.plugins import declarations, declared_constants, declared_section_fields
 
 if TYPE_CHECKING:
     from roformer.tasks.base import FinetuneTask, TaskSpec
@@ -58,6 +58,18 @@ def declared_keys() -> frozenset[str]:
 @cache
 def _declared_keys(folders: tuple[str, ...]) -> frozenset[str]:
     return frozenset(declared_constants(folders, "SPECS", "TaskSpec", ("section", "folders")))
+
+
+def declared_section_keys() -> dict[str, frozenset[str]]:
+    """{settings section under `data:`: its keys}, read from the types' source (see `declared_keys`)."""
+    import roformer.tasks
+
+    return _declared_section_keys(tuple(roformer.tasks.__path__))
+
+
+@cache
+def _declared_section_keys(folders: tuple[str, ...]) -> dict[str, frozenset[str]]:
+    return declared_section_fields(folders, "SPECS", "TaskSpec")
 
 
 def spec_of(name: str) -> TaskSpec:

@@ -178,14 +178,31 @@ def test_check_keys_refuses_what_load_refuses(cls: type, config: str, override: 
         check_override_keys(cls, [override])
 
 
-def test_check_keys_leaves_the_task_types_sections_to_load() -> None:
+def test_check_keys_reads_the_task_types_sections_from_their_source() -> None:
     path = shipped_configs()["glue/rte"]
-    check_keys(FinetuneConfig, path, ["data.tagging.bad=1"])  # declared by a task type's module: not known here
-    with pytest.raises(ConfigError, match="unknown key 'data.tagging.bad'"):
+    # a key inside a type's section: its settings class's fields, read from the module's source, not imported
+    with pytest.raises(ConfigError, match="unknown key 'data.tagging.bad'") as fast:
+        check_keys(FinetuneConfig, path, ["data.tagging.bad=1"])
+    with pytest.raises(ConfigError, match="unknown key 'data.tagging.bad'") as full:
         load(FinetuneConfig, path, ["data.tagging.bad=1"])
+    assert str(fast.value) == str(full.value)
+    shift = shipped_configs()["synthetic/shift"]
+    with pytest.raises(ConfigError, match=re.escape("did you mean 'data.synthetic.symbols'?")):
+        check_keys(FinetuneConfig, shift, ["data.synthetic.symbls=3"])
+    check_keys(FinetuneConfig, shift, ["data.synthetic.symbols=3x"])  # a bad value is load's to refuse
     # the sections' names are known from the modules' source: a key beside them is refused here
     with pytest.raises(ConfigError, match="unknown key 'data.glue_dri' \\(did you mean 'data.glue_dir'\\?"):
         check_keys(FinetuneConfig, path, ["data.glue_dri=x"])
+
+
+def test_the_section_keys_read_from_the_types_source_are_their_settings_fields() -> None:
+    import dataclasses
+
+    from roformer.tasks.registry import declared_section_keys, settings_sections
+
+    sections = {k: v for k, v in settings_sections().items() if dataclasses.is_dataclass(v)}
+    fields = {k: {f.name for f in dataclasses.fields(v) if f.init} for k, v in sections.items()}
+    assert declared_section_keys() == fields
 
 
 def test_the_data_keys_read_from_the_types_source_are_those_they_declare() -> None:
@@ -202,13 +219,14 @@ def test_a_mistyped_key_is_refused_before_torch_is_imported(tmp_path: Path) -> N
         "    main(['suite', '--config', 'glue/all', '--set', 'train.max_stepz=1']),\n"
         "    main(['experiment', '--config', 'rope-vs-bert-tiny', '--set', 'train.max_stepz=1']),\n"
         "    main(['finetune', '--config', 'glue/rte', '--set', 'data.glue_dri=x']),\n"
+        "    main(['finetune', '--config', 'synthetic/shift', '--set', 'data.synthetic.symbls=3']),\n"
         "]\nprint(codes, 'torch' in sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
-    assert done.stdout.split() == ["[2,", "2,", "2,", "2,", "2]", "False"]
+    assert done.stdout.split() == ["[2,", "2,", "2,", "2,", "2,", "2]", "False"]
     lines = done.stderr.splitlines()
-    assert len(lines) == 5 and all("did you mean 'train.max_steps'?" in line for line in lines[:4]), lines
-    assert "did you mean 'data.glue_dir'?" in lines[4]
+    assert len(lines) == 6 and all("did you mean 'train.max_steps'?" in line for line in lines[:4]), lines
+    assert "did you mean 'data.glue_dir'?" in lines[4] and "did you mean 'data.synthetic.symbols'?" in lines[5]
 
 
 def test_missing_data_is_one_line_naming_the_key_the_data_root_and_the_hub(tmp_path: Path, data_root: Path) -> None:
