@@ -15,6 +15,8 @@
 #             full recipe (8,000 updates of 8,192 tokens, --patience 10): every (arm, seed) run at once, side by side
 #             on the one GPU (a 2.6M-parameter model leaves it mostly idle), cut at GPU_CHECK_SECONDS (default 540);
 #             then the study's tables (--compare-only) and every run's curves and results in $OUT/translation.tgz
+#   mqar      issue 65's encoder MQAR table (configs/experiments/mqar-zoology.yaml: Zoology's regime, every encoding,
+#             3 seeds, the extension methods), 9 runs at a time side by side, cut alike; $OUT/mqar.tgz
 #   lease     all of it inside one device call of GPU_CHECK_SECONDS (default 560): the stages in order of what the
 #             GPU issues need most (eager bench; compiled bench at T=512; packing; base pretraining with the GPU
 #             tests beside it; every encoding, eager; compiled bench at T=128 if time is left), each cut at the
@@ -104,9 +106,26 @@ run_pretrain() {
     cp "$work/base/compare/curves.png" "$out/base-curves.png" 2>/dev/null || true
 }
 
-run_translation() {
-    local deadline=$((SECONDS + ${GPU_CHECK_SECONDS:-540})) study=$work/translation
-    local study_config=configs/experiments/translation-multi30k-tiny.yaml task=multi30k-en-de-tiny
+side_by_side() {  # side_by_side NAME STUDY_CONFIG JOBS OVERRIDES...: a task study's runs at once on the one GPU
+    local name=$1 study_config=$2 jobs=$3
+    shift 3
+    local deadline=$((SECONDS + ${GPU_CHECK_SECONDS:-540})) study=$work/$name flags=()
+    for item in "$@"; do flags+=(--set "$item"); done
+    mkdir -p "$study"
+    # each run its own process and 2 CPU threads (16 cores); cut 60 s before the deadline, leaving time for the tables
+    python scripts/study_runs.py "$study_config" "$study" "${flags[@]}" > "$study/runs.txt"
+    export GPU_CHECK_CUT=$((deadline - SECONDS - 60))
+    xargs -P "$jobs" -L 1 sh -c 'OMP_NUM_THREADS=2 timeout --kill-after=10 "$GPU_CHECK_CUT" python -m roformer finetune \
+        --config "$0" --output-dir "$1" > "$1.log" 2>&1; true' < "$study/runs.txt"
+    python -m roformer experiment --config "$study_config" --output-dir "$study" --compare-only "${flags[@]}" \
+        > "$study/compare.log" 2>&1 || true
+    # what comes back: every run's results, curves and log (not its models), the tables and plots
+    (cd "$study" && find . \( -name results.json -o -name results.md -o -name metrics.jsonl -o -name "*.log" \
+        -o -path "./compare/*" -o -name report.md \) -type f -print0 | tar czf "$out/$name.tgz" --null -T -)
+    cat "$study/compare/summary.md" 2>/dev/null || tail -n 5 "$study"/*/*.log
+}
+
+run_translation() {  # issue 66: Wu et al.'s full recipe (8,000 updates of 8,192 tokens, --patience 10), 8 runs at once
     local sets=(data.translation.max_tokens=8192 train.max_steps=8000 train.progress=false "train.report_to=[]")
     if [ "${GPU_CHECK_SMOKE:-0}" = 1 ]; then
         sets+=(train.max_steps=4 train.warmup_steps=2 data.max_train_examples=256 data.max_eval_examples=16
@@ -115,32 +134,16 @@ run_translation() {
     local data=.gpu/data
     [ -d "$data/translation/multi30k" ] || data=../shared/data
     export ROFORMER_DATA=$PWD/$data
-    mkdir -p "$study/$task"
-    local arm seed pids=()
-    for arm in rotary sinusoidal learned none; do
-        local seeds=(0 1 2) encoding=()
-        [ "$arm" = rotary ] || encoding=(--set "model.position_encoding=$arm")
-        case "$arm" in learned | none) seeds=(0) ;; esac
-        for seed in "${seeds[@]}"; do
-            local flags=()
-            for item in "${sets[@]}"; do flags+=(--set "$item"); done
-            # one run per process, 2 CPU threads each (16 cores); cut 60 s before the deadline, leaving time for
-            # the tables
-            OMP_NUM_THREADS=2 timeout --kill-after=10 $((deadline - SECONDS - 60)) python -m roformer finetune \
-                --config configs/translation/multi30k-tiny.yaml --output-dir "$study/$task/$arm-seed$seed" \
-                "${encoding[@]}" --set "train.seed=$seed" "${flags[@]}" > "$out/translation-$arm-$seed.log" 2>&1 &
-            pids+=($!)
-        done
-    done
-    for pid in "${pids[@]}"; do wait "$pid" || true; done
-    local flags=()
-    for item in "${sets[@]}"; do flags+=(--set "$item"); done
-    python -m roformer experiment --config "$study_config" --output-dir "$study" --compare-only "${flags[@]}" \
-        > "$out/translation-compare.log" 2>&1 || true
-    # what came back: every run's results and curves (not its models), the tables and plots
-    (cd "$study" && find . \( -name results.json -o -name results.md -o -name metrics.jsonl -o -path "./compare/*" \
-        -o -name report.md \) -type f -print0 | tar czf "$out/translation.tgz" --null -T -)
-    cat "$study/compare/summary.md" 2>/dev/null || tail -5 "$out"/translation-*.log
+    side_by_side translation configs/experiments/translation-multi30k-tiny.yaml 8 "${sets[@]}"
+}
+
+run_mqar() {  # issue 65: the encoder MQAR table in Zoology's regime, every encoding x 3 seeds, 9 runs at a time
+    local sets=(train.progress=false "train.report_to=[]")
+    if [ "${GPU_CHECK_SMOKE:-0}" = 1 ]; then
+        sets+=(train.max_steps=2 train.eval_every=1 data.synthetic.train_examples=64 data.synthetic.eval_examples=8
+            train.batch_size=8 data.synthetic.symbols=64 data.synthetic.values=64)
+    fi
+    side_by_side mqar configs/experiments/mqar-zoology.yaml 9 "${sets[@]}"
 }
 
 run_lease() {
@@ -198,7 +201,8 @@ case "$stage" in
     report) ;;
     lease) run_lease; exit 0 ;;
     translation) run_translation; exit 0 ;;
+    mqar) run_mqar; exit 0 ;;
     all) run_tests; run_bench; run_relative; run_packing; run_pretrain ;;
-    *) echo "gpu_check.sh: unknown stage '$stage' (all, tests, bench, relative, packing, pretrain, report, lease, translation)" >&2; exit 2 ;;
+    *) echo "gpu_check.sh: unknown stage '$stage' (all, tests, bench, relative, packing, pretrain, report, lease, translation, mqar)" >&2; exit 2 ;;
 esac
 python scripts/gpu_report.py "$out" --runs "$work/base" | tee "$out/gpu-report.md"

@@ -325,3 +325,42 @@ def test_the_projection_at_the_asked_positions_alone_gives_the_same_loss() -> No
     assert sparse_predictions == task.predictions(task.outputs(model, batch), split, list(range(8)))
     task.settings = replace(task.settings, masked_logits_only=True)
     assert task.outputs(model, batch).dim() == 2
+
+
+def test_a_task_study_s_runs_as_separate_commands_are_the_experiment_s_runs(tmp_path) -> None:  # noqa: ANN001
+    """scripts/study_runs.py writes each unfinished run's config as the experiment resolves it (arm, study, seed)."""
+    import subprocess
+    import sys
+    from dataclasses import replace
+
+    from helpers import REPO
+
+    from roformer.config import load
+    from roformer.study.experiment import ExperimentConfig
+    from roformer.study.task_study import load_task_arms, run_path
+    from roformer.train.config import FinetuneConfig
+
+    study = REPO / "configs" / "experiments" / "length-generalization-extension.yaml"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "study_runs.py"),
+            str(study),
+            str(tmp_path),
+            "--set",
+            "train.max_steps=3",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = [line.split() for line in done.stdout.splitlines()]
+    experiment = load(ExperimentConfig, study)
+    arms = load_task_arms(experiment, study, ["train.max_steps=3"])
+    assert len(lines) == len(experiment.seeds) * sum(len(a) for a in arms.values())
+    config, directory = lines[-1]
+    task, label, seed = "missing-duplicate", "alibi-asymmetric", 2
+    assert directory == str(run_path(tmp_path, task, label, seed))
+    expected = arms[task][label]
+    expected = replace(expected, train=replace(expected.train, seed=seed, seeds=[]))
+    assert load(FinetuneConfig, config).to_dict() == expected.to_dict()
