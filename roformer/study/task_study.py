@@ -4,8 +4,8 @@ Where `arms:` of a pretraining experiment are pretraining configs, an experiment
 configs that train from scratch (`init:` empty, e.g. configs/synthetic/*.yaml) and its arms are overrides alone
 (`{set: [model.position_encoding=alibi, model.alibi_form=asymmetric]}`): every (task, arm, seed) is one
 `roformer finetune` run in `<out>/<task>/<arm>-seed<k>/`, resumed where it stopped and skipped once it has its
-results. Arms may differ only in position-encoding fields of the model and in `data.synthetic.randomized_positions`
-(and what `vary` names).
+results. Arms may differ only in position-encoding fields of the model and in `data.synthetic.randomized_positions`,
+`randomized_kind` and `extensions` (and what `vary` names).
 
 The comparison (`<out>/compare/`) reads each run's files and gives, per task, arm and test split: the accuracy of
 every seed with its 95% Wilson interval over the split's answers, the mean over seeds with a 95% t-interval, and the
@@ -14,7 +14,8 @@ purest form), and the seconds each run trained; per task and split its position-
 ignores positions can reach, roformer.tasks.synthetic_floors.floors), and every arm's difference from the `baseline`
 arm, paired by seed and by row: the arms of a seed answer the same rows. `summary.md` and `summary.json` hold the
 tables, `generalization.png` the accuracy against test length (a panel per task, a line per arm, interval bands, the
-floor line), and
+floor line); where arms list test-time extension methods (roformer.tasks.extensions), a table per task of (arm,
+method) against length and `extensions.png` (a panel per task and arm, a line per method); and
 `attention-distance/<task>-<arm>.json` and `.png` the first seed's mean pre-softmax logit and attention weight
 against the distance |m - n| per layer (roformer.study.decay), on 32 rows of its task's `test_2x` split (else its
 longest) at positions 0..T-1, beside the paper's bound.
@@ -366,7 +367,7 @@ def extensions_over_seeds(runs: list[dict[str, Any]], splits: list[str]) -> dict
     return {
         method: {split: over_seeds([r["extensions"][method][split] for r in runs]) for split in splits}
         for method in methods
-        if all(split in runs[0]["extensions"][method] for split in splits)
+        if all(split in r["extensions"][method] for r in runs for split in splits)
     }
 
 

@@ -19,9 +19,12 @@ factor (`linear`, `yarn:4`):
 The default factor is the one a user would pick for the length: the split's length over the trained one (the test
 multiple m of `test_<m>x`; self_extend: the smallest group that keeps every distance within the trained length). At
 the trained length it is 1, the model itself; a fixed factor (`linear:8`) measures what a method costs there too.
-The trained length is the longest training row with [CLS] and [SEP]. With randomized positions the model has seen
-positions up to `randomized_positions`; the factor is still the length's, so interpolation there shrinks positions
-into a range the model has seen, denser.
+The trained length is the longest training row with [CLS] and [SEP] (the log-length scale's n0); for the position
+methods, with randomized positions, it is the range the positions were drawn from (`randomized_positions`), which
+holds every test row, so the default factor is 1 there: a
+model trained on positions up to L has nothing beyond them to extend to (a fixed factor still applies, as a
+compression of positions it has seen). With ALiBi's asymmetric form, `linear` divides the distances but not the half
+step that sets the left keys apart.
 
 `EvalVariant` is what a fine-tuning run evaluates beside the model (roformer.train.finetune): the model config it
 evaluates under and how a batch's positions change.
@@ -97,6 +100,8 @@ class Extension:
             raise ConfigError(f"extensions: {text!r}: the factor must be a finite number >= 1")
         if name == "log_scale":
             raise ConfigError(f"extensions: {text!r}: log_scale takes no factor (its n0 is the trained length)")
+        if name == "self_extend" and not value.is_integer():
+            raise ConfigError(f"extensions: {text!r}: self_extend's factor is its group size, a whole number")
         return cls(name, value)
 
     @property
@@ -116,16 +121,28 @@ class Extension:
             return f"{self.method} rescales RoPE's frequencies (model.rope_scaling): rotary alone, not {spec.name}"
         if self.method == "log_scale" and config.attention == "linear":
             return "log_scale scales softmax logits: not with attention: linear"
+        if self.method == "log_scale" and config.attention_log_scale is not None:
+            return "the model was trained with attention_log_scale: it is not a test-time extension of it"
+        if self.method in ROPE_SCALINGS and self.method != "linear" and config.rope_scaling is not None:
+            return "the model was trained with rope_scaling: another one would replace it, not extend it"
         return None
 
-    def variant(self, config: ModelConfig, trained: int, length: int) -> EvalVariant:
+    def variant(self, config: ModelConfig, trained: int, length: int, positions: int | None = None) -> EvalVariant:
         """The model config and positions of this method at rows of `length` tokens, trained on `trained`.
+
+        Args:
+            config: The trained model's config.
+            trained: The longest trained row, in tokens (the log-length scale's n0).
+            length: The rows' length in tokens.
+            positions: The range of positions trained on, where it is not `trained` (randomized positions): the
+                position methods scale from it.
 
         Raises:
             ConfigError: the scaled config is one the model cannot take (ModelConfig's own checks).
         """
         if self.method == "log_scale":
             return EvalVariant(dataclasses.replace(config, attention_log_scale=trained))
+        trained = positions or trained
         factor = self.factor if self.factor is not None else default_factor(self.method, length, trained)
         if self.method == "linear":
             return EvalVariant(config, position_divisor=factor)

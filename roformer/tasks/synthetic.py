@@ -106,9 +106,16 @@ class SyntheticTask(HeadOutputs):
                 except ConfigError as e:
                     raise UserError(f"data.synthetic.extensions: {extension.label} at {split}: {e}") from None
 
-    def extension_lengths(self, split: str) -> tuple[int, int]:
-        """(trained, split) lengths in tokens that extensions scale between: the longest rows with [CLS] and [SEP]."""
-        return split_lengths(self.settings, "train")[1] + 2, split_lengths(self.settings, split)[1] + 2
+    def extension_lengths(self, split: str) -> tuple[int, int, int | None]:
+        """(trained, split, trained positions): what extensions scale between.
+
+        The lengths are the longest rows with [CLS] and [SEP]; the trained range of positions is given where it is
+        not the trained length (`randomized_positions`, else None). That range holds the longest test row, so a test
+        row's positions never leave it and the position methods' default factor is 1: there is nothing to extend.
+        """
+        settings = self.settings
+        trained, length = split_lengths(settings, "train")[1] + 2, split_lengths(settings, split)[1] + 2
+        return trained, length, settings.randomized_positions
 
     def test_variants(self, config: ModelConfig, split: str) -> dict[str, EvalVariant]:
         """{label: how the model is evaluated under it} for every `extensions` method at the test split `split`."""

@@ -456,8 +456,9 @@ class Finetuner:
         def over_runs(values: list[dict[str, Any]]) -> dict[str, Any]:  # a split's metrics (and its variants')
             first = values[0]
             out = {m: seed_summary([v[m] for v in values]) for m in first if m != "extensions"}
-            if "extensions" in first:
-                out["extensions"] = {k: over_runs([v["extensions"][k] for v in values]) for k in first["extensions"]}
+            shared = [k for k in first.get("extensions", {}) if all(k in v.get("extensions", {}) for v in values)]
+            if shared:  # the methods every run was scored under (a job resumed across a change may differ)
+                out["extensions"] = {k: over_runs([v["extensions"][k] for v in values]) for k in shared}
             return out
 
         return {"test": {split: over_runs([r["test"][split] for r in runs]) for split in runs[0]["test"]}}

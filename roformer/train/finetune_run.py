@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -25,9 +25,6 @@ from roformer.train.averaging import average_states, last_points
 from roformer.train.engine import Engine
 from roformer.train.predict import EncodedTask, predict
 from roformer.train.recipe import ProcessLayout, Unstaged, to_device
-
-if TYPE_CHECKING:
-    pass
 
 BEST_WEIGHTS_FILE = "best.safetensors"  # inside a fine-tuning checkpoint: the best dev weights so far
 

@@ -20,7 +20,8 @@ def results_markdown(results: dict[str, Any]) -> str:
     parts = [_header(results), _dev_table(results, scale)]
     if results.get("test") and "translation" not in results:  # translation's own section has its test splits
         parts.append(_test_table(results, scale))
-        parts.append(_extensions_table(results["test"], scale))
+        if extensions := _extensions_table(results["test"], scale):
+            parts.append(extensions)
     if "translation" in results:
         parts.append(_translation_section(results["translation"]))
     elif results.get("averaged"):

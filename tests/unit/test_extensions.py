@@ -206,3 +206,20 @@ def test_a_task_gives_each_test_split_its_variants_and_the_dev_split_none() -> N
     assert list(variants) == ["linear", "yarn:2"]
     assert variants["linear"].position_divisor == pytest.approx(130 / 34)  # 4 x 32 + [CLS] and [SEP], over 34
     assert variants["yarn:2"].config.rope_scaling.factor == 2.0
+
+
+def test_randomized_positions_leave_the_position_methods_nothing_to_extend_by_default() -> None:
+    """Their range holds every test row: the default factor is 1; the log-length scale still counts tokens."""
+    task = _task(extensions=["linear", "ntk", "log_scale", "linear:4"], randomized_positions=600)
+    variants = task.test_variants(tiny_config(position_encoding="rotary", max_position_embeddings=1024), "test_8x")
+    assert variants["linear"].position_divisor == 1.0 and variants["ntk"].config.rope_scaling.factor == 1.0
+    assert variants["linear:4"].position_divisor == 4.0
+    assert variants["log_scale"].config.attention_log_scale == 34  # the longest trained row, not the range
+
+
+def test_an_extension_of_a_model_trained_with_one_is_refused() -> None:
+    scaled = tiny_config(position_encoding="rotary", rope_scaling=RopeScaling(type="linear", factor=2.0))
+    assert "trained with rope_scaling" in Extension("yarn").refusal(scaled)
+    assert "trained with attention_log_scale" in Extension("log_scale").refusal(tiny_config(attention_log_scale=16))
+    with pytest.raises(ConfigError, match="a whole number"):
+        parse_extensions(["self_extend:2.5"])
