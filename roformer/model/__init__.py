@@ -1,8 +1,9 @@
 """The encoder, plain PyTorch: nothing here knows about training, data or accelerate.
 
 Rooms, lowest first: `config` (ModelConfig, and the declarations of the position encodings, found in the modules that
-declare `ENCODINGS`: the table in docs/baselines.md), `weights` (model directories on disk: the file format, no model
-import), `flops` and `hf_files` (an HF checkpoint on disk); `terms` (what attention reads of a position encoding),
+declare `ENCODINGS`: the table in docs/baselines.md) and `search` (SearchConfig: how an encoder-decoder searches for
+its targets), `weights` (model directories on disk: the file format, no model import), `flops` and `hf_files` (an HF
+checkpoint on disk); `terms` (what attention reads of a position encoding),
 `rotary` and `relative` (the paper's encoding and its relative baselines), then any other module that declares encodings
 (those after the paper), `positions` (the absolute encodings and the modules by name); `dropout`, `layouts` (real
 tokens, segments, query subsets, documents) and `masks` (the masks and the KV cache); `attention` (the forward's inputs

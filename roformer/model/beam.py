@@ -2,7 +2,8 @@
 
 The encoder runs once; the decoder starts every target from `decoder_start_token_id` and reads one new token per
 step, its self-attention keys and values and its projection of the encoder's states kept in a `KVCache`. The
-semantics are HF `generate`'s for an `EncoderDecoderModel` (tested token for token):
+settings are a `SearchConfig` (roformer.model.search); the semantics are HF `generate`'s for an
+`EncoderDecoderModel` (tested token for token):
 
 - greedy (`num_beams` 1): the most likely token; a row that produced `eos_token_id` gets `pad_token_id` from then on.
 - beam search: at each step the 2K best continuations of a source's K beams by summed log-probability; those ending
@@ -32,41 +33,9 @@ import torch
 from torch import Tensor
 
 from roformer.model.masks import KVCache
+from roformer.model.search import SearchConfig
 
 NEG = -1.0e9  # the score of what may not be chosen (HF's constant, so that ties break as HF's do)
-
-
-@dataclass(frozen=True)
-class Search:
-    """How targets are searched for.
-
-    Attributes:
-        num_beams: Beams per source; 1 = greedy decoding.
-        length_penalty: A hypothesis scores sum logprob / length^length_penalty (0: the plain sum; > 0 favours
-            longer ones; fairseq's lenpen, 1.0 as HF's default; the paper's setup uses beam 4 and 0.6).
-        early_stopping: True, False or "never" (HF's `early_stopping`; see the module docstring).
-        max_new_tokens: Generated tokens at most (eos included) besides max_len_a's share: fairseq's max_len_b. A
-            row generates at least one token.
-        max_len_a: Further tokens per real source token (fairseq's max_len_a).
-    """
-
-    num_beams: int = 1
-    length_penalty: float = 1.0
-    early_stopping: bool | Literal["never"] = False
-    max_new_tokens: int = 200
-    max_len_a: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.num_beams < 1:
-            raise ValueError(f"num_beams must be >= 1, got {self.num_beams}")
-        if self.early_stopping not in (True, False, "never"):
-            raise ValueError(f"early_stopping must be true, false or 'never', got {self.early_stopping!r}")
-        if self.max_new_tokens < 0 or self.max_len_a < 0:
-            raise ValueError(f"max_new_tokens and max_len_a must be >= 0, got {self.max_new_tokens}, {self.max_len_a}")
-
-    def limits(self, source_lengths: Tensor) -> Tensor:
-        """(B,) real source tokens -> (B,) long: the most tokens each row may generate (at least 1)."""
-        return (self.max_len_a * source_lengths.double() + self.max_new_tokens).long().clamp(min=1)
 
 
 class Seq2SeqDecoder(Protocol):
@@ -84,7 +53,7 @@ def search(
     model: Seq2SeqDecoder,
     encoder_states: Tensor,
     encoder_mask: Tensor | None,
-    settings: Search,
+    settings: SearchConfig,
     start: int,
     eos: int | None,
     pad: int,

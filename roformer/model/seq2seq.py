@@ -22,17 +22,18 @@ References:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from roformer.labels import IGNORE_INDEX
+from roformer.model import beam
 from roformer.model.backbone import Backbone, Model
-from roformer.model.beam import Search, search
 from roformer.model.config import EncoderDecoderConfig, RopeScaling
 from roformer.model.heads import CausalLM, token_cross_entropy
 from roformer.model.masks import KVCache
+from roformer.model.search import SearchConfig
 
 # The decoder's word table when it is the encoder's (`share_embeddings`): one parameter, saved once under the
 # encoder's name.
@@ -70,7 +71,7 @@ class EncoderDecoder(Model):
     """An encoder (`Backbone`) and a decoder (`CausalLM` with cross-attention): sequence to sequence.
 
     `forward` is teacher-forced (logits and the loss of a target); `encode`, `decode` and `next_token_logits` are its
-    parts; `generate` searches for targets (greedy or beam search, `roformer.model.beam`).
+    parts; `generate` searches for targets as a `SearchConfig` says (greedy or beam search, `roformer.model.beam`).
     """
 
     architecture = "encoder_decoder"
@@ -211,29 +212,32 @@ class EncoderDecoder(Model):
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
         *,
-        num_beams: int = 1,
-        length_penalty: float = 1.0,
-        early_stopping: bool | Literal["never"] = False,
-        max_new_tokens: int = 200,
-        max_len_a: float = 0.0,
+        search: SearchConfig | None = None,
         decoder_start_token_id: int | None = None,
         eos_token_id: int | None = None,
         pad_token_id: int | None = None,
+        **settings: Any,
     ) -> Tensor:
         """The best target of every source: greedy (`num_beams` 1) or beam search, with a KV cache.
 
-        The arguments are HF `generate`'s (and fairseq's `max_len_a`): see `roformer.model.beam`. A row generates at
-        most int(max_len_a * its real source tokens + max_new_tokens) tokens. The ids default to the config's
-        (`decoder_start_token_id`, `eos_token_id`) and the decoder's `pad_token_id`. Call it in eval mode.
+        As HF `generate` with a `GenerationConfig`: the search is `search` (default: `SearchConfig()`), any of its
+        fields given by keyword replacing its own (`num_beams=4, max_new_tokens=12`, HF's names; see
+        `roformer.model.beam`). A row generates at most int(max_len_a * its real source tokens + max_new_tokens)
+        tokens. The ids default to the config's (`decoder_start_token_id`, `eos_token_id`) and the decoder's
+        `pad_token_id`. Call it in eval mode.
 
         Returns:
             (B, 1 + N) ids: the start token, then each row's target, `pad_token_id` after its end.
+
+        Raises:
+            SearchValueError: a search setting out of range (a ValueError).
+            TypeError: a keyword that is no `SearchConfig` field.
         """
-        settings = Search(num_beams, length_penalty, early_stopping, max_new_tokens, max_len_a)
+        chosen = replace(search or SearchConfig(), **settings)
         eos = self.config.eos_token_id if eos_token_id is None else eos_token_id
         pad = self.config.decoder.pad_token_id if pad_token_id is None else pad_token_id
         states = self.encode(input_ids, attention_mask, token_type_ids)
-        return search(self, states, attention_mask, settings, self.start_token(decoder_start_token_id), eos, pad)
+        return beam.search(self, states, attention_mask, chosen, self.start_token(decoder_start_token_id), eos, pad)
 
 
 def _drop_shared_table(module: nn.Module, state: dict[str, Any], prefix: str, metadata: Any) -> None:

@@ -124,6 +124,10 @@ class HeadOutputs:
         """What `predictions` reads of a batch: the head's logits."""
         return model(**{k: batch[k] for k in MODEL_INPUTS if k in batch}).logits
 
+    def split_outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], split: Any) -> Any:
+        """What `predictions` reads of a batch of `split`'s rows: its `outputs`, whatever the split."""
+        return self.outputs(model, batch)
+
     def splits_for_run(self, encoded: dict[str, Any], fold: int | None) -> dict[str, Any]:
         """The encoded splits a run trains and evaluates on: the same for every run (no folds)."""
         return encoded
@@ -233,6 +237,13 @@ class FinetuneTask(Protocol):
 
     def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """What `predictions` reads of a batch (`HeadOutputs`: the head's logits)."""
+
+    def split_outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], split: EncodedSplit) -> Any:
+        """What `predictions` reads of a batch of `split`'s rows, which predicting asks for (`HeadOutputs`: `outputs`).
+
+        A type whose outputs depend on the split (translation: the split's search, `eval_beam` or `beam`) reads them
+        from the split here: a batch holds tensors only.
+        """
 
     def splits_for_run(self, encoded: dict[str, EncodedSplit], fold: int | None) -> dict[str, EncodedSplit]:
         """The splits of the run holding out `fold` (`HeadOutputs`: the same for all; cross-validation: its folds)."""

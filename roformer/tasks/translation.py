@@ -28,7 +28,7 @@ seed grid, DDP under `accelerate launch`):
 from __future__ import annotations
 
 import shutil
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -40,6 +40,7 @@ from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_write_text
 from roformer.labels import IGNORE_INDEX
 from roformer.model.config import EncoderDecoderConfig, ModelConfig
+from roformer.model.search import SearchConfig, SearchValueError
 from roformer.tasks.base import HeadOutputs, TaskSpec, with_score
 from roformer.tasks.mt_metrics import (
     TOKENIZED_LOWERCASE_RECIPE,
@@ -59,6 +60,8 @@ from roformer.tasks.parallel import (
 )
 from roformer.tasks.translator import (
     DECODING_FILE,
+    PAPER_SEARCH,
+    USER_NAMES,
     Decoding,
     encode_sources,
     encode_targets,
@@ -66,6 +69,7 @@ from roformer.tasks.translator import (
     hypotheses,
     needed_ids,
     pad_sources,
+    user_search,
 )
 
 if TYPE_CHECKING:
@@ -94,11 +98,11 @@ class TranslationConfig:
         max_tokens: Tokens per micro-batch and process: rows x the longer side of the batch's longest pair, padded
             (fairseq's `--max-tokens`); a step trains on processes x grad_accum such batches.
         label_smoothing: eps of the label-smoothed cross-entropy (0.1 in the Transformer and RoFormer setups).
-        beam: Beams of the final translations of the dev and test sets (the paper: 4).
+        beam: Beams of the final translations of the dev and test sets (the paper: 4): the search's `num_beams`.
         length_penalty: Hypotheses score sum logprob / length^length_penalty (the paper: 0.6).
         early_stopping: A source stops once it has `beam` finished hypotheses.
         max_len_a: A target may have max_len_a x source tokens + max_len_b tokens (fairseq's options).
-        max_len_b: See max_len_a.
+        max_len_b: See max_len_a (the search's `max_new_tokens`).
         eval_beam: Beams of the dev translations at every evaluation point (1: greedy, which keeps evaluation
             affordable); they select checkpoints, learning rates and seeds by BLEU.
         too_long: A sentence longer than data.max_length (or a learned position table) is an `error` naming its
@@ -118,11 +122,11 @@ class TranslationConfig:
     tokenizer: str | None = field(default=None, metadata=PATH)
     max_tokens: int = 4096
     label_smoothing: float = 0.1
-    beam: int = 4
-    length_penalty: float = 0.6
-    early_stopping: bool = True
-    max_len_a: float = 1.2
-    max_len_b: int = 10
+    beam: int = PAPER_SEARCH.num_beams
+    length_penalty: float = PAPER_SEARCH.length_penalty
+    early_stopping: bool = PAPER_SEARCH.early_stopping
+    max_len_a: float = PAPER_SEARCH.max_len_a
+    max_len_b: int = PAPER_SEARCH.max_new_tokens
     eval_beam: int = 1
     too_long: Literal["error", "truncate"] = "error"
     empty_lines: Literal["error", "skip"] = "error"
@@ -131,7 +135,7 @@ class TranslationConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        for name in ("vocab_size", "min_frequency", "max_tokens", "beam", "eval_beam", "long_test_pairs"):
+        for name in ("vocab_size", "min_frequency", "max_tokens", "long_test_pairs"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.vocab_size < 16:
@@ -143,10 +147,21 @@ class TranslationConfig:
             )
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        if self.max_len_a < 0 or self.max_len_b < 0:
-            raise ConfigError(f"max_len_a and max_len_b must be >= 0, got {self.max_len_a} and {self.max_len_b}")
         if self.max_source_words is not None and self.max_source_words < 1:
             raise ConfigError(f"max_source_words must be >= 1 (or null: every pair), got {self.max_source_words}")
+        for final in (True, False):
+            try:
+                self.search(final)
+            except SearchValueError as e:  # named by its key here: `beam`, `eval_beam`, `max_len_b`
+                raise ConfigError(str(e)) from None
+
+    def search(self, final: bool = True) -> SearchConfig:
+        """The search of the final translations (`beam`), or of the dev ones at every evaluation point (`eval_beam`).
+
+        Raises:
+            SearchValueError: a setting out of range, named by its key here.
+        """
+        return user_search(vars(self), USER_NAMES if final else {**USER_NAMES, "num_beams": "eval_beam"})
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -227,13 +242,14 @@ class TranslationSplit:
         source_ids: Every source, its specials included.
         target_ids: Every target as the decoder's labels: its tokens and eos.
         references: The target sentences as read (sacreBLEU scores detokenized text against them).
-        decoding: How this split is translated (the dev split during training: `eval_beam`; the final ones: `beam`).
+        search: How this split is translated (the dev split: `eval_beam`; the final ones: `beam`); None: it is not
+            (the training split).
     """
 
     source_ids: list[list[int]]
     target_ids: list[list[int]]
     references: list[str]
-    decoding: Decoding | None
+    search: SearchConfig | None
     labelled: bool = True
     sequences = 1
 
@@ -344,17 +360,12 @@ class TranslationTask(HeadOutputs):
 
     # -- encoding and batches ------------------------------------------------------------------------------------
 
-    def decoding(self, final: bool) -> Decoding:
-        """How a split is translated: the final search (`beam`), or evaluation's (`eval_beam`)."""
-        s = self.settings
+    def decoding(self) -> Decoding:
+        """How the final translations are made (the search of `beam`), with the sources' limits and padding."""
         return Decoding(
-            beam=s.beam if final else s.eval_beam,
-            length_penalty=s.length_penalty,
-            early_stopping=s.early_stopping,
-            max_len_a=s.max_len_a,
-            max_len_b=s.max_len_b,
+            search=self.settings.search(final=True),
             max_length=self.max_length,
-            too_long=s.too_long,
+            too_long=self.settings.too_long,
             pad_to_multiple_of=self.multiple,
             source_lang=self.source_lang,
             target_lang=self.target_lang,
@@ -375,9 +386,9 @@ class TranslationTask(HeadOutputs):
             settings = (max_length, self.settings.too_long)
             sources = encode_sources(tokenizer, text.sources, *settings, text.source_line, advice)
             targets = encode_targets(tokenizer, text.targets, self.eos_id, *settings, text.target_line, advice)
-            decoding = None if name == "train" else self.decoding(final=name != "dev")
-            encoded[name] = TranslationSplit(sources, targets, text.targets, decoding)
-        encoded[FINAL_DEV] = replace(encoded["dev"], decoding=self.decoding(final=True))
+            search = None if name == "train" else self.settings.search(final=name != "dev")
+            encoded[name] = TranslationSplit(sources, targets, text.targets, search)
+        encoded[FINAL_DEV] = replace(encoded["dev"], search=self.settings.search(final=True))
         self._check_budget(encoded["train"], max_length)
         return encoded
 
@@ -423,37 +434,40 @@ class TranslationTask(HeadOutputs):
         target = self.padded_length(max(len(split.target_ids[r]) for r in rows), cap)
         return len(rows) * (source + target)
 
-    def collate(self, split: TranslationSplit, rows: list[int], pad_id: int, cap: int) -> dict[str, Any]:
-        """A batch of `rows`: sources and their mask, targets as labels with their decoder mask.
-
-        A split that is translated (dev, test) also gives its `decoding` settings (a value, not a tensor).
-        """
-        batch: dict[str, Any] = pad_sources([split.source_ids[r] for r in rows], pad_id, self.multiple, cap)
+    def collate(self, split: TranslationSplit, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
+        """A batch of `rows`: sources and their mask, targets as labels with their decoder mask."""
+        batch = pad_sources([split.source_ids[r] for r in rows], pad_id, self.multiple, cap)
         length = self.padded_length(max(len(split.target_ids[r]) for r in rows), cap)
         labels = torch.full((len(rows), length), IGNORE_INDEX, dtype=torch.long)
         for i, r in enumerate(rows):
             labels[i, : len(split.target_ids[r])] = torch.tensor(split.target_ids[r], dtype=torch.long)
         # the decoder reads the start token and the target but its last token: as many positions as labels
         batch.update(labels=labels, decoder_attention_mask=(labels != IGNORE_INDEX).long())
-        if split.decoding is not None:
-            batch["decoding"] = split.decoding
         return batch
 
     # -- loss, outputs and metrics -------------------------------------------------------------------------------
 
-    def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The label-smoothed cross-entropy, a mean over the batch's target tokens."""
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "labels", "decoder_attention_mask")}
         return model(**inputs, label_smoothing=self.settings.label_smoothing).loss
 
-    def outputs(self, model: torch.nn.Module, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """The translations of a batch (`ids`), and each pair's summed target log-loss (`nll`) over its `tokens`."""
+    def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Each pair's summed target log-loss (`nll`) over its `tokens`: what the search does not change."""
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "labels", "decoder_attention_mask")}
         logits = model(**inputs).logits.float()
         labels = batch["labels"]
         per_token = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="none")
-        ids = generate_ids(model, batch, batch["decoding"])
-        return {"ids": ids.cpu(), "nll": per_token.sum(-1).cpu(), "tokens": (labels != IGNORE_INDEX).sum(-1).cpu()}
+        return {"nll": per_token.sum(-1).cpu(), "tokens": (labels != IGNORE_INDEX).sum(-1).cpu()}
+
+    def split_outputs(
+        self, model: torch.nn.Module, batch: dict[str, torch.Tensor], split: TranslationSplit
+    ) -> dict[str, torch.Tensor]:
+        """The translations of a batch of `split` under its search (`ids`), and its `outputs` (`nll`, `tokens`)."""
+        if split.search is None:
+            raise ValueError("the training split is not translated")
+        losses = self.outputs(model, batch)
+        return {"ids": generate_ids(model, batch, split.search).cpu(), **losses}
 
     def predictions(self, outputs: dict[str, torch.Tensor], split: TranslationSplit, rows: list[int]) -> list[dict]:
         """Per pair: its hypothesis (detokenized text), summed log-loss and target tokens."""
@@ -515,12 +529,12 @@ class TranslationTask(HeadOutputs):
             for model, splits in models.items()
             if splits
         }
-        search = self.decoding(final=True)
+        search = self.decoding().to_dict()
         return {
             "metrics_in_percent": True,  # sacreBLEU's scale (the loss is per token, in nats)
             "translation": {
                 "languages": f"{self.source_lang}-{self.target_lang}",
-                "search": {k: v for k, v in asdict(search).items() if k not in ("source_lang", "target_lang")},
+                "search": {k: v for k, v in search.items() if k not in ("source_lang", "target_lang")},
                 "eval_beam": self.settings.eval_beam,
                 **scored,
                 "signatures": signature,
@@ -532,7 +546,7 @@ class TranslationTask(HeadOutputs):
 
         As the run's final translations, in batches of the same sentences: the same hypotheses.
         """
-        return {DECODING_FILE: replace(self.decoding(final=True), batch_size=eval_batch_size).to_json()}
+        return {DECODING_FILE: replace(self.decoding(), batch_size=eval_batch_size).to_json()}
 
 
 def tokenized_lowercase(metrics: dict[str, Any]) -> dict[str, Any]:

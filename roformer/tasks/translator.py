@@ -3,7 +3,9 @@
 Shared by the `translation` type (its dev and test predictions) and `roformer translate` (a model directory), so that
 the two give the same hypotheses: the same source encoding and limits, batches of the same sentences in order of
 source length, padded alike, the same search. `Decoding` is what a model directory records of how its run decoded
-(`translation.json`, written beside every model the type trains); `Translator` translates lines with a directory.
+(its `SearchConfig`, limits and batches: `translation.json`, written beside every model the type trains);
+`Translator` translates lines with a directory. USER_NAMES is where the search's settings get the names users write
+(`data.translation.beam`, translation.json's `beam`, `--beam`: the search's `num_beams`).
 
 A source (or a training target) longer than the limit is an error naming its file and line, or, when asked
 (`too_long: truncate`), cut to the limit and counted in a log line: never dropped in silence.
@@ -13,15 +15,15 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from roformer.errors import UserError
+from roformer.model.search import SearchConfig, SearchValueError
 from roformer.tasks.base import padded_length
 from roformer.tasks.parallel import load_translation_tokenizer
 
@@ -33,17 +35,52 @@ logger = logging.getLogger(__name__)
 
 DECODING_FILE = "translation.json"  # beside a model the `translation` type trained: how its run decoded
 
+# The search's fields under the names translation's users write them (fairseq's): the keys of `data.translation`,
+# of `translation.json` and of results.json's `search`, and `roformer translate --beam` / `--length-penalty`.
+USER_NAMES = {
+    "num_beams": "beam",
+    "length_penalty": "length_penalty",
+    "early_stopping": "early_stopping",
+    "max_len_a": "max_len_a",
+    "max_new_tokens": "max_len_b",
+}
+# translation's search where nothing says otherwise (a model without translation.json, the config's defaults): the
+# paper's beam 4 and length penalty 0.6, at most 1.2 x source tokens + 10 (fairseq's max_len_a and max_len_b)
+PAPER_SEARCH = SearchConfig(num_beams=4, length_penalty=0.6, early_stopping=True, max_new_tokens=10, max_len_a=1.2)
+
+
+def user_search(values: Mapping[str, Any], names: Mapping[str, str] = USER_NAMES) -> SearchConfig:
+    """The search of settings under their users' names (`beam`, `max_len_b`: USER_NAMES), the paper's where missing.
+
+    Args:
+        values: The settings, by their users' names (other keys are not read).
+        names: {SearchConfig field: its name in `values`} (the dev search reads `eval_beam` for `num_beams`).
+
+    Raises:
+        SearchValueError: a value out of range, named as in `values` (`beam must be >= 1, got 0`).
+    """
+    given = {field: values[name] for field, name in names.items() if name in values}
+    try:
+        return replace(PAPER_SEARCH, **given)
+    except SearchValueError as e:
+        raise SearchValueError(names[e.field], e.problem) from None
+
+
+def user_settings(search: SearchConfig) -> dict[str, Any]:
+    """The search's settings under its users' names, in USER_NAMES' order (translation.json's first keys)."""
+    return {name: getattr(search, field) for field, name in USER_NAMES.items()}
+
 
 @dataclass(frozen=True)
 class Decoding:
-    """How sources become hypotheses, and in what batches.
+    """How sources become hypotheses, and in what batches: the search, and the sources' limits and batches.
+
+    As `translation.json` holds it, the search's settings come first under their users' names (`beam`,
+    `length_penalty`, `early_stopping`, `max_len_a`, `max_len_b`: USER_NAMES), then the other attributes.
 
     Attributes:
-        beam: Beams per source (1: greedy).
-        length_penalty: Hypotheses score sum logprob / length^length_penalty (fairseq's `--lenpen`).
-        early_stopping: Stop a source once it has `beam` finished hypotheses (HF's `early_stopping: true`).
-        max_len_a: A target may have max_len_a x source tokens + max_len_b tokens (fairseq's `--max-len-a/-b`).
-        max_len_b: See max_len_a.
+        search: The search (the paper's by default: beam 4, length penalty 0.6, early stopping, 1.2 x source tokens
+            + 10).
         max_length: The longest source, in tokens with its specials.
         too_long: A longer source is an `error` (naming its line) or is cut to max_length (`truncate`, counted).
         batch_size: Sentences per batch, taken in order of source length.
@@ -52,11 +89,7 @@ class Decoding:
         target_lang: The target language, where known.
     """
 
-    beam: int = 4
-    length_penalty: float = 0.6
-    early_stopping: bool = True
-    max_len_a: float = 1.2
-    max_len_b: int = 10
+    search: SearchConfig = PAPER_SEARCH
     max_length: int = 512
     too_long: Literal["error", "truncate"] = "error"
     batch_size: int = 64
@@ -65,35 +98,54 @@ class Decoding:
     target_lang: str | None = None
 
     def __post_init__(self) -> None:
-        if self.beam < 1:
-            raise UserError(f"beam must be >= 1, got {self.beam}")
         if self.batch_size < 1 or self.max_length < 2 or self.pad_to_multiple_of < 1:
             raise UserError("batch_size and pad_to_multiple_of must be >= 1 and max_length >= 2")
-        for name in ("length_penalty", "max_len_a"):  # nan passes every range check, and reorders the beams
-            if not math.isfinite(getattr(self, name)):
-                raise UserError(f"{name} must be a finite number, got {getattr(self, name)}")
-        if self.max_len_a < 0 or self.max_len_b < 0:
-            raise UserError(f"max_len_a and max_len_b must be >= 0, got {self.max_len_a}, {self.max_len_b}")
         if self.too_long not in ("error", "truncate"):
             raise UserError(f"too_long must be error or truncate, got {self.too_long!r}")
 
-    def search(self) -> dict[str, Any]:
-        """The keyword arguments of `EncoderDecoder.generate`."""
-        return {
-            "num_beams": self.beam,
-            "length_penalty": self.length_penalty,
-            "early_stopping": self.early_stopping,
-            "max_new_tokens": self.max_len_b,
-            "max_len_a": self.max_len_a,
-        }
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Decoding:
+        """The settings of a mapping of `translation.json`'s keys; a missing key takes its default.
+
+        Raises:
+            UserError: a key that is none of them, or a value out of range, named by its key.
+        """
+        unknown = sorted(set(values) - set(cls.file_keys()))
+        if unknown:
+            raise UserError(f"unknown decoding settings: {', '.join(unknown)} (known: {', '.join(cls.file_keys())})")
+        try:
+            search = user_search(values)
+        except SearchValueError as e:
+            raise UserError(str(e)) from None
+        return cls(search, **{k: v for k, v in values.items() if k not in USER_NAMES.values()})
+
+    @classmethod
+    def file_keys(cls) -> list[str]:
+        """`translation.json`'s keys, in its order."""
+        return [*USER_NAMES.values(), *(f.name for f in fields(cls) if f.name != "search")]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings under `translation.json`'s keys, in its order."""
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "search"}
+        return {**user_settings(self.search), **own}
+
+    def overridden(self, values: Mapping[str, Any]) -> Decoding:
+        """These settings with `values` (by `translation.json`'s keys: `beam`, `batch_size`) in place of theirs.
+
+        Raises:
+            UserError: an unknown key, or a value out of range.
+        """
+        return self.from_dict({**self.to_dict(), **values})
 
     def to_json(self) -> str:
         """The settings as `translation.json` holds them."""
-        return json.dumps(asdict(self), indent=2)
+        return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
     def read(cls, directory: Path) -> Decoding | None:
         """The settings a model directory records, or None when it has none (a converted model).
+
+        Keys this version does not know are not read.
 
         Raises:
             UserError: the file is not such settings.
@@ -103,8 +155,7 @@ class Decoding:
             return None
         try:
             values = json.loads(path.read_text(encoding="utf-8"))
-            known = {f.name for f in fields(cls)}
-            return cls(**{k: v for k, v in values.items() if k in known})
+            return cls.from_dict({k: v for k, v in values.items() if k in cls.file_keys()})
         except (ValueError, TypeError, UserError) as e:  # not JSON, not a mapping, a value out of range
             raise UserError(f"{path}: not decoding settings ({e})") from None
 
@@ -210,8 +261,8 @@ def generation_model(model: torch.nn.Module) -> EncoderDecoder:
 
 
 @torch.no_grad()
-def generate_ids(model: torch.nn.Module, batch: dict[str, torch.Tensor], decoding: Decoding) -> torch.Tensor:
-    """(B, 1 + N) ids of the best target of every source of `batch` (`input_ids`, `attention_mask`).
+def generate_ids(model: torch.nn.Module, batch: dict[str, torch.Tensor], search: SearchConfig) -> torch.Tensor:
+    """(B, 1 + N) ids of the best target of every source of `batch` (`input_ids`, `attention_mask`) under `search`.
 
     Under FSDP2 the root module's own parameters (embeddings, the output bias) are sharded until its forward runs:
     they are gathered around the search (`unshard`), the blocks gather theirs as they run.
@@ -221,7 +272,7 @@ def generate_ids(model: torch.nn.Module, batch: dict[str, torch.Tensor], decodin
     if sharded:
         bare.unshard()
     try:
-        return bare.generate(batch["input_ids"], batch["attention_mask"], **decoding.search())
+        return bare.generate(batch["input_ids"], batch["attention_mask"], search=search)
     finally:
         if sharded:
             bare.reshard()
@@ -265,8 +316,15 @@ class Translator:
     def load(cls, directory: str | Path, device: str | None = None, **overrides: Any) -> Translator:
         """The translator of a model directory (ours, or an HF EncoderDecoderModel's) with settings `overrides`.
 
+        Args:
+            directory: The model directory.
+            device: Where the model runs (default: cuda when there is one, else cpu).
+            overrides: Settings in place of the directory's `translation.json`, by its keys (`beam`, `batch_size`:
+                `roformer translate`'s flags); None leaves one as it is.
+
         Raises:
-            UserError: no encoder-decoder or tokenizer there, a tokenizer without padding, no start or end id.
+            UserError: no encoder-decoder or tokenizer there, a tokenizer without padding, no start or end id; an
+                override that is no setting, or out of range.
         """
         from roformer.model.pretrained import load_pretrained
 
@@ -277,7 +335,7 @@ class Translator:
         model = load_pretrained(directory, "encoder_decoder")
         needed_ids(model.config, directory)
         decoding = Decoding.read(directory) or Decoding(max_length=source_limit(model.config))
-        decoding = replace(decoding, **{k: v for k, v in overrides.items() if v is not None})
+        decoding = decoding.overridden({k: v for k, v in overrides.items() if v is not None})
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         model = model.to(device).eval()
         model.set_unpadding(True)  # as training evaluates (train.unpadding's default): the same numbers
@@ -307,7 +365,7 @@ class Translator:
         for start in range(0, len(order), size):
             rows = order[start : start + size]
             batch = pad_sources([sources[r] for r in rows], self.tokenizer.pad_token_id, *self._padding())
-            ids = generate_ids(self.model, {k: v.to(device) for k, v in batch.items()}, self.decoding)
+            ids = generate_ids(self.model, {k: v.to(device) for k, v in batch.items()}, self.decoding.search)
             for r, text in zip(rows, hypotheses(self.tokenizer, ids.cpu()), strict=True):
                 out[kept[r]] = text
             if progress is not None:

@@ -82,7 +82,7 @@ def predict(
         rows = [0] if chunk is None else [order[i] for i in chunk.tolist()]  # None: keeps FSDP in step
         batch = data.batch(split, rows)
         batch = batch if change is None else change(batch)
-        outputs = data.task.outputs(model, {k: on_device(v, acc.device) for k, v in batch.items()})
+        outputs = data.task.split_outputs(model, {k: to_device(v, acc.device) for k, v in batch.items()}, encoded)
         if chunk is not None:  # logits in float32; a task's own outputs (decoded targets) as they are
             logits = outputs.float() if isinstance(outputs, torch.Tensor) else outputs
             predictions += data.task.predictions(logits, encoded, rows)
@@ -92,11 +92,6 @@ def predict(
     for position, example in enumerate(order):
         in_order[example] = by_length[position]
     return in_order
-
-
-def on_device(value: Any, device: torch.device) -> Any:
-    """A batch's tensor on `device`; anything else a batch carries (a task's decoding settings) as it is."""
-    return to_device(value, device) if isinstance(value, torch.Tensor) else value
 
 
 def variant_scores(

@@ -114,7 +114,7 @@ ENCODINGS = "<a module declaring ENCODINGS>"
 DECLARATIONS = {TASK_TYPES: "SPECS", ENCODINGS: "ENCODINGS"}
 ROOMS = {
     "roformer.model": [
-        {"config"},
+        {"config", "search"},
         {"weights", "flops", "hf_files"},
         {"terms"},
         {"rotary", "relative"},

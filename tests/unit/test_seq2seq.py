@@ -13,9 +13,9 @@ from torch.testing import assert_close
 import roformer
 from roformer.errors import CheckpointError, ConfigError
 from roformer.model.attention import CrossAttention
-from roformer.model.beam import Search
 from roformer.model.config import EncoderDecoderConfig
 from roformer.model.masks import KVCache
+from roformer.model.search import SearchConfig, SearchValueError
 from roformer.model.seq2seq import SHARED_TABLE, EncoderDecoder, shifted_right
 
 START, EOS, PAD = 1, 2, 0
@@ -284,13 +284,33 @@ def test_length_limits_are_per_row_without_an_end_token() -> None:
     assert greedy.shape == out.shape and greedy[:, 0].eq(START).all()
 
 
+def test_generate_takes_a_search_object_and_keywords_replace_its_fields() -> None:
+    """As HF's `generate(generation_config=..., num_beams=...)`: the object, or HF's keywords, or both."""
+    model = talkative()
+    src, mask = sources(seed=4)
+    search = SearchConfig(num_beams=3, length_penalty=0.6, early_stopping=True, max_new_tokens=4, max_len_a=0.5)
+    by_keywords = model.generate(src, mask, num_beams=3, length_penalty=0.6, early_stopping=True, max_new_tokens=4,
+                                 max_len_a=0.5)  # fmt: skip
+    assert torch.equal(model.generate(src, mask, search=search), by_keywords)
+    greedy = SearchConfig(max_new_tokens=4, max_len_a=0.5, length_penalty=0.6, early_stopping=True)
+    assert torch.equal(model.generate(src, mask, search=search, num_beams=1), model.generate(src, mask, search=greedy))
+    assert torch.equal(model.generate(src, mask), model.generate(src, mask, search=SearchConfig()))
+    with pytest.raises(TypeError, match="num_beam"):
+        model.generate(src, mask, num_beam=2)
+
+
 def test_search_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="num_beams"):
-        Search(num_beams=0)
+        SearchConfig(num_beams=0)
     with pytest.raises(ValueError, match="early_stopping"):
-        Search(early_stopping="sometimes")
-    assert Search(max_new_tokens=0).limits(torch.tensor([0, 10])).tolist() == [1, 1]  # a row makes one token
-    assert Search(max_new_tokens=3, max_len_a=1.5).limits(torch.tensor([0, 10])).tolist() == [3, 18]
+        SearchConfig(early_stopping="sometimes")
+    with pytest.raises(SearchValueError, match="^length_penalty must be a finite number, got nan$") as caught:
+        SearchConfig(length_penalty=float("nan"))
+    assert (caught.value.field, caught.value.problem) == ("length_penalty", "must be a finite number, got nan")
+    with pytest.raises(SearchValueError, match="^max_new_tokens must be >= 0, got -1$"):
+        SearchConfig(max_new_tokens=-1)
+    assert SearchConfig(max_new_tokens=0).limits(torch.tensor([0, 10])).tolist() == [1, 1]  # a row makes one token
+    assert SearchConfig(max_new_tokens=3, max_len_a=1.5).limits(torch.tensor([0, 10])).tolist() == [3, 18]
     with pytest.raises(ValueError, match="decoder_start_token_id"):
         EncoderDecoder(EncoderDecoderConfig(tiny_config(), tiny_config())).generate(torch.ones(1, 3, dtype=torch.long))
 

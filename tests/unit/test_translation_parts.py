@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ import torch
 from roformer.config import from_dict
 from roformer.data.sampling import token_batches
 from roformer.errors import ConfigError, UserError
+from roformer.model.search import SearchConfig
+from roformer.model.seq2seq import EncoderDecoder
 from roformer.tasks.config import PLACEHOLDER_VOCABULARY, FinetuneDataConfig, Vocabulary
 from roformer.tasks.mt_metrics import (
     corpus_scores,
@@ -31,7 +34,7 @@ from roformer.tasks.parallel import (
     train_bpe,
 )
 from roformer.tasks.translation import TranslationConfig, TranslationTask, encoder_decoder_config
-from roformer.tasks.translator import DECODING_FILE, Decoding
+from roformer.tasks.translator import DECODING_FILE, PAPER_SEARCH, Decoding
 from roformer.train.averaging import average_states, last_points
 from roformer.train.finetune_run import _TokenBatchStep
 from roformer.train.recipe import ProcessLayout
@@ -265,7 +268,9 @@ def data_section(**extra: object) -> dict:
     ("extra", "message"),
     [
         ({"translation": {"beam": 0}}, "translation: beam must be >= 1, got 0"),
-        ({"translation": {"eval_beam": 0}}, "eval_beam must be >= 1"),
+        ({"translation": {"eval_beam": 0}}, "translation: eval_beam must be >= 1, got 0"),
+        ({"translation": {"max_len_b": -1}}, "translation: max_len_b must be >= 0, got -1"),
+        ({"translation": {"max_len_a": -0.5}}, "translation: max_len_a must be >= 0, got -0.5"),
         ({"translation": {"max_tokens": 0}}, "max_tokens must be >= 1"),
         ({"translation": {"label_smoothing": 1.0}}, "label_smoothing must be in"),
         ({"translation": {"too_long": "drop"}}, "too_long"),
@@ -289,10 +294,62 @@ def test_bad_translation_settings_name_their_key(extra: dict, message: str) -> N
 def test_decoding_settings_are_finite_numbers(field: str, value: float, tmp_path: Path) -> None:
     """As a config's are: nan passes every range check and reorders the beams without a word."""
     with pytest.raises(UserError, match=f"{field} must be a finite number, got {value}"):
-        Decoding(**{field: value})
+        Decoding.from_dict({field: value})
     (tmp_path / DECODING_FILE).write_text(json.dumps({field: value}))  # Python's json writes NaN and Infinity
     with pytest.raises(UserError, match=f"translation.json: not decoding settings \\({field} must be a finite"):
         Decoding.read(tmp_path)
+
+
+# translation.json as runs wrote it: the search's keys under their users' names, first
+WRITTEN = {"beam": 2, "length_penalty": 0.6, "early_stopping": True, "max_len_a": 1.2, "max_len_b": 10,
+           "max_length": 32, "too_long": "error", "batch_size": 8, "pad_to_multiple_of": 8, "source_lang": "en",
+           "target_lang": "de"}  # fmt: skip
+
+
+def test_one_search_object_behind_the_config_translation_json_and_the_command_s_flags(tmp_path: Path) -> None:
+    """`data.translation`'s `beam` / `eval_beam` / `max_len_b`, translation.json's keys and `--beam`: SearchConfig."""
+    config = TranslationConfig(beam=5, eval_beam=2, max_len_b=7)
+    final = SearchConfig(num_beams=5, length_penalty=0.6, early_stopping=True, max_new_tokens=7, max_len_a=1.2)
+    assert config.search() == final and config.search(final=False) == replace(final, num_beams=2)
+    assert TranslationConfig().search() == PAPER_SEARCH == Decoding().search
+    (tmp_path / DECODING_FILE).write_text(json.dumps(WRITTEN))
+    read = Decoding.read(tmp_path)
+    assert read.search == replace(PAPER_SEARCH, num_beams=2) and (read.max_length, read.batch_size) == (32, 8)
+    assert json.loads(read.to_json()) == WRITTEN and list(json.loads(read.to_json())) == list(WRITTEN)  # key order
+    overridden = read.overridden({"beam": 1, "length_penalty": 1.0, "batch_size": 2})
+    assert overridden == replace(read, search=replace(read.search, num_beams=1, length_penalty=1.0), batch_size=2)
+    with pytest.raises(UserError, match="^beam must be >= 1, got 0$"):
+        read.overridden({"beam": 0})
+    with pytest.raises(UserError, match="unknown decoding settings: num_beams"):
+        read.overridden({"num_beams": 2})
+    (tmp_path / DECODING_FILE).write_text(json.dumps({**WRITTEN, "max_len_b": -1, "later_key": 1}))
+    with pytest.raises(UserError, match=r"translation.json: not decoding settings \(max_len_b must be >= 0, got -1\)"):
+        Decoding.read(tmp_path)
+
+
+def test_a_split_s_search_is_the_split_s_and_its_batches_hold_tensors_only(tmp_path: Path) -> None:
+    """The dev split decodes with `eval_beam` during training, `valid` and `test` with `beam`: each as generate does."""
+    write_pair(tmp_path, "train", ENGLISH * 3, GERMAN * 3)
+    write_pair(tmp_path, "val", ENGLISH[:2], GERMAN[:2])
+    section = data_section(train_prefix=str(tmp_path / "train"), validation_prefix=str(tmp_path / "val"),
+                           test_prefix=str(tmp_path / "val"))  # fmt: skip
+    data = from_dict(FinetuneDataConfig, {**section, "translation": {"vocab_size": 120, "beam": 3, "max_len_b": 4}})
+    task = TranslationTask.from_config(data)
+    tokenizer = task.tokenizer()
+    config = encoder_decoder_config({"hidden_size": 32, "num_layers": 1, "num_heads": 2}, Vocabulary.of(tokenizer))
+    task.check_model(config)
+    encoded = task.encode(tokenizer, 32)
+    beam = replace(PAPER_SEARCH, num_beams=3, max_new_tokens=4)
+    searches = {name: split.search for name, split in encoded.items()}
+    assert searches == {"train": None, "dev": replace(beam, num_beams=1), "test": beam, "valid": beam}
+    torch.manual_seed(0)
+    model = EncoderDecoder(config).eval()
+    for name in ("dev", "valid"):
+        batch = task.collate(encoded[name], [0, 1], tokenizer.pad_token_id, 32)
+        assert all(isinstance(value, torch.Tensor) for value in batch.values())
+        outputs = task.split_outputs(model, batch, encoded[name])
+        expected = model.generate(batch["input_ids"], batch["attention_mask"], search=searches[name])
+        assert torch.equal(outputs["ids"], expected) and set(outputs) == {"ids", "nll", "tokens"}
 
 
 def test_the_language_keys_belong_to_the_translation_type() -> None:
