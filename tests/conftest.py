@@ -6,7 +6,7 @@ tests/unit/  fast: model maths (rotary, relative encodings, masks, precision), c
 tests/e2e/   whole commands and runs: tiny pretraining and fine-tuning runs, resume, several processes, faults and
              full disks, Slurm, experiments, hub pushes, `convert` in a subprocess, ONNX export, torch.compile, the
              docs, notebooks, the wheel, CI, the GPU.
-tests/golden/  reference files (JunnYu's port, scripts/junnyu_goldens.py).
+tests/golden/  reference files (JunnYu's port, scripts/references/junnyu_goldens.py).
 
 `python -m pytest -q` runs both (pyproject.toml: testpaths, and `-m 'not slow'`: `-m slow` runs the long ones; `gpu`
 tests skip without CUDA). A new test goes to unit/ if it takes well under a second and starts no training run and

@@ -1,4 +1,4 @@
-"""Model FLOPs and the peak they are measured against: what `scripts/bench_*.py` report as MFU.
+"""Model FLOPs and the peak they are measured against: what `scripts/bench/bench_*.py` report as MFU.
 
 Training FLOPs per token of an encoder with L layers, hidden size h, FFN size f, sequence length T and vocabulary V
 (the PaLM appendix-B convention: a multiply-add is 2 FLOPs, backward is twice the forward):

@@ -90,7 +90,7 @@ def apply_rotary(x: Tensor, rotations: Tensor, layout: str = "interleaved") -> T
 
     Paper eq. 34 computes x * cos + rotate(x) * sin. For the interleaved layout that is exactly the complex product
     (x_2i + i x_2i+1) * e^{i m theta_i}: one kernel forward and one backward, where the stack-and-flatten form
-    used by HF costs about twice as much (measured in scripts/bench_model.py).
+    used by HF costs about twice as much (measured in scripts/bench/bench_model.py).
     """
     if layout != "interleaved":
         return apply_rotary_real(x, rotations.real, rotations.imag, layout)

@@ -15,8 +15,8 @@ relevant documents (a qrels score above 0) and their grades:
 - Accuracy@k: whether any relevant document is in the top k.
 
 Each is averaged over the queries that have a relevant document. tests/unit/test_retrieval.py checks them against the
-evaluator's own output on the same vectors (scripts/ir_metrics_golden.py) and graded nDCG against pytrec_eval's on
-graded judgments (scripts/ndcg_golden.py).
+evaluator's own output on the same vectors (scripts/references/ir_metrics_golden.py) and graded nDCG against
+pytrec_eval's on graded judgments (scripts/references/ndcg_golden.py).
 """
 
 from __future__ import annotations

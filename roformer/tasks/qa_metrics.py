@@ -23,8 +23,9 @@ We call `NLTKWordTokenizer` on the whole run, which needs no data. The two diffe
 inside a run of non-CJK text: after a period-final word followed by a space and more text ("e.g. by" gives `e.g`,
 `.`, `by` with Punkt and `e.g.`, `by` without). On the cmrc2018 trial and dev files (every context, question and
 answer; 4,675 distinct non-CJK runs) this happens in 6 runs; untrained Punkt (no data either) would differ in 9, the
-old `TreebankWordTokenizer` (nltk < 3.5's `word_tokenize`) in 39. scripts/cmrc2018_golden.py runs the official
-script with the real English Punkt model and records those runs; tests/unit/test_qa.py checks our scores against it.
+old `TreebankWordTokenizer` (nltk < 3.5's `word_tokenize`) in 39. scripts/references/cmrc2018_golden.py runs the
+official script with the real English Punkt model and records those runs; tests/unit/test_qa.py checks our scores
+against it.
 """
 
 from __future__ import annotations

@@ -66,19 +66,22 @@ def predict(
         data: The encoded task.
         split: The split predicted.
         eval_size: Rows per forward.
-        model: Another model to predict with (on the accelerator's device; every process holds all of it).
+        model: Another model to predict with, on this process alone: every row, nothing gathered (a variant,
+            which the main process scores; under autocast as the run's model computes).
         change: What changes a batch before the forward (a variant's positions), or None.
     """
     from accelerate.utils import gather_object
 
     acc = engine.accelerator
+    alone = model is not None
     model = engine.model if model is None else model
     model.eval()
     encoded = data.splits[split]
     lengths = encoded.lengths
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     predictions: list[Any] = []
-    for chunk in eval_chunks(len(lengths), eval_size, acc.process_index, acc.num_processes):
+    rank, processes = (0, 1) if alone else (acc.process_index, acc.num_processes)
+    for chunk in eval_chunks(len(lengths), eval_size, rank, processes):
         rows = [0] if chunk is None else [order[i] for i in chunk.tolist()]  # None: keeps FSDP in step
         batch = data.batch(split, rows)
         batch = batch if change is None else change(batch)
@@ -86,7 +89,7 @@ def predict(
         if chunk is not None:  # logits in float32; a task's own outputs (decoded targets) as they are
             logits = outputs.float() if isinstance(outputs, torch.Tensor) else outputs
             predictions += data.task.predictions(logits, encoded, rows)
-    gathered = gather_object([predictions]) if acc.num_processes > 1 else [predictions]
+    gathered = gather_object([predictions]) if processes > 1 else [predictions]
     by_length = [p for part in gathered for p in part]
     in_order: list[Any] = [None] * len(by_length)
     for position, example in enumerate(order):
@@ -100,15 +103,23 @@ def variant_scores(
     """{split: {label: metrics}}: the model of `state` scored on each split under each of the task's test variants.
 
     Each variant is the bare model's class built from the variant's config, `state` loaded into it (the same
-    weights), on the run's device; a split without variants is left out.
+    weights), on the run's device, under the run's autocast; a split without variants is left out. The main process
+    scores them (under sharded training `state` is whole there alone) and every process gets the scores.
     """
-    bare = engine.bare_model()
+    from accelerate.utils import broadcast_object_list
+
+    acc, bare = engine.accelerator, engine.bare_model()
     scores: dict[str, dict[str, dict[str, float]]] = {}
-    for split in splits:
-        for label, variant in data.task.test_variants(bare.config, split).items():
-            model = type(bare)(variant.config)
-            model.load_state_dict(state)
-            model.to(engine.accelerator.device)
-            predictions = predict(engine, data, split, eval_size, model=model, change=variant.batch)
-            scores.setdefault(split, {})[label] = data.task.evaluate(data.splits[split], predictions)
+    variants = {split: data.task.test_variants(bare.config, split) for split in splits}
+    if acc.is_main_process:
+        for split, named in variants.items():
+            for label, variant in named.items():
+                model = type(bare)(variant.config)
+                model.load_state_dict(state)
+                model.to(acc.device)
+                with acc.autocast():
+                    predictions = predict(engine, data, split, eval_size, model=model, change=variant.batch)
+                scores.setdefault(split, {})[label] = data.task.evaluate(data.splits[split], predictions)
+    if acc.num_processes > 1 and any(variants.values()):
+        scores = broadcast_object_list([scores])[0]
     return scores

@@ -1,7 +1,7 @@
 """Token-store benchmark: build time, throughput, memory and loader speed at 1x, 4x and 16x the gutenberg corpus.
 
-    python scripts/bench_data.py                       # ../shared/data/corpus/gutenberg, sizes 1,4,16
-    python scripts/bench_data.py --corpus DIR --sizes 1,2
+    python scripts/bench/bench_data.py                       # ../shared/data/corpus/gutenberg, sizes 1,4,16
+    python scripts/bench/bench_data.py --corpus DIR --sizes 1,2
 
 For each size (the corpus copied that many times under new names) it measures, each in a fresh process so that peak
 RSS belongs to that step alone: the store build (count, tokenizer sample, tokenize + write) with a tokenizer trained
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def config_for(corpus: Path, cache: Path, tokenizer: Path | None) -> dict:

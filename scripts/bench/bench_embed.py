@@ -1,9 +1,9 @@
 """Sentence-encoding throughput: roformer's `SentenceEncoder` (what `roformer embed` runs) against
 `SentenceTransformer.encode` on the sentence-transformers export of the same model, in one process, same texts.
 
-    python scripts/bench_embed.py --model runs/bench/init/final                     # its weights and tokenizer
-    python scripts/bench_embed.py --model runs/bench/init/final --shape base --texts 500 --repeats 3
-    python scripts/bench_embed.py --model DIR --texts 64 --repeats 1                # a smoke run
+    python scripts/bench/bench_embed.py --model runs/bench/init/final                     # its weights and tokenizer
+    python scripts/bench/bench_embed.py --model runs/bench/init/final --shape base --texts 500 --repeats 3
+    python scripts/bench/bench_embed.py --model DIR --texts 64 --repeats 1                # a smoke run
 
 The texts are STS-B's training sentences (../shared/data/glue/STS-B/train.tsv, sentence1 and sentence2 in file
 order: 3 to 56 words, a mixed-length corpus), the first `--texts`. `--shape small|base` keeps the model directory's
@@ -30,7 +30,7 @@ import torch
 from roformer.embed import SentenceEncoder, export_sentence_transformers
 from roformer.model.model import Backbone
 
-STSB = Path(__file__).resolve().parents[2] / "shared" / "data" / "glue" / "STS-B" / "train.tsv"
+STSB = Path(__file__).resolve().parents[3] / "shared" / "data" / "glue" / "STS-B" / "train.tsv"
 SHAPES = {
     "small": dict(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024),
     "base": dict(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072),

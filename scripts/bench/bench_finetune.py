@@ -1,8 +1,8 @@
 """NER and extractive QA fine-tuning end to end: `roformer finetune` against transformers' `Trainer` (run_ner, run_qa).
 
-    python scripts/bench_finetune.py --task ner --init runs/roformer-base/final --out runs/bench/ner
-    python scripts/bench_finetune.py --task qa --init DIR --out runs/bench/qa --train-examples 1002 --epochs 2
-    python scripts/bench_finetune.py --task ner --init DIR --out /tmp/b --train-examples 64 --eval-examples 32 \
+    python scripts/bench/bench_finetune.py --task ner --init runs/roformer-base/final --out runs/bench/ner
+    python scripts/bench/bench_finetune.py --task qa --init DIR --out runs/bench/qa --train-examples 1002 --epochs 2
+    python scripts/bench/bench_finetune.py --task ner --init DIR --out /tmp/b --train-examples 64 --eval-examples 32 \
         --max-steps 4 --batch-size 8 --seeds 0 1 --profile      # a smoke run; --sides hf: the Trainer alone
 
 Both sides start from the same weights and tokenizer (the roformer model directory `--init`; the Trainer gets it
@@ -68,7 +68,7 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "data"
 NER_DIR = SHARED / "ner" / "conll2003"
 QA_DIR = SHARED / "qa" / "cmrc2018"

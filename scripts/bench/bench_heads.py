@@ -11,8 +11,8 @@ activation checkpointing saves.
 
 Timings interleave the models (A, B, A, B, ...) and report medians over repeats, so machine noise hits both alike.
 
-    python scripts/bench_heads.py                      # all three on this CPU, small shapes
-    python scripts/bench_heads.py --only generate --device cuda
+    python scripts/bench/bench_heads.py                      # all three on this CPU, small shapes
+    python scripts/bench/bench_heads.py --only generate --device cuda
 """
 
 from __future__ import annotations

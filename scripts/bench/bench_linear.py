@@ -6,8 +6,8 @@ length T, for: `softmax` with attention dropout 0 (SDPA may use its fused, O(T)-
 construction). Each (variant, T) runs in a fresh subprocess: time is the median of `--repeats` steps after a
 warm-up, memory the growth of the process's peak resident set over one step.
 
-    python scripts/bench_linear.py                          # T = 512 ... 8192 on this machine
-    python scripts/bench_linear.py --device cuda --seq-lens 1024,4096,16384,65536
+    python scripts/bench/bench_linear.py                          # T = 512 ... 8192 on this machine
+    python scripts/bench/bench_linear.py --device cuda --seq-lens 1024,4096,16384,65536
 """
 
 from __future__ import annotations

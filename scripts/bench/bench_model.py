@@ -13,10 +13,10 @@ MFU: model FLOPs per token from `roformer.model.flops.training_flops_per_token` 
 decoder rows it computes) times tokens/s, over the peak of a large GEMM measured in the same dtype on the same
 device (and over the spec sheet's dense figure where the device is known).
 
-    python scripts/bench_model.py                     # CPU defaults: T=128 (batch 16) and T=2048 (batch 1)
-    python scripts/bench_model.py --models ours-rotary,ours-shaw,ours-t5_bias,ours-alibi,ours-sinusoidal \
+    python scripts/bench/bench_model.py                     # CPU defaults: T=128 (batch 16) and T=2048 (batch 1)
+    python scripts/bench/bench_model.py --models ours-rotary,ours-shaw,ours-t5_bias,ours-alibi,ours-sinusoidal \
         --seq-lens 128,512 --batch-sizes 16,4         # every position encoding of one backbone, against rotary
-    python scripts/bench_model.py --shape base --device cuda --dtype bf16 --compile --seq-lens 128,512 \
+    python scripts/bench/bench_model.py --shape base --device cuda --dtype bf16 --compile --seq-lens 128,512 \
         --batch-sizes 128,32
 """
 

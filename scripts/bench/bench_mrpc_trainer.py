@@ -7,7 +7,7 @@ the end of every epoch, predictions for the test set at the end. The classifier 
 Reported: the wall time of the whole job (reading and tokenising the data included), training examples per second
 (examples x epochs over the wall time) and the dev accuracy / F1 of the final model.
 
-    python scripts/bench_mrpc_trainer.py --init runs/roformer-tiny/final --glue-dir ../shared/data/glue
+    python scripts/bench/bench_mrpc_trainer.py --init runs/roformer-tiny/final --glue-dir ../shared/data/glue
 """
 
 from __future__ import annotations

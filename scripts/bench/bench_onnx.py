@@ -3,8 +3,8 @@
 Both run the same padded batches on the CPU with the same thread count; reported: median tokens/s of each and the
 ratio, after checking that the logits agree.
 
-    python scripts/bench_onnx.py                       # the small MLM, rotary, batch 8 x 128 and 1 x 512
-    python scripts/bench_onnx.py --model runs/roformer-small/final
+    python scripts/bench/bench_onnx.py                       # the small MLM, rotary, batch 8 x 128 and 1 x 512
+    python scripts/bench/bench_onnx.py --model runs/roformer-small/final
 """
 
 from __future__ import annotations

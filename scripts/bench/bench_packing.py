@@ -1,8 +1,9 @@
 """Packed (isolated documents) against padded batches: real tokens per second of an MLM training step, same model.
 
-    python scripts/bench_packing.py                          # roformer-small shape, T=128, CPU
-    python scripts/bench_packing.py --model configs/model/roformer-tiny.yaml --length 256 --steps 10
-    python scripts/bench_packing.py --model configs/model/roformer-base.yaml --length 512 --device cuda --dtype bfloat16
+    python scripts/bench/bench_packing.py                          # roformer-small shape, T=128, CPU
+    python scripts/bench/bench_packing.py --model configs/model/roformer-tiny.yaml --length 256 --steps 10
+    python scripts/bench/bench_packing.py --model configs/model/roformer-base.yaml --length 512 --device cuda \
+        --dtype bfloat16
 
 Documents of random lengths (uniform in [--min-length, T], seeded) are batched three ways, each over the same
 documents: padded (one document a row, `attention_mask`), padded and unpadded (`Model.set_unpadding`: the blocks
@@ -30,7 +31,7 @@ from roformer.model.config import ModelConfig
 from roformer.model.flops import synchronize
 from roformer.model.model import MaskedLM
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def documents(count: int, low: int, high: int, vocab: int, seed: int) -> list[torch.Tensor]:

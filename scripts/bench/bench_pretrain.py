@@ -13,9 +13,9 @@ Also reported: the share of our step spent preparing data (must stay under 5%), 
 utilisation (roformer.model.flops: ours credited with the masked decoder rows it computes, HF with every row)
 against a GEMM measured in the same dtype on the same device.
 
-    python scripts/bench_pretrain.py                                  # tiny and small configs on this machine
-    python scripts/bench_pretrain.py --configs configs/pretrain/roformer-small.yaml --steps 10 --repeats 5
-    python scripts/bench_pretrain.py --device cuda --dtype bf16 --compile \
+    python scripts/bench/bench_pretrain.py                                  # tiny and small configs on this machine
+    python scripts/bench/bench_pretrain.py --configs configs/pretrain/roformer-small.yaml --steps 10 --repeats 5
+    python scripts/bench/bench_pretrain.py --device cuda --dtype bf16 --compile \
         --configs configs/pretrain/roformer-base.yaml --set data.source=text --set data.paths=[corpus.txt]
 """
 
@@ -38,7 +38,7 @@ from roformer.train.config import PretrainConfig
 from roformer.train.optim import param_groups
 from roformer.train.pretrain import Pretrainer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIGS = [REPO / "configs/pretrain/roformer-tiny.yaml", REPO / "configs/pretrain/roformer-small.yaml"]
 
 

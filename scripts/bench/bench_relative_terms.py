@@ -8,7 +8,7 @@ What the model does is checked here against the obvious alternatives, equal outp
   compiled) computes it inside the kernel with a `score_mod` and never stores it.
 Each row reports the median time of forward + backward of one attention (B, H, T, d as the small model: H 4, d 64).
 
-    python scripts/bench_relative_terms.py             # T=128 x 16 and T=512 x 4
+    python scripts/bench/bench_relative_terms.py             # T=128 x 16 and T=512 x 4
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Forward + backward on q and k of shape (B, T, 2, H, D), median of repeats, same 
 q and k rotated, v passed through, the gradient flowing back into the projection, in one `RotateLeading` call
 (fused) or through the slice and autograd (unfused); in float32 and bfloat16.
 
-    python scripts/bench_rotary.py [--batch 16 --length 128 --heads 4 --head-size 64]
+    python scripts/bench/bench_rotary.py [--batch 16 --length 128 --heads 4 --head-size 64]
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """STS-B with CoSENT from one init: `roformer finetune --config finetune/stsb-cosent` against the same recipe in
 sentence-transformers (`SentenceTransformerTrainer` with `losses.CoSENTLoss`), each side a subprocess.
 
-    python scripts/bench_sts.py --init runs/bench/init/final --out runs/bench/sts --seeds 0 1 2
-    python scripts/bench_sts.py --init DIR --out /tmp/s --train-examples 64 --epochs 1 --seeds 0   # a smoke run
+    python scripts/bench/bench_sts.py --init runs/bench/init/final --out runs/bench/sts --seeds 0 1 2
+    python scripts/bench/bench_sts.py --init DIR --out /tmp/s --train-examples 64 --epochs 1 --seeds 0   # a smoke run
 
 Both start from the same weights and tokenizer: ours reads the roformer directory `--init`; sentence-transformers
 loads its export (`roformer export --format sentence-transformers`, mean pooling, made once before any timing), as a
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STSB = REPO.parent / "shared" / "data" / "glue" / "STS-B"
 BATCH, SCALE, MAX_LENGTH, WARMUP, WEIGHT_DECAY = 32, 20.0, 64, 0.1, 0.01
 

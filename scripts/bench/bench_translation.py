@@ -15,8 +15,9 @@ Two measurements, each side in this one process, interleaved batch by batch so t
 The model is a trained one (`--model RUN/best`, its tokenizer) or, without it, the config's model with fresh weights
 (its joint BPE trained here): then few targets end before the limit, which is the search's worst case.
 
-    python scripts/bench_translation.py --model runs/translation/multi30k-cpu/best --out runs/bench/translation.json
-    python scripts/bench_translation.py --steps 2 --rounds 1 --sentences 64        # a smoke run
+    python scripts/bench/bench_translation.py --model runs/translation/multi30k-cpu/best \
+        --out runs/bench/translation.json
+    python scripts/bench/bench_translation.py --steps 2 --rounds 1 --sentences 64        # a smoke run
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from roformer.model.seq2seq import shifted_right
 from roformer.train.config import FinetuneConfig
 from roformer.train.finetune import task_inputs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "translation" / "multi30k-cpu.yaml"
 
 

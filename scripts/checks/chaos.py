@@ -1,7 +1,7 @@
 """Chaos test: kill, stop, corrupt and starve a tiny pretraining run, and check that it always ends as if untouched.
 
-    python scripts/chaos.py                   # 20 SIGKILL + 5 SIGTERM + corruption + disk full (~10 min on 2 CPUs)
-    python scripts/chaos.py --kills 5 --terms 2 --steps 30
+    python scripts/checks/chaos.py             # 20 SIGKILL + 5 SIGTERM + corruption + disk full (~10 min on 2 CPUs)
+    python scripts/checks/chaos.py --kills 5 --terms 2 --steps 30
 
 What it does, with a seeded choice of moments:
 1. an uninterrupted reference run (dropout on, a checkpoint every few steps);
@@ -36,7 +36,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXIT_PREEMPTED, EXIT_WRITE_FAILED = 75, 74
 
 

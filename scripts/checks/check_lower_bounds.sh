@@ -4,11 +4,11 @@
 # The floors in pyproject.toml are the versions this script last passed with (see docs/install.md); older versions
 # are untested, not known to fail.
 #
-#     bash scripts/check_lower_bounds.sh                 # the whole suite (the README's test command)
-#     bash scripts/check_lower_bounds.sh tests/unit/test_hf.py -x   # arguments go to pytest
-#     KEEP=1 bash scripts/check_lower_bounds.sh          # keep the virtualenv (its path is printed)
-#     PYTHON=python3.11 bash scripts/check_lower_bounds.sh   # at requires-python's floor
-#     PINS=scripts/gpu_machine_pins.txt PYTHON=python3.12 bash scripts/check_lower_bounds.sh
+#     bash scripts/checks/check_lower_bounds.sh                 # the whole suite (the README's test command)
+#     bash scripts/checks/check_lower_bounds.sh tests/unit/test_hf.py -x   # arguments go to pytest
+#     KEEP=1 bash scripts/checks/check_lower_bounds.sh          # keep the virtualenv (its path is printed)
+#     PYTHON=python3.11 bash scripts/checks/check_lower_bounds.sh   # at requires-python's floor
+#     PINS=scripts/gpu/gpu_machine_pins.txt PYTHON=python3.12 bash scripts/checks/check_lower_bounds.sh
 #                                                        # other exact versions: the GPU machine's, before a lease
 #
 # Needs a package index (torch's floor is a CUDA build from PyPI with its CUDA packages, a few GB; the tests run on

@@ -3,15 +3,16 @@
 # an empty directory run `--help` of every command, `roformer configs`, a short tiny pretraining by config name, and
 # check that shipped configs resolve from inside the installed package.
 #
-#     bash scripts/check_wheel.sh            # a fresh virtualenv: torch==2.13.0 (see README), then the wheel and its
-#                                            # dependencies from the package index (minutes; what a new user runs)
-#     bash scripts/check_wheel.sh --reuse    # a virtualenv on top of this interpreter's packages: only the wheel is
-#                                            # installed (seconds; what tests/e2e/test_package.py runs)
+#     bash scripts/checks/check_wheel.sh          # a fresh virtualenv: torch==2.13.0 (see README), then the wheel and
+#                                                 # its dependencies from the package index (minutes; what a new user
+#                                                 # runs)
+#     bash scripts/checks/check_wheel.sh --reuse  # a virtualenv on top of this interpreter's packages: only the wheel
+#                                                 # is installed (seconds; what tests/e2e/test_package.py runs)
 #
 # Run from the repository root. Leaves nothing behind but the temporary directory it prints (removed on success).
 set -euo pipefail
 mode=${1:-fresh}
-case "$mode" in fresh|--reuse) ;; *) echo "usage: bash scripts/check_wheel.sh [--reuse]" >&2; exit 2 ;; esac
+case "$mode" in fresh|--reuse) ;; *) echo "usage: bash scripts/checks/check_wheel.sh [--reuse]" >&2; exit 2 ;; esac
 repo=$(pwd)
 work=$(mktemp -d)
 trap 'status=$?; if [ $status -ne 0 ]; then echo "failed ($status); kept for inspection: $work" >&2; fi' EXIT

@@ -4,8 +4,8 @@
 # one. 6.0.4 changed what nested `<<` merges read (yaml/pyyaml#953); our loader resolves merges itself
 # (roformer.config_yaml._ConfigLoader), and this proves it under the broken release and the ones around it.
 #
-#     bash scripts/check_yaml_versions.sh               # run by .ci/run, in its virtualenv
-#     VERSIONS="6.0.2 6.0.4" bash scripts/check_yaml_versions.sh
+#     bash scripts/checks/check_yaml_versions.sh               # run by .ci/run, in its virtualenv
+#     VERSIONS="6.0.2 6.0.4" bash scripts/checks/check_yaml_versions.sh
 #
 # Needs the package index (a PyYAML wheel is about 0.8 MB). Run from the repository root with the project installed.
 set -euo pipefail

@@ -3,9 +3,9 @@
 # training examples, 1 epoch, max length 128, full dev sets) from one tiny pretrained model, whose results.json files
 # must be byte-identical before and after the change.
 #
-#     bash scripts/glue_suite_check.sh runs/suite-check/before     # on the commit before the refactor
-#     bash scripts/glue_suite_check.sh runs/suite-check/after      # after it
-#     bash scripts/glue_suite_check.sh --compare runs/suite-check/before runs/suite-check/after
+#     bash scripts/checks/glue_suite_check.sh runs/suite-check/before     # on the commit before the refactor
+#     bash scripts/checks/glue_suite_check.sh runs/suite-check/after      # after it
+#     bash scripts/checks/glue_suite_check.sh --compare runs/suite-check/before runs/suite-check/after
 #
 # About 3 minutes on 2 cores. The init is a 20-step roformer-tiny run made first (also compared).
 set -euo pipefail
@@ -22,7 +22,7 @@ if [[ "${1:-}" == "--compare" ]]; then
     done
     exit $status
 fi
-out=${1:?usage: bash scripts/glue_suite_check.sh OUT_DIR | --compare BEFORE AFTER}
+out=${1:?usage: bash scripts/checks/glue_suite_check.sh OUT_DIR | --compare BEFORE AFTER}
 glue=${GLUE_DIR:-../shared/data/glue}
 rm -rf "$out"
 mkdir -p "$out"

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # A refactor keeps behaviour: the same short pretraining and RTE fine-tune losses before and after it.
 #
-#     bash scripts/refactor_losses.sh runs/refactor/before    # on the commit before the refactor
-#     bash scripts/refactor_losses.sh runs/refactor/after     # after it
+#     bash scripts/checks/refactor_losses.sh runs/refactor/before    # on the commit before the refactor
+#     bash scripts/checks/refactor_losses.sh runs/refactor/after     # after it
 #     diff runs/refactor/before/losses.txt runs/refactor/after/losses.txt && echo identical
 #
 # 20 steps of roformer-tiny pretraining (built-in corpus), then 20 steps of RTE fine-tuning from that model (one lr,
 # one seed, max length 128, ../shared/data/glue), on the CPU; every train and eval loss with all its digits.
 # About 2 minutes on 2 cores.
 set -euo pipefail
-out=${1:?usage: bash scripts/refactor_losses.sh OUT_DIR}
+out=${1:?usage: bash scripts/checks/refactor_losses.sh OUT_DIR}
 glue=${GLUE_DIR:-../shared/data/glue}
 rm -rf "$out"
 mkdir -p "$out"

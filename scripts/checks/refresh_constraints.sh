@@ -3,8 +3,8 @@
 # install command (torch==2.13.0, then `pip install -e ".[dev]"`, whatever the index resolves today), the whole test
 # suite, and only if it passes, `pip freeze` of that virtualenv (the project itself left out) into constraints.txt.
 #
-#     bash scripts/refresh_constraints.sh            # about 6 min on 2 cores: install, suite, freeze
-#     TESTS=0 bash scripts/refresh_constraints.sh    # freeze without the suite (then run it before committing)
+#     bash scripts/checks/refresh_constraints.sh            # about 6 min on 2 cores: install, suite, freeze
+#     TESTS=0 bash scripts/checks/refresh_constraints.sh    # freeze without the suite (then run it before committing)
 #
 # Reproduce a published number with these versions (docs/install.md, "Exact versions"):
 #     pip install torch==2.13.0 && pip install -c constraints.txt -e ".[dev]"
@@ -23,10 +23,10 @@ if [[ "${TESTS:-1}" == 1 ]]; then
     python -m pytest -q -p no:cacheprovider
 fi
 {
-    echo "# The exact versions the test suite last passed with (scripts/refresh_constraints.sh, $(date -u +%Y-%m-%d),"
+    echo "# The exact versions the test suite last passed with (scripts/checks/refresh_constraints.sh, $(date -u +%Y-%m-%d),"
     echo "# $(python --version), $(uname -m) $(uname -s)): published numbers name these. Reproduce with"
     echo "#     pip install torch==2.13.0 && pip install -c constraints.txt -e \".[dev]\""
-    echo "# Refresh: bash scripts/refresh_constraints.sh (a new virtualenv, the suite, then pip freeze)."
+    echo "# Refresh: bash scripts/checks/refresh_constraints.sh (a new virtualenv, the suite, then pip freeze)."
     pip freeze --exclude-editable --all | grep -viE '^(roformer-pytorch|pip|setuptools|wheel)==' | sed -E "s|^(torch==[^+]+)\+.*|\1|" | LC_ALL=C sort -f
 } > "$repo/constraints.txt.tmp"
 mv "$repo/constraints.txt.tmp" "$repo/constraints.txt"

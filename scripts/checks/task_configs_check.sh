@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # A refactor of the fine-tuning tasks keeps behaviour: one short run of every shipped task config that reads local
 # data (configs/finetune/, ../shared/data), whose results.json and prediction files must hash the same before and
-# after the change. scripts/glue_suite_check.sh covers the GLUE suite; this covers every other task type.
+# after the change. scripts/checks/glue_suite_check.sh covers the GLUE suite; this covers every other task type.
 #
-#     bash scripts/task_configs_check.sh runs/tasks-check/before     # on the commit before the refactor
-#     bash scripts/task_configs_check.sh runs/tasks-check/after      # after it
-#     bash scripts/task_configs_check.sh --compare runs/tasks-check/before runs/tasks-check/after
+#     bash scripts/checks/task_configs_check.sh runs/tasks-check/before     # on the commit before the refactor
+#     bash scripts/checks/task_configs_check.sh runs/tasks-check/after      # after it
+#     bash scripts/checks/task_configs_check.sh --compare runs/tasks-check/before runs/tasks-check/after
 #
 # The inits: roformer-tiny (built-in corpus) and roformer-zh-tiny (word-level Chinese), 20 pretraining steps each. Each
 # run: one lr, one seed, 64 training and 64 evaluation examples, 8 steps, evaluated at the end. Left out: the configs
@@ -23,7 +23,7 @@ if [[ "${1:-}" == "--compare" ]]; then
     fi
     exit 0
 fi
-out=${1:?usage: bash scripts/task_configs_check.sh OUT_DIR | --compare BEFORE AFTER}
+out=${1:?usage: bash scripts/checks/task_configs_check.sh OUT_DIR | --compare BEFORE AFTER}
 rm -rf "$out"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU path end to end, on one GPU machine, in under 10 minutes per stage (stages can run in separate calls):
-#     bash scripts/gpu_check.sh [all|tests|bench|relative|packing|pretrain|report]
+#     bash scripts/gpu/gpu_check.sh [all|tests|bench|relative|packing|pretrain|report|lease|translation|mqar]
 #   tests     pytest -m gpu: bf16/fp16 steps, fp16 loss scaling, flash SDPA, compile, exact bf16 resume, FSDP/DeepSpeed
-#   bench     scripts/bench_model.py at BERT-base shapes, bf16: T=128 (batch 128) and T=512 (batch 32), eager and
+#   bench     scripts/bench/bench_model.py at BERT-base shapes, bf16: T=128 (batch 128) and T=512 (batch 32), eager and
 #             compiled, ours vs HF RoFormer / HF BERT (sdpa): tokens/s, MFU, peak memory
 #   relative  every position encoding against rotary (bench_model.py, bf16, compiled, T=512 x 32) and the ways to
 #             compute the relative terms (bench_relative_terms.py, FlexAttention's score_mod included)
@@ -20,17 +20,18 @@
 #   lease     all of it inside one device call of GPU_CHECK_SECONDS (default 560): the stages in order of what the
 #             GPU issues need most (eager bench; compiled bench at T=512; packing; base pretraining with the GPU
 #             tests beside it; every encoding, eager; compiled bench at T=128 if time is left), each cut at the
-#             deadline (the encoder-decoder's checks and speed, scripts/seq2seq_gpu_check.py, after packing;
+#             deadline (the encoder-decoder's checks and speed, scripts/gpu/seq2seq_gpu_check.py, after packing;
 #             GPU_CHECK_PRETRAIN=0 skips the pretraining), results packed every 20 s into $OUT/results.tgz (the
 #             device tool returns at most 8 files)
 # Results go to $OUT (the device tool's folder) or runs/gpu-check; run data to /tmp/gpu-check. Prepare .gpu/ first
-# with scripts/gpu_prepare.sh (wheels and data for a machine without network). GPU_CHECK_SMOKE=1 runs every stage at
+# with scripts/gpu/gpu_prepare.sh (wheels and data for a machine without network). GPU_CHECK_SMOKE=1 runs every stage at
 # toy sizes (also on a CPU, in fp32 there) to check the plumbing; GPU_CHECK_MODES="eager" skips the compiled bench.
 set -euo pipefail
 stage=${1:-all}
 out=${OUT:-runs/gpu-check}
 work=${GPU_CHECK_WORK:-/tmp/gpu-check}
 mkdir -p "$out" "$work"
+out=$(cd "$out" && pwd) work=$(cd "$work" && pwd)  # absolute: stages change directory
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if ! python -c "import datasets" 2>/dev/null && [ -d .gpu/wheels ]; then
@@ -77,20 +78,20 @@ run_tests() {
 run_bench() {
     for mode in ${GPU_CHECK_MODES:-eager compiled}; do
         flag=(); [ "$mode" = compiled ] && flag=(--compile)
-        python scripts/bench_model.py "${device_args[@]}" --dtype "$dtype" "${flag[@]}" "${bench_args[@]}" \
+        python scripts/bench/bench_model.py "${device_args[@]}" --dtype "$dtype" "${flag[@]}" "${bench_args[@]}" \
             --json "$out/bench-$mode.json"
     done
 }
 
 run_relative() {
-    python scripts/bench_model.py "${device_args[@]}" --dtype "$dtype" "${relative_args[@]}" --baseline ours-rotary \
+    python scripts/bench/bench_model.py "${device_args[@]}" --dtype "$dtype" "${relative_args[@]}" --baseline ours-rotary \
         --models ours-rotary,ours-rotary-unfused,ours-sinusoidal,ours-none,ours-shaw,ours-shaw-values,ours-t5_bias,ours-alibi \
         --json "$out/bench-relative.json"
-    python scripts/bench_relative_terms.py "${terms_args[@]}" | tee "$out/relative-terms.md"
+    python scripts/bench/bench_relative_terms.py "${terms_args[@]}" | tee "$out/relative-terms.md"
 }
 
 run_packing() {
-    python scripts/bench_packing.py "${packing_args[@]}" | tee "$out/packing.md"
+    python scripts/bench/bench_packing.py "${packing_args[@]}" | tee "$out/packing.md"
 }
 
 run_pretrain() {
@@ -109,20 +110,30 @@ run_pretrain() {
 side_by_side() {  # side_by_side NAME STUDY_CONFIG JOBS OVERRIDES...: a task study's runs at once on the one GPU
     local name=$1 study_config=$2 jobs=$3
     shift 3
-    local deadline=$((SECONDS + ${GPU_CHECK_SECONDS:-540})) study=$work/$name flags=()
+    local study=$work/$name flags=() threads=$(($(nproc) / jobs))
+    ((threads >= 1)) || threads=1
     for item in "$@"; do flags+=(--set "$item"); done
     mkdir -p "$study"
-    # each run its own process and 2 CPU threads (16 cores); cut 60 s before the deadline, leaving time for the tables
-    python scripts/study_runs.py "$study_config" "$study" "${flags[@]}" > "$study/runs.txt"
-    export GPU_CHECK_CUT=$((deadline - SECONDS - 60))
-    xargs -P "$jobs" -L 1 sh -c 'OMP_NUM_THREADS=2 timeout --kill-after=10 "$GPU_CHECK_CUT" python -m roformer finetune \
-        --config "$0" --output-dir "$1" > "$1.log" 2>&1; true' < "$study/runs.txt"
+    # one process a run, the cores shared out; every run ends by one wall-clock time, 60 s before the stage's
+    # deadline (a run started late gets what is left, none under 10 s); a run cut on an earlier call resumes
+    export GPU_CHECK_END=$(($(date +%s) + ${GPU_CHECK_SECONDS:-540} - 60)) GPU_CHECK_THREADS=$threads
+    python scripts/tools/study_runs.py --print0 "$study_config" "$study" "${flags[@]}" > "$study/runs.txt"
+    pack() {  # what comes back: every run's results, curves and log (not its models), the tables and plots
+        (cd "$study" && find . \( -name results.json -o -name results.md -o -name metrics.jsonl -o -name "*.log" \
+            -o -path "./compare/*" -o -name report.md \) -type f -print0 | tar czf "$out/.$name.tgz" --null -T -) &&
+            mv "$out/.$name.tgz" "$out/$name.tgz"
+    }
+    (while sleep 30; do pack || true; done) &  # the device tool returns what is there when a call is cut
+    local packer=$!
+    xargs -0 -n 2 -P "$jobs" sh -c 'left=$((GPU_CHECK_END - $(date +%s))); [ "$left" -gt 10 ] || exit 0
+        resume=; [ -d "$1" ] && resume=--resume
+        OMP_NUM_THREADS=$GPU_CHECK_THREADS timeout --kill-after=10 "$left" python -m roformer finetune \
+            --config "$0" --output-dir "$1" $resume > "$1.log" 2>&1; exit 0' < "$study/runs.txt"
     python -m roformer experiment --config "$study_config" --output-dir "$study" --compare-only "${flags[@]}" \
         > "$study/compare.log" 2>&1 || true
-    # what comes back: every run's results, curves and log (not its models), the tables and plots
-    (cd "$study" && find . \( -name results.json -o -name results.md -o -name metrics.jsonl -o -name "*.log" \
-        -o -path "./compare/*" -o -name report.md \) -type f -print0 | tar czf "$out/$name.tgz" --null -T -)
-    cat "$study/compare/summary.md" 2>/dev/null || tail -n 5 "$study"/*/*.log
+    kill "$packer" 2>/dev/null || true
+    pack || true
+    cat "$study/compare/summary.md" 2>/dev/null || tail -n 5 "$study"/*/*.log 2>/dev/null || true
 }
 
 run_translation() {  # issue 66: Wu et al.'s full recipe (8,000 updates of 8,192 tokens, --patience 10), 8 runs at once
@@ -161,14 +172,14 @@ run_lease() {
         echo "== $(date +%T) up to ${cap}s: $*"
         timeout --kill-after=5 "$cap" "$@" || echo "== stopped or failed ($?): $*"
     }
-    local bench=(python scripts/bench_model.py "${device_args[@]}" --dtype "$dtype")
+    local bench=(python scripts/bench/bench_model.py "${device_args[@]}" --dtype "$dtype")
     within 100 env GPU_CHECK_MODES=eager OUT="$results" bash "$0" bench
     local compiled=1  # GPU_CHECK_MODES=eager leaves the compiled benchmarks out of the lease too
     [[ " ${GPU_CHECK_MODES:-eager compiled} " == *" compiled "* ]] || compiled=0
     ((compiled)) && within 200 "${bench[@]}" "${lease_compiled[@]}" --compile --json "$results/bench-compiled.json"
-    within 60 bash -c "python scripts/bench_packing.py ${packing_args[*]} > $results/packing.md"
+    within 60 bash -c "python scripts/bench/bench_packing.py ${packing_args[*]} > $results/packing.md"
     # the encoder-decoder (issue 56): its CUDA checks and its Transformer-base speed, alone on the GPU
-    within 150 bash -c "python scripts/seq2seq_gpu_check.py ${seq2seq_args[*]} --out $results/seq2seq.json \
+    within 150 bash -c "python scripts/gpu/seq2seq_gpu_check.py ${seq2seq_args[*]} --out $results/seq2seq.json \
         > $results/seq2seq.log 2>&1"
     # the GPU tests beside the pretraining: neither is a timing (the pretraining's tokens/s are shared with them);
     # GPU_CHECK_PRETRAIN=0 leaves the pretraining out (a lease that already has its curves)
@@ -183,10 +194,10 @@ run_lease() {
     for arg in "${relative_args[@]}"; do [ "$arg" = --compile ] || eager_relative+=("$arg"); done
     within 90 "${bench[@]}" "${eager_relative[@]}" --baseline ours-rotary --json "$results/bench-relative.json" \
         --models ours-rotary,ours-rotary-unfused,ours-sinusoidal,ours-none,ours-shaw,ours-shaw-values,ours-t5_bias,ours-alibi
-    within 40 bash -c "python scripts/bench_relative_terms.py ${terms_args[*]} > $results/relative-terms.md"
+    within 40 bash -c "python scripts/bench/bench_relative_terms.py ${terms_args[*]} > $results/relative-terms.md"
     ((compiled)) && within 200 "${bench[@]}" "${lease_compiled_short[@]}" --compile \
         --json "$results/bench-compiled-short.json"
-    python scripts/gpu_report.py "$results" --runs "$work/base" > "$results/gpu-report.md" || true
+    python scripts/gpu/gpu_report.py "$results" --runs "$work/base" > "$results/gpu-report.md" || true
     kill "$packer" 2>/dev/null || true
     tar czf "$pack/results.tgz" -C "$results" .
     cat "$results/gpu-report.md"
@@ -205,4 +216,4 @@ case "$stage" in
     all) run_tests; run_bench; run_relative; run_packing; run_pretrain ;;
     *) echo "gpu_check.sh: unknown stage '$stage' (all, tests, bench, relative, packing, pretrain, report, lease, translation, mqar)" >&2; exit 2 ;;
 esac
-python scripts/gpu_report.py "$out" --runs "$work/base" | tee "$out/gpu-report.md"
+python scripts/gpu/gpu_report.py "$out" --runs "$work/base" | tee "$out/gpu-report.md"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Fill .gpu/ (git-ignored) with what scripts/gpu_check.sh needs on a GPU machine that has no network: the wheels of
+# Fill .gpu/ (git-ignored) with what scripts/gpu/gpu_check.sh needs on a GPU machine that has no network: the wheels of
 # the Python packages such a machine may lack (pure-Python, for CPython 3.12; versions as tested here) and copies
 # of the gutenberg corpus and Multi30k. Run it where pip can reach a package index, from the repository root:
-#     bash scripts/gpu_prepare.sh [path/to/shared/data]
-# then send the repository with .gpu/ to the GPU machine and run `bash scripts/gpu_check.sh` there.
+#     bash scripts/gpu/gpu_prepare.sh [path/to/shared/data]
+# then send the repository with .gpu/ to the GPU machine and run `bash scripts/gpu/gpu_check.sh` there.
 set -euo pipefail
 data=${1:-../shared/data}
 mkdir -p .gpu/wheels .gpu/data

@@ -1,6 +1,7 @@
-"""One table from the results of scripts/gpu_check.sh: GPU tests, model benchmark (eager, compiled), base pretraining.
+"""One table from the results of scripts/gpu/gpu_check.sh: GPU tests, model benchmark (eager, compiled), base
+pretraining.
 
-    python scripts/gpu_report.py OUT_DIR [--runs EXPERIMENT_DIR]
+    python scripts/gpu/gpu_report.py OUT_DIR [--runs EXPERIMENT_DIR]
 
 Missing stages are reported as not run; the targets of the GPU issue are checked where their numbers exist
 (MFU >= 45% at T=512 compiled, >= 1.5x HF RoFormer's tokens/s with less peak memory, no non-finite loss).

@@ -7,7 +7,7 @@ beam search on CUDA gives the CPU's tokens. Speed (Transformer-base: 6 + 6 layer
 32k shared vocabulary, rotary and sinusoidal): training target tokens/s under bf16 autocast, and greedy and beam-4
 decoding sentences/s (eos off, so every row runs to the limit; the median of 3 calls after a warm-up call).
 
-    python scripts/seq2seq_gpu_check.py [--out results.json] [--smoke]     # --smoke: tiny sizes, CPU allowed
+    python scripts/gpu/seq2seq_gpu_check.py [--out results.json] [--smoke]     # --smoke: tiny sizes, CPU allowed
 """
 
 from __future__ import annotations

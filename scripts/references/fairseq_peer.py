@@ -5,7 +5,7 @@ own joint BPE, fairseq on the same text cut into that BPE's pieces (so both read
 test 2016 with beam 5 and length penalty 1 and are scored by roformer.tasks.mt_metrics. Written: OUT/peer.json and
 OUT/peer.md (seconds per update, tokens per second, BLEU, chrF++, tokenized lower-cased BLEU).
 
-    python scripts/fairseq_peer.py --venv /tmp/fairseq-venv --out runs/fairseq-peer --updates 600
+    python scripts/references/fairseq_peer.py --venv /tmp/fairseq-venv --out runs/fairseq-peer --updates 600
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 
 from roformer.tasks.mt_metrics import corpus_scores
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DATA = REPO.parent / "shared" / "data" / "translation" / "multi30k"
 CONFIG = REPO / "configs" / "translation" / "multi30k-tiny.yaml"
 SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}

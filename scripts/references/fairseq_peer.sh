@@ -3,19 +3,20 @@
 # virtualenv: its `transformer_tiny`-shaped model on the same Multi30k files and BPE for the same updates on this CPU
 # (issue 66). Nothing it builds is committed; it writes its measurements to OUT.
 #
-#     bash scripts/fairseq_peer.sh build              # the virtualenv (VENV, default /tmp/fairseq-venv)
-#     bash scripts/fairseq_peer.sh check              # it imports, and fairseq-train --help runs
-#     bash scripts/fairseq_peer.sh run OUT UPDATES    # both sides, UPDATES updates each, one thread: OUT/peer.json
+#     bash scripts/references/fairseq_peer.sh build            # the virtualenv (VENV, default /tmp/fairseq-venv)
+#     bash scripts/references/fairseq_peer.sh check            # it imports, and fairseq-train --help runs
+#     bash scripts/references/fairseq_peer.sh run OUT UPDATES  # both sides, UPDATES updates each, one thread:
+#                                                              # OUT/peer.json
 #
 # `run` trains our recipe (configs/translation/multi30k-tiny.yaml, rotary and sinusoidal) for UPDATES updates, then
 # fairseq's transformer of the same shape (4 + 4 layers of width 128, 4 heads, feed-forward 256, post-LN, sinusoidal
 # positions, all embeddings shared, dropout 0.3, Adam (0.9, 0.98) at 5e-3 under inverse_sqrt with 2,000 warmup
 # updates, label smoothing 0.1, --max-tokens 4096: Wu et al.'s flags) on the same files cut into our BPE's pieces,
 # for as many updates; both translate test 2016 with beam 5 (length penalty 1) and are scored by our metrics
-# (roformer.tasks.mt_metrics: sacreBLEU, chrF++, bleu_tok_lc). scripts/fairseq_peer.py does the steps.
+# (roformer.tasks.mt_metrics: sacreBLEU, chrF++, bleu_tok_lc). scripts/references/fairseq_peer.py does the steps.
 #
 # fairseq 0.12.2 does not install as published on Python 3.11 with torch 2.x, so the build patches its source
-# (scripts/fairseq_patch.py):
+# (scripts/references/fairseq_patch.py):
 #   - its sdist lacks the sources of its torch C++ extensions (libbase for BASE layers, libnat for non-autoregressive
 #     models, the alignment operators): they are left out (a transformer needs none of them);
 #   - its dataclass configs (and those of hydra-core 1.0, which it pins) use instances as field defaults, which
@@ -45,12 +46,12 @@ check)
     "$venv/bin/fairseq-train" --help > /dev/null && echo "fairseq-train --help: ok"
     ;;
 run)
-    out=${2:?usage: bash scripts/fairseq_peer.sh run OUT UPDATES}
-    updates=${3:?usage: bash scripts/fairseq_peer.sh run OUT UPDATES}
+    out=${2:?usage: bash scripts/references/fairseq_peer.sh run OUT UPDATES}
+    updates=${3:?usage: bash scripts/references/fairseq_peer.sh run OUT UPDATES}
     OMP_NUM_THREADS=1 python "$here/fairseq_peer.py" --venv "$venv" --out "$out" --updates "$updates"
     ;;
 *)
-    echo "usage: bash scripts/fairseq_peer.sh build|check|run OUT UPDATES" >&2
+    echo "usage: bash scripts/references/fairseq_peer.sh build|check|run OUT UPDATES" >&2
     exit 2
     ;;
 esac

@@ -14,7 +14,7 @@ on the same vectors. sentence-transformers is not one of our dependencies, so th
 
 Writes tests/golden/ir_metrics.json (about 15 KB). Regenerate with
 
-    python scripts/ir_metrics_golden.py --venv /tmp/ir-golden-venv
+    python scripts/references/ir_metrics_golden.py --venv /tmp/ir-golden-venv
 
 (creates the venv if it is missing). Deterministic: the same seed gives the same JSON; the sentence-transformers
 version that wrote it is recorded in the file.
@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "tests" / "golden" / "ir_metrics.json"
+OUT = Path(__file__).resolve().parents[2] / "tests" / "golden" / "ir_metrics.json"
 QUERIES, DOCUMENTS, DIM = 30, 150, 6
 AT = {"accuracy_at_k": [1, 10, 100], "precision_recall_at_k": [1, 10, 100], "mrr_at_k": [10], "ndcg_at_k": [10],
       "map_at_k": [100]}  # fmt: skip

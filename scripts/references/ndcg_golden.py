@@ -14,7 +14,7 @@ one of our dependencies (a C extension, not built for every platform), so this s
 
 Writes tests/golden/ndcg_graded.json (a few KB). Regenerate with
 
-    python scripts/ndcg_golden.py --venv /tmp/ndcg-golden-venv
+    python scripts/references/ndcg_golden.py --venv /tmp/ndcg-golden-venv
 
 (creates the venv if it is missing). Deterministic: the same seed gives the same JSON; the pytrec_eval version that
 wrote it is recorded in the file.
@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "tests" / "golden" / "ndcg_graded.json"
+OUT = Path(__file__).resolve().parents[2] / "tests" / "golden" / "ndcg_graded.json"
 QUERIES, DOCUMENTS = 25, 60
 
 

@@ -11,7 +11,7 @@ tokenizer given (a pretraining run's `tokenizer/`, a model directory, a converte
   (A, candidate) pairs that fit whole and the mean share of a pair's tokens kept (`[CLS] A [SEP] X [SEP]`, cut
   longest-first as `type: triplet` cuts it).
 
-    python scripts/chinese_tokenization.py --tokenizer word=runs/chinese-tiny/roformer-seed0/tokenizer \\
+    python scripts/studies/chinese_tokenization.py --tokenizer word=runs/chinese-tiny/roformer-seed0/tokenizer \\
         --tokenizer char=runs/bert-zh-char-tiny/tokenizer
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from roformer.data.tokenizer import jieba_presegmenter, load_tokenizer, word_vocabulary
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 CORPUS = [SHARED / "corpus/chinese-fewclue-unlabeled" / name for name in ("tnews.json", "eprstmt.json")]
 SCM = SHARED / "cail2019-scm/sample.json"
 

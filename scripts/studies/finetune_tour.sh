@@ -3,7 +3,7 @@
 # and one seed each, then one table of wall time and the dev (and labelled test) metrics: what each task costs on
 # this machine and that every config runs as shipped. Not a benchmark of models: pass the inits you want measured.
 #
-#     bash scripts/finetune_tour.sh EN_INIT ZH_INIT OUT_DIR [--set KEY=VALUE ...]
+#     bash scripts/studies/finetune_tour.sh EN_INIT ZH_INIT OUT_DIR [--set KEY=VALUE ...]
 #
 # EN_INIT fine-tunes the English tasks (conll2003), ZH_INIT the Chinese ones (cmrc2018, ocnli, chinese-stsb, the
 # nine FewCLUE tasks, CAIL2019-SCM's sample: its fold 0 only, as train.seeds is [0]). finetune/squad (the hub),
@@ -11,7 +11,7 @@
 # are left out. Extra arguments are passed to every `roformer finetune` (e.g. --set "train.lrs=[1.0e-3]").
 # The table: OUT_DIR/tour.md. docs/fine-tuning.md ("Every shipped config") shows one, with the command that made it.
 set -euo pipefail
-en_init=${1:?usage: bash scripts/finetune_tour.sh EN_INIT ZH_INIT OUT_DIR [--set KEY=VALUE ...]}
+en_init=${1:?usage: bash scripts/studies/finetune_tour.sh EN_INIT ZH_INIT OUT_DIR [--set KEY=VALUE ...]}
 zh_init=${2:?}
 out=${3:?}
 shift 3

@@ -1,7 +1,7 @@
 """The paper's fig. 2 (RoFormer sec. 3.4.3): RoPE's relative upper bound against the relative distance.
 
-    python scripts/long_term_decay.py                        # docs/rope-long-term-decay.png (d = 128), and the table
-    python scripts/long_term_decay.py --head-size 64 --out bound-64.png
+    python scripts/studies/long_term_decay.py                  # docs/rope-long-term-decay.png (d = 128), and the table
+    python scripts/studies/long_term_decay.py --head-size 64 --out bound-64.png
 
 Prints the bound at the distances docs/length-generalization.md tabulates (two decimals) as a markdown table, and
 draws it over distances 0 to --max-distance (a point every 0.1, as a smooth curve) into --out.
@@ -17,7 +17,7 @@ from roformer.study.decay import FIGURE_HEAD_SIZE, TABLE_DISTANCES, relative_upp
 from roformer.study.markdown import upper_bound_table
 from roformer.study.plots import plot_upper_bound
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:

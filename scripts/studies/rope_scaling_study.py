@@ -1,7 +1,7 @@
 """RoPE context scaling, measured: a RoFormer trained at a short length, evaluated far beyond it with none / PI / NTK /
 YaRN, then (as the position-interpolation paper does) after a short continued pretraining at the longer length.
 
-    python scripts/rope_scaling_study.py --out runs/rope-scaling            # tiny config: ~6 minutes on 2 CPU cores
+    python scripts/studies/rope_scaling_study.py --out runs/rope-scaling      # tiny config: ~6 minutes on 2 CPU cores
 
 Steps (every one through the CLI's own functions, so the numbers are what a user gets):
 1. `roformer pretrain` of `--config` (default the tiny recipe, 128 tokens) unless `<out>/base` exists;
@@ -23,7 +23,7 @@ from roformer.study.markdown import length_results_table
 from roformer.train.config import PretrainConfig
 from roformer.train.pretrain import pretrain
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 METHODS = ("none", "linear", "ntk", "yarn")
 
 

@@ -7,7 +7,7 @@ held-out triplets: the difference 1024 - 512 is paired by (pretraining run, fine
 interval (roformer.study.stats.difference), per model. Suite directories
 named `<label>-seed<k>` are grouped by label.
 
-    python scripts/scm_lengths.py runs/chinese-tiny/glue/*
+    python scripts/studies/scm_lengths.py runs/chinese-tiny/glue/*
 """
 
 from __future__ import annotations

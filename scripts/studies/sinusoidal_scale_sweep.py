@@ -10,7 +10,7 @@ Arms (same data, tokenizer, batch order, initial weights where shared, schedule 
     rotary       RoFormer (reference)
     none         no positions at all (what a collapsed learned scale amounts to)
 
-    python scripts/sinusoidal_scale_sweep.py --corpus ../shared/data/corpus/gutenberg --steps 400
+    python scripts/studies/sinusoidal_scale_sweep.py --corpus ../shared/data/corpus/gutenberg --steps 400
 
 Prints a table of eval MLM loss (fixed mask) at a few steps; `--json` writes it.
 """
@@ -139,7 +139,7 @@ def run_arm(arm: str, args: argparse.Namespace, train: torch.Tensor, eval_batche
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--corpus", type=Path, default=Path(__file__).resolve().parents[2] / "shared/data/corpus/gutenberg")
+    p.add_argument("--corpus", type=Path, default=Path(__file__).resolve().parents[3] / "shared/data/corpus/gutenberg")
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--eval-every", type=int, default=100)

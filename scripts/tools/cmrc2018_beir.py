@@ -8,8 +8,8 @@ about. The trial questions (1,002) are the training split, the dev questions (3,
 in ../shared; with it (`--train cmrc2018_train.json`) its 10,142 questions train instead and the trial questions
 become the test split.
 
-    python scripts/cmrc2018_beir.py                       # writes runs/data/cmrc2018-beir
-    python scripts/cmrc2018_beir.py --out DIR --data ../shared/data/qa/cmrc2018
+    python scripts/tools/cmrc2018_beir.py                       # writes runs/data/cmrc2018-beir
+    python scripts/tools/cmrc2018_beir.py --out DIR --data ../shared/data/qa/cmrc2018
 
 Writes corpus.jsonl, queries.jsonl and qrels/{train,dev[,test]}.tsv; deterministic (file order).
 """
@@ -20,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def articles(path: Path) -> list[dict]:

@@ -5,8 +5,8 @@ not on the package index, which renders the long description alone. This keeps R
 the index's page from it: a relative link becomes its text followed by the path in backticks (the files ship in the
 source distribution: MANIFEST.in), a relative image is dropped with its line, absolute links are kept.
 
-    python scripts/package_description.py           # rewrite PACKAGE.md after editing README.md
-    python scripts/package_description.py --check   # exit 1 if PACKAGE.md is stale (tests/e2e/test_package.py)
+    python scripts/tools/package_description.py           # rewrite PACKAGE.md after editing README.md
+    python scripts/tools/package_description.py --check   # exit 1 if PACKAGE.md is stale (tests/e2e/test_package.py)
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import re
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-HEADER = "<!-- generated from README.md by scripts/package_description.py: edit README.md, then run it -->\n"
+REPO = Path(__file__).resolve().parents[2]
+HEADER = "<!-- generated from README.md by scripts/tools/package_description.py: edit README.md, then run it -->\n"
 LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
 
 
@@ -50,7 +50,7 @@ def main() -> int:
     target = REPO / "PACKAGE.md"
     if sys.argv[1:] == ["--check"]:
         if not target.is_file() or target.read_text(encoding="utf-8") != text:
-            print("PACKAGE.md is stale: run python scripts/package_description.py", file=sys.stderr)
+            print("PACKAGE.md is stale: run python scripts/tools/package_description.py", file=sys.stderr)
             return 1
         return 0
     target.write_text(text, encoding="utf-8")

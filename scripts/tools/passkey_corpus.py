@@ -7,8 +7,8 @@ to fill a masked key from its earlier statement, at the distances of its trainin
 passkey-mlm` then asks for the same skill at distances and lengths it never saw, which is where position encodings
 and extension methods differ. The probe's keys and fillers are drawn independently of these (other seeds).
 
-    python scripts/passkey_corpus.py --out runs/passkey-corpus            # 20,000 documents, passkey.jsonl
-    python scripts/passkey_corpus.py --filler DIR --documents 5000 --seed 1 --out DIR2
+    python scripts/tools/passkey_corpus.py --out runs/passkey-corpus            # 20,000 documents, passkey.jsonl
+    python scripts/tools/passkey_corpus.py --filler DIR --documents 5000 --seed 1 --out DIR2
 
 Writes one JSON-lines file (`text` per line), which `data.source: text` reads as one document a line.
 """
@@ -27,7 +27,7 @@ from roformer.data.text import expand_paths, read_documents
 from roformer.errors import UserError
 from roformer.study.probes import MLM_KEYS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def filler_words(folder: Path) -> list[str]:

@@ -1,6 +1,6 @@
 """`roformer pretrain` as a script, for launchers that want a file.
 
-accelerate launch scripts/pretrain.py --config configs/pretrain/roformer-tiny.yaml
+accelerate launch scripts/tools/pretrain.py --config configs/pretrain/roformer-tiny.yaml
 """
 
 import sys

@@ -1,5 +1,5 @@
-"""The Chinese page's two scripts: tokenization statistics (scripts/chinese_tokenization.py) and SCM at two lengths
-(scripts/scm_lengths.py), on small files written here."""
+"""The Chinese page's two scripts: tokenization statistics (scripts/studies/chinese_tokenization.py) and SCM at two
+lengths (scripts/studies/scm_lengths.py), on small files written here."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ DOCS = ["今天天气很好，我想去公园玩。", "北京大学的学生在�
 
 
 def run_script(name: str, *args: str) -> str:
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / name), *args], capture_output=True, text=True)
+    script = REPO / "scripts" / "studies" / name
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 

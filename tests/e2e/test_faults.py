@@ -1,5 +1,5 @@
 """Runs that survive preemption, damaged checkpoints, full disks and diverging losses (the fast cases of
-scripts/chaos.py, in process: signals are sent to this process, write failures are injected OSErrors)."""
+scripts/checks/chaos.py, in process: signals are sent to this process, write failures are injected OSErrors)."""
 
 from __future__ import annotations
 
@@ -350,12 +350,13 @@ def _events(out: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_chaos_script_small() -> None:
-    """scripts/chaos.py end to end with few faults (the full run is in the README)."""
+    """scripts/checks/chaos.py end to end with few faults (the full run is in the README)."""
     import subprocess
     import sys
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    args = [sys.executable, str(REPO / "scripts" / "chaos.py"), "--kills", "3", "--terms", "2", "--steps", "24"]
+    script = REPO / "scripts" / "checks" / "chaos.py"
+    args = [sys.executable, str(script), "--kills", "3", "--terms", "2", "--steps", "24"]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "| SIGTERM | 2 | 2/2 | 0 | 0 |" in done.stdout

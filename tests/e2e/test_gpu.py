@@ -10,7 +10,7 @@
   micro-batch and accumulation from `train:`; an FSDP run stopped on every GPU resumes on one (sharded checkpoints
   through torch.distributed.checkpoint, resharded on load).
 
-Run them on a GPU machine with `python -m pytest -m gpu tests/e2e/test_gpu.py` (scripts/gpu_check.sh does).
+Run them on a GPU machine with `python -m pytest -m gpu tests/e2e/test_gpu.py` (scripts/gpu/gpu_check.sh does).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh end to end at toy sizes (GPU_CHECK_SMOKE=1): the plumbing of the GPU session, on a CPU."""
+"""scripts/gpu/gpu_check.sh end to end at toy sizes (GPU_CHECK_SMOKE=1): the plumbing of the GPU session, on a CPU."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def test_gpu_check_smoke_run_prints_one_report(tmp_path: Path) -> None:
         "OMP_NUM_THREADS": "1",
     }
     done = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", "all"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
+        ["bash", "scripts/gpu/gpu_check.sh", "all"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = (tmp_path / "out" / "gpu-report.md").read_text()
@@ -43,7 +43,7 @@ def test_gpu_check_lease_stops_at_its_deadline_and_returns_one_archive(tmp_path:
     env = {**os.environ, "GPU_CHECK_SMOKE": "1", "GPU_CHECK_SECONDS": "75", "OUT": str(out),
            "GPU_CHECK_WORK": str(tmp_path / "work"), "OMP_NUM_THREADS": "1"}  # fmt: skip
     done = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", "lease"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+        ["bash", "scripts/gpu/gpu_check.sh", "lease"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "== skipped (no time left)" in done.stdout, done.stdout

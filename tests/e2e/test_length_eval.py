@@ -158,11 +158,11 @@ def test_device(runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_rope_scaling_study_script(tmp_path: Path) -> None:
-    """scripts/rope_scaling_study.py end to end at toy size: both tables, every method, continued runs."""
+    """scripts/studies/rope_scaling_study.py end to end at toy size: both tables, every method, continued runs."""
     yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=3, eval_every=3, save_every=0)
     done = run_python(
         [
-            str(REPO / "scripts" / "rope_scaling_study.py"),
+            str(REPO / "scripts" / "studies" / "rope_scaling_study.py"),
             "--config",
             str(yaml),
             "--out",

@@ -194,7 +194,7 @@ def test_the_wheel_works_outside_the_repository() -> None:
     # build, install into a virtualenv, then from an empty directory: --help of every command, roformer configs,
     # shipped configs resolving inside the package, and a short tiny pretraining by config name
     done = subprocess.run(
-        ["bash", "scripts/check_wheel.sh", "--reuse"], cwd=REPO, capture_output=True, text=True, timeout=600
+        ["bash", "scripts/checks/check_wheel.sh", "--reuse"], cwd=REPO, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "wheel check passed" in done.stdout and "/venv/lib/" in done.stdout  # the wheel's copy was imported
@@ -229,20 +229,22 @@ def read_pins(path: Path) -> dict[str, str]:
 
 
 def test_the_declared_ranges_admit_the_gpu_machines_versions() -> None:
-    """The GPU machine of the device tool (issue 25) runs the suite with scripts/gpu_machine_pins.txt."""
+    """The GPU machine of the device tool (issue 25) runs the suite with scripts/gpu/gpu_machine_pins.txt."""
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     requirements = declared_requirements(("onnx",))
-    pins = read_pins(REPO / "scripts/gpu_machine_pins.txt")
+    pins = read_pins(REPO / "scripts/gpu/gpu_machine_pins.txt")
     assert {"torch", "transformers", "accelerate", "tokenizers"} <= set(pins)
     for name, version in pins.items():
         assert version in requirements.get(name, SpecifierSet()), f"{name} {version} is outside {requirements[name]}"
     assert "3.12" in SpecifierSet(project["requires-python"]) and "3.11" in SpecifierSet(project["requires-python"])
-    assert all(str(spec).startswith(">=") for spec in requirements.values())  # scripts/check_lower_bounds.sh pins them
+    # scripts/checks/check_lower_bounds.sh pins them
+    assert all(str(spec).startswith(">=") for spec in requirements.values())
 
 
 def test_the_constraints_file_pins_every_dependency_inside_its_range() -> None:
-    """constraints.txt (scripts/refresh_constraints.sh) pins every declared dependency at a version pyproject allows."""
+    """constraints.txt (scripts/checks/refresh_constraints.sh) pins every declared dependency at a version pyproject
+    allows."""
     requirements = declared_requirements(("dev", "chinese", "onnx"))
     pins = read_pins(REPO / "constraints.txt")
     assert not set(requirements) - set(pins), f"not pinned: {sorted(set(requirements) - set(pins))}"
@@ -261,8 +263,9 @@ def test_published_numbers_name_the_constraints_file() -> None:
 
 
 def test_the_package_index_page_is_the_readme_without_relative_links() -> None:
-    """PyPI shows PACKAGE.md alone: made from README.md by scripts/package_description.py, no link it cannot follow."""
-    script = [sys.executable, "scripts/package_description.py", "--check"]
+    """PyPI shows PACKAGE.md alone: made from README.md by scripts/tools/package_description.py, no link it cannot
+    follow."""
+    script = [sys.executable, "scripts/tools/package_description.py", "--check"]
     done = subprocess.run(script, cwd=REPO, capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
     text = (REPO / "PACKAGE.md").read_text()

@@ -386,9 +386,9 @@ def test_compiled_run_resumes_exactly(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_pretrain_script_entry(tmp_path: Path) -> None:
-    """scripts/pretrain.py is the same command, for `accelerate launch scripts/pretrain.py ...`."""
+    """scripts/tools/pretrain.py is the same command, for `accelerate launch scripts/tools/pretrain.py ...`."""
     yaml = tiny_run_config(tmp_path / "c.yaml", max_steps=2)
-    args = [str(REPO / "scripts" / "pretrain.py"), "--config", str(yaml), "--output-dir", str(tmp_path / "r")]
+    args = [str(REPO / "scripts" / "tools" / "pretrain.py"), "--config", str(yaml), "--output-dir", str(tmp_path / "r")]
     done = run_python(args)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "r" / "final" / "model.safetensors").is_file()

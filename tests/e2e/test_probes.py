@@ -175,10 +175,11 @@ def test_passkey_mlm_refuses_a_vocabulary_without_digit_tokens_and_a_model_witho
 
 @pytest.mark.slow  # long: CI skips it (docs/install.md, the slow marker)
 def test_the_passkey_corpus_plants_one_key_twice_in_every_document(tmp_path: Path) -> None:
-    """scripts/passkey_corpus.py: JSON lines a text corpus reads, each the probe's statement twice with one key."""
+    """scripts/tools/passkey_corpus.py: JSON lines a text corpus reads, each the probe's statement twice with one
+    key."""
     (tmp_path / "filler").mkdir()
     (tmp_path / "filler" / "a.txt").write_text(" ".join(f"word{i}" for i in range(2000)))
-    done = run_python([str(REPO / "scripts/passkey_corpus.py"), "--filler", str(tmp_path / "filler"), "--out",
+    done = run_python([str(REPO / "scripts/tools/passkey_corpus.py"), "--filler", str(tmp_path / "filler"), "--out",
                        str(tmp_path / "out"), "--documents", "40", "--words", "5", "20"])  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = (tmp_path / "out" / "passkey.jsonl").read_text().splitlines()
@@ -190,7 +191,7 @@ def test_the_passkey_corpus_plants_one_key_twice_in_every_document(tmp_path: Pat
         assert 5 <= len(re.sub(r"the pass key is \d\.", "", text).split()) <= 20
     keys = {re.search(r"is (\d)\.", json.loads(line)["text"]).group(1) for line in lines}
     assert len(keys) > 3  # keys drawn, not one
-    script = str(REPO / "scripts/passkey_corpus.py")
+    script = str(REPO / "scripts/tools/passkey_corpus.py")
     missing = run_python([script, "--filler", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")])
     too_few = run_python([script, "--filler", str(tmp_path / "filler"), "--out", str(tmp_path / "y"),
                           "--words", "5", "500"])  # fmt: skip

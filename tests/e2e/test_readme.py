@@ -24,7 +24,7 @@ def test_ci_runs_the_readme_test_command_in_a_new_virtualenv() -> None:
     assert [line for line in readme.splitlines() if re.search(pattern[1], line)] == [TEST_COMMAND]
     assert 'eval "$test_command"' in ci
     assert re.search(r"python3 -m venv \"\$venv\"", ci) and 'source "$venv/bin/activate"' in ci
-    assert "scripts/check_yaml_versions.sh" in ci
+    assert "scripts/checks/check_yaml_versions.sh" in ci
 
 
 # The quickstart's last line, as the README states it; docs/cli.md quotes the whole line, other pages its numbers

@@ -251,3 +251,22 @@ def test_compare_only_is_for_a_task_study_that_has_started(tmp_path: Path, capsy
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1
         assert not (tmp_path / "out").exists()
+
+
+def test_two_processes_score_the_extensions_as_one(tmp_path: Path) -> None:
+    """The main process scores the test-time variants and every process gets them: the results of one process."""
+    from helpers import accelerate_launch
+
+    extra = ["data.synthetic.extensions=[linear,ntk:4,log_scale]", "train.batch_size=4"]
+    assert finetune(tmp_path / "one", *extra) == 0
+    args = ["-m", "roformer", "finetune", "--config", str(SHIFT), "--output-dir", str(tmp_path / "two")]
+    for item in [*QUICK, *extra]:
+        args += ["--set", item]
+    done = accelerate_launch(args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = (json.loads((tmp_path / name / "results.json").read_text())["test"] for name in ("one", "two"))
+    assert two["test_2x"]["extensions"] == one["test_2x"]["extensions"] and set(one["test_2x"]["extensions"]) == {
+        "linear",
+        "ntk:4",
+        "log_scale",
+    }

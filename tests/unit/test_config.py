@@ -149,7 +149,7 @@ def test_merge_keys_may_override_what_they_merge(tmp_path: Path) -> None:
 def test_merge_keys_mean_the_same_under_every_pyyaml(tmp_path: Path, text: str, expected: dict) -> None:
     """Our loader resolves `<<` itself (roformer.config_yaml._ConfigLoader): the spec's values under any PyYAML.
 
-    `scripts/check_yaml_versions.sh` (run by .ci/run) runs this file under PyYAML 6.0.1, 6.0.3 and 6.0.4.
+    `scripts/checks/check_yaml_versions.sh` (run by .ci/run) runs this file under PyYAML 6.0.1, 6.0.3 and 6.0.4.
     """
     from roformer.config_yaml import read_yaml
 

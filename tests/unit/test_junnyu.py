@@ -1,7 +1,7 @@
 """RoFormer-Sim, RoFormerV2 and the pooler against JunnYu's port (`roformer==0.4.3`, the one the hub model cards use).
 
 transformers cannot run these models, so the reference is the port itself, run once in its own environment by
-`scripts/junnyu_goldens.py`: tiny random models, their files as the port saves them, inputs and outputs
+`scripts/references/junnyu_goldens.py`: tiny random models, their files as the port saves them, inputs and outputs
 (tests/golden/junnyu/README.md). Here the files go through our importer, as a real download would.
 """
 

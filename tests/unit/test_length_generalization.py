@@ -328,7 +328,8 @@ def test_the_projection_at_the_asked_positions_alone_gives_the_same_loss() -> No
 
 
 def test_a_task_study_s_runs_as_separate_commands_are_the_experiment_s_runs(tmp_path) -> None:  # noqa: ANN001
-    """scripts/study_runs.py writes each unfinished run's config as the experiment resolves it (arm, study, seed)."""
+    """scripts/tools/study_runs.py writes each unfinished run's config as the experiment resolves it (arm, study,
+    seed)."""
     import subprocess
     import sys
     from dataclasses import replace
@@ -344,7 +345,7 @@ def test_a_task_study_s_runs_as_separate_commands_are_the_experiment_s_runs(tmp_
     done = subprocess.run(
         [
             sys.executable,
-            str(REPO / "scripts" / "study_runs.py"),
+            str(REPO / "scripts" / "tools" / "study_runs.py"),
             str(study),
             str(tmp_path),
             "--set",

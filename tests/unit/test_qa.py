@@ -121,7 +121,8 @@ def dev_answers(shared_data: Path) -> dict[str, list[str]]:
 
 
 def test_cmrc2018_equals_the_official_script(golden: dict, shared_data: Path) -> None:
-    """Every question's EM and F1, and the totals, exactly as cmrc2018_evaluate.py (scripts/cmrc2018_golden.py)."""
+    """Every question's EM and F1, and the totals, exactly as cmrc2018_evaluate.py
+    (scripts/references/cmrc2018_golden.py)."""
     answers = dev_answers(shared_data)
     predictions = {}
     for qid, (prediction, em, f1) in golden["questions"].items():
@@ -139,7 +140,7 @@ def test_cmrc2018_equals_the_official_script(golden: dict, shared_data: Path) ->
 
 
 def official_cmrc2018(shared_data: Path) -> dict:
-    """cmrc2018_evaluate.py's functions (scripts/cmrc2018_golden.py's Python 3 conversion, syntax only).
+    """cmrc2018_evaluate.py's functions (scripts/references/cmrc2018_golden.py's Python 3 conversion, syntax only).
 
     Its `nltk.word_tokenize` needs the Punkt model, which is not here: NLTKWordTokenizer stands in, which splits
     the CJK answers used with it the same way (see roformer.tasks.qa_metrics).
@@ -149,7 +150,8 @@ def official_cmrc2018(shared_data: Path) -> dict:
 
     from nltk.tokenize.destructive import NLTKWordTokenizer
 
-    spec = importlib.util.spec_from_file_location("cmrc2018_golden", REPO / "scripts" / "cmrc2018_golden.py")
+    script = REPO / "scripts" / "references" / "cmrc2018_golden.py"
+    spec = importlib.util.spec_from_file_location("cmrc2018_golden", script)
     assert spec is not None and spec.loader is not None
     golden_script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(golden_script)

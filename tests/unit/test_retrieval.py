@@ -24,7 +24,8 @@ GOLDEN = json.loads((REPO / "tests" / "golden" / "ir_metrics.json").read_text())
 
 
 def test_metrics_equal_sentence_transformers_information_retrieval_evaluator() -> None:
-    """scripts/ir_metrics_golden.py: the evaluator's own ranking and metrics of the same vectors (ties included)."""
+    """scripts/references/ir_metrics_golden.py: the evaluator's own ranking and metrics of the same vectors (ties
+    included)."""
     queries, corpus, qrels = GOLDEN["queries"], GOLDEN["corpus"], GOLDEN["qrels"]
     ranked = rank_by_cosine(torch.tensor(list(queries.values())), torch.tensor(list(corpus.values())), list(corpus))
     names = [n for n in GOLDEN["metrics"] if "@" in n and not n.startswith("precision")]
@@ -42,7 +43,8 @@ def test_metrics_equal_sentence_transformers_information_retrieval_evaluator() -
 
 
 def test_graded_ndcg_equals_pytrec_eval_as_beir_reports_it() -> None:
-    """scripts/ndcg_golden.py: trec_eval's ndcg_cut_10 on graded judgments (grades 0-3), per query and the mean."""
+    """scripts/references/ndcg_golden.py: trec_eval's ndcg_cut_10 on graded judgments (grades 0-3), per query and the
+    mean."""
     golden = json.loads((REPO / "tests" / "golden" / "ndcg_graded.json").read_text())
     queries = list(golden["rankings"])
     gold = [{doc: grade for doc, grade in golden["qrels"][q].items() if grade > 0} for q in queries]
