@@ -27,9 +27,10 @@ import hashlib
 import json
 import logging
 import statistics
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -51,7 +52,6 @@ from roformer.train.results_card import result_line
 from roformer.train.run_dir import METRICS_FILE, PREDICTIONS_DIR, RESULTS_FILE, RunDir, read_metrics
 
 if TYPE_CHECKING:
-    from roformer.study.experiment import ExperimentConfig
     from roformer.train.config import FinetuneConfig
 
 logger = logging.getLogger(__name__)
@@ -65,8 +65,32 @@ ARM_DATA_FIELDS = ("synthetic.randomized_positions", "synthetic.randomized_kind"
 STUDY_TYPES = ("synthetic", "translation")  # the task types trained from scratch that a study compares
 
 
+class TaskArm(Protocol):
+    """An arm of a task study: overrides of every task (`roformer.study.experiment.ArmSpec`)."""
+
+    set: list[str]
+
+
+class TaskStudy(Protocol):
+    """What a task study reads of its experiment config (`roformer.study.experiment.ExperimentConfig` with `tasks:`).
+
+    Declared here, so that the study does not import the experiment module that runs it.
+    """
+
+    tasks: list[str] | None
+    arms: Mapping[str, TaskArm]
+    seeds: list[int]
+    overrides: list[str]
+    vary: list[str]
+    baseline: str | None
+    target: float
+
+    def arm_runs_seed(self, label: str, seed: int) -> bool:
+        """Whether arm `label` has a run of `seed`."""
+
+
 def load_task_arms(
-    experiment: ExperimentConfig, path: Path, overrides: list[str] | None = None
+    experiment: TaskStudy, path: Path, overrides: list[str] | None = None
 ) -> dict[str, dict[str, FinetuneConfig]]:
     """{task name: {arm: its resolved fine-tuning config}} (each config's label set to the arm).
 
@@ -175,7 +199,7 @@ def run_path(out: Path, task: str, label: str, seed: int) -> Path:
 
 
 def run_task_study(
-    experiment: ExperimentConfig, path: Path, out: Path, overrides: list[str] | None, compare_only: bool = False
+    experiment: TaskStudy, path: Path, out: Path, overrides: list[str] | None, compare_only: bool = False
 ) -> dict[str, Any]:
     """Train every (task, arm, seed) that has no results yet, then compare; returns the summary.
 
