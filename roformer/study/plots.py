@@ -76,7 +76,7 @@ def plot_curves(arms: list[Arm], path: Path) -> None:
     plt.close(fig)
 
 
-def plot_probes(rows: list[dict[str, Any]], path: Path, band: str = PROBE_BAND) -> None:
+def plot_probes(rows: list[dict[str, Any]], path: Path, band: str = PROBE_BAND, per_row: int | None = None) -> None:
     """probes.png: accuracy against length, a panel per probe, a line per arm and scaling.
 
     An arm is a colour and a scaling a line style, named once each in a legend below the panels, so that two dozen
@@ -99,8 +99,12 @@ def plot_probes(rows: list[dict[str, Any]], path: Path, band: str = PROBE_BAND) 
     colours = plt.get_cmap("tab20" if len(labels) > 10 else "tab10")
     colour = {label: colours(i % colours.N) for i, label in enumerate(labels)}
     style = {scaling: STYLES[i % len(STYLES)] for i, scaling in enumerate(scalings)}
-    fig, axes = plt.subplots(1, len(probes), figsize=(5.5 * len(probes), 4.2), squeeze=False)
-    for ax, probe in zip(axes[0], probes, strict=True):
+    across = min(per_row or len(probes), len(probes))  # panels a row (`per_row`: a grid of them)
+    down = math.ceil(len(probes) / across)
+    fig, axes = plt.subplots(down, across, figsize=(5.5 * across, 4.2 * down), squeeze=False)
+    for ax in axes.flat[len(probes) :]:
+        ax.set_visible(False)
+    for ax, probe in zip(axes.flat, probes, strict=False):
         lines: dict[tuple[str, str, Any], list[dict[str, Any]]] = {}
         for r in rows:
             if r["probe"] == probe and "accuracy" in r:
@@ -134,9 +138,9 @@ def plot_probes(rows: list[dict[str, Any]], path: Path, band: str = PROBE_BAND) 
     if any("chance" in r for r in rows):
         handles.append(Line2D([], [], color="grey", linestyle=(0, (2, 2)), linewidth=1, label="chance"))
     handles.append(Patch(color="grey", alpha=0.2, label=band))
-    columns = min(len(handles), 6, 3 * len(probes))  # a panel holds three legend columns
+    columns = min(len(handles), 6, 3 * across)  # a panel holds three legend columns
     fig.legend(handles=handles, loc="lower center", ncol=columns, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.05 * math.ceil(len(handles) / columns), 1, 1))
+    fig.tight_layout(rect=(0, 0.05 * math.ceil(len(handles) / columns) / down, 1, 1))
     fig.savefig(path, dpi=110, bbox_inches="tight")  # a one-panel figure's legend is wider than its panel
     plt.close(fig)
 

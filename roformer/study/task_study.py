@@ -577,7 +577,8 @@ def write_summary(folder: Path, summary: dict[str, Any]) -> list[str]:
         plot_probes(rows, folder / PLOT_FILE, INTERVAL_BAND)
         drawn.append(PLOT_FILE)
     if rows := extension_plot_rows(summary):
-        plot_probes(rows, folder / EXTENSIONS_PLOT_FILE, INTERVAL_BAND)
+        arms = max(len(d["arms"]) for d in summary["tasks"].values() if d["kind"] == "synthetic")
+        plot_probes(rows, folder / EXTENSIONS_PLOT_FILE, INTERVAL_BAND, per_row=min(arms, 4))  # a task's arms a row
         drawn.append(EXTENSIONS_PLOT_FILE)
     if rows := bleu_plot_rows(summary):
         plot_bleu_by_length(rows, summary, folder / BLEU_PLOT_FILE)
