@@ -243,13 +243,14 @@ def check_real_positions(config: ModelConfig, position_ids: Tensor | None) -> No
     Raises:
         ValueError: real positions for a table's rows or buckets (learned, Shaw, T5), which would be cut to integers.
     """
+    if position_ids is None or not position_ids.is_floating_point() or torch.compiler.is_compiling():
+        return  # the declarations are looked up eagerly alone: a compiled forward does not trace the lookup
     spec = config.encoding
-    if position_ids is not None and position_ids.is_floating_point() and spec.acts != "nothing":
-        if not spec.real_positions:
-            raise ValueError(
-                f"position_encoding {spec.name} reads positions as table rows or buckets: integer position_ids, "
-                f"not {position_ids.dtype}"
-            )
+    if spec.acts != "nothing" and not spec.real_positions:
+        raise ValueError(
+            f"position_encoding {spec.name} reads positions as table rows or buckets: integer position_ids, "
+            f"not {position_ids.dtype}"
+        )
 
 
 def resolved_inputs(input_ids: Tensor, inputs: ForwardInputs) -> ForwardInputs:
