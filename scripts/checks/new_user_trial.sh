@@ -4,7 +4,7 @@
 #     ROFORMER_DATA=/path/to/shared/data bash scripts/checks/new_user_trial.sh [OUT.md]
 # Each workflow runs as the docs give it, with fewer steps (a first try, not a result); the table gives the seconds
 # from the command to its answer (the finished line or the config error) and the exit code. Best on a quiet machine:
-# the times are wall-clock. About 6 minutes on 2 cores.
+# the times are wall-clock. About a minute on 2 cores (docs/cli.md has a measured table).
 set -uo pipefail
 out=${1:-new-user-trial.md}
 data=${ROFORMER_DATA:?set ROFORMER_DATA to the data root (the folder holding glue/, translation/, corpus/)}
