@@ -308,6 +308,10 @@ class RotaryEmbedding(TablesFollowTheModule):
         if self.dim < x.shape[-1]:  # partial rotary: the remaining features carry no position
             return torch.cat((self(x[..., : self.dim], positions), x[..., self.dim :]), dim=-1)
         if positions is not None and positions.is_floating_point():  # real positions: computed, not looked up
+            if torch.compiler.is_compiling():  # real arithmetic, which Inductor fuses (see apply_rotary_real)
+                angles = self.angles_at(positions)  # (B, T, D/2) float64
+                cos, sin = (angles.cos() * self.magnitude).float(), (angles.sin() * self.magnitude).float()
+                return apply_rotary_real(x, cos, sin, self.layout)
             return apply_rotary(x, self.rotations_at(positions), self.layout)
         length = x.shape[1] if positions is None else int(positions.max()) + 1
         if torch.compiler.is_compiling():
@@ -331,9 +335,13 @@ class RotaryEmbedding(TablesFollowTheModule):
         if positions.numel() == 0:
             return torch.empty(*positions.shape, self.dim // 2, dtype=torch.complex64, device=positions.device)
         if positions.is_floating_point():
-            angles = positions.double()[..., None] * self.frequencies().to(positions.device)  # (B, T, dim/2)
+            angles = self.angles_at(positions)  # (B, T, dim/2)
             return torch.polar(torch.full_like(angles, self.magnitude), angles).to(torch.complex64)
         return self.rotations(int(positions.max()) + 1, positions.device)[positions]
+
+    def angles_at(self, positions: Tensor) -> Tensor:
+        """float64 angles m * theta_i at real `positions` (B, T): (B, T, dim // 2), on their device."""
+        return positions.double()[..., None] * self.frequencies().to(positions.device)
 
     def rotate_leading(
         self,

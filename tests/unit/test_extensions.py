@@ -223,3 +223,18 @@ def test_an_extension_of_a_model_trained_with_one_is_refused() -> None:
     assert "trained with attention_log_scale" in Extension("log_scale").refusal(tiny_config(attention_log_scale=16))
     with pytest.raises(ConfigError, match="a whole number"):
         parse_extensions(["self_extend:2.5"])
+
+
+def test_real_positions_compile_in_one_graph_and_in_real_arithmetic() -> None:
+    """Compiled, rotary at real positions takes cos/sin (Inductor generates no complex code) and equals eager."""
+    import warnings
+
+    model, ids = _model("rotary"), _ids()
+    positions = (torch.arange(12) * 1.5).expand(2, -1)
+    with torch.no_grad():
+        eager = model(ids, position_ids=positions).logits
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compiled = torch.compile(model, fullgraph=True)(ids, position_ids=positions).logits
+    assert not [w for w in caught if "complex" in str(w.message)]
+    torch.testing.assert_close(compiled, eager)
