@@ -42,6 +42,7 @@ from roformer.errors import ConfigError
 from roformer.model.config import ModelConfig, RopeScaling
 
 ROPE_SCALINGS = ("linear", "ntk", "yarn", "self_extend")  # `model.rope_scaling`'s types (linear: see `positions`)
+FREQUENCY_METHODS = ROPE_SCALINGS[1:]  # those applied through rope_scaling: RoPE's own frequencies, rotary alone
 EXTENSION_METHODS = (*ROPE_SCALINGS, "log_scale")
 
 
@@ -117,13 +118,13 @@ class Extension:
                 f"linear (position interpolation) divides positions, which {spec.name} reads as table rows, "
                 "buckets or not at all; it applies to rotary, p_rope, sinusoidal, alibi and fire"
             )
-        if self.method in ROPE_SCALINGS and self.method != "linear" and spec.name != "rotary":
+        if self.method in FREQUENCY_METHODS and spec.name != "rotary":
             return f"{self.method} rescales RoPE's frequencies (model.rope_scaling): rotary alone, not {spec.name}"
         if self.method == "log_scale" and config.attention == "linear":
             return "log_scale scales softmax logits: not with attention: linear"
         if self.method == "log_scale" and config.attention_log_scale is not None:
             return "the model was trained with attention_log_scale: it is not a test-time extension of it"
-        if self.method in ROPE_SCALINGS and self.method != "linear" and config.rope_scaling is not None:
+        if self.method in FREQUENCY_METHODS and config.rope_scaling is not None:
             return "the model was trained with rope_scaling: another one would replace it, not extend it"
         return None
 
