@@ -220,7 +220,7 @@ class ModelConfig(YamlFile):
         hidden_size: Width of the residual stream.
         num_layers: Number of post-LN transformer blocks.
         num_heads: Attention heads; hidden_size must be divisible by it.
-        intermediate_size: Width of the feed-forward layer.
+        intermediate_size: Width of the feed-forward layer; 0 for blocks without one (attention alone, Zoology's).
         embedding_size: Width of the token embeddings; None means hidden_size, otherwise a linear projection maps
             embeddings to hidden_size (HF RoFormer `embeddings_project`, ALBERT-style factorisation).
         hidden_act: Activation of the feed-forward layer and the MLM transform (an HF activation name).
@@ -346,10 +346,12 @@ class ModelConfig(YamlFile):
         self._validate()
 
     def _validate(self) -> None:
-        positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "type_vocab_size")
+        positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "type_vocab_size")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.intermediate_size < 0:
+            raise ConfigError(f"intermediate_size must be > 0, or 0 for no feed-forward layer, got {self.intermediate_size}")
         if self.embedding_size is not None and self.embedding_size <= 0:
             raise ConfigError(f"embedding_size must be > 0 or null, got {self.embedding_size}")
         if self.hidden_size % self.num_heads:

@@ -35,8 +35,8 @@ def encoder_parameters(config: ModelConfig) -> int:
     """Non-embedding parameters of the encoder layers (attention, FFN, their biases and LayerNorms)."""
     h, f = config.hidden_size, config.intermediate_size
     attention = 4 * h * h + 4 * h  # q, k, v, o
-    ffn = 2 * h * f + f + h
-    norms = 2 * 2 * h
+    ffn = 2 * h * f + f + h if f else 0  # intermediate_size 0: no feed-forward sublayer, nor its LayerNorm
+    norms = (2 if f else 1) * 2 * h
     return config.num_layers * (attention + ffn + norms)
 
 

@@ -344,6 +344,8 @@ def _check_v1(config: ModelConfig, family: str) -> None:
             )
     if config.attention_pattern == "unilm":
         raise CheckpointError(f"HF {name} has no UniLM attention mask (attention_pattern: unilm)")
+    if config.intermediate_size == 0:
+        raise CheckpointError(f"HF {name} has a feed-forward layer in every block: intermediate_size 0 cannot export")
 
 
 def split_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -167,6 +167,8 @@ class Embeddings(nn.Module):
 class Block(nn.Module):
     """Post-LN transformer block (BERT): x = LN(x + Attn(x)); x = LN(x + FFN(x)).
 
+    With `intermediate_size` 0 the block is its attention sublayer alone, x = LN(x + Attn(x)): Zoology's attention
+    models (Arora et al. 2023) have no feed-forward layer, so a recall task is solved by attention, not memorised.
     With `cross_attention` (a decoder of an encoder-decoder), x = LN(x + CrossAttn(x, encoder states)) between the
     two, as HF's decoder layer (`add_cross_attention`) and the Transformer's decoder (Vaswani et al. fig. 1).
     """
@@ -177,9 +179,10 @@ class Block(nn.Module):
         self.attn_norm = make_norm(config, config.hidden_size)
         self.cross = CrossAttention(config) if config.cross_attention else None
         self.cross_norm = make_norm(config, config.hidden_size) if config.cross_attention else None
-        self.ffn_in = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.use_bias)
-        self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
-        self.ffn_norm = make_norm(config, config.hidden_size)
+        ffn = config.intermediate_size > 0
+        self.ffn_in = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.use_bias) if ffn else None
+        self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.use_bias) if ffn else None
+        self.ffn_norm = make_norm(config, config.hidden_size) if ffn else None
         self.act = ACTIVATIONS[config.hidden_act]
         self.dropout = Dropout(config.hidden_dropout)
 
@@ -193,4 +196,6 @@ class Block(nn.Module):
         h = self.attn_norm(h + self.dropout(self.attn(x, ctx)))
         if self.cross is not None:
             h = self.cross_norm(h + self.dropout(self.cross(h, ctx)))
+        if self.ffn_in is None:
+            return h
         return self.ffn_norm(h + self.dropout(self.ffn_out(self.act(self.ffn_in(h)))))
