@@ -351,7 +351,9 @@ class ModelConfig(YamlFile):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.intermediate_size < 0:
-            raise ConfigError(f"intermediate_size must be > 0, or 0 for no feed-forward layer, got {self.intermediate_size}")
+            raise ConfigError(
+                f"intermediate_size must be > 0, or 0 for no feed-forward layer, got {self.intermediate_size}"
+            )
         if self.embedding_size is not None and self.embedding_size <= 0:
             raise ConfigError(f"embedding_size must be > 0 or null, got {self.embedding_size}")
         if self.hidden_size % self.num_heads:
