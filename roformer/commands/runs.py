@@ -183,7 +183,8 @@ def experiment_command(args: argparse.Namespace) -> None:
 def check_arm_override_keys(path: Path, overrides: list[str]) -> None:
     """Refuse an unknown key of an experiment's `--set` (an override of every arm) before torch is imported.
 
-    The arms are pretraining configs, or, in a task study (a `tasks:` list), fine-tuning configs.
+    The arms are pretraining configs, or, in a task study (a file with a `tasks:` key, as
+    roformer.study.experiment_config.experiment_config_class tells them apart), fine-tuning configs.
 
     Raises:
         ConfigError: the file does not read, or an override's key is unknown (naming the nearest known one).

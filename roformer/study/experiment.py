@@ -17,6 +17,9 @@ Optional stages after pretraining: `glue:` fine-tunes every final model on the t
 (`<run>/length_extrapolation.json`). Then `<out>/compare/` and `<out>/report.md` (roformer.study.report): curves,
 steps-to-target, GLUE and length tables with intervals over seeds, and the exact command and configs.
 
+The config is a roformer.study.experiment_config.PretrainExperimentConfig; a file with `tasks:` is a task study
+instead (a TaskStudyConfig, run by roformer.study.task_study).
+
 Resumable at every stage: a run with a `final/` is done and skipped, a started run continues from its last
 checkpoint (exactly, see roformer.train.pretrain), a missing one starts; finished GLUE tasks and length files are
 kept, a started GLUE grid resumes; the comparison and the report are redone at the end.
@@ -25,21 +28,29 @@ kept, a started GLUE grid resumes; the comparison and the report are redone at t
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from roformer.config import check_seed, check_types, load
+from roformer.config import load
 from roformer.config_paths import config_file, config_path
 from roformer.config_yaml import read_yaml
 from roformer.errors import ConfigError, UserError, naming
 from roformer.files import check_output_dir
-from roformer.model.config import ModelConfig, position_fields
+from roformer.model.config import position_fields
 from roformer.model.weights import WEIGHTS_FILE
 from roformer.study.compare import compare
-from roformer.study.length_eval import LengthEvalSettings, default_device, evaluate_lengths, write_results
+from roformer.study.experiment_config import (
+    TOKENIZATION_FIELDS,
+    LengthStage,
+    PretrainExperimentConfig,
+    ProbeStage,
+    TaskStudyConfig,
+    load_experiment_config,
+)
+from roformer.study.length_eval import default_device, evaluate_lengths, write_results
 from roformer.study.outputs import COMPARE_DIR, GLUE_DIR
-from roformer.study.probes import ProbeSettings, haystack_documents, mlm_key_ids, run_probe
+from roformer.study.probes import haystack_documents, mlm_key_ids, run_probe
 from roformer.study.report import write_report
 from roformer.study.runs import PretrainRun, check_same_vocabulary, load_runs
 from roformer.study.suite import load_suite, run_suite
@@ -65,265 +76,21 @@ logger = logging.getLogger(__name__)
 POSITION_FIELDS = frozenset(position_fields())
 
 
-@dataclass
-class ArmSpec:
-    """How to make an arm's runs: a pretraining config plus overrides of its own (e.g. `model.position_encoding=none`).
+def load_experiment(
+    path: str | Path, overrides: list[str] | None = None
+) -> tuple[PretrainExperimentConfig | TaskStudyConfig, dict[str, Any]]:
+    """The experiment config, of its kind, and each arm's resolved config (label set to the arm's name).
 
-    The `{config: ..., set: [...]}` form of an entry of `arms:` (a plain string is the config alone). The runs it
-    makes, read back for a comparison, are a roformer.study.runs.Arm.
-
-    Attributes:
-        config: The arm's config (a task study's arms have none: their task's).
-        set: Overrides of this arm.
-        seeds: In a task study, the experiment's seeds this arm runs (null: all of them): three seeds for the arms
-            that decide a comparison, one for the rest. A seed compared is one both arms ran.
-    """
-
-    config: str = ""
-    set: list[str] = field(default_factory=list)
-    seeds: list[int] | None = None
-
-
-@dataclass
-class GlueStage:
-    """Fine-tune every final model on the tasks of a `roformer glue` suite (tasks, their lr grid and seeds).
-
-    Attributes:
-        suite: A suite YAML (relative to the experiment file), e.g. ../glue/small-cpu.yaml.
-        glue_dir: The GLUE data folder (relative to the experiment file), set as every task's `data.glue_dir`.
-        overrides: `--set` style overrides of every task (e.g. `data.max_length=128`, `train.seeds=[0,1,2]`).
-    """
-
-    suite: str = ""
-    glue_dir: str | None = None
-    overrides: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if not self.suite:
-            raise ConfigError("glue.suite is required (a roformer glue suite YAML)")
-
-
-@dataclass
-class LengthStage:
-    """Evaluate every final model at several block lengths (roformer eval-mlm).
-
-    Attributes:
-        seq_lens: Block lengths.
-        max_tokens: Tokens scored at every length.
-        batch_size: Blocks per forward.
-    """
-
-    seq_lens: list[int] = field(default_factory=list)
-    max_tokens: int = 65536
-    batch_size: int = 8
-
-    def __post_init__(self) -> None:
-        self.settings()  # checked where the command checks it
-
-    def settings(self) -> LengthEvalSettings:
-        """What eval-mlm measures for every final model."""
-        return LengthEvalSettings(tuple(self.seq_lens), self.max_tokens, self.batch_size)
-
-
-@dataclass
-class ProbeStage:
-    """Probe every final model (roformer probe) at several lengths, under several scalings.
-
-    Attributes:
-        probes: `passkey`, `needle`, `passkey-mlm` (roformer.study.probes).
-        lengths: Input lengths.
-        samples: Queries (or masked keys) per length.
-        scalings: Context scalings of rotary models (`none`, `linear`, `ntk`, `yarn`, `self_extend`); the other
-            encodings are probed as they are (`none`) only.
-        haystack: A folder of text the filler is cut from (relative to the experiment file); null = built-in.
-        distances: passkey-mlm's key-to-copy distances; empty = its defaults per length.
-    """
-
-    probes: list[str] = field(default_factory=lambda: ["passkey"])
-    lengths: list[int] = field(default_factory=lambda: [128, 256, 512, 1024])
-    samples: int = 50
-    scalings: list[str] = field(default_factory=lambda: ["none"])
-    haystack: str | None = None
-    distances: list[int] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if not self.probes or not self.scalings:
-            raise ConfigError(f"probes: name probes and scalings, got {self.probes} and {self.scalings}")
-        for probe in self.probes:  # each file's settings, checked where the command checks them
-            for scaling in self.scalings:
-                self.settings(probe, scaling, haystack=None)
-
-    def settings(self, probe: str, scaling: str, haystack: str | None) -> ProbeSettings:
-        """The settings of one probe file: `probe` under `scaling`, the filler cut from `haystack` (resolved)."""
-        distances = self.distances or None
-        return ProbeSettings(probe, self.lengths, self.samples, scaling, distances, haystack)
-
-
-# The data fields that make a tokenizer: arms may differ in these alone when `vary` names them.
-TOKENIZATION_FIELDS = ("jieba", "vocab_size", "tokenizer", "lowercase", "tokenizer_documents")
-# A pretraining recipe's fields (the mask and the stages, roformer.train.config.Stage): arms may differ in these when
-# `vary` names them. The evaluation mask stays the same, so their eval losses compare.
-RECIPE_FIELDS = ("data.mask_rate", "data.mask_split", "data.whole_word_mask", "data.packing", "stages")
-
-
-@dataclass
-class Comparison:
-    """A comparison of some arms against a baseline of their own, besides the experiment's (`<out>/compare-<name>/`).
-
-    For a grid of recipes x position encodings: each encoding's recipes against its own constant-15% arm.
-
-    Attributes:
-        arms: The arms compared (the baseline among them).
-        baseline: Their baseline.
-    """
-
-    arms: list[str] = field(default_factory=list)
-    baseline: str = ""
-
-    def __post_init__(self) -> None:
-        if len(self.arms) < 2 or self.baseline not in self.arms:
-            raise ConfigError(f"a comparison needs two arms or more and its baseline among them, got {self.arms}")
-
-
-@dataclass
-class ExperimentConfig:
-    """Arms (label -> pretraining config file, relative to this file), seeds, shared overrides, the baseline.
-
-    Attributes:
-        arms: {label: pretraining YAML, or {config: YAML, set: [overrides of this arm]}}; the label names the arm.
-        seeds: One run per arm and seed.
-        overrides: `--set` style overrides applied to every arm (e.g. `train.max_steps=300`).
-        baseline: The baseline arm for steps-to-target ratios (default: the first non-rotary arm); in a task study,
-            the arm every other is compared with, paired on the same rows (default: the first arm).
-        targets: Target eval losses (default: the baseline's final eval loss and a few levels above).
-        vary: Fields besides the position-encoding ones that the arms may set differently: the fields under
-            comparison. Model fields by name (e.g. [attention] for softmax vs linear), and the tokenization fields
-            of the data section as `data.<field>` (TOKENIZATION_FIELDS, e.g. [data.jieba] for word- against
-            character-level Chinese: such arms read other tokens, so `roformer compare` sets their MLM losses apart
-            and compares them downstream). Anything else that differs is refused.
-            A pretraining recipe's fields (RECIPE_FIELDS: `data.mask_rate`, `data.mask_split`, `stages`) may be named
-            too: arms that train under other masks or stages, evaluated under the same fixed mask.
-        glue: Optional GLUE stage (GlueStage).
-        length: Optional length-evaluation stage (LengthStage).
-        probes: Optional probe stage (ProbeStage): `<run>/probes/*.json`, tabulated and drawn by the comparison.
-        comparisons: Further comparisons of some arms against a baseline of their own ({name: Comparison}), each
-            into `<out>/compare-<name>/` and a section of the report.
-        tasks: Fine-tuning configs that train from scratch (configs/synthetic/*.yaml): the experiment trains each
-            task under every arm, whose entries are then overrides alone (`{set: [...]}`), and compares accuracy by
-            test length (roformer.study.task_study). Absent: arms are pretraining configs (an empty list is refused).
-        target: A task study's dev accuracy whose first step is reported (steps to target), e.g. 0.9.
-    """
-
-    arms: dict[str, str | ArmSpec] = field(default_factory=dict)
-    seeds: list[int] = field(default_factory=lambda: [0])
-    overrides: list[str] = field(default_factory=list)
-    baseline: str | None = None
-    targets: list[float] | None = None
-    vary: list[str] = field(default_factory=list)
-    glue: GlueStage | None = None
-    length: LengthStage | None = None
-    probes: ProbeStage | None = None
-    comparisons: dict[str, Comparison] = field(default_factory=dict)
-    tasks: list[str] | None = None
-    target: float = 0.9
-
-    def __post_init__(self) -> None:
-        check_types(self)
-        self.arms = {
-            label: arm if isinstance(arm, ArmSpec) else ArmSpec(config=arm) for label, arm in self.arms.items()
-        }
-        for label in self.arms:  # a label names its runs' folders: `<out>/<label>-seed<k>`, `<out>/<task>/<label>-...`
-            check_folder_name(f"arms: {label!r}", label)
-        if self.tasks == []:
-            raise ConfigError(
-                "tasks: is empty: list the task configs a task study trains (e.g. configs/synthetic/*.yaml), or leave "
-                "tasks: out for arms that are pretraining configs"
-            )
-        if self.tasks:
-            self._check_task_study()
-        else:
-            missing = [label for label, arm in self.arms.items() if not arm.config]
-            if missing:
-                raise ConfigError(f"arms.{missing[0]}: needs config: (a pretraining YAML)")
-        tokenization = {f"data.{name}" for name in TOKENIZATION_FIELDS}
-        known = set(ModelConfig.__dataclass_fields__) | tokenization | set(RECIPE_FIELDS)
-        unknown = [name for name in self.vary if name not in known]
-        if unknown:
-            raise ConfigError(
-                f"vary: {unknown[0]!r} is neither a model field nor a tokenization field "
-                f"({', '.join(sorted(tokenization))}) nor a recipe field ({', '.join(RECIPE_FIELDS)})"
-            )
-        for name, comparison in self.comparisons.items():
-            strangers = [arm for arm in comparison.arms if arm not in self.arms]
-            if strangers:
-                raise ConfigError(f"comparisons.{name}: {strangers[0]!r} is not one of the arms {list(self.arms)}")
-        if len(self.arms) < 2:
-            raise ConfigError("arms: an experiment compares at least two arms")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ConfigError(f"seeds must be a non-empty list of distinct seeds, got {self.seeds}")
-        for seed in self.seeds:
-            check_seed("seeds", seed)
-        if self.baseline is not None and self.baseline not in self.arms:
-            raise ConfigError(f"baseline {self.baseline!r} is not one of the arms {list(self.arms)}")
-        for label, arm in self.arms.items():
-            self._check_arm_seeds(label, arm)
-
-    def _check_arm_seeds(self, label: str, arm: ArmSpec) -> None:
-        """An arm's own seeds: some of the experiment's, in a task study (a pretraining arm runs them all)."""
-        if arm.seeds is None:
-            return
-        if not self.tasks:
-            raise ConfigError(
-                f"arms.{label}.seeds: an arm's own seeds are a task study's (tasks:); here every arm runs every seed"
-            )
-        strangers = [seed for seed in arm.seeds if seed not in self.seeds]
-        if not arm.seeds or strangers or len(set(arm.seeds)) != len(arm.seeds):
-            raise ConfigError(
-                f"arms.{label}.seeds must be distinct seeds of the experiment's {self.seeds}, got {arm.seeds}"
-            )
-
-    def arm_runs_seed(self, label: str, seed: int) -> bool:
-        """Whether arm `label` has a run of `seed` (its own seeds, or the experiment's)."""
-        seeds = self.arms[label].seeds
-        return seeds is None or seed in seeds
-
-    def _check_task_study(self) -> None:
-        """A task study's arms are overrides of its tasks; the pretraining stages do not apply."""
-        given = [label for label, arm in self.arms.items() if arm.config]
-        if given:
-            raise ConfigError(f"arms.{given[0]}: with tasks:, an arm is {{set: [...]}} over every task, not a config")
-        stages = [name for name in ("glue", "length", "probes") if getattr(self, name) is not None]
-        if stages or self.comparisons or self.targets:
-            what = stages[0] if stages else "comparisons and targets"
-            raise ConfigError(f"{what}: for pretraining arms; a task study (tasks:) compares accuracy by length")
-        if len(set(self.tasks)) != len(self.tasks):
-            raise ConfigError(f"tasks: a config named twice {self.tasks}")
-        if not 0.0 < self.target <= 1.0:
-            raise ConfigError(f"target must be a dev accuracy in (0, 1], got {self.target}")
-
-
-def check_folder_name(key: str, name: str) -> None:
-    """A name that becomes a folder must stay one: letters, digits, '-', '_' or '.' (no '/', so no '../').
-
-    The rule of a pretraining stage's name (roformer.train.config.Stage), said of `key`.
-
-    Raises:
-        ConfigError: naming `key` and the name.
-    """
-    if not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
-        raise ConfigError(f"{key}: a name must be letters, digits, '-', '_' or '.' (a folder name), got {name!r}")
-
-
-def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tuple[ExperimentConfig, dict[str, Any]]:
-    """The experiment config and each arm's resolved pretraining config (label set to the arm's name).
+    A pretraining experiment's arms are {arm: its pretraining config}; a task study's (`tasks:`, a TaskStudyConfig)
+    are {task: {arm: its fine-tuning config}} (roformer.study.task_study.load_task_arms).
 
     Raises:
         ConfigError: a bad experiment or arm config, or arms that differ in more than the position encoding and the
             fields named in `vary`.
     """
     path = Path(path)
-    experiment = load(ExperimentConfig, path)
-    if experiment.tasks:  # {task: {arm: its fine-tuning config}}
+    experiment = load_experiment_config(path)  # the kind its keys say: a task study with `tasks:`
+    if isinstance(experiment, TaskStudyConfig):  # {task: {arm: its fine-tuning config}}
         return experiment, load_task_arms(experiment, path, overrides)
     arms = {}
     for label, arm in experiment.arms.items():
@@ -392,11 +159,11 @@ def run_experiment(
     path, out = Path(path), Path(out)
     check_output_dir(out, overwrite=False, resume=True)  # an experiment continues what its directory holds
     experiment, arms = load_experiment(path, overrides)
-    if compare_only and not experiment.tasks:
+    if compare_only and not isinstance(experiment, TaskStudyConfig):
         raise UserError(f"{path}: --compare-only is for a task study (tasks:); `roformer compare RUN...` reads runs")
     if compare_only and not out.is_dir():
         raise UserError(f"{out}: no such directory: --compare-only tabulates the runs of a study that has started")
-    if experiment.tasks:
+    if isinstance(experiment, TaskStudyConfig):
         if not compare_only:
             check_task_runs(arms)  # every arm, before the first trains
         out.mkdir(parents=True, exist_ok=True)
@@ -422,7 +189,7 @@ def run_experiment(
     return summary
 
 
-def check_stage_inputs(experiment: ExperimentConfig, path: Path, arms: dict[str, PretrainConfig]) -> None:
+def check_stage_inputs(experiment: PretrainExperimentConfig, path: Path, arms: dict[str, PretrainConfig]) -> None:
     """What the stages after pretraining read, checked before the first arm trains instead of after hours of it.
 
     GLUE: every task config loads with the stage's overrides, its run settings are accepted and its data files are
@@ -464,7 +231,7 @@ def _label_of(run: Path) -> str:
     return run.name.rpartition("-seed")[0]
 
 
-def pretrain_arms(experiment: ExperimentConfig, arms: dict[str, PretrainConfig], out: Path) -> list[Path]:
+def pretrain_arms(experiment: PretrainExperimentConfig, arms: dict[str, PretrainConfig], out: Path) -> list[Path]:
     """Every (arm, seed) pretraining run, done, resumed or started; returns their directories."""
     runs = []
     for index, seed in enumerate(experiment.seeds):
@@ -506,7 +273,7 @@ def check_tokenizers(runs: list[PretrainRun], arms: dict[str, PretrainConfig]) -
         check_same_vocabulary([run for run in runs if key.get(run.label) == tokenization])
 
 
-def finetune_runs(experiment: ExperimentConfig, path: Path, runs: list[Path], out: Path) -> list[Path]:
+def finetune_runs(experiment: PretrainExperimentConfig, path: Path, runs: list[Path], out: Path) -> list[Path]:
     """The GLUE suite on every run's final model (`<out>/glue/<run>/<task>/`); returns the task directories."""
     stage = experiment.glue
     task_dirs = []

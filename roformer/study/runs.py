@@ -69,7 +69,7 @@ class GlueRun:
 
 @dataclass
 class Arm:
-    """An arm as run: the pretraining runs (its seeds) sharing a label (what made them: experiment.ArmSpec)."""
+    """An arm as run: the pretraining runs (its seeds) sharing a label (what made them: experiment_config.ArmSpec)."""
 
     label: str
     position_encoding: str

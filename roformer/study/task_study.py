@@ -1,5 +1,8 @@
 """An experiment over tasks trained from scratch: `tasks:` in an experiment config (the length-generalization lab).
 
+The config is a roformer.study.experiment_config.TaskStudyConfig (roformer.study.experiment reads it and runs the
+study here; this module does not import that one).
+
 Where `arms:` of a pretraining experiment are pretraining configs, an experiment with `tasks:` lists fine-tuning
 configs that train from scratch (`init:` empty, e.g. configs/synthetic/*.yaml) and its arms are overrides alone
 (`{set: [model.position_encoding=alibi, model.alibi_form=asymmetric]}`): every (task, arm, seed) is one
@@ -27,10 +30,9 @@ import hashlib
 import json
 import logging
 import statistics
-from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,6 +41,7 @@ from roformer.config_paths import config_file
 from roformer.errors import ConfigError, UserError, naming
 from roformer.files import atomic_write_text
 from roformer.model.config import position_fields
+from roformer.study.experiment_config import TaskStudyConfig
 from roformer.study.outputs import COMPARE_DIR, REPORT_FILE, SUMMARY_JSON_FILE, SUMMARY_MARKDOWN_FILE
 from roformer.study.runs import run_seconds
 from roformer.study.stats import difference, mean_interval, wilson_interval
@@ -65,32 +68,8 @@ ARM_DATA_FIELDS = ("synthetic.randomized_positions", "synthetic.randomized_kind"
 STUDY_TYPES = ("synthetic", "translation")  # the task types trained from scratch that a study compares
 
 
-class TaskArm(Protocol):
-    """An arm of a task study: overrides of every task (`roformer.study.experiment.ArmSpec`)."""
-
-    set: list[str]
-
-
-class TaskStudy(Protocol):
-    """What a task study reads of its experiment config (`roformer.study.experiment.ExperimentConfig` with `tasks:`).
-
-    Declared here, so that the study does not import the experiment module that runs it.
-    """
-
-    tasks: list[str] | None
-    arms: Mapping[str, TaskArm]
-    seeds: list[int]
-    overrides: list[str]
-    vary: list[str]
-    baseline: str | None
-    target: float
-
-    def arm_runs_seed(self, label: str, seed: int) -> bool:
-        """Whether arm `label` has a run of `seed`."""
-
-
 def load_task_arms(
-    experiment: TaskStudy, path: Path, overrides: list[str] | None = None
+    experiment: TaskStudyConfig, path: Path, overrides: list[str] | None = None
 ) -> dict[str, dict[str, FinetuneConfig]]:
     """{task name: {arm: its resolved fine-tuning config}} (each config's label set to the arm).
 
@@ -199,7 +178,7 @@ def run_path(out: Path, task: str, label: str, seed: int) -> Path:
 
 
 def run_task_study(
-    experiment: TaskStudy, path: Path, out: Path, overrides: list[str] | None, compare_only: bool = False
+    experiment: TaskStudyConfig, path: Path, out: Path, overrides: list[str] | None, compare_only: bool = False
 ) -> dict[str, Any]:
     """Train every (task, arm, seed) that has no results yet, then compare; returns the summary.
 

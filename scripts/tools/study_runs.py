@@ -20,9 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from roformer.catalogue import find_config
-from roformer.config import load
 from roformer.config_yaml import write_yaml
-from roformer.study.experiment import ExperimentConfig
+from roformer.study.experiment_config import TaskStudyConfig, load_experiment_config
 from roformer.study.task_study import load_task_arms, run_path
 from roformer.train.run_dir import RESULTS_FILE
 
@@ -35,8 +34,8 @@ def main() -> None:
     parser.add_argument("--print0", action="store_true", help="CONFIG and RUN_DIR each ended by a NUL (xargs -0 -n 2)")
     args = parser.parse_args()
     path = find_config(args.config, "experiments")
-    experiment = load(ExperimentConfig, path)
-    if not experiment.tasks:
+    experiment = load_experiment_config(path)
+    if not isinstance(experiment, TaskStudyConfig):
         parser.error(f"{path}: not a task study (no tasks:): its arms are pretraining configs")
     for seed in experiment.seeds:  # seeds first, as the experiment trains them
         for task, arms in load_task_arms(experiment, path, args.set).items():

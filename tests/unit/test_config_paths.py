@@ -120,7 +120,8 @@ def test_a_shipped_name_works_wherever_a_config_names_a_config(tmp_path: Path) -
 
 def test_an_experiment_s_arms_and_tasks_and_a_suite_s_tasks_take_shipped_names(tmp_path: Path) -> None:
     """The first real experiment needs no copy of the configs folder: names where paths were."""
-    from roformer.study.experiment import ExperimentConfig, load_experiment
+    from roformer.study.experiment import load_experiment
+    from roformer.study.experiment_config import load_experiment_config
     from roformer.study.suite import load_suite
     from roformer.study.task_study import load_task_arms
 
@@ -130,7 +131,7 @@ def test_an_experiment_s_arms_and_tasks_and_a_suite_s_tasks_take_shipped_names(t
     study = {"tasks": ["shift", "synthetic/passkey-binding"], "arms": {"rotary": {}, "none": {"set": [
         "model.position_encoding=none"]}}}  # fmt: skip
     write_yaml(tmp_path / "study.yaml", study)
-    experiment = load(ExperimentConfig, tmp_path / "study.yaml")
+    experiment = load_experiment_config(tmp_path / "study.yaml")
     assert list(load_task_arms(experiment, tmp_path / "study.yaml")) == ["shift", "passkey-binding"]
     arms = {"rotary": "roformer-tiny", "bert": "pretrain/bert-tiny"}
     write_yaml(tmp_path / "experiment.yaml", {"arms": arms})

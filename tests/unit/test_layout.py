@@ -176,6 +176,7 @@ ROOMS = {
         {"outputs", "markdown", "runs", "length_eval"},
         {"stats", "plots", "report", "suite"},
         {"compare", "probes", "decay", "translation_study"},
+        {"experiment_config"},  # the configs of both kinds of experiment: read by the task study and the experiment
         {"task_study"},
         {"experiment", "hub"},
     ],

@@ -259,24 +259,23 @@ def test_chance_levels() -> None:
 def test_an_arm_may_run_some_of_the_experiment_s_seeds_in_a_task_study() -> None:
     """Three seeds for the arms that decide a comparison, one for the rest (arms.<label>.seeds)."""
     from roformer.config import from_dict
-    from roformer.study.experiment import ExperimentConfig
+    from roformer.study.experiment_config import PretrainExperimentConfig, TaskStudyConfig
 
     arms = {"rotary": {"set": []}, "none": {"set": ["model.position_encoding=none"], "seeds": [0]}}
-    experiment = from_dict(ExperimentConfig, {"tasks": ["shift.yaml"], "arms": arms, "seeds": [0, 1, 2]})
+    experiment = from_dict(TaskStudyConfig, {"tasks": ["shift.yaml"], "arms": arms, "seeds": [0, 1, 2]})
     assert [experiment.arm_runs_seed("rotary", s) for s in (0, 1, 2)] == [True, True, True]
     assert [experiment.arm_runs_seed("none", s) for s in (0, 1, 2)] == [True, False, False]
     for seeds in ([3], [], [0, 0]):
         with pytest.raises(ConfigError, match="arms.none.seeds must be distinct seeds of the experiment's"):
-            from_dict(ExperimentConfig, {"tasks": ["shift.yaml"], "arms": {**arms, "none": {"seeds": seeds}}})
+            from_dict(TaskStudyConfig, {"tasks": ["shift.yaml"], "arms": {**arms, "none": {"seeds": seeds}}})
     with pytest.raises(ConfigError, match="an arm's own seeds are a task study's"):
-        from_dict(ExperimentConfig, {"arms": {"a": "p.yaml", "b": {"config": "p.yaml", "seeds": [0]}}})
+        from_dict(PretrainExperimentConfig, {"arms": {"a": "p.yaml", "b": {"config": "p.yaml", "seeds": [0]}}})
 
 
 def test_arms_may_differ_in_an_encoding_s_own_settings(tmp_path) -> None:  # noqa: ANN001
     """p_rope's unrotated fraction is a key under model.position_settings: a position field, as its encoding is."""
-    from roformer.config import load
     from roformer.config_yaml import write_yaml
-    from roformer.study.experiment import ExperimentConfig
+    from roformer.study.experiment_config import load_experiment_config
     from roformer.study.task_study import load_task_arms
 
     arms = {
@@ -287,14 +286,14 @@ def test_arms_may_differ_in_an_encoding_s_own_settings(tmp_path) -> None:  # noq
         },
     }
     write_yaml(tmp_path / "study.yaml", {"tasks": ["synthetic/shift"], "arms": arms})
-    experiment = load(ExperimentConfig, tmp_path / "study.yaml")
+    experiment = load_experiment_config(tmp_path / "study.yaml")
     loaded = load_task_arms(experiment, tmp_path / "study.yaml")["shift"]
     assert loaded["p_rope-half"].model["position_settings"]["p_rope"]["unrotated_fraction"] == 0.5
     write_yaml(
         tmp_path / "bad.yaml", {"tasks": ["synthetic/shift"], "arms": {"a": {}, "b": {"set": ["model.hidden_size=32"]}}}
     )
     with pytest.raises(ConfigError, match="differ in model.hidden_size"):
-        load_task_arms(load(ExperimentConfig, tmp_path / "bad.yaml"), tmp_path / "bad.yaml")
+        load_task_arms(load_experiment_config(tmp_path / "bad.yaml"), tmp_path / "bad.yaml")
 
 
 def test_the_projection_at_the_asked_positions_alone_gives_the_same_loss() -> None:
@@ -337,7 +336,7 @@ def test_a_task_study_s_runs_as_separate_commands_are_the_experiment_s_runs(tmp_
     from helpers import REPO
 
     from roformer.config import load
-    from roformer.study.experiment import ExperimentConfig
+    from roformer.study.experiment_config import load_experiment_config
     from roformer.study.task_study import load_task_arms, run_path
     from roformer.train.config import FinetuneConfig
 
@@ -356,7 +355,7 @@ def test_a_task_study_s_runs_as_separate_commands_are_the_experiment_s_runs(tmp_
         check=True,
     )
     lines = [line.split() for line in done.stdout.splitlines()]
-    experiment = load(ExperimentConfig, study)
+    experiment = load_experiment_config(study)
     arms = load_task_arms(experiment, study, ["train.max_steps=3"])
     assert len(lines) == len(experiment.seeds) * sum(len(a) for a in arms.values())
     config, directory = lines[-1]
