@@ -153,6 +153,7 @@ def check_task_runs(tasks: dict[str, dict[str, FinetuneConfig]]) -> None:
     Raises:
         UserError: naming the task and arm.
     """
+    from roformer.tasks.base import learn_model
     from roformer.train.finetune import check_before_writing, learned_length, task_inputs
 
     for task, arms in tasks.items():
@@ -163,11 +164,11 @@ def check_task_runs(tasks: dict[str, dict[str, FinetuneConfig]]) -> None:
                     continue
                 task_object, tokenizer, model_config = task_inputs(config)
                 check_before_writing(config, task_object)
-                task_object.check_model(model_config)
+                facts = learn_model(task_object, model_config)
                 table = learned_length(model_config)
                 max_length = config.data.max_length if table is None else min(config.data.max_length, table)
                 if index == 0:  # the rows are the same for every arm: generated (and checked) once
-                    task_object.encode(tokenizer, max_length)
+                    task_object.encode(tokenizer, max_length, facts)
                 else:
                     task_object.check_length(max_length)
 

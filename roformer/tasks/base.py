@@ -12,6 +12,8 @@ nowhere else.
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,7 +80,11 @@ class EncodedSplit(Protocol):
     sequences: int
 
 
+logger = logging.getLogger(__name__)
+
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # a batch's keys the model reads to predict
+LABELS_FILE = "labels.json"  # best/: the names of the head's outputs in id order (classes, tags)
+SENTENCE_FILE = "sentence.json"  # best/ of a sentence-vector task (similarity): the pooling its vectors were trained in
 
 
 class HeadOutputs:
@@ -86,6 +92,7 @@ class HeadOutputs:
 
     Most tasks use their model as its head does: the head computes the loss and the logits (a task may compute its
     own). The members every task has are set here, once, from the data: section; a type sets only what is its own.
+    What a type can do beyond the data path (`CAPABILITIES`) it implements and declares in its `TaskSpec`.
 
     Args:
         data: The data: section: the task's name (`data.task`), its padding multiple, the selecting `data.metrics`
@@ -95,16 +102,13 @@ class HeadOutputs:
         name: The task's name where it is not `data.task` as written (GLUE's canonical `sst2` for `SST-2`).
     """
 
-    pooling: str | None = None  # a head's outputs are its logits, not sentence vectors
     micro_batch_loss: str | None = None  # the loss is a mean of per-example terms: any batch_size, the same step
-    cross_validation_folds: int | None = None  # the dev split is the dev file's: one run per (lr, seed)
-    label_names: list[str] | None = None  # the head's outputs have no names (scores, spans, candidates)
-    submission_folder = "submission"  # where the selected run's files are published (write_submission)
 
     def __init__(
         self, data: FinetuneDataConfig, default_metrics: Sequence[str] | None = None, name: str | None = None
     ) -> None:
         self.data = data
+        self.spec = data.spec
         self.name = name or data.task
         self.tracker_project = data.spec.tracker_project.format(task=self.name)
         self.multiple = data.pad_to_multiple_of  # batches are padded to a multiple of this
@@ -120,45 +124,9 @@ class HeadOutputs:
         """The training loss of a batch (with its labels)."""
         return model(**batch).loss
 
-    def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """What `predictions` reads of a batch: the head's logits."""
+    def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], split: Any) -> torch.Tensor:
+        """What `predictions` reads of a batch of `split`'s rows: the head's logits, whatever the split."""
         return model(**{k: batch[k] for k in MODEL_INPUTS if k in batch}).logits
-
-    def split_outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], split: Any) -> Any:
-        """What `predictions` reads of a batch of `split`'s rows: its `outputs`, whatever the split."""
-        return self.outputs(model, batch)
-
-    def splits_for_run(self, encoded: dict[str, Any], fold: int | None) -> dict[str, Any]:
-        """The encoded splits a run trains and evaluates on: the same for every run (no folds)."""
-        return encoded
-
-    def check_model(self, config: ModelConfig) -> None:
-        """Say what the model's settings mean for the task, before training (nothing to say by default)."""
-
-    def token_batches(self, split: Any, cap: int) -> list[list[int]] | None:
-        """The training split's fixed batches by a token budget (each a micro-batch of one process), or None.
-
-        None (the default): steps are `train.batch_size` examples per micro-batch and process, from seeded
-        per-epoch permutations. A list: every step trains on the next processes x grad_accum of these batches, in
-        a seeded order per epoch (fairseq's `--max-tokens`).
-        """
-        return None
-
-    def loss_weight(self, split: Any, rows: list[int]) -> int:
-        """The number of terms the loss of a batch of `rows` averages over: its rows (a mean per example).
-
-        Token batches hold different numbers of rows (and tokens): each micro-batch's mean is weighted by this
-        count over the step's, so that the step's loss is the mean over all its terms, however they are batched.
-        """
-        return len(rows)
-
-    def padded_tokens(self, split: Any, rows: list[int], cap: int) -> int:
-        """Positions a batch of `rows` computes, padding included: `sequences` rows of its padded length."""
-        return split.sequences * len(rows) * self.padded_length(max(split.lengths[r] for r in rows), cap)
-
-    def result_notes(self, selected: dict[str, Any]) -> dict[str, Any]:
-        """Fields of results.json of the type's own, from the selected run's record (none by default)."""
-        return {}
 
     def baseline(self, splits: dict[str, Any], split: str) -> dict[str, Any] | None:
         """The trivial baseline of a labelled split (roformer.tasks.baselines): its kind and its metrics, or None.
@@ -172,26 +140,33 @@ class HeadOutputs:
         """The constant answer of a model that learned nothing of the input (None: the type defines none)."""
         return None
 
-    def model_files(self, eval_batch_size: int) -> dict[str, str]:
-        """Files written beside every fine-tuned model of the task ({name: text}; none by default).
 
-        `eval_batch_size` is the run's prediction batch (a file may record it, to predict in the same batches).
-        """
-        return {}
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a task learns of its model before encoding (`ChecksModel.check_model`), passed to `encode`.
 
-    def test_variants(self, config: ModelConfig, split: str) -> dict[str, EvalVariant]:
-        """{label: a variant} the best model is also scored under on the test split `split` (none by default).
+    Attributes:
+        eos_id: The id that ends a target (an encoder-decoder's `eos_token_id`), None where targets have none.
+        warnings: What the model's settings mean for the task that its user should hear (logged once).
+    """
 
-        A synthetic task's test-time context extensions (roformer.tasks.extensions); results.json gives each
-        variant's metrics under `test.<split>.extensions.<label>`.
-        """
-        return {}
+    eos_id: int | None = None
+    warnings: tuple[str, ...] = ()
+
+
+NO_FACTS = ModelFacts()  # what `encode` is given for a type without `ChecksModel`
 
 
 class FinetuneTask(Protocol):
-    """One downstream task with its splits read: what the fine-tuning recipe asks of it.
+    """One downstream task with its splits read: its data path, what the fine-tuning recipe asks of every task.
+
+    Read, encode, batch, predict, score, write: nothing else is asked of a type. What only some types do (batches by
+    a token budget, cross-validation, files published beside the model, checks of the model, scored variants,
+    results of their own) are capabilities (`CAPABILITIES`): a type implements one's members and declares it in its
+    `TaskSpec.capabilities`, and the recipe asks the declaration, checked against the type once when it is built.
 
     Attributes:
+        spec: The type's declaration (its capabilities among it).
         name: The task's name in results.json, the metrics events (`task`) and the logs, e.g. `rte`.
         tracker_project: The experiment tracker's project of its runs.
         architecture: The model `roformer.load` builds for it, e.g. `sequence_classification`.
@@ -200,19 +175,12 @@ class FinetuneTask(Protocol):
             learning rates.
         dev_splits: The labelled dev splits present; the first one selects checkpoints and learning rates.
         test_splits: The other splits present, predicted by every run (scored too when labelled).
-        label_names: The names of the head's outputs in id order (classes, tags), written as `labels.json` beside
-            the fine-tuned model; None where outputs have no names (regression, QA, multiple choice).
-        pooling: A sentence-vector task's pooling (`similarity`), written as `sentence.json` beside the fine-tuned
-            backbone for `roformer embed`; None for a head's task.
         micro_batch_loss: Why the loss depends on which examples share a micro-batch (a mean over a micro-batch's
             tokens, a loss comparing its pairs), said when a resume changes batch_size; None for a mean of
             per-example terms, which any batch_size gives alike.
-        cross_validation_folds: k of a k-fold cross-validation of the training file: the grid's third axis (every
-            (lr, seed) runs once per held-out fold, `fold` in its record); None: no folds.
-        submission_folder: The run directory's folder of the selected run's published files (`submission`;
-            translation's `hypotheses`).
     """
 
+    spec: TaskSpec
     name: str
     tracker_project: str
     architecture: str
@@ -220,66 +188,39 @@ class FinetuneTask(Protocol):
     metrics: tuple[str, ...]
     dev_splits: list[str]
     test_splits: list[str]
-    label_names: list[str] | None
-    pooling: str | None
     micro_batch_loss: str | None
-    cross_validation_folds: int | None
-    submission_folder: str
 
-    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, EncodedSplit]:
-        """Every split tokenized with `tokenizer`, rows of at most `max_length` tokens (ragged: batches pad)."""
+    def encode(self, tokenizer: Tokenizer, max_length: int, model: ModelFacts = NO_FACTS) -> dict[str, EncodedSplit]:
+        """Every split tokenized with `tokenizer`, rows of at most `max_length` tokens (ragged: batches pad).
+
+        `model` is what the type's `check_model` learned of the model (`ModelFacts()` for a type without
+        `ChecksModel`): translation's targets end with the model's eos.
+        """
 
     def padded_length(self, longest: int, cap: int) -> int:
         """The length of a batch whose longest row has `longest` tokens (at most `cap`, unless longer)."""
 
+    def collate(self, split: EncodedSplit, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
+        """The model inputs of `rows` of `split`, padded to `padded_length`, with their labels when it has them."""
+
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The training loss of a batch (`HeadOutputs`: the model head's)."""
 
-    def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """What `predictions` reads of a batch (`HeadOutputs`: the head's logits)."""
-
-    def split_outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], split: EncodedSplit) -> Any:
-        """What `predictions` reads of a batch of `split`'s rows, which predicting asks for (`HeadOutputs`: `outputs`).
+    def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], split: EncodedSplit) -> Any:
+        """What `predictions` reads of a batch of `split`'s rows (`HeadOutputs`: the head's logits).
 
         A type whose outputs depend on the split (translation: the split's search, `eval_beam` or `beam`) reads them
         from the split here: a batch holds tensors only.
         """
-
-    def splits_for_run(self, encoded: dict[str, EncodedSplit], fold: int | None) -> dict[str, EncodedSplit]:
-        """The splits of the run holding out `fold` (`HeadOutputs`: the same for all; cross-validation: its folds)."""
-
-    def check_model(self, config: ModelConfig) -> None:
-        """Warn when the model's settings do not mean what the task needs (`HeadOutputs`: nothing to say)."""
-
-    def collate(self, split: EncodedSplit, rows: list[int], pad_id: int, cap: int) -> dict[str, torch.Tensor]:
-        """The model inputs of `rows` of `split`, padded to `padded_length`, with their labels when it has them."""
-
-    def token_batches(self, split: EncodedSplit, cap: int) -> list[list[int]] | None:
-        """The training split's batches by a token budget, or None: batches of `train.batch_size` examples."""
-
-    def loss_weight(self, split: EncodedSplit, rows: list[int]) -> int:
-        """The terms a batch's loss averages over (`HeadOutputs`: its rows): token batches weight their means by it."""
-
-    def padded_tokens(self, split: EncodedSplit, rows: list[int], cap: int) -> int:
-        """Positions a batch of `rows` computes, padding included (throughput and padding figures)."""
-
-    def result_notes(self, selected: dict[str, Any]) -> dict[str, Any]:
-        """results.json fields of the type's own, from the selected run's record (`HeadOutputs`: none)."""
-
-    def model_files(self, eval_batch_size: int) -> dict[str, str]:
-        """Files beside every fine-tuned model ({name: text}): what using it needs (`HeadOutputs`: none)."""
-
-    def test_variants(self, config: ModelConfig, split: str) -> dict[str, EvalVariant]:
-        """{label: a model variant} the best model is also scored under on `split` (`HeadOutputs`: none)."""
-
-    def baseline(self, splits: dict[str, EncodedSplit], split: str) -> dict[str, Any] | None:
-        """A labelled split's trivial baseline `{"kind": ..., <metric>: ...}` (`HeadOutputs`: from `trivial_guess`)."""
 
     def predictions(self, logits: torch.Tensor, split: EncodedSplit, rows: list[int]) -> list[Any]:
         """What each row of a batch's logits predicts (picklable: several processes gather them)."""
 
     def evaluate(self, split: EncodedSplit, predictions: list[Any]) -> dict[str, float]:
         """The metrics of row predictions against the split's labels, `score` (the selection metric) among them."""
+
+    def baseline(self, splits: dict[str, EncodedSplit], split: str) -> dict[str, Any] | None:
+        """A labelled split's trivial baseline `{"kind": ..., <metric>: ...}` (`HeadOutputs`: from `trivial_guess`)."""
 
     def write_predictions(
         self, folder: Path, encoded: dict[str, EncodedSplit], predictions: dict[str, list[Any]]
@@ -288,6 +229,129 @@ class FinetuneTask(Protocol):
 
     def write_submission(self, run_folder: Path, submission: Path) -> None:
         """The selected run's submission files (from what `write_predictions` wrote in `run_folder`) in `submission`."""
+
+
+class TokenBatches(Protocol):
+    """Batches by a token budget (fairseq's `--max-tokens`), each weighted by its loss terms: translation."""
+
+    def token_batches(self, split: EncodedSplit, cap: int) -> list[list[int]]:
+        """The training split's fixed batches, each a micro-batch of one process.
+
+        Trained in a seeded order per epoch: every step takes the next processes x grad_accum of them, in place of
+        `train.batch_size` rows.
+        """
+
+    def loss_weight(self, split: EncodedSplit, rows: list[int]) -> int:
+        """The terms a batch's loss averages over: a step's loss is the mean over all its micro-batches' terms."""
+
+    def padded_tokens(self, split: EncodedSplit, rows: list[int], cap: int) -> int:
+        """Positions a batch of `rows` computes, padding included (throughput and padding figures)."""
+
+
+class CrossValidates(Protocol):
+    """A k-fold cross-validation of the training file: the grid's third axis (triplet's few-shot sets)."""
+
+    cross_validation_folds: int | None  # k (every (lr, seed) runs once per held-out fold); None: no folds
+
+    def splits_for_run(self, encoded: dict[str, EncodedSplit], fold: int | None) -> dict[str, EncodedSplit]:
+        """The splits of the run holding out `fold` (None: the encoded splits as they are)."""
+
+
+class Publishes(Protocol):
+    """Files beside every fine-tuned model: what using it needs without the run's config."""
+
+    def model_files(self, eval_batch_size: int) -> dict[str, str]:
+        """{name: text} (`labels.json`: the outputs' names, `sentence.json`: the pooling, `translation.json`).
+
+        `eval_batch_size` is the run's prediction batch (a file may record it, to predict in the same batches).
+        """
+
+
+class ChecksModel(Protocol):
+    """Reads the model's config before encoding: refuses what cannot work, says what its settings mean."""
+
+    def check_model(self, config: Any) -> ModelFacts:
+        """What the task learns of the model (`ModelFacts`), raising UserError for a model it cannot take."""
+
+
+class ScoresVariants(Protocol):
+    """Scores the best model under variants on test splits (a synthetic task's test-time context extensions)."""
+
+    def test_variants(self, config: ModelConfig, split: str) -> dict[str, EvalVariant]:
+        """{label: a variant} scored on `split`: results.json's `test.<split>.extensions.<label>`."""
+
+
+class ReportsResults(Protocol):
+    """Fields of results.json of the type's own, from the selected run's record (translation's BLEU table)."""
+
+    def result_notes(self, selected: dict[str, Any]) -> dict[str, Any]:
+        """The fields, by name."""
+
+
+class OwnVocabulary(Protocol):
+    """Makes its own tokenizer, so a model trains from scratch (`TaskSpec.own_vocabulary`: synthetic, translation).
+
+    A type that also fine-tunes a pretrained model (`TaskSpec.pretrained_init`) reads its tokenizer with
+    `pretrained_tokenizer(init)`.
+    """
+
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer of the task's own vocabulary."""
+
+
+# a capability: the members a type implements to have it (checked against its declaration once: `check_capabilities`)
+CAPABILITIES: dict[type, tuple[str, ...]] = {
+    TokenBatches: ("token_batches", "loss_weight", "padded_tokens"),
+    CrossValidates: ("splits_for_run",),
+    Publishes: ("model_files",),
+    ChecksModel: ("check_model",),
+    ScoresVariants: ("test_variants",),
+    ReportsResults: ("result_notes",),
+    OwnVocabulary: ("tokenizer",),
+}
+
+
+def check_capabilities(spec: TaskSpec, task: object) -> None:
+    """The capabilities `spec` declares are those `task` implements, each member of each.
+
+    Raises:
+        RuntimeError: a declared capability the type lacks a member of, or one implemented and not declared (it
+            would never be asked for): a programming error of the type's module.
+    """
+    declared = set(spec.capabilities) | ({OwnVocabulary} if spec.own_vocabulary else set())
+    for capability, members in CAPABILITIES.items():
+        present = [name for name in members if callable(getattr(task, name, None))]
+        if capability in declared and len(present) < len(members):
+            missing = ", ".join(name for name in members if name not in present)
+            raise RuntimeError(f"task type {spec.name!r} declares {capability.__name__} but has no {missing}")
+        if capability not in declared and present:
+            raise RuntimeError(
+                f"task type {spec.name!r} has {present[0]} but does not declare {capability.__name__} in its TaskSpec"
+            )
+
+
+def learn_model(task: FinetuneTask, config: Any) -> ModelFacts:
+    """What `task` learns of its model's `config` (`ChecksModel`; else nothing), its warnings logged once here.
+
+    Raises:
+        UserError: a model the task cannot take (the type's `check_model`).
+    """
+    if not task.spec.declares(ChecksModel):
+        return NO_FACTS
+    facts = task.check_model(config)
+    for warning in facts.warnings:
+        logger.warning(warning)
+    return facts
+
+
+def labels_file(names: list[str] | None) -> dict[str, str]:
+    """`labels.json` of a head whose outputs have `names` (None: outputs without names, no file): `Publishes`."""
+    return {} if names is None else {LABELS_FILE: json.dumps(names, ensure_ascii=False)}
+
+
+def sentence_file(pooling: str) -> dict[str, str]:
+    """`sentence.json`: the pooling a sentence-vector model was trained with (`roformer embed` pools the same way)."""
+    return {SENTENCE_FILE: json.dumps({"pooling": pooling})}
 
 
 def pad_rows(
@@ -370,6 +434,10 @@ class TaskSpec:
             `Vocabulary` (raising ConfigError naming `model.<key>`); None: a `ModelConfig` of the section.
         data_keys: Fields of `data:` that only this type reads (translation's `source_lang`, `train_prefix`...):
             another type's config that sets one is refused, naming it.
+        capabilities: What the type does beyond the data path (`CAPABILITIES`: `TokenBatches`, `CrossValidates`,
+            `Publishes`, `ChecksModel`, `ScoresVariants`, `ReportsResults`), each implemented by its task class;
+            `OwnVocabulary` follows `own_vocabulary`.
+        submission_folder: The run directory's folder of the selected run's published files (`write_submission`).
     """
 
     name: str
@@ -392,6 +460,12 @@ class TaskSpec:
     pretrained_init: bool = False
     scratch_model: Callable[[dict[str, Any], Vocabulary], Any] | None = None
     data_keys: tuple[str, ...] = ()
+    capabilities: tuple[type, ...] = ()
+    submission_folder: str = "submission"
+
+    def declares(self, capability: type) -> bool:
+        """Whether the type has `capability` (one of `CAPABILITIES`)."""
+        return capability in self.capabilities or (capability is OwnVocabulary and self.own_vocabulary)
 
     def known_metrics(self, data: FinetuneDataConfig) -> tuple[str, ...]:
         """The metrics `data.metrics` may name for `data`."""

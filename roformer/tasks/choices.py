@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,7 @@ from roformer.data.text import is_integer_text
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_copy, atomic_write_text
-from roformer.tasks.base import HeadOutputs, TaskSpec, cut_to_limits, pad_rows
+from roformer.tasks.base import NO_FACTS, ChecksModel, HeadOutputs, ModelFacts, TaskSpec, cut_to_limits, pad_rows
 from roformer.tasks.baselines import Guess, label_guess
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.glue_metrics import compute
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
     from roformer.model.config import ModelConfig
 
-logger = logging.getLogger(__name__)
 
 Segmenter = Callable[[str], str]  # text -> the same text with words separated by spaces (jieba)
 
@@ -406,16 +404,20 @@ class ChoicesTask(HeadOutputs):
         segment = jieba_presegmenter() if data.jieba else identity
         return cls(data, load_questions(data), segment)
 
-    def check_model(self, config: ModelConfig) -> None:
-        """Warn that `classifier_head: mlp` reads each candidate's last position, padding included (as HF does)."""
-        if config.classifier_head == "mlp":  # HF's sequence summary: a padding position for all but the longest
-            logger.warning(
+    def check_model(self, config: ModelConfig) -> ModelFacts:
+        """A warning that `classifier_head: mlp` reads each candidate's last position, padding included (as HF does)."""
+        if config.classifier_head != "mlp":
+            return NO_FACTS
+        # HF's sequence summary: a padding position for all but the longest
+        return ModelFacts(
+            warnings=(
                 "multiple choice with classifier_head: mlp scores each candidate at the last position, padding "
                 "included (as HF does): predictions depend on how batches are padded; model.classifier_head: pooler "
-                "reads [CLS]"
+                "reads [CLS]",
             )
+        )
 
-    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, EncodedChoices]:
+    def encode(self, tokenizer: Tokenizer, max_length: int, model: ModelFacts = NO_FACTS) -> dict[str, EncodedChoices]:
         """Every split tokenized: K sequences per question, at most `max_length` tokens each."""
         K, blank = self.num_choices, self.settings.blank
         # jieba: the tokenizer's vocabulary decides which words stay whole (the others are spelled out)
@@ -485,5 +487,6 @@ SPECS = (
         section="choices",
         settings=ChoicesConfig,
         section_required=True,
+        capabilities=(ChecksModel,),
     ),
 )

@@ -26,7 +26,7 @@ import torch
 from roformer.data.text import is_integer_text
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import UserError
-from roformer.tasks.base import Encoded, HeadOutputs, TaskSpec, pad_rows
+from roformer.tasks.base import NO_FACTS, Encoded, HeadOutputs, ModelFacts, Publishes, TaskSpec, labels_file, pad_rows
 from roformer.tasks.baselines import Guess, label_guess
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.glue_metrics import METRICS, compute
@@ -252,10 +252,14 @@ class TextTask(HeadOutputs):
 
         return build
 
+    def model_files(self, eval_batch_size: int) -> dict[str, str]:
+        """`labels.json`: the head's outputs by name, so that best/ is usable without the run's config."""
+        return labels_file(self.label_names)
+
     # ------------------------------------------------------------------------------------------------------------
     # The protocol
 
-    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, Encoded]:
+    def encode(self, tokenizer: Tokenizer, max_length: int, model: ModelFacts = NO_FACTS) -> dict[str, Encoded]:
         """Every split tokenized: one text or a pair (`[CLS] A [SEP] B [SEP]`), truncated longest-first."""
         segment = jieba_presegmenter(tokenizer) if self.data.jieba else None
         out = {}
@@ -348,6 +352,7 @@ def _text_type(
         default_metrics=default_metrics,
         predictions=PREDICTIONS_FILE.format(split="dev"),
         docs="task-classification.md",
+        capabilities=(Publishes,),
     )
 
 

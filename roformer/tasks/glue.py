@@ -16,7 +16,19 @@ import torch
 
 from roformer.errors import UserError
 from roformer.files import atomic_copy
-from roformer.tasks.base import Encoded, HeadOutputs, TaskSpec, cut_to_limits, pad_rows, padded_length, write_tsv
+from roformer.tasks.base import (
+    NO_FACTS,
+    Encoded,
+    HeadOutputs,
+    ModelFacts,
+    Publishes,
+    TaskSpec,
+    cut_to_limits,
+    labels_file,
+    pad_rows,
+    padded_length,
+    write_tsv,
+)
 from roformer.tasks.baselines import Guess, label_guess
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.glue_metrics import compute
@@ -104,13 +116,17 @@ class GlueTask(HeadOutputs):
         self.server_splits: list[Split] = [s for s in task.test + task.extra_tests if s.name in splits]
         self.test_splits = [s.name for s in self.server_splits]
 
+    def model_files(self, eval_batch_size: int) -> dict[str, str]:
+        """`labels.json`: the head's outputs by name, so that best/ is usable without the run's config."""
+        return labels_file(self.label_names)
+
     @classmethod
     def from_config(cls, data: FinetuneDataConfig) -> GlueTask:
         """The task of a data: section, its splits read (the one look-up of the task's metadata)."""
         task = get_task(data.task)
         return cls(data, task, load_glue_splits(data, task))
 
-    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, Encoded]:
+    def encode(self, tokenizer: Tokenizer, max_length: int, model: ModelFacts = NO_FACTS) -> dict[str, Encoded]:
         """Every split tokenized, single sentences or pairs, truncated longest-first to `max_length` tokens."""
         return {name: encode_glue(examples, tokenizer, max_length) for name, examples in self.splits.items()}
 
@@ -167,5 +183,6 @@ SPECS = (
         docs="fine-tuning.md",
         tracker_project="roformer-glue-{task}",
         metrics_of=lambda data: get_task(data.task).metrics,
+        capabilities=(Publishes,),
     ),
 )

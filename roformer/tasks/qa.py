@@ -42,7 +42,7 @@ from roformer.data.segment import TokenizedText, tokenize_texts
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_copy, atomic_write_text
 from roformer.tasks import qa_metrics
-from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, pad_rows, with_score
+from roformer.tasks.base import NO_FACTS, HeadOutputs, ModelFacts, TaskSpec, TokenRows, pad_rows, with_score
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.squad import Question, load_splits
 
@@ -361,7 +361,7 @@ class QATask(HeadOutputs):
             raise ConfigError("data.qa.metric cmrc2018 has no unanswerable questions: use version_2: false")
         return cls(data, load_splits(data))
 
-    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, QAEncoded]:
+    def encode(self, tokenizer: Tokenizer, max_length: int, model: ModelFacts = NO_FACTS) -> dict[str, QAEncoded]:
         """Every split as windows of at most `max_length` tokens; training rows with their answer's tokens."""
         return {
             split: encode_split(questions, tokenizer, max_length, self.qa, self.jieba, training=split == "train")

@@ -96,8 +96,13 @@ def make_task(data: FinetuneDataConfig) -> FinetuneTask:
     Raises:
         UserError: missing or unreadable data files, bad rows (naming file and line), an empty training split.
     """
+    from roformer.tasks.base import check_capabilities
+
     check_data_present(data)
-    return spec_of(data.type).builder(data)
+    spec = spec_of(data.type)
+    task = spec.builder(data)
+    check_capabilities(spec, task)  # what the recipe asks of the type is what its module declares
+    return task
 
 
 FILE_KEYS = ("train_file", "validation_file", "test_file", "validation_mismatched_file", "test_mismatched_file")

@@ -29,7 +29,7 @@ import torch
 from roformer.config import PATH, check_types
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError, UserError
-from roformer.tasks.base import MODEL_INPUTS, HeadOutputs, TokenRows, pad_rows, with_score
+from roformer.tasks.base import MODEL_INPUTS, NO_FACTS, HeadOutputs, ModelFacts, TokenRows, pad_rows, with_score
 from roformer.tasks.beir import Beir, read_beir
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.ir_metrics import METRICS, ranking_metrics
@@ -167,7 +167,7 @@ class RerankTask(HeadOutputs):
             pairs += [(query, doc, 0.0) for doc in negatives]
         return pairs
 
-    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, CandidatePairs]:
+    def encode(self, tokenizer: Tokenizer, max_length: int, model: ModelFacts = NO_FACTS) -> dict[str, CandidatePairs]:
         """The training pairs and each split's (query, candidate) pairs, as `[CLS] query [SEP] document [SEP]`."""
         segment = jieba_presegmenter(tokenizer) if self.data.jieba else None
 
@@ -191,7 +191,7 @@ class RerankTask(HeadOutputs):
             batch["pair_targets"] = torch.tensor([split.targets[r] for r in rows])
         return batch
 
-    def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], split: Any = None) -> torch.Tensor:
         """The one logit of every pair (B,), float32."""
         return model(**{k: batch[k] for k in MODEL_INPUTS if k in batch}).logits[:, 0].float()
 

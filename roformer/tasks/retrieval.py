@@ -32,7 +32,17 @@ from roformer.data.text import is_integer_text
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_write_text
-from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, pad_rows, with_score
+from roformer.tasks.base import (
+    NO_FACTS,
+    HeadOutputs,
+    ModelFacts,
+    Publishes,
+    TaskSpec,
+    TokenRows,
+    pad_rows,
+    sentence_file,
+    with_score,
+)
 from roformer.tasks.beir import Beir, read_beir
 from roformer.tasks.config import FinetuneDataConfig, Pooling
 from roformer.tasks.ir_metrics import DEFAULT_METRICS, DEPTH, METRICS, rank_by_cosine, ranking_metrics
@@ -160,12 +170,18 @@ class RetrievalTask(HeadOutputs):
             s: beir.judged_queries(qrels_split(s))[: data.max_eval_examples] for s in self.dev_splits + self.test_splits
         }
 
+    def model_files(self, eval_batch_size: int) -> dict[str, str]:
+        """`sentence.json`: the pooling the vectors were trained in (`roformer embed` pools the same way)."""
+        return sentence_file(self.pooling)
+
     @classmethod
     def from_config(cls, data: FinetuneDataConfig) -> RetrievalTask:
         """The task of a data: section, its BEIR folder read and checked."""
         return cls(data, read_beir(Path(data.beir_dir)))
 
-    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, PairRows | RankingRows]:
+    def encode(
+        self, tokenizer: Tokenizer, max_length: int, model: ModelFacts = NO_FACTS
+    ) -> dict[str, PairRows | RankingRows]:
         """The training pairs (each text alone: a bi-encoder) and, per evaluated split, its queries and the corpus."""
         segment = jieba_presegmenter(tokenizer) if self.data.jieba else None
 
@@ -201,7 +217,7 @@ class RetrievalTask(HeadOutputs):
         queries, documents, *negatives = pair_vectors(model, batch, self.pooling)
         return in_batch_negatives_loss(queries, documents, self.settings.scale, *negatives)
 
-    def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], split: Any = None) -> torch.Tensor:
         """The (B, C) vector of every text of a ranking batch, float32."""
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], pooling=self.pooling)
         return out.embeddings.float()
@@ -327,5 +343,6 @@ SPECS = (
         section="retrieval",
         settings=RetrievalConfig,
         check=check_beir_source,
+        capabilities=(Publishes,),
     ),
 )

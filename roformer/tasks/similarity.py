@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from roformer.config import check_types
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError
-from roformer.tasks.base import HeadOutputs, TaskSpec, pad_rows
+from roformer.tasks.base import NO_FACTS, HeadOutputs, ModelFacts, Publishes, TaskSpec, pad_rows, sentence_file
 from roformer.tasks.baselines import Guess, label_guess
 from roformer.tasks.config import FinetuneDataConfig, Pooling
 from roformer.tasks.objectives import cosent_loss, in_batch_negatives_loss
@@ -140,6 +140,10 @@ class SimilarityTask(HeadOutputs):
         self.pooling = self.settings.pooling
         self.test_splits = rows.test_splits
 
+    def model_files(self, eval_batch_size: int) -> dict[str, str]:
+        """`sentence.json`: the pooling the vectors were trained in (`roformer embed` pools the same way)."""
+        return sentence_file(self.pooling)
+
     @classmethod
     def from_config(cls, data: FinetuneDataConfig) -> SimilarityTask:
         """The task of a data: section, its splits read and checked (cut to data.max_*_examples)."""
@@ -157,7 +161,7 @@ class SimilarityTask(HeadOutputs):
     # ------------------------------------------------------------------------------------------------------------
     # The protocol
 
-    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, PairRows]:
+    def encode(self, tokenizer: Tokenizer, max_length: int, model: ModelFacts = NO_FACTS) -> dict[str, PairRows]:
         """Every split's texts tokenized one by one (a bi-encoder reads each text alone)."""
         segment = jieba_presegmenter(tokenizer) if self.data.jieba else None
         out = {}
@@ -186,7 +190,7 @@ class SimilarityTask(HeadOutputs):
             return in_batch_negatives_loss(first, second, self.settings.scale, *negatives)
         return cosent_loss(F.cosine_similarity(first, second, dim=-1), batch["labels"], self.settings.scale)
 
-    def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], split: Any = None) -> torch.Tensor:
         """The cosine of each pair's vectors (B,)."""
         first, second = self.vectors(model, batch)
         return F.cosine_similarity(first, second, dim=-1)
@@ -245,5 +249,6 @@ SPECS = (
         docs="embeddings.md#fine-tuning-for-similarity-type-similarity",
         section="similarity",
         settings=SimilarityConfig,
+        capabilities=(Publishes,),
     ),
 )

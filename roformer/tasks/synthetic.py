@@ -19,7 +19,7 @@ import torch
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_write_text
 from roformer.labels import IGNORE_INDEX
-from roformer.tasks.base import HeadOutputs, TaskSpec, with_score
+from roformer.tasks.base import NO_FACTS, ChecksModel, HeadOutputs, ModelFacts, ScoresVariants, TaskSpec, with_score
 from roformer.tasks.extensions import EvalVariant, parse_extensions
 from roformer.tasks.synthetic_floors import Floor, floors
 from roformer.tasks.synthetic_rows import (
@@ -73,7 +73,7 @@ class SyntheticTask(HeadOutputs):
         """The task's own vocabulary, written with the model it trains."""
         return word_level_tokenizer(self.tokens)
 
-    def check_model(self, config: ModelConfig) -> None:
+    def check_model(self, config: ModelConfig) -> ModelFacts:
         """What the model must take: the longest test row (or randomized range), its positions and extensions.
 
         A learned position table must hold the longest test row (or the randomized range); real positions and every
@@ -105,6 +105,7 @@ class SyntheticTask(HeadOutputs):
                     extension.variant(config, *self.extension_lengths(split))  # ModelConfig's own checks
                 except ConfigError as e:
                     raise UserError(f"data.synthetic.extensions: {extension.label} at {split}: {e}") from None
+        return NO_FACTS
 
     def extension_lengths(self, split: str) -> tuple[int, int, int | None]:
         """(trained, split, trained positions): what extensions scale between.
@@ -124,7 +125,7 @@ class SyntheticTask(HeadOutputs):
         lengths = self.extension_lengths(split)
         return {e.label: e.variant(config, *lengths) for e in parse_extensions(self.settings.extensions)}
 
-    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, SyntheticSplit]:
+    def encode(self, tokenizer: Tokenizer, max_length: int, model: ModelFacts = NO_FACTS) -> dict[str, SyntheticSplit]:
         """Every split generated in the tokenizer's ids (the task's own vocabulary).
 
         Raises:
@@ -219,7 +220,7 @@ class SyntheticTask(HeadOutputs):
         """The masked-token loss; with `masked_logits_only`, the vocabulary projection at the asked positions alone."""
         return model(**batch, masked_only=self.settings.masked_logits_only).loss
 
-    def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], split: Any = None) -> torch.Tensor:
         """The MLM logits (B, T, V), the randomized positions given; or (N, V) at the asked positions alone.
 
         With `masked_logits_only` the asked positions alone, row by row: Zoology's 8,192 tokens over 500 rows of
@@ -286,5 +287,6 @@ SPECS = (
         settings=SyntheticConfig,
         needs_validation_file=lambda data: False,
         own_vocabulary=True,
+        capabilities=(ChecksModel, ScoresVariants),
     ),
 )

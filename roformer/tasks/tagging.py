@@ -54,7 +54,17 @@ from roformer.errors import UserError
 from roformer.files import atomic_copy, atomic_write_text
 from roformer.labels import IGNORE_INDEX
 from roformer.logs import MAIN_ONLY
-from roformer.tasks.base import HeadOutputs, TaskSpec, TokenRows, pad_rows, with_score
+from roformer.tasks.base import (
+    NO_FACTS,
+    HeadOutputs,
+    ModelFacts,
+    Publishes,
+    TaskSpec,
+    TokenRows,
+    labels_file,
+    pad_rows,
+    with_score,
+)
 from roformer.tasks.baselines import Guess, commonest
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.conll import Sentence, TaggingConfig, TagNames, conll_text, hub_tag_names, read_splits
@@ -298,6 +308,10 @@ class TaggingTask(HeadOutputs):
         self.outside_id = self.label_ids.get(OUTSIDE, 0)
         self.test_splits = ["test"] if "test" in splits else []
 
+    def model_files(self, eval_batch_size: int) -> dict[str, str]:
+        """`labels.json`: the head's outputs by name, so that best/ is usable without the run's config."""
+        return labels_file(self.label_names)
+
     @classmethod
     def from_config(cls, data: FinetuneDataConfig) -> TaggingTask:
         """The task of a data: section, its splits read, cut to max_train_examples / max_eval_examples.
@@ -319,7 +333,7 @@ class TaggingTask(HeadOutputs):
             splits = {k: v if k == "train" else v[: data.max_eval_examples] for k, v in splits.items()}
         return cls(data, splits, list(labels), entities)
 
-    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, EncodedTags]:
+    def encode(self, tokenizer: Tokenizer, max_length: int, model: ModelFacts = NO_FACTS) -> dict[str, EncodedTags]:
         """Every split tokenized word by word, cut to `max_length` tokens (cut-off words counted in a warning)."""
         encoded = {}
         for name, sentences in self.splits.items():
@@ -433,5 +447,6 @@ SPECS = (
         docs="task-ner.md",
         section="tagging",
         settings=TaggingConfig,
+        capabilities=(Publishes,),
     ),
 )

@@ -41,7 +41,17 @@ from roformer.files import atomic_write_text
 from roformer.labels import IGNORE_INDEX
 from roformer.model.config import EncoderDecoderConfig, ModelConfig
 from roformer.model.search import SearchConfig, SearchValueError
-from roformer.tasks.base import HeadOutputs, TaskSpec, with_score
+from roformer.tasks.base import (
+    NO_FACTS,
+    ChecksModel,
+    HeadOutputs,
+    ModelFacts,
+    Publishes,
+    ReportsResults,
+    TaskSpec,
+    TokenBatches,
+    with_score,
+)
 from roformer.tasks.mt_metrics import (
     TOKENIZED_LOWERCASE_RECIPE,
     corpus_scores,
@@ -278,7 +288,6 @@ class TranslationTask(HeadOutputs):
 
     architecture = "encoder_decoder"
     num_labels = None  # an encoder-decoder has no label count
-    submission_folder = "hypotheses"
 
     def __init__(self, data: FinetuneDataConfig, texts: dict[str, ParallelText]) -> None:
         super().__init__(data)
@@ -287,7 +296,6 @@ class TranslationTask(HeadOutputs):
         self.texts = texts
         self.test_splits = [FINAL_DEV] + [name for name in ("test", LONG_SPLIT) if name in texts]
         self.encoded_with: Tokenizer | None = None  # the tokenizer the splits were encoded with (decoding reads it)
-        self.eos_id: int | None = None  # the id that ends a target: the model's (`check_model`)
         self.max_length = data.max_length
 
     @classmethod
@@ -349,14 +357,14 @@ class TranslationTask(HeadOutputs):
             raise UserError("data.translation.tokenizer: an init brings its own tokenizer; leave it empty")
         return load_translation_tokenizer(init)
 
-    def check_model(self, config: Any) -> None:
-        """The model is an encoder-decoder that knows its start and end ids; targets end with its eos.
+    def check_model(self, config: Any) -> ModelFacts:
+        """The model is an encoder-decoder that knows its start and end ids: its eos, which ends every target.
 
         Raises:
             UserError: it is not, or one of the ids is missing.
         """
         needed_ids(config, "init")
-        self.eos_id = config.eos_token_id
+        return ModelFacts(eos_id=config.eos_token_id)
 
     # -- encoding and batches ------------------------------------------------------------------------------------
 
@@ -371,21 +379,23 @@ class TranslationTask(HeadOutputs):
             target_lang=self.target_lang,
         )
 
-    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, TranslationSplit]:
-        """Every split as ids (sources with their specials, targets ending in the model's eos).
+    def encode(
+        self, tokenizer: Tokenizer, max_length: int, model: ModelFacts = NO_FACTS
+    ) -> dict[str, TranslationSplit]:
+        """Every split as ids (sources with their specials, targets ending in the model's eos: `model.eos_id`).
 
         Raises:
             UserError: a sentence longer than `max_length` under `too_long: error`, naming its file and line.
         """
-        if self.eos_id is None:
-            raise RuntimeError("check_model must be called first: targets end with the model's eos")
+        if model.eos_id is None:
+            raise ValueError("targets end with the model's eos: encode with what check_model learned of the model")
         self.encoded_with, self.max_length = tokenizer, max_length
         advice = "data.max_length, or a learned position table; data.translation.too_long: truncate cuts such lines"
         encoded = {}
         for name, text in self.texts.items():
             settings = (max_length, self.settings.too_long)
             sources = encode_sources(tokenizer, text.sources, *settings, text.source_line, advice)
-            targets = encode_targets(tokenizer, text.targets, self.eos_id, *settings, text.target_line, advice)
+            targets = encode_targets(tokenizer, text.targets, model.eos_id, *settings, text.target_line, advice)
             search = None if name == "train" else self.settings.search(final=name != "dev")
             encoded[name] = TranslationSplit(sources, targets, text.targets, search)
         encoded[FINAL_DEV] = replace(encoded["dev"], search=self.settings.search(final=True))
@@ -452,21 +462,20 @@ class TranslationTask(HeadOutputs):
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "labels", "decoder_attention_mask")}
         return model(**inputs, label_smoothing=self.settings.label_smoothing).loss
 
-    def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Each pair's summed target log-loss (`nll`) over its `tokens`: what the search does not change."""
+    def outputs(
+        self, model: torch.nn.Module, batch: dict[str, torch.Tensor], split: TranslationSplit
+    ) -> dict[str, torch.Tensor]:
+        """The translations of a batch of `split` under its search (`ids`), and what the search does not change.
+
+        The latter: each pair's summed target log-loss (`nll`) over its `tokens`.
+        """
+        if split.search is None:
+            raise ValueError("the training split is not translated")
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "labels", "decoder_attention_mask")}
         logits = model(**inputs).logits.float()
         labels = batch["labels"]
         per_token = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="none")
-        return {"nll": per_token.sum(-1).cpu(), "tokens": (labels != IGNORE_INDEX).sum(-1).cpu()}
-
-    def split_outputs(
-        self, model: torch.nn.Module, batch: dict[str, torch.Tensor], split: TranslationSplit
-    ) -> dict[str, torch.Tensor]:
-        """The translations of a batch of `split` under its search (`ids`), and its `outputs` (`nll`, `tokens`)."""
-        if split.search is None:
-            raise ValueError("the training split is not translated")
-        losses = self.outputs(model, batch)
+        losses = {"nll": per_token.sum(-1).cpu(), "tokens": (labels != IGNORE_INDEX).sum(-1).cpu()}
         return {"ids": generate_ids(model, batch, split.search).cpu(), **losses}
 
     def predictions(self, outputs: dict[str, torch.Tensor], split: TranslationSplit, rows: list[int]) -> list[dict]:
@@ -591,5 +600,7 @@ SPECS = (
         pretrained_init=True,
         scratch_model=encoder_decoder_config,
         data_keys=LANGUAGE_KEYS,
+        capabilities=(TokenBatches, Publishes, ChecksModel, ReportsResults),
+        submission_folder="hypotheses",
     ),
 )

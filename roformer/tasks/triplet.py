@@ -28,7 +28,16 @@ import torch
 from roformer.config import check_types
 from roformer.data.tokenizer import jieba_presegmenter
 from roformer.errors import ConfigError, UserError
-from roformer.tasks.base import MODEL_INPUTS, HeadOutputs, TaskSpec, pad_rows, write_tsv
+from roformer.tasks.base import (
+    MODEL_INPUTS,
+    NO_FACTS,
+    CrossValidates,
+    HeadOutputs,
+    ModelFacts,
+    TaskSpec,
+    pad_rows,
+    write_tsv,
+)
 from roformer.tasks.baselines import Guess, commonest
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.objectives import pair_bce_loss
@@ -218,7 +227,7 @@ class TripletTask(HeadOutputs):
     # ------------------------------------------------------------------------------------------------------------
     # The protocol
 
-    def encode(self, tokenizer: Tokenizer, max_length: int) -> dict[str, TripletRows]:
+    def encode(self, tokenizer: Tokenizer, max_length: int, model: ModelFacts = NO_FACTS) -> dict[str, TripletRows]:
         """Every split's triplets as pairs `[CLS] A [SEP] X [SEP]`, cut longest-first (and mirrored in training)."""
         segment = jieba_presegmenter(tokenizer) if self.data.jieba else None
         out = {}
@@ -273,7 +282,7 @@ class TripletTask(HeadOutputs):
         """Binary cross-entropy of every pair's logit against its target (the authors' sigmoid unit)."""
         return pair_bce_loss(self.pair_logits(model, batch), batch["pair_targets"])
 
-    def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def outputs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], split: Any = None) -> torch.Tensor:
         """Each row's two scores (B, 2): the anchor with its first and with its second candidate."""
         return self.pair_logits(model, batch).view(-1, int(batch["pairs_per_row"]))[:, :EVALUATED_PAIRS]
 
@@ -342,5 +351,6 @@ SPECS = (
         settings=TripletConfig,
         check=_check_folds,
         needs_validation_file=lambda data: not (data.triplet and data.triplet.folds),
+        capabilities=(CrossValidates,),
     ),
 )

@@ -54,7 +54,7 @@ from roformer.logs import quiet_loggers
 from roformer.model.config import EncoderDecoderConfig, ModelConfig
 from roformer.model.model import ARCHITECTURES, Model
 from roformer.model.pretrained import check_init, load_pretrained, pretrained_config
-from roformer.tasks.base import FinetuneTask
+from roformer.tasks.base import CrossValidates, FinetuneTask, Publishes, ReportsResults, learn_model
 from roformer.tasks.baselines import constant_predictions
 from roformer.tasks.config import Vocabulary
 from roformer.tasks.glue_metrics import ranked, seed_summary
@@ -74,7 +74,6 @@ from roformer.train.run_dir import (
     PREDICTIONS_DIR,
     PROGRESS_DIR,
     RESULTS_FILE,
-    SENTENCE_FILE,
     RunDir,
     pretraining_length,
     write_model_dir,
@@ -87,7 +86,6 @@ logger = logging.getLogger(__name__)
 
 RECORD_FILE = "record.json"  # .progress/<run>/: the finished run's dev metrics and best step
 CANDIDATE_SCORE_FILE = "score.json"  # .candidates/lr<lr>/: the dev score of the model kept there
-LABELS_FILE = "labels.json"  # best/: the names of the head's outputs in id order (classes, tags)
 AVERAGED_DIR = "averaged"  # the selected run's average of its last train.average_last models (beside best/)
 
 
@@ -180,11 +178,13 @@ class Finetuner:
         self.task, self.tokenizer, model_config = task_inputs(config)
         self.model_config = model_config
         self.classifier_head = getattr(model_config, "classifier_head", None)  # an encoder-decoder has none
-        self.task.check_model(model_config)
+        facts = learn_model(self.task, model_config)  # before encoding: translation's targets end with its eos
+        # k of a cross-validated task's folds (its grid's third axis), None for every other
+        self.folds = self.task.cross_validation_folds if self.task.spec.declares(CrossValidates) else None
         self.max_length = self._max_length(model_config)
         if resume:
             self._check_progress_layout()
-        encoded = self.task.encode(self.tokenizer, self.max_length)
+        encoded = self.task.encode(self.tokenizer, self.max_length, facts)
         self.data = EncodedTask(self.task, encoded, self.tokenizer.pad_token_id, self.max_length)
 
     def _check_progress_layout(self) -> None:
@@ -193,7 +193,7 @@ class Finetuner:
         Raises:
             UserError: .progress/ holds runs without a fold (they would be retrained and their files left behind).
         """
-        if not self.task.cross_validation_folds:
+        if not self.folds:
             return
         old = sorted(p.name for p in (self.out / PROGRESS_DIR).glob("*") if p.is_dir() and "-fold" not in p.name)
         if old:
@@ -279,8 +279,7 @@ class Finetuner:
     @property
     def grid(self) -> list[tuple[float, int, int | None]]:
         """(peak lr, seed, held-out fold) of every run, in order: the fold None without cross-validation."""
-        folds = self.task.cross_validation_folds
-        held_out = list(range(folds)) if folds else [None]
+        held_out = list(range(self.folds)) if self.folds else [None]
         return [(lr, seed, fold) for lr, seed in self.config.train.grid for fold in held_out]
 
     def progress_dir(self, lr: float, seed: int, fold: int | None = None) -> Path:
@@ -289,6 +288,8 @@ class Finetuner:
 
     def run_data(self, fold: int | None) -> EncodedTask:
         """The encoded splits of a run: the job's, or those of its held-out fold (a cross-validated task)."""
+        if not self.task.spec.declares(CrossValidates):
+            return self.data
         splits = self.task.splits_for_run(self.data.splits, fold)
         return self.data if splits is self.data.splits else replace(self.data, splits=splits)
 
@@ -396,13 +397,10 @@ class Finetuner:
     def _write_model(self, model: Model, directory: Path) -> None:
         """A fine-tuned model, its tokenizer and what it needs to be used without the run's config."""
         write_model_dir(model, self.tokenizer, directory)
-        if self.task.label_names is not None:  # what each output means: best/ is usable without the run's config
-            atomic_write_text(directory / LABELS_FILE, json.dumps(self.task.label_names, ensure_ascii=False))
-        if self.task.pooling is not None:  # the vectors it was trained on: `roformer embed` pools the same way
-            atomic_write_text(directory / SENTENCE_FILE, json.dumps({"pooling": self.task.pooling}))
-        for name, text in self.task.model_files(
-            self.config.train.eval_size
-        ).items():  # e.g. the decoding settings of a translation model
+        if not self.task.spec.declares(Publishes):
+            return
+        # what using it needs (the outputs' names, the pooling, a translation model's search): no run config
+        for name, text in self.task.model_files(self.config.train.eval_size).items():
             atomic_write_text(directory / name, text)
 
     def select(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -444,7 +442,7 @@ class Finetuner:
             **self._test_summary([r for r in runs if f"{r['peak_lr']:g}" == best_lr]),
             **({"averaged": selected["averaged"]} if "averaged" in selected else {}),
             "baseline": selected.get("baseline", {}),  # the trivial baseline of every scored split
-            **self.task.result_notes(selected),
+            **(self.task.result_notes(selected) if self.task.spec.declares(ReportsResults) else {}),
         }
 
     @staticmethod
@@ -475,7 +473,7 @@ class Finetuner:
         resume finds the records and publishes again; every step before it can be repeated.
         """
         selected = results["selected"]
-        submission = self.out / self.task.submission_folder
+        submission = self.out / self.task.spec.submission_folder
         submission.mkdir(exist_ok=True)
         selected_run = self.out / PREDICTIONS_DIR / run_tag(selected["peak_lr"], selected["seed"], selected.get("fold"))
         self.task.write_submission(selected_run, submission)

@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from roformer.data.sampling import EpochSampler, LengthGroupedSampler, share
+from roformer.tasks.base import TokenBatches
 from roformer.tasks.glue_metrics import ranked
 from roformer.train.averaging import average_states, last_points
 from roformer.train.engine import Engine
@@ -172,7 +173,8 @@ class FinetuneRun(Unstaged):
         train = data.splits["train"]
         self.rows = RowSizes(train.lengths, train.tokens, train.sequences)  # computed once: every step reads them
         self.lengths = self.rows.lengths
-        self.token_batches = data.task.token_batches(train, data.max_length)
+        by_tokens = data.task.spec.declares(TokenBatches)  # translation: batches by tokens, else of batch_size rows
+        self.token_batches = data.task.token_batches(train, data.max_length) if by_tokens else None
         if self.token_batches is not None:  # the task's batches by tokens, processes x grad_accum of them a step
             chunks = engine.global_batch // engine.args.batch_size
             self.sampler: EpochSampler = EpochSampler(len(self.token_batches), chunks, seed)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from roformer.tasks.base import EncodedSplit, FinetuneTask
+from roformer.tasks.base import EncodedSplit, FinetuneTask, ScoresVariants
 from roformer.train.evaluate import eval_chunks
 from roformer.train.recipe import to_device
 
@@ -85,7 +85,7 @@ def predict(
         rows = [0] if chunk is None else [order[i] for i in chunk.tolist()]  # None: keeps FSDP in step
         batch = data.batch(split, rows)
         batch = batch if change is None else change(batch)
-        outputs = data.task.split_outputs(model, {k: to_device(v, acc.device) for k, v in batch.items()}, encoded)
+        outputs = data.task.outputs(model, {k: to_device(v, acc.device) for k, v in batch.items()}, encoded)
         if chunk is not None:  # logits in float32; a task's own outputs (decoded targets) as they are
             logits = outputs.float() if isinstance(outputs, torch.Tensor) else outputs
             predictions += data.task.predictions(logits, encoded, rows)
@@ -108,6 +108,8 @@ def variant_scores(
     """
     from accelerate.utils import broadcast_object_list
 
+    if not data.task.spec.declares(ScoresVariants):  # alike on every process: the same declaration
+        return {}
     acc, bare = engine.accelerator, engine.bare_model()
     scores: dict[str, dict[str, dict[str, float]]] = {}
     variants = {split: data.task.test_variants(bare.config, split) for split in splits}

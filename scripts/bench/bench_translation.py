@@ -70,9 +70,9 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any], int]
         overrides.append(f"init={args.model}")
     config = load(FinetuneConfig, args.config, overrides if not args.model else overrides + ["model={}"])
     task, tokenizer, model_config = task_inputs(config)
-    task.check_model(model_config)
+    facts = task.check_model(model_config)  # the model's eos, which ends every target
     max_length = config.data.max_length
-    encoded = task.encode(tokenizer, max_length)
+    encoded = task.encode(tokenizer, max_length, facts)
     torch.manual_seed(args.seed)
     if args.model:
         ours = load_pretrained(args.model, "encoder_decoder")

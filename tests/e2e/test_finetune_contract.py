@@ -37,6 +37,7 @@ from helpers import REPO, launch_two, small_beir, write_wrapper
 from roformer.cli import main
 from roformer.config import load
 from roformer.config_yaml import read_yaml
+from roformer.tasks.base import CrossValidates, Publishes, learn_model
 from roformer.tasks.registry import spec_of
 from roformer.train.config import FinetuneConfig
 
@@ -233,10 +234,10 @@ def test_a_shipped_config_trains_on_files_in_its_format(
         ]
     )
     assert code == 0, capsys.readouterr().err
-    task, tokenizer, _ = task_inputs(load(FinetuneConfig, out / "config.yaml"))
+    task, tokenizer, model_config = task_inputs(load(FinetuneConfig, out / "config.yaml"))
     results = json.loads((out / "results.json").read_text())
     assert results["task"] == config.data.task == task.name and results["selected"]["peak_lr"] == 1e-3
-    folds = task.cross_validation_folds  # a grid axis: one run per held-out fold
+    folds = task.cross_validation_folds if task.spec.declares(CrossValidates) else None  # a grid axis: per fold
     runs = results["runs"]
     assert [(r["seed"], r.get("fold")) for r in runs] == ([(0, f) for f in range(folds)] if folds else [(0, None)])
     assert ("fold" in results["selected"]) == bool(folds)
@@ -247,11 +248,14 @@ def test_a_shipped_config_trains_on_files_in_its_format(
     for tag in [f"lr0.001-seed0-fold{f}" for f in range(folds)] if folds else ["lr0.001-seed0"]:
         assert (out / "predictions" / tag / predictions).is_file()
     assert (out / "best" / "model.safetensors").is_file()
+    published = task.model_files(1) if task.spec.declares(Publishes) else {}  # what best/ holds beside the model
+    assert all((out / "best" / name).is_file() for name in published)
     labels = out / "best" / "labels.json"  # the names of the head's outputs, where they have names
-    assert labels.is_file() == (task.label_names is not None)
-    if task.label_names is not None:
-        assert json.loads(labels.read_text()) == task.label_names and len(task.label_names) == task.num_labels
-    encoded = task.encode(tokenizer, config.data.max_length)
+    assert labels.is_file() == ("labels.json" in published)
+    if labels.is_file():
+        names = json.loads(labels.read_text())
+        assert names == task.label_names and len(names) == task.num_labels
+    encoded = task.encode(tokenizer, config.data.max_length, learn_model(task, model_config))
     scored = [split for split in task.test_splits if encoded[split].labelled]  # OCNLI's test: predicted, not scored
     assert list(run.get("test", {})) == scored and ("test" in results) == bool(scored)
     # every scored split is read against the constant answer, where the type defines one (roformer.tasks.baselines)

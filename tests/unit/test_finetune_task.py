@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from roformer.tasks.base import FinetuneTask, HeadOutputs
+from roformer.tasks.base import CAPABILITIES, FinetuneTask, HeadOutputs
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.glue import Encoded, GlueTask
 from roformer.tasks.glue_tasks import TASKS, Example, get_task
@@ -50,7 +50,8 @@ def test_the_members_every_type_shares_are_set_once_from_the_data_section() -> N
     shared = HeadOutputs(data)
     assert (shared.name, shared.tracker_project, shared.multiple) == ("scm", "roformer-scm", 4)
     assert shared.metrics == data.spec.default_metrics == ("accuracy",) and shared.dev_splits == ["dev"]
-    assert shared.label_names is None and shared.pooling is None and shared.cross_validation_folds is None
+    assert shared.spec is data.spec  # and no capability: a type implements and declares its own
+    assert not [name for members in CAPABILITIES.values() for name in members if hasattr(shared, name)]
     sst2 = GlueTask(glue_data("SST-2", multiple=16), get_task("SST-2"), {"train": [], "dev": []})
     assert (sst2.name, sst2.tracker_project, sst2.multiple) == ("sst2", "roformer-glue-sst2", 16)
     assert sst2.metrics == ("accuracy",) and sst2.dev_splits == ["dev"]

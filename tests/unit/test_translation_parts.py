@@ -337,8 +337,9 @@ def test_a_split_s_search_is_the_split_s_and_its_batches_hold_tensors_only(tmp_p
     task = TranslationTask.from_config(data)
     tokenizer = task.tokenizer()
     config = encoder_decoder_config({"hidden_size": 32, "num_layers": 1, "num_heads": 2}, Vocabulary.of(tokenizer))
-    task.check_model(config)
-    encoded = task.encode(tokenizer, 32)
+    facts = task.check_model(config)
+    assert facts.eos_id == config.eos_token_id  # what the task learns of the model, not state it keeps
+    encoded = task.encode(tokenizer, 32, facts)
     beam = replace(PAPER_SEARCH, num_beams=3, max_new_tokens=4)
     searches = {name: split.search for name, split in encoded.items()}
     assert searches == {"train": None, "dev": replace(beam, num_beams=1), "test": beam, "valid": beam}
@@ -347,7 +348,7 @@ def test_a_split_s_search_is_the_split_s_and_its_batches_hold_tensors_only(tmp_p
     for name in ("dev", "valid"):
         batch = task.collate(encoded[name], [0, 1], tokenizer.pad_token_id, 32)
         assert all(isinstance(value, torch.Tensor) for value in batch.values())
-        outputs = task.split_outputs(model, batch, encoded[name])
+        outputs = task.outputs(model, batch, encoded[name])
         expected = model.generate(batch["input_ids"], batch["attention_mask"], search=searches[name])
         assert torch.equal(outputs["ids"], expected) and set(outputs) == {"ids", "nll", "tokens"}
 
