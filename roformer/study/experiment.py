@@ -55,7 +55,7 @@ from roformer.study.report import write_report
 from roformer.study.runs import PretrainRun, check_same_vocabulary, load_runs
 from roformer.study.suite import load_suite, run_suite
 from roformer.study.task_study import check_task_runs, load_task_arms, run_task_study
-from roformer.tasks.registry import make_task
+from roformer.tasks.build import make_task
 from roformer.train.config import PretrainConfig
 from roformer.train.launch import check_run_settings, process_state, run_on_main
 from roformer.train.pretrain import build_data, pretrain

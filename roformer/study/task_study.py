@@ -578,7 +578,7 @@ def measure_decay(out: Path, tasks: dict[str, dict[str, FinetuneConfig]], seed: 
     from roformer.data.tokenizer import load_tokenizer
     from roformer.model.model import load as load_model
     from roformer.study.decay import attention_distance, write_attention_distance
-    from roformer.tasks.registry import make_task
+    from roformer.tasks.build import make_task
     from roformer.train.run_dir import BEST_DIR
 
     folder = out / COMPARE_DIR / DECAY_DIR

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from roformer.errors import UserError
 from roformer.study.runs import run_seconds
 from roformer.study.stats import mean_interval
+from roformer.tasks.build import make_task
 from roformer.tasks.mt_metrics import (
     TOKENIZED_LOWERCASE_RECIPE,
     corpus_bleu,
@@ -27,7 +28,6 @@ from roformer.tasks.mt_metrics import (
     tokenized_lowercase_signature,
 )
 from roformer.tasks.parallel import source_words
-from roformer.tasks.registry import make_task
 from roformer.train.run_dir import RESULTS_FILE
 
 if TYPE_CHECKING:

@@ -27,7 +27,6 @@ from roformer.tasks.baselines import Guess, scored
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer
     from roformer.model.config import ModelConfig
-    from roformer.tasks.config import FinetuneDataConfig, Vocabulary
     from roformer.tasks.extensions import EvalVariant
 
 
@@ -82,6 +81,12 @@ class EncodedSplit(Protocol):
 
 logger = logging.getLogger(__name__)
 
+# A fine-tuning config's data: section (roformer.tasks.config.FinetuneDataConfig) and a scratch model's vocabulary
+# (its Vocabulary), as the declarations and the protocol name them: not imported, not even for annotations, since
+# that config module checks its sections against the registry of these declarations (no circle of imports).
+DataSection = Any
+ScratchVocabulary = Any
+
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # a batch's keys the model reads to predict
 LABELS_FILE = "labels.json"  # best/: the names of the head's outputs in id order (classes, tags)
 SENTENCE_FILE = "sentence.json"  # best/ of a sentence-vector task (similarity): the pooling its vectors were trained in
@@ -105,7 +110,7 @@ class HeadOutputs:
     micro_batch_loss: str | None = None  # the loss is a mean of per-example terms: any batch_size, the same step
 
     def __init__(
-        self, data: FinetuneDataConfig, default_metrics: Sequence[str] | None = None, name: str | None = None
+        self, data: DataSection, default_metrics: Sequence[str] | None = None, name: str | None = None
     ) -> None:
         self.data = data
         self.spec = data.spec
@@ -442,7 +447,7 @@ class TaskSpec:
 
     name: str
     summary: str
-    builder: Callable[[FinetuneDataConfig], FinetuneTask]
+    builder: Callable[[DataSection], FinetuneTask]
     architecture: str
     metrics: tuple[str, ...]
     default_metrics: tuple[str, ...]
@@ -453,12 +458,12 @@ class TaskSpec:
     settings: type | None = None
     section_required: bool = False
     folders: tuple[str, ...] = ()
-    metrics_of: Callable[[FinetuneDataConfig], tuple[str, ...]] | None = None
-    check: Callable[[FinetuneDataConfig], None] | None = None
-    needs_validation_file: Callable[[FinetuneDataConfig], bool] | None = None
+    metrics_of: Callable[[DataSection], tuple[str, ...]] | None = None
+    check: Callable[[DataSection], None] | None = None
+    needs_validation_file: Callable[[DataSection], bool] | None = None
     own_vocabulary: bool = False
     pretrained_init: bool = False
-    scratch_model: Callable[[dict[str, Any], Vocabulary], Any] | None = None
+    scratch_model: Callable[[dict[str, Any], ScratchVocabulary], Any] | None = None
     data_keys: tuple[str, ...] = ()
     capabilities: tuple[type, ...] = ()
     submission_folder: str = "submission"
@@ -467,6 +472,6 @@ class TaskSpec:
         """Whether the type has `capability` (one of `CAPABILITIES`)."""
         return capability in self.capabilities or (capability is OwnVocabulary and self.own_vocabulary)
 
-    def known_metrics(self, data: FinetuneDataConfig) -> tuple[str, ...]:
+    def known_metrics(self, data: DataSection) -> tuple[str, ...]:
         """The metrics `data.metrics` may name for `data`."""
         return self.metrics_of(data) if self.metrics_of is not None else self.metrics

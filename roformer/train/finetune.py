@@ -56,9 +56,9 @@ from roformer.model.model import ARCHITECTURES, Model
 from roformer.model.pretrained import check_init, load_pretrained, pretrained_config
 from roformer.tasks.base import CrossValidates, FinetuneTask, Publishes, ReportsResults, learn_model
 from roformer.tasks.baselines import constant_predictions
+from roformer.tasks.build import make_task
 from roformer.tasks.config import Vocabulary
 from roformer.tasks.glue_metrics import ranked, seed_summary
-from roformer.tasks.registry import make_task
 from roformer.train.config import FinetuneConfig
 from roformer.train.engine import Engine
 from roformer.train.finetune_run import FinetuneRun

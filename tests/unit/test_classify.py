@@ -13,12 +13,12 @@ from roformer.config import load
 from roformer.data.tokenizer import train_tokenizer
 from roformer.errors import ConfigError, UserError
 from roformer.tasks.base import Encoded
+from roformer.tasks.build import make_task
 from roformer.tasks.classify import label_list, multi_label_metrics, sorted_labels
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.glue import GlueTask
 from roformer.tasks.glue_tasks import get_task
 from roformer.tasks.records import Record, field, read_records, text_field
-from roformer.tasks.registry import make_task
 from roformer.train.config import FinetuneConfig
 
 REPO = Path(__file__).resolve().parents[2]

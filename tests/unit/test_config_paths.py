@@ -19,8 +19,8 @@ from roformer.config_paths import config_file, resolve_key
 from roformer.config_yaml import read_yaml, write_yaml
 from roformer.data.text import expand_paths
 from roformer.errors import ConfigError, UserError
+from roformer.tasks.build import check_data_present
 from roformer.tasks.config import FinetuneDataConfig
-from roformer.tasks.registry import check_data_present
 from roformer.train.config import FinetuneConfig, PretrainConfig
 
 CONFIGS = REPO / "configs"

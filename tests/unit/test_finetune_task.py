@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 
 from roformer.tasks.base import CAPABILITIES, FinetuneTask, HeadOutputs
+from roformer.tasks.build import make_task
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.glue import Encoded, GlueTask
 from roformer.tasks.glue_tasks import TASKS, Example, get_task
-from roformer.tasks.registry import make_task
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,9 +13,9 @@ from helpers import REPO, small_beir
 from roformer.config import from_dict, load
 from roformer.errors import ConfigError, UserError
 from roformer.tasks.beir import read_beir
+from roformer.tasks.build import make_task
 from roformer.tasks.config import FinetuneDataConfig
 from roformer.tasks.ir_metrics import METRICS, rank_by_cosine, ranking_metrics
-from roformer.tasks.registry import make_task
 from roformer.tasks.rerank import CandidatePairs
 from roformer.tasks.retrieval import read_run, training_pairs, write_run
 from roformer.train.config import FinetuneConfig

@@ -18,7 +18,7 @@ import pytest
 
 from roformer.config import load
 from roformer.errors import ConfigError
-from roformer.tasks.registry import make_task
+from roformer.tasks.build import make_task
 from roformer.tasks.synthetic import SyntheticTask
 from roformer.tasks.synthetic_floors import commonest_share, floors, frequent_bit_level, position_blind_floor
 from roformer.tasks.synthetic_rows import (
