@@ -40,10 +40,10 @@ from roformer.data.packing import pack_blocks, tokenize_documents
 from roformer.data.tokenizer import check_fits, jieba_presegmenter, load_tokenizer
 from roformer.errors import ConfigError, UserError
 from roformer.files import atomic_write_text, check_output_file
-from roformer.model.config import ModelConfig, RopeScaling
+from roformer.model.config import ModelConfig
 from roformer.model.model import Model, load
 from roformer.model.positions import rotary_frequencies
-from roformer.tasks.extensions import default_factor
+from roformer.tasks.extensions import Extension
 from roformer.train.config import PretrainConfig
 from roformer.train.evaluate import evaluate_mlm
 from roformer.train.run_dir import FINAL_DIR, LENGTH_FILE, RUN_CONFIG_FILE, pretraining_length
@@ -94,23 +94,22 @@ def parse_rope_scalings(text: str) -> list[tuple[str, float | None]]:
     Raises:
         UserError: a factor that is not a number.
     """
-    methods = []
+    methods: list[tuple[str, float | None]] = []
     for item in text.split(","):
-        name, _, factor = item.strip().partition(":")
+        if item.strip() == "none":
+            methods.append(("none", None))
+            continue
         try:
-            methods.append((name, float(factor) if factor else None))
-        except ValueError:
-            raise UserError(f"--rope-scaling: {item!r}: the factor after ':' must be a number") from None
+            extension = Extension.parse(item)  # the lab's reading of a method and its factor
+        except ConfigError as e:
+            raise UserError(f"--rope-scaling: {e}") from None
+        methods.append((extension.method, extension.factor))
     return methods
 
 
 def scaled(model: Model, method: str, factor: float | None, length: int, trained: int) -> tuple[Model, str]:
     """`model` with the rotation tables of `method` for evaluating at `length` (same weights), and a label."""
-    if method == "none":
-        scaling = None
-    else:
-        factor = factor if factor is not None else default_factor(method, length, trained)
-        scaling = RopeScaling(type=method, factor=factor, original_max_position=trained)
+    scaling = None if method == "none" else Extension(method, factor).rope_scaling(length, trained)
     config = dataclasses.replace(model.config, rope_scaling=scaling)
     copy = type(model)(config)
     copy.load_state_dict(model.state_dict())

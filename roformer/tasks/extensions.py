@@ -85,24 +85,27 @@ class Extension:
     def parse(cls, text: str) -> Extension:
         """`linear`, `yarn:4` -> Extension.
 
+        The one reading of a method and its factor: `data.synthetic.extensions` and `eval-mlm --rope-scaling` both.
+
         Raises:
-            ConfigError: an unknown method, a factor that is not a number >= 1, or a factor for log_scale.
+            ConfigError: an unknown method, a factor that is not a number >= 1, or a factor for log_scale (the
+                message names the entry; the caller says where it was written).
         """
         name, _, factor = str(text).strip().partition(":")
         if name not in EXTENSION_METHODS:
-            raise ConfigError(f"extensions: unknown method {name!r} (known: {', '.join(EXTENSION_METHODS)})")
+            raise ConfigError(f"unknown method {name!r} (known: {', '.join(EXTENSION_METHODS)})")
         if not factor:
             return cls(name)
         try:
             value = float(factor)
         except ValueError:
-            raise ConfigError(f"extensions: {text!r}: the factor after ':' must be a number") from None
+            raise ConfigError(f"{text!r}: the factor after ':' must be a number") from None
         if not value >= 1 or math.isinf(value):
-            raise ConfigError(f"extensions: {text!r}: the factor must be a finite number >= 1")
+            raise ConfigError(f"{text!r}: the factor must be a finite number >= 1")
         if name == "log_scale":
-            raise ConfigError(f"extensions: {text!r}: log_scale takes no factor (its n0 is the trained length)")
+            raise ConfigError(f"{text!r}: log_scale takes no factor (its n0 is the trained length)")
         if name == "self_extend" and not value.is_integer():
-            raise ConfigError(f"extensions: {text!r}: self_extend's factor is its group size, a whole number")
+            raise ConfigError(f"{text!r}: self_extend's factor is its group size, a whole number")
         return cls(name, value)
 
     @property
@@ -143,12 +146,20 @@ class Extension:
         """
         if self.method == "log_scale":
             return EvalVariant(dataclasses.replace(config, attention_log_scale=trained))
-        trained = positions or trained
-        factor = self.factor if self.factor is not None else default_factor(self.method, length, trained)
         if self.method == "linear":
-            return EvalVariant(config, position_divisor=factor)
-        scaling = RopeScaling(type=self.method, factor=factor, original_max_position=trained)
-        return EvalVariant(dataclasses.replace(config, rope_scaling=scaling))
+            return EvalVariant(config, position_divisor=self.factor_at(length, positions or trained))
+        return EvalVariant(dataclasses.replace(config, rope_scaling=self.rope_scaling(length, positions or trained)))
+
+    def factor_at(self, length: int, trained: int) -> float:
+        """The factor at rows of `length` tokens after training on `trained`: the fixed one, or `default_factor`."""
+        return self.factor if self.factor is not None else default_factor(self.method, length, trained)
+
+    def rope_scaling(self, length: int, trained: int) -> RopeScaling:
+        """RoPE's own form of the method at `length` (`model.rope_scaling`).
+
+        Linear: RoPE's frequencies over the factor, equal to the positions over it up to rounding.
+        """
+        return RopeScaling(type=self.method, factor=self.factor_at(length, trained), original_max_position=trained)
 
 
 def default_factor(method: str, length: int, trained: int) -> float:
@@ -169,7 +180,10 @@ def parse_extensions(entries: list[str]) -> list[Extension]:
     Raises:
         ConfigError: a bad entry, or one given twice.
     """
-    parsed = [Extension.parse(entry) for entry in entries]
+    try:
+        parsed = [Extension.parse(entry) for entry in entries]
+    except ConfigError as e:
+        raise ConfigError(f"extensions: {e}") from None
     labels = [e.label for e in parsed]
     repeated = sorted({label for label in labels if labels.count(label) > 1})
     if repeated:

@@ -60,6 +60,7 @@ class SyntheticTask(HeadOutputs):
         super().__init__(data)
         self.settings: SyntheticConfig = data.synthetic or SyntheticConfig()
         self.tokens = vocabulary(self.settings)
+        self.extensions = parse_extensions(self.settings.extensions)  # checked when the config was read
         self.test_splits = [test_split_name(m) for m in self.settings.test_multiples]
         self._training_rows: list[Row] | None = None
         self._floors: dict[str, list[Floor]] | None = None
@@ -96,7 +97,7 @@ class SyntheticTask(HeadOutputs):
                 f"data.synthetic.randomized_kind: float draws real positions; {spec.name} reads them as table rows or "
                 "buckets (use randomized_kind: integer)"
             )
-        for extension in parse_extensions(settings.extensions):
+        for extension in self.extensions:
             reason = extension.refusal(config)
             if reason is not None:
                 raise UserError(f"data.synthetic.extensions: {extension.label}: {reason}")
@@ -123,7 +124,7 @@ class SyntheticTask(HeadOutputs):
         if split not in self.test_splits:
             return {}
         lengths = self.extension_lengths(split)
-        return {e.label: e.variant(config, *lengths) for e in parse_extensions(self.settings.extensions)}
+        return {e.label: e.variant(config, *lengths) for e in self.extensions}
 
     def encode(self, tokenizer: Tokenizer, max_length: int, model: ModelFacts = NO_FACTS) -> dict[str, SyntheticSplit]:
         """Every split generated in the tokenizer's ids (the task's own vocabulary).

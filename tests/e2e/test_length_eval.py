@@ -133,7 +133,7 @@ def test_rope_scaling_methods(runs: dict[str, Path], tmp_path: Path, capsys: pyt
 def test_rope_scaling_bad_input(runs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
     for model, scaling, message in [
         ("rotary", "pi", "unknown method 'pi'"),
-        ("rotary", "yarn:0.5", "factor >= 1"),
+        ("rotary", "yarn:0.5", "'yarn:0.5': the factor must be a finite number >= 1"),
         ("learned", "linear", "learned positions, not rotary"),
     ]:
         args = ["eval-mlm", "--model", str(runs[model] / FINAL_DIR), "--seq-lens", "32", "--rope-scaling", scaling]
