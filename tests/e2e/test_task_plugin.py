@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from roformer.config import check_types
 from roformer.errors import ConfigError
-from roformer.tasks.base import TaskSpec
+from roformer.tasks.base import Publishes, TaskSpec
 from roformer.tasks.classify import Classes, TextTask
 
 
@@ -50,6 +50,7 @@ SPECS = (
         docs="adding-a-task-type.md",
         section="toy",
         settings=ToySettings,
+        capabilities=(Publishes,),  # TextTask's labels.json beside the model: what the class does, declared
     ),
 )
 '''
@@ -99,6 +100,7 @@ def test_a_type_in_a_new_module_runs_through_the_recipe(
     assert main(["finetune", "--config", str(config), "--output-dir", str(tmp_path / "run")]) == 0
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["task"] == "toy" and set(results["runs"][0]["dev"]["dev"]) == {"accuracy", "score"}
+    assert (tmp_path / "run" / "best" / "labels.json").is_file()  # the capability it declares, asked for
     written = (tmp_path / "run" / "config.yaml").read_text()
     assert "toy:" in written and "note: hello" in written  # its section, under its own key
     capsys.readouterr()
