@@ -28,11 +28,10 @@ from roformer.logs import quiet_loggers
 from roformer.model.config import POOLINGS, ModelConfig
 from roformer.model.model import Backbone, Model
 from roformer.model.pretrained import load_pretrained
-from roformer.tasks.base import padded_length
+from roformer.tasks.base import SENTENCE_FILE, padded_length
 from roformer.tasks.records import read_records, read_text, text_field
 from roformer.train.evaluate import eval_chunks
 from roformer.train.launch import gather, process_state
-from roformer.train.run_dir import SENTENCE_FILE
 
 if TYPE_CHECKING:
     from roformer.data.tokenizer import Tokenizer

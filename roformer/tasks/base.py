@@ -323,13 +323,13 @@ def check_capabilities(spec: TaskSpec, task: object) -> None:
         RuntimeError: a declared capability the type lacks a member of, or one implemented and not declared (it
             would never be asked for): a programming error of the type's module.
     """
-    declared = set(spec.capabilities) | ({OwnVocabulary} if spec.own_vocabulary else set())
     for capability, members in CAPABILITIES.items():
         present = [name for name in members if callable(getattr(task, name, None))]
-        if capability in declared and len(present) < len(members):
+        declared = spec.declares(capability)
+        if declared and len(present) < len(members):
             missing = ", ".join(name for name in members if name not in present)
             raise RuntimeError(f"task type {spec.name!r} declares {capability.__name__} but has no {missing}")
-        if capability not in declared and present:
+        if not declared and present:
             raise RuntimeError(
                 f"task type {spec.name!r} has {present[0]} but does not declare {capability.__name__} in its TaskSpec"
             )

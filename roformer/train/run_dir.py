@@ -43,7 +43,6 @@ RESULTS_FILE = "results.json"  # fine-tuning: dev metrics per run and per learni
 PREDICTIONS_DIR = "predictions"
 SUBMISSION_DIR = "submission"
 BEST_DIR = "best"
-SENTENCE_FILE = "sentence.json"  # best/ of a sentence-vector task (similarity): the pooling its vectors were trained in
 CANDIDATES_DIR = ".candidates"  # fine-tuning: the best model so far of each learning rate
 PROGRESS_DIR = ".progress"  # fine-tuning: finished runs' records and the running one's checkpoints (for --resume)
 PRETRAINING_FILE = "pretraining.json"  # in a pretrained model directory: the block length and vocabulary it saw
