@@ -18,9 +18,13 @@ class KVCache:
     """A decoder's memory: the keys and values of every position seen so far, in every layer.
 
     Generation then computes q, k and v for the new tokens only. Keys are stored rotated (a key's rotation depends on
-    its own position alone), so nothing is recomputed. Each layer's tensors are (B, H, capacity, D), allocated at
-    the first write and doubled when full; `length` slots are filled. Beside them, per slot: whether it is a real
-    token (the padding mask) and its attention rank (see `attention_ranks`), which later queries are masked by.
+    its own position alone), so nothing is recomputed. Each layer's keys and values are one contiguous (B, H,
+    length, D) tensor, the new slots concatenated at every step: attention reads them without a copy, where a slice
+    of a larger buffer, (B, H, capacity, D)[:, :, :length], is strided and made single-query attention on a CPU
+    1.5-2x slower; the concatenation costs what moving a buffer's filled slots in place cost beam search's
+    reordering, which now selects whole tensors. Beside them, per slot (in buffers of `capacity` slots, doubled when
+    full): whether it is a real token (the padding mask) and its attention rank (see `attention_ranks`), which later
+    queries are masked by.
 
     A decoder with cross-attention also keeps each layer's keys and values of the encoder's states (B, S, H, D):
     projected at the first step, read at every later one (`cross_keys_values`).
@@ -63,18 +67,17 @@ class KVCache:
         return self.positions[:, : self.length]
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write layer `layer`'s k, v (B, H, T, D) of the slots just added; returns those of all slots (B, H, S, D)."""
-        B, H, T, D = k.shape
+        """Append layer `layer`'s k, v (B, H, T, D) of the slots just added; returns those of all slots (B, H, S, D).
+
+        Both are contiguous (see the class docstring).
+        """
         if layer == len(self.keys):
-            self.keys.append(torch.empty(0, device=k.device, dtype=k.dtype))
-            self.values.append(torch.empty(0, device=k.device, dtype=k.dtype))
-        if self.keys[layer].shape[-2:-1] != (self.capacity,):
-            self.keys[layer] = _grown(self.keys[layer], (B, H, self.capacity, D), k.dtype, k.device, dim=2)
-            self.values[layer] = _grown(self.values[layer], (B, H, self.capacity, D), v.dtype, v.device, dim=2)
-        start = self.length - T
-        self.keys[layer][:, :, start : self.length] = k
-        self.values[layer][:, :, start : self.length] = v
-        return self.keys[layer][:, :, : self.length], self.values[layer][:, :, : self.length]
+            self.keys.append(k.contiguous())
+            self.values.append(v.contiguous())
+        else:
+            self.keys[layer] = torch.cat((self.keys[layer], k), dim=2)
+            self.values[layer] = torch.cat((self.values[layer], v), dim=2)
+        return self.keys[layer], self.values[layer]
 
     def cross_keys_values(self, layer: int, project: Callable[[], tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
         """Layer `layer`'s cross-attention keys and values (B, S, H, D): `project()`ed at its first call, then kept.
@@ -93,18 +96,12 @@ class KVCache:
     def reorder(self, rows: Tensor, cross: Tensor | None = None) -> None:
         """Keep the self-attention slots of rows `rows` in that order: beam search's beams, each from its parent.
 
-        Only the filled slots are moved (the capacity is allocated for the longest target). The encoder's keys and
-        values are left as they are (beam search moves a beam only among the beams of its own source, which share
-        them), unless `cross` gives the rows they keep: rows leave the batch (sources whose search has ended).
+        The keys and values are selected into new contiguous tensors. The encoder's keys and values are left as they
+        are (beam search moves a beam only among the beams of its own source, which share them), unless `cross`
+        gives the rows they keep: rows leave the batch (sources whose search has ended).
         """
-        filled = self.length
-        if len(rows) == (self.keys[0].shape[0] if self.keys else len(rows)):  # the same rows: in place
-            for tensors in (self.keys, self.values):
-                for t in tensors:
-                    t[:, :, :filled] = t[:, :, :filled].index_select(0, rows)
-        else:
-            self.keys = [k.index_select(0, rows) for k in self.keys]
-            self.values = [v.index_select(0, rows) for v in self.values]
+        self.keys = [k.index_select(0, rows) for k in self.keys]
+        self.values = [v.index_select(0, rows) for v in self.values]
         for name in ("keep", "ranks", "positions"):
             value = getattr(self, name)
             if value is not None:

@@ -8,6 +8,10 @@ Two measurements, each side in this one process, interleaved batch by batch so t
   and gets the same batches, decoder inputs (the labels shifted right behind the start token) and loss. Then the
   same with each library's own batches (a pipeline, not a step): HF's on batches as Seq2SeqTrainer makes them by
   default (random pairs, as many a batch as ours hold on average, padded to the longest by DataCollatorForSeq2Seq).
+  Each side's matrix-product FLOPs are counted (torch's `FlopCounterMode`, an untimed pass) and given as a share of
+  this CPU's fp32 GEMM peak measured in the same process (`measure_matmul_tflops`, the median of three
+  measurements before, between and after the steps): how far either side is from
+  what the hardware delivers, which bounds the ratio a faster step could reach.
 - beam-4 decoding of the test set (length penalty 0.6, early stopping, the same token limit; HF has no max_len_a):
   sentences per second of `EncoderDecoder.generate` (what `roformer translate` runs) and of HF `generate` on the
   converted model, in the same batches in order of source length; the tokens each side produced are compared.
@@ -31,9 +35,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 from roformer.config import load
 from roformer.labels import IGNORE_INDEX
+from roformer.model.flops import measure_matmul_tflops
 from roformer.model.hf import to_hf
 from roformer.model.model import ARCHITECTURES
 from roformer.model.pretrained import load_pretrained
@@ -148,13 +154,34 @@ def train_steps(ours: Any, hf: Any, batches: dict[str, list[dict]], rounds: int,
             seconds[name].append(value)
     speed = {name: tokens[name] / statistics.median(values) for name, values in seconds.items()}
     padded = {name: 1 - tokens[name] / sum(padded_positions(b) for b in side) for name, side in batches.items()}
+    flops = {name: counted_flops(step, batches[name], (ours, hf)) for name, step in steps.items()}
+    achieved = {name: flops[name] / statistics.median(values) / 1e12 for name, values in seconds.items()}
     return {
         "tokens": tokens,
         "batches": len(batches["ours"]),
         "padding_fraction": padded,
         "tokens_per_sec": speed,
         "ratio": speed["ours"] / speed["hf"],
+        "counted_tflop": {name: value / 1e12 for name, value in flops.items()},
+        "achieved_tflops": achieved,
     }
+
+
+def counted_flops(step: Any, batches: list[dict], models: tuple[Any, ...]) -> float:
+    """The matrix-product FLOPs (forward and backward) a side's step executes over `batches`, as torch counts them.
+
+    `FlopCounterMode` counts the products (linear layers, batched products, SDPA) of what the step runs, padding
+    included where the side computes it; element-wise work is not counted, which is what a share of the GEMM peak
+    asks. The counting pass is not timed, and its gradients are dropped.
+    """
+    total = 0
+    for batch in batches:
+        with FlopCounterMode(display=False) as counter:
+            step(batch)
+        total += counter.get_total_flops()
+        for model in models:
+            model.zero_grad(set_to_none=True)
+    return float(total)
 
 
 def padded_positions(batch: dict[str, torch.Tensor]) -> int:
@@ -245,12 +272,18 @@ def main() -> None:
     difference = check_same_logits(ours, hf, batches[0])
     decoding = decode(ours, hf, encoded["test"], args, pad_id)  # first: the training steps below change the weights
     smoothing = task.settings.label_smoothing
+    peaks = [measure_matmul_tflops("cpu", torch.float32)]  # this CPU's fp32 GEMM peak on these threads, measured
     training = train_steps(ours, hf, {"ours": batches, "hf": batches}, args.rounds, smoothing)
+    peaks.append(measure_matmul_tflops("cpu", torch.float32))  # before, between and after: a busy machine varies
     # what each library's own batching gives (a pipeline, not a step): ours by tokens in length order, HF's
     # Seq2SeqTrainer defaults (random pairs padded to the longest) of as many pairs a batch on average
     size = round(sum(len(batches_of_rows[i]) for i in picked) / len(picked))
     theirs = sentence_batches(task, train, pad_id, len(picked), size, args.seed)
     pipeline = train_steps(ours, hf, {"ours": batches, "hf": theirs}, args.rounds, smoothing)
+    peaks.append(measure_matmul_tflops("cpu", torch.float32))
+    peak = statistics.median(peaks)
+    for measured in (training, pipeline):
+        measured["gemm_peak_share"] = {name: value / peak for name, value in measured["achieved_tflops"].items()}
     shape = ours.config.encoder
     results = {
         "model": args.model or f"{args.config} (fresh weights)",
@@ -260,6 +293,8 @@ def main() -> None:
         "threads": args.threads,
         "torch": torch.__version__,
         "max_logit_difference": difference,
+        "gemm_peak_tflops": peak,
+        "gemm_peak_tflops_measured": peaks,
         "training": training,
         "training_own_batches": {**pipeline, "hf_batch_size": size},
         "decoding": {
@@ -274,7 +309,8 @@ def main() -> None:
     speed, sentences = training["tokens_per_sec"], decoding["sentences_per_sec"]
     print(
         f"training step: ours {speed['ours']:,.0f} tokens/s, HF {speed['hf']:,.0f} ({training['ratio']:.2f}x; each "
-        f"library's own batches: {pipeline['ratio']:.2f}x); "
+        f"library's own batches: {pipeline['ratio']:.2f}x); share of the {peak:.3f} TFLOPS GEMM peak: ours "
+        f"{training['gemm_peak_share']['ours']:.0%}, HF {training['gemm_peak_share']['hf']:.0%}; "
         f"beam-{args.beam} decoding: ours {sentences['ours']:.1f} sentences/s, HF {sentences['hf']:.1f} "
         f"({decoding['ratio']:.2f}x), the same tokens in {decoding['same_tokens']:.1%} of sentences"
     )

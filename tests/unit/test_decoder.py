@@ -109,6 +109,37 @@ def test_cache_grows_past_its_capacity() -> None:
     assert cache.capacity >= 40
 
 
+def test_cache_keeps_each_layer_contiguous_through_appends_and_reorders() -> None:
+    cache = KVCache()
+    for step in range(3):
+        cache.add_tokens(torch.ones(3, 1, dtype=torch.bool), None)
+        k, v = cache.update(0, torch.full((3, 2, 1, 4), float(step)), torch.full((3, 2, 1, 4), step + 10.0))
+        assert k.shape == (3, 2, step + 1, 4) and k.is_contiguous() and v.is_contiguous()
+        cache.reorder(torch.tensor([1, 0, 0]))
+    assert cache.keys[0].is_contiguous() and cache.keys[0][0, 0, :, 0].tolist() == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "float"])
+def test_single_query_attention_equals_sdpa(mask_kind: str) -> None:
+    from roformer.model.attention import decoding_on_cpu, single_query_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(3, 2, 1, 8, generator=g),
+        torch.randn(3, 2, 5, 8, generator=g),
+        torch.randn(3, 2, 5, 8, generator=g),
+    )
+    mask = {
+        "none": None,
+        "bool": torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)[:, None, None],
+        "float": torch.randn(3, 2, 1, 5, generator=g),
+    }[mask_kind]
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert_close(single_query_attention(q, k, v, mask), expected)
+    assert decoding_on_cpu(q) and not decoding_on_cpu(torch.randn(3, 2, 2, 8))
+    assert not decoding_on_cpu(q.requires_grad_())  # training keeps SDPA
+
+
 def test_greedy_generate_equals_hf_token_for_token_batched_with_left_padding() -> None:
     hf_model = hf_causal("roformer")
     ours = roformer.from_hf(hf_model)
