@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from roformer.model.attention import ForwardInputs
 from roformer.model.config import POOLINGS, ModelConfig, RopeScaling
-from roformer.model.layers import Block, Embeddings
+from roformer.model.layers import Block, Embeddings, make_norm
 from roformer.model.plan import ForwardPlan, plan_forward
 from roformer.model.positions import attention_positions
 from roformer.model.rotary import RotaryEmbedding
@@ -228,6 +228,8 @@ class Backbone(Model):
         super().__init__(config)
         self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        # pre-LN blocks leave the residual stream unnormalised: one norm after the last (GPT-2's ln_f)
+        self.final_norm = make_norm(config, config.hidden_size) if config.norm_position == "pre" else None
         # The encoding that acts inside attention (rotary, T5's bias, ALiBi, Shaw); the absolute ones are in
         # `embeddings`. Registered under its own name (`rotary`, `relative_bias`, `shaw`), which its checkpoint keys
         # carry, and reached as `self.positions` whatever the name.
@@ -311,6 +313,10 @@ class Backbone(Model):
                 x = block(x, ctx)
             if hidden is not None:
                 hidden.append(plan.grid(x))
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+            if hidden is not None:
+                hidden[-1] = plan.grid(x)  # the last hidden states are the normalised ones, as the output
         return plan.output(x), tuple(hidden) if hidden is not None else None
 
     def compute_dtype(self, device: torch.device) -> torch.dtype:

@@ -289,6 +289,9 @@ class ModelConfig(YamlFile):
             in the embedding projection and the pooler, as we do).
         norm_type: `layer_norm` (BERT, RoFormer) or `rms_norm`: RoFormerV2's parameter-free x / sqrt(mean(x^2) + eps)
             in place of every LayerNorm, the embeddings' included.
+        norm_position: `post` (BERT, RoFormer: x = LN(x + f(x)) in every sublayer) or `pre` (GPT-2, Cramming,
+            Zoology's models: x = x + f(LN(x)), and one more norm after the last block; Xiong et al. 2020, "On
+            Layer Normalization in the Transformer Architecture"). The embeddings keep their norm either way.
         mlm_head: `transform` (BERT: dense, act, norm, then the decoder with a bias) or `bare` (RoFormerV2: the
             decoder alone, logits = x E^T with the tied embeddings E).
         initializer: `bert` (normal(0, initializer_range)) or `v2` (RoFormerV2: truncated normal, std
@@ -337,6 +340,7 @@ class ModelConfig(YamlFile):
     attention_pattern: Literal["bidirectional", "causal", "unilm"] = "bidirectional"
     use_bias: bool = True
     norm_type: Literal["layer_norm", "rms_norm"] = "layer_norm"
+    norm_position: Literal["post", "pre"] = "post"
     mlm_head: Literal["transform", "bare"] = "transform"
     initializer: Literal["bert", "v2"] = "bert"
     cross_attention: bool = False

@@ -346,6 +346,8 @@ def _check_v1(config: ModelConfig, family: str) -> None:
         raise CheckpointError(f"HF {name} has no UniLM attention mask (attention_pattern: unilm)")
     if config.intermediate_size == 0:
         raise CheckpointError(f"HF {name} has a feed-forward layer in every block: intermediate_size 0 cannot export")
+    if config.norm_position == "pre":
+        raise CheckpointError(f"HF {name} is post-LN: norm_position pre cannot export")
 
 
 def split_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -167,6 +167,9 @@ class Embeddings(nn.Module):
 class Block(nn.Module):
     """Post-LN transformer block (BERT): x = LN(x + Attn(x)); x = LN(x + FFN(x)).
 
+    With `norm_position: pre` each sublayer reads its input normalised and adds to the residual stream unnormalised
+    (x = x + Attn(LN(x)); x = x + FFN(LN(x))), the backbone's `final_norm` closing the last block (GPT-2, Cramming).
+
     With `intermediate_size` 0 the block is its attention sublayer alone, x = LN(x + Attn(x)): Zoology's attention
     models (Arora et al. 2023) have no feed-forward layer, so a recall task is solved by attention, not memorised.
     With `cross_attention` (a decoder of an encoder-decoder), x = LN(x + CrossAttn(x, encoder states)) between the
@@ -185,6 +188,7 @@ class Block(nn.Module):
         self.ffn_norm = make_norm(config, config.hidden_size) if ffn else None
         self.act = ACTIVATIONS[config.hidden_act]
         self.dropout = Dropout(config.hidden_dropout)
+        self.pre_norm = config.norm_position == "pre"
 
     def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:
         """(B, T, C) -> (B, T, C), or the real tokens (N, C) -> (N, C); `ctx` is this layer's.
@@ -193,9 +197,20 @@ class Block(nn.Module):
         value, and only the queries go through the rest of the block.
         """
         h = x if ctx.queries is None else ctx.queries.take(x)  # the residual stream of the tokens computed
+        if self.pre_norm:
+            return self.pre_norm_forward(x, h, ctx)
         h = self.attn_norm(h + self.dropout(self.attn(x, ctx)))
         if self.cross is not None:
             h = self.cross_norm(h + self.dropout(self.cross(h, ctx)))
         if self.ffn_in is None:
             return h
         return self.ffn_norm(h + self.dropout(self.ffn_out(self.act(self.ffn_in(h)))))
+
+    def pre_norm_forward(self, x: Tensor, h: Tensor, ctx: AttentionContext) -> Tensor:
+        """The pre-LN sublayers, each x = x + f(LN(x)); `h` is the residual stream of the tokens computed."""
+        h = h + self.dropout(self.attn(self.attn_norm(x), ctx))  # every token's normalised state a key and value
+        if self.cross is not None:
+            h = h + self.dropout(self.cross(self.cross_norm(h), ctx))
+        if self.ffn_in is None:
+            return h
+        return h + self.dropout(self.ffn_out(self.act(self.ffn_in(self.ffn_norm(h)))))
