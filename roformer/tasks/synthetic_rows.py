@@ -20,7 +20,8 @@ which task, its alphabet, lengths and seed:
                        then filler with each key asked again, its [MASK] right after it. Chance: 1 / values.
                        Zoology's regime: `values` of their own count (its 8,192 tokens are 4,096 keys and 4,096
                        values), `distinct_values` (its values are drawn without replacement) and `filler: constant`
-                       (its filler is one token, [FILL]) beside the power-law query places (`query_gap_power`).
+                       (its filler is one token, [FILL]) beside the power-law query places (`query_gap_power`),
+                       and `ask: key` (the value predicted at the query key itself, Zoology's framing).
 
 Chance is not the level to read a model against: a model that ignores positions sees the row's bag of tokens, and
 the bag alone does better than a uniform guess: roformer.tasks.synthetic_floors derives the best accuracy such a
@@ -79,6 +80,10 @@ class SyntheticConfig:
         distinct_values: mqar: a row's values are drawn without replacement (Zoology), not independently.
         filler: mqar: the tokens between the pairs and the queries: `random` keys, or one `constant` token
             ([FILL], Zoology's), so that only the pairs and the queries carry keys.
+        ask: mqar: where a query's value is predicted. `mask`: at a [MASK] right after the query key, which the
+            model must first read the key from (one more hop of attention); `key`: at the query key's own position,
+            left unmasked (Zoology's next-token framing: the model reads the key and answers there; nothing after
+            it tells the value, so it suits bidirectional attention too).
         offset: shift: the distance k to the answer's source.
         direction: shift: `left` (the symbol at i - k) or `right` (at i + k).
         mask_rate: shift: the fraction of positions masked (at least one per row).
@@ -108,6 +113,7 @@ class SyntheticConfig:
     values: int | None = None
     distinct_values: bool = False
     filler: Literal["random", "constant"] = "random"
+    ask: Literal["mask", "key"] = "mask"
     offset: int = 2
     direction: Literal["left", "right"] = "left"
     mask_rate: float = 0.15
@@ -163,7 +169,7 @@ class SyntheticConfig:
 
     def _check_mqar_values(self) -> None:
         """The value alphabet and filler are mqar's own; a count of at least one (all the pairs' when distinct)."""
-        zoology = (("values", None), ("distinct_values", False), ("filler", "random"))  # (field, its default)
+        zoology = (("values", None), ("distinct_values", False), ("filler", "random"), ("ask", "mask"))  # defaults
         given = [name for name, default in zoology if getattr(self, name) != default]
         if given and self.task != "mqar":
             raise ConfigError(f"{given[0]} shapes mqar's rows; {self.task} has no values")
@@ -288,10 +294,11 @@ def mqar_row(settings: SyntheticConfig, length: int, rng: random.Random) -> Row:
     start = 2 * len(keys)
     slots = query_slots((length - start) // 2, len(keys), settings.query_gap_power, rng)
     answers: dict[int, str] = {}
+    asked_after = 0 if settings.ask == "key" else 1  # the answer at the key itself, or at the [MASK] after it
     for k, v, slot in zip(keys, values, slots, strict=True):
         at = start + 2 * slot
         content[at] = f"s{k}"
-        answers[at + 1] = f"v{v}"
+        answers[at + asked_after] = f"v{v}"
     # the filler must not hold a key's own value token elsewhere: values appear only in the pairs
     return content, answers
 
@@ -418,11 +425,14 @@ def random_positions(settings: SyntheticConfig, lengths: list[int], seed: int) -
     return [sorted(rng.sample(range(span), length)) for length in lengths]
 
 
-def encode_rows(rows: list[Row], ids: dict[str, int]) -> tuple[list[list[int]], list[list[int]]]:
-    """`[CLS] content [SEP]` ids with [MASK] at the asked positions, and the labels (the answers' ids there)."""
+def encode_rows(rows: list[Row], ids: dict[str, int], masked: bool = True) -> tuple[list[list[int]], list[list[int]]]:
+    """`[CLS] content [SEP]` ids with [MASK] at the asked positions, and the labels (the answers' ids there).
+
+    With `masked` False the asked positions keep their content token (mqar's `ask: key`: the query key itself).
+    """
     all_ids, all_labels = [], []
     for content, answers in rows:
-        row = [ids["[CLS]"]] + [ids["[MASK]"] if i in answers else ids[t] for i, t in enumerate(content)]
+        row = [ids["[CLS]"]] + [ids["[MASK]"] if masked and i in answers else ids[t] for i, t in enumerate(content)]
         row.append(ids["[SEP]"])
         labels = [IGNORE_INDEX] * len(row)
         for i, answer in answers.items():
@@ -451,7 +461,7 @@ def encode_synthetic_split(
     settings: SyntheticConfig, ids: dict[str, int], rows: list[Row], lengths: tuple[int, int], seed: int
 ) -> SyntheticSplit:
     """Generated rows as a split in the token ids `ids`, with the positions of `seed`'s stream when randomized."""
-    all_ids, all_labels = encode_rows(rows, ids)
+    all_ids, all_labels = encode_rows(rows, ids, masked=settings.ask == "mask")
     positions = random_positions(settings, [len(row) for row in all_ids], seed)
     fixed = lengths[0] if lengths[0] == lengths[1] else None
     return SyntheticSplit(all_ids, all_labels, positions, fixed)

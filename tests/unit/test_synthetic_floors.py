@@ -309,11 +309,34 @@ def test_mqar_in_zoology_s_regime_has_its_own_values_distinct_and_a_constant_fil
     assert FILLER not in vocabulary(plain) and plain.value_symbols == 16  # the shipped task's ids are unchanged
 
 
+def test_mqar_asked_at_the_key_labels_the_query_key_itself_unmasked() -> None:
+    """`ask: key` (Zoology's framing): the same rows, each answer one position earlier, at its query key, which is
+    not masked; no [MASK] is left in the row, and the floor is the same 1 / pairs."""
+    from roformer.tasks.synthetic_rows import FILLER, encode_rows, mqar_row, vocabulary
+
+    fields = dict(task="mqar", symbols=64, values=32, pairs=4, distinct_values=True, filler="constant",
+                  train_lengths=[32, 32])  # fmt: skip
+    at_mask, at_key = SyntheticConfig(**fields), SyntheticConfig(**fields, ask="key")
+    ids = {t: i for i, t in enumerate(vocabulary(at_key))}
+    for seed in range(50):
+        (content, after), (same, answers) = (
+            mqar_row(at_mask, 32, random.Random(seed)),
+            mqar_row(at_key, 32, random.Random(seed)),
+        )
+        assert same == content and answers == {at - 1: v for at, v in after.items()}
+        assert all(content[at].startswith("s") and content[at + 1] == FILLER for at in answers)
+        [row], [labels] = encode_rows([(same, answers)], ids, masked=False)
+        assert ids["[MASK]"] not in row and all(row[1 + at] == ids[content[at]] for at in answers)
+        assert sorted(labels[1 + at] for at in answers) == sorted(ids[v] for v in answers.values())
+    assert position_blind_floor(at_key, (32, 32)).accuracy == pytest.approx(0.25)
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
         ({"task": "shift", "values": 8}, "values shapes mqar's rows; shift has no values"),
         ({"task": "shift", "filler": "constant"}, "filler shapes mqar's rows"),
+        ({"task": "passkey-binding", "ask": "key"}, "ask shapes mqar's rows; passkey-binding has no values"),
         ({"task": "mqar", "pairs": 4, "values": 3, "distinct_values": True, "train_lengths": [16, 32]},
          "distinct_values needs at least pairs (4) values, got 3"),
         ({"task": "mqar", "values": 0, "train_lengths": [16, 32]}, "values must be >= 1"),
