@@ -225,17 +225,24 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, drop
         return single_query_attention(q, k, v, mask)
     if dropout_p == 0.0 or not cheaper_mask_applies(q):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
-    logits = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-1, -2)  # (B, H, T, S)
     if causal:  # SDPA's is_causal: query i sees keys 0..i (no cache here, so T == S)
         mask = causal_grid(q.shape[-2], k.shape[-2], q.device)
+    probs = attention_probs(q, k, mask)
+    drop, scale = dropout_mask(probs, dropout_p)
+    return (torch.where(drop, 0.0, probs) @ v) * scale  # scaled after the product: (B, H, T, D), not (B, H, T, S)
+
+
+def attention_probs(q: Tensor, k: Tensor, mask: Tensor | None) -> Tensor:
+    """softmax(q k^T / sqrt(D) + mask), (B, H, T, S), the softmax in float32: the written-out kernels' first half.
+
+    Every row has a key to see (a padding query sees itself: `self_attention_mask`), so no row is all -inf.
+    """
+    logits = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-1, -2)  # (B, H, T, S)
     if mask is not None:  # added in place: the product's backward needs q and k, not its output
         logits.add_(
             mask if mask.is_floating_point() else torch.zeros_like(mask, dtype=q.dtype).masked_fill(~mask, -math.inf)
         )
-    # Every row has a key to see (a padding query sees itself: `self_attention_mask`), so no row is all -inf.
-    probs = logits.float().softmax(dim=-1).to(q.dtype)
-    drop, scale = dropout_mask(probs, dropout_p)
-    return (torch.where(drop, 0.0, probs) @ v) * scale  # scaled after the product: (B, H, T, D), not (B, H, T, S)
+    return logits.float().softmax(dim=-1).to(q.dtype)
 
 
 def decoding_on_cpu(q: Tensor) -> bool:
@@ -248,12 +255,9 @@ def single_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None)
 
     SDPA's CPU kernel (flash attention in blocks of queries) spends most of a decoding step's attention on its
     blocking when there is one query: 1.7-1.9x the time of these two products over a contiguous cache in a
-    micro-benchmark here (256 rows, 4 heads, 40 keys of 48). Every query row has a key to see, so no row is all -inf.
+    micro-benchmark here (256 rows, 4 heads, 40 keys of 48).
     """
-    logits = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-1, -2)  # (B, H, 1, S)
-    if mask is not None:
-        logits = logits + mask if mask.is_floating_point() else logits.masked_fill(~mask, -math.inf)
-    return logits.float().softmax(dim=-1).to(q.dtype) @ v  # (B, H, 1, D)
+    return attention_probs(q, k, mask) @ v  # (B, H, 1, D)
 
 
 def masked_softmax(logits: Tensor) -> Tensor:
