@@ -163,11 +163,13 @@ def beam_search(
     done = Hypotheses.empty(B, K, steps, pad, device)
     result = Hypotheses.empty(B, 1, steps, pad, device)  # every source's best hypothesis, once its search ended
     sources = torch.arange(B, device=device)  # the sources still searched, in their order in the batch
-    tokens = beams.ids[:, :, 0].reshape(B * K, 1)
     for step in range(steps):
         A = len(sources)
         limit = limits[sources]
-        logits = model.next_token_logits(tokens, states, mask, cache).float()  # (A*K, V)
+        if step == 0:
+            logits = first_step_logits(model, encoder_states, encoder_mask, cache, start, K)  # (B*K, V)
+        else:
+            logits = model.next_token_logits(tokens, states, mask, cache).float()  # (A*K, V)
         V = logits.shape[-1]
         scores = logits.log_softmax(dim=-1).view(A, K, V) + beams.scores[:, :, None]  # (A, K, V)
         top, flat = scores.view(A, K * V).topk(width, dim=-1)  # (A, 2K): summed log-probabilities
@@ -212,6 +214,23 @@ def beam_search(
     else:
         result.put(sources, done.first(torch.ones(len(sources), dtype=torch.bool, device=device)))
     return result.best()
+
+
+def first_step_logits(
+    model: Seq2SeqDecoder, encoder_states: Tensor, encoder_mask: Tensor | None, cache: KVCache, start: int, K: int
+) -> Tensor:
+    """(B*K, V) the first step's logits of every beam, computed once per source and copied to its K beams.
+
+    At the first step a source's K beams are the same start token over the same encoder states, so the decoder runs
+    on one row per source, and its logits and cache rows (the encoder's projected keys and values among them, the
+    largest part of the step) are copied to the K beams: the same values as K identical rows, at 1/K of the cost.
+    """
+    B = encoder_states.shape[0]
+    tokens = torch.full((B, 1), start, dtype=torch.long, device=encoder_states.device)
+    logits = model.next_token_logits(tokens, encoder_states, encoder_mask, cache).float()  # (B, V)
+    rows = torch.arange(B, device=encoder_states.device).repeat_interleave(K)  # (B*K,): each source K times
+    cache.reorder(rows, cross=rows)
+    return logits.index_select(0, rows)
 
 
 @dataclass

@@ -14,7 +14,8 @@ Two measurements, each side in this one process, interleaved batch by batch so t
   what the hardware delivers, which bounds the ratio a faster step could reach.
 - beam-4 decoding of the test set (length penalty 0.6, early stopping, the same token limit; HF has no max_len_a):
   sentences per second of `EncoderDecoder.generate` (what `roformer translate` runs) and of HF `generate` on the
-  converted model, in the same batches in order of source length; the tokens each side produced are compared.
+  converted model, in the same batches in order of source length; the tokens each side produced are compared, and
+  the matrix-product FLOPs each search executes are counted in an untimed pass.
 
 The model is a trained one (`--model RUN/best`, its tokenizer) or, without it, the config's model with fresh weights
 (its joint BPE trained here): then few targets end before the limit, which is the search's worst case.
@@ -168,7 +169,7 @@ def train_steps(ours: Any, hf: Any, batches: dict[str, list[dict]], rounds: int,
 
 
 def counted_flops(step: Any, batches: list[dict], models: tuple[Any, ...]) -> float:
-    """The matrix-product FLOPs (forward and backward) a side's step executes over `batches`, as torch counts them.
+    """The matrix-product FLOPs (forward, and backward if any) a side's step executes over `batches`, as torch counts.
 
     `FlopCounterMode` counts the products (linear layers, batched products, SDPA) of what the step runs, padding
     included where the side computes it; element-wise work is not counted, which is what a share of the GEMM peak
@@ -245,12 +246,16 @@ def decode(ours: Any, hf: Any, split: Any, args: argparse.Namespace, pad_id: int
         generated["ours"] += len(a) - 1
         generated["hf"] += len(b) - 1
     speed = {name: len(order) / statistics.median(values) for name, values in seconds.items()}
+    # what each search computes in matrix products (an untimed pass): ours leaves out sources whose result is
+    # decided and runs the first step once per source, HF computes every beam until the batch's last one ends
+    counted = {name: counted_flops(generate, batches, ()) / 1e12 for name, generate in sides.items()}
     return {
         "sentences": len(order),
         "sentences_per_sec": speed,
         "ratio": speed["ours"] / speed["hf"],
         "same_tokens": same / len(order),
         "generated_tokens": generated,
+        "counted_tflop": counted,
     }
 
 
@@ -312,7 +317,8 @@ def main() -> None:
         f"library's own batches: {pipeline['ratio']:.2f}x); share of the {peak:.3f} TFLOPS GEMM peak: ours "
         f"{training['gemm_peak_share']['ours']:.0%}, HF {training['gemm_peak_share']['hf']:.0%}; "
         f"beam-{args.beam} decoding: ours {sentences['ours']:.1f} sentences/s, HF {sentences['hf']:.1f} "
-        f"({decoding['ratio']:.2f}x), the same tokens in {decoding['same_tokens']:.1%} of sentences"
+        f"({decoding['ratio']:.2f}x), the same tokens in {decoding['same_tokens']:.1%} of sentences, computing "
+        f"{decoding['counted_tflop']['ours'] / decoding['counted_tflop']['hf']:.0%} of HF's matrix-product FLOPs"
     )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
