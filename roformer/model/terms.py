@@ -123,11 +123,16 @@ def forward_positions(
     """The positions of a forward's queries and of every key it attends.
 
     Without `position_ids` every row has positions 0..T-1: (T,) and the same (T,). With them, (B, T) and the keys'
-    (B, S): the new tokens', or with a cache every slot's (the cache records the new tokens' positions here).
+    (B, S): the new tokens', or with a cache every slot's (the cache records the new tokens' positions here). Rows
+    that share one tensor of positions (expanded: a batch stride of 0, or a single row) give (T,) as well, so that
+    what depends on positions is computed once for the batch: position interpolation divides the same grid for
+    every row, and FIRE's MLP over (B, T, S) pairs would take B times the memory.
     """
     if position_ids is None:
         positions = torch.arange(length, device=device)
         return positions, positions
+    if cache is None and position_ids.dim() == 2 and (position_ids.shape[0] == 1 or position_ids.stride(0) == 0):
+        return position_ids[0], position_ids[0]  # a check of strides, not of values: no host sync
     return position_ids, cache.add_positions(position_ids) if cache is not None else position_ids
 
 

@@ -64,8 +64,9 @@ class EvalVariant:
             return batch
         ids = batch["input_ids"]
         positions = batch.get("position_ids")
-        if positions is None:
-            positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        if positions is None:  # one grid for every row, expanded, not copied: the model computes its terms once
+            grid = torch.arange(ids.shape[1], device=ids.device).float() / self.position_divisor
+            return {**batch, "position_ids": grid.expand_as(ids)}
         return {**batch, "position_ids": positions.float() / self.position_divisor}
 
 

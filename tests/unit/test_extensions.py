@@ -171,6 +171,26 @@ def test_a_variant_divides_given_positions_and_makes_them_where_there_were_none(
     assert given["position_ids"].tolist() == [[1.5, 2.5, 4.5, 5.5]]
 
 
+def test_the_divided_grid_is_one_row_for_the_batch_and_the_model_computes_its_terms_once() -> None:
+    """Position interpolation gives every row the same grid, expanded (batch stride 0): FIRE, T5 and ALiBi compute
+    one (1, H, T, T) bias from it, as without positions, and the outputs equal those of per-row copies."""
+    from roformer.model.terms import forward_positions
+
+    ids = _ids()
+    shared = EvalVariant(tiny_config(), position_divisor=2.0).batch({"input_ids": ids})["position_ids"]
+    assert shared.shape == ids.shape and shared.stride(0) == 0
+    queries, keys = forward_positions(shared, None, ids.shape[1], ids.device)
+    assert queries.shape == keys.shape == (ids.shape[1],)
+    copied = shared.contiguous()  # the same positions, one copy a row: per-row terms
+    assert forward_positions(copied, None, ids.shape[1], ids.device)[0].shape == ids.shape
+    integers = torch.arange(ids.shape[1]).expand_as(ids)  # T5's buckets take integer positions only
+    for encoding, positions in (("fire", shared), ("alibi", shared), ("t5_bias", integers)):
+        model = _model(encoding)
+        with torch.no_grad():
+            expected = model(ids, position_ids=positions.contiguous()).logits
+            torch.testing.assert_close(model(ids, position_ids=positions).logits, expected)
+
+
 def _task(**synthetic: object) -> object:
     from roformer.config import from_dict
     from roformer.tasks.config import FinetuneDataConfig
