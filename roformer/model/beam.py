@@ -169,6 +169,7 @@ def beam_search(
         if step == 0:
             logits = first_step_logits(model, encoder_states, encoder_mask, cache, start, K)  # (B*K, V)
         else:
+            tokens = beams.ids[:, :, step].reshape(-1, 1)  # (A*K, 1): each beam's last token
             logits = model.next_token_logits(tokens, states, mask, cache).float()  # (A*K, V)
         V = logits.shape[-1]
         scores = logits.log_softmax(dim=-1).view(A, K, V) + beams.scores[:, :, None]  # (A, K, V)
@@ -210,7 +211,6 @@ def beam_search(
             sources, beams, done = sources[keep], beams.rows(keep), done.rows(keep)
             states = states[beam_rows]
             mask = None if mask is None else mask[beam_rows]
-        tokens = beams.ids[:, :, step + 1].reshape(-1, 1)
     else:
         result.put(sources, done.first(torch.ones(len(sources), dtype=torch.bool, device=device)))
     return result.best()
